@@ -1,0 +1,29 @@
+"""User-facing errors.
+
+Every problem a user can cause (bad flag, missing file, unknown model, prompt too long, mismatched
+draft/target pair) is raised as a :class:`SpecdecError` with a message that says what is wrong and
+what to do. The CLI prints the message on one line and exits non-zero; the server turns it into an
+OpenAI-style error object. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class SpecdecError(Exception):
+    """An error caused by the user's input, with a message meant to be read by them."""
+
+
+class ModelNotFoundError(SpecdecError):
+    """Unknown built-in model name, or a path that does not exist."""
+
+
+class WeightsError(SpecdecError):
+    """A weights file that is missing, truncated, corrupt or of an unsupported layout."""
+
+
+class ContextLengthError(SpecdecError):
+    """The prompt plus requested tokens do not fit the model's context window."""
+
+
+class IncompatibleModelsError(SpecdecError):
+    """Draft and target cannot be paired without breaking exactness (vocabulary, special ids …)."""
