@@ -1,0 +1,73 @@
+"""Static, preallocated key/value cache.
+
+Allocated once per sequence at its final size, so a decode step never allocates. Speculative decoding
+needs two extra operations beyond "append": ``truncate(n)`` drops the entries of rejected draft tokens
+(chain rollback is just moving the length back: the stale slots are overwritten by the next forward),
+and ``keep(indices)`` compacts the entries of one accepted path after tree verification.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.errors import ContextLengthError
+
+
+class KVCache:
+    """Keys and values for every layer of one sequence: ``k[layer]`` is ``[kv_heads, max_seq_len, head_dim]``."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_seq_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_layers, num_kv_heads, max_seq_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_seq_len = max_seq_len
+        self.seq_len = 0  # number of valid positions, identical for every layer
+
+    def reserve(self, num_new: int) -> int:
+        """Check that ``num_new`` more entries fit and return the slot where they start."""
+        start = self.seq_len
+        if start + num_new > self.max_seq_len:
+            raise ContextLengthError(
+                f"KV cache full: {start} + {num_new} tokens exceed its {self.max_seq_len} slots"
+            )
+        return start
+
+    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store ``[kv_heads, T, head_dim]`` keys/values of one layer at slots ``start .. start+T``."""
+        end = start + keys.shape[1]
+        self.k[layer, :, start:end] = keys
+        self.v[layer, :, start:end] = values
+
+    def advance(self, num_new: int) -> None:
+        """Mark ``num_new`` more slots valid (called once per forward, after every layer wrote)."""
+        self.seq_len += num_new
+
+    def truncate(self, length: int) -> None:
+        """Roll back to the first ``length`` positions (rejected draft tokens are forgotten)."""
+        if not 0 <= length <= self.seq_len:
+            raise ValueError(f"cannot truncate a cache of length {self.seq_len} to {length}")
+        self.seq_len = length
+
+    def keep(self, indices: list[int] | torch.Tensor, start: int) -> None:
+        """Keep slots ``start + indices`` (ascending) as the positions right after ``start``.
+
+        Used after tree verification: the accepted path's entries are scattered among the tree's
+        nodes and are moved down to be contiguous, then everything after them is dropped.
+        """
+        index = torch.as_tensor(indices, dtype=torch.long, device=self.k.device) + start
+        count = index.numel()
+        self.k[:, :, start : start + count] = self.k[:, :, index]
+        self.v[:, :, start : start + count] = self.v[:, :, index]
+        self.seq_len = start + count
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2

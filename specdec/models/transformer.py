@@ -1,0 +1,212 @@
+"""A compact decoder for the Llama family (Llama, SmolLM2, Qwen2), readable top to bottom.
+
+The variants differ only by config flags (QKV bias, tied LM head, RoPE base, GQA ratio), so one file
+serves them all. What speculative decoding needs from a model, and what generic implementations make
+awkward, is first-class here:
+
+* ``forward`` takes explicit ``positions`` and returns logits for *every* input position (or the
+  last ``num_logits``), because verification scores all drafted tokens in one pass;
+* an optional boolean ``attn_mask`` over the cached + new positions (tree attention);
+* an optional subset of ``layers`` to run (self-speculation by layer skipping: skipped layers pass
+  the residual stream through);
+* the final hidden states on request (feature-level drafters such as EAGLE or Medusa heads).
+
+Parameter names follow HF transformers (``model.layers.0.self_attn.q_proj.weight`` …) so HF
+checkpoints load without a mapping table and transformers can serve as the reference in tests.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.models.config import ModelConfig
+from specdec.models.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 as the reference does: bf16 variance loses too much precision.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_tables(head_dim: int, max_positions: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[max_positions, head_dim]`` in float32 for the half-rotation RoPE layout of HF."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [heads, T, head_dim]`` by per-position ``cos/sin [T, head_dim]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """``x [T, hidden]`` → ``[T, hidden]``; writes this layer's keys/values at ``start``.
+
+        GQA without copying the cache: the query heads sharing one KV head are stacked as extra rows
+        (``[kv_heads, group*T, head_dim]``), so one batched matmul per KV head covers the group.
+        """
+        seq = x.shape[0]
+        group = self.num_heads // self.num_kv_heads
+        q = self.q_proj(x).view(seq, self.num_heads, self.head_dim).transpose(0, 1)
+        k = self.k_proj(x).view(seq, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        v = self.v_proj(x).view(seq, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(self.layer_index, start, k, v)
+
+        end = start + seq
+        keys = cache.k[self.layer_index, :, :end]  # [kv_heads, S, D]
+        values = cache.v[self.layer_index, :, :end]
+        q = q.reshape(self.num_kv_heads, group * seq, self.head_dim)
+        scores = torch.matmul(q, keys.transpose(1, 2)).float() * self.head_dim**-0.5
+        scores = scores.view(self.num_kv_heads, group, seq, end).masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(values.dtype).view(self.num_kv_heads, group * seq, end)
+        out = torch.matmul(probs, values)  # [kv_heads, group*T, D]
+        out = out.view(self.num_heads, seq, self.head_dim).transpose(0, 1).reshape(seq, -1)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_index)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache, start, mask):  # noqa: ANN001 - same types as Attention
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Body(nn.Module):
+    """Holds the HF-named submodules (``model.embed_tokens``, ``model.layers``, ``model.norm``)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    """Llama-family causal LM with an external static KV cache."""
+
+    def __init__(self, cfg: ModelConfig, max_rope_positions: int | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = _Body(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        cos, sin = rope_tables(cfg.head_dim, max_rope_positions or cfg.max_position_embeddings, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def new_cache(self, max_seq_len: int, dtype: torch.dtype | None = None) -> KVCache:
+        """A cache for one sequence of at most ``max_seq_len`` positions, in the weights' dtype."""
+        cfg = self.config
+        weight = self.model.embed_tokens.weight
+        return KVCache(
+            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_seq_len, dtype or weight.dtype, weight.device
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        attn_mask: torch.Tensor | None = None,
+        layers: Sequence[int] | None = None,
+        num_logits: int | None = None,
+        return_hidden: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run ``T`` new tokens appended to the cache; return float32 logits ``[T or num_logits, vocab]``.
+
+        ``positions [T]`` are the RoPE positions (not necessarily contiguous: tree nodes share depths).
+        ``attn_mask [T, cache.seq_len + T]`` (True = may attend) overrides the default causal mask.
+        ``layers`` runs only those decoder layers; the others pass the residual through.
+        ``num_logits`` computes the LM head for the last ``num_logits`` positions only (prefill needs 1).
+        """
+        seq = input_ids.shape[-1]
+        input_ids = input_ids.reshape(seq)
+        start = cache.reserve(seq)
+        end = start + seq
+        if attn_mask is None:
+            # causal: new token i (at slot start+i) sees slots 0 .. start+i
+            attn_mask = torch.ones(seq, end, dtype=torch.bool, device=input_ids.device).tril(diagonal=start)
+        cos = self.rope_cos[positions].to(self.rope_dtype)
+        sin = self.rope_sin[positions].to(self.rope_dtype)
+
+        x = self.model.embed_tokens(input_ids)
+        run = range(self.config.num_layers) if layers is None else layers
+        for index in run:
+            x = self.model.layers[index](x, cos, sin, cache, start, attn_mask)
+        cache.advance(seq)
+
+        hidden = self.model.norm(x if num_logits is None else x[-num_logits:])
+        logits = self.lm_head(hidden).float()
+        return (logits, hidden) if return_hidden else logits
+
+    @property
+    def rope_dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of parameters read per decode step (tied weights counted once)."""
+        seen: set[int] = set()
+        total = 0
+        for param in self.parameters():
+            if param.data_ptr() not in seen:
+                seen.add(param.data_ptr())
+                total += param.numel() * param.element_size()
+        return total

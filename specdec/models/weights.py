@@ -1,0 +1,231 @@
+"""Weights from GGUF files and HF directories → a :class:`Decoder`.
+
+GGUF tensors are dequantized with the ``gguf`` package (every type the default models use: Q4_K,
+Q5_0, Q6_K, Q8_0, Q4_1, F16, F32 …). Dequantizing a 1.5B model takes tens of seconds, so the result
+is cached as safetensors next to the model (one file per dtype) and the second start maps it in
+seconds. Each format has exactly one name table mapping its names to ours (= HF's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from specdec.errors import WeightsError
+from specdec.models.config import ModelConfig
+from specdec.models.transformer import Decoder
+
+#: GGUF tensor name (``blk.{i}.`` prefix stripped for per-layer ones) → our parameter name.
+GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+CACHE_FORMAT_VERSION = 1
+
+
+def our_name(gguf_name: str) -> str | None:
+    """Map one GGUF tensor name to ours; ``None`` for tensors we do not use (e.g. rope_freqs)."""
+    if gguf_name in GGUF_GLOBAL_NAMES:
+        return GGUF_GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in GGUF_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{GGUF_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def open_gguf(path: Path) -> Any:
+    """Open a GGUF file, turning the reader's low-level failures into one clear error."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"no such file: {path}")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError/IndexError/struct errors on bad bytes
+        raise WeightsError(f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}") from exc
+    file_size = path.stat().st_size
+    for tensor in reader.tensors:
+        if tensor.data_offset + tensor.n_bytes > file_size:
+            raise WeightsError(f"{path} is truncated: tensor {tensor.name} ends past the end of the file")
+    return reader
+
+
+def gguf_fields(reader: Any) -> dict[str, Any]:
+    """All metadata key/values as Python values (strings, numbers, lists)."""
+    fields: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        try:
+            fields[key] = field.contents()
+        except Exception:  # a field type this gguf version cannot decode: not one we need
+            continue
+    return fields
+
+
+def gguf_config(reader: Any) -> ModelConfig:
+    shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
+    return ModelConfig.from_gguf_fields(gguf_fields(reader), shapes)
+
+
+def _unpermute_rope(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's reordering of Q/K rows for ``llama`` GGUFs (it interleaves RoPE halves)."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def iter_gguf_tensors(reader: Any, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(our_name, float32 array)`` for every tensor the decoder uses."""
+    import gguf
+
+    for tensor in reader.tensors:
+        name = our_name(tensor.name)
+        if name is None:
+            continue
+        try:
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise WeightsError(
+                f"tensor {tensor.name} has type {tensor.tensor_type.name}, which gguf cannot dequantize"
+            ) from exc
+        array = np.asarray(array, dtype=np.float32).reshape(tuple(reversed(tensor.shape.tolist())))
+        if cfg.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads
+            array = _unpermute_rope(array, heads)
+        yield name, array
+
+
+def gguf_state_dict(path: Path, dtype: torch.dtype, progress: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    reader = open_gguf(path)
+    cfg = gguf_config(reader)
+    tensors = iter_gguf_tensors(reader, cfg)
+    if progress:
+        from tqdm import tqdm
+
+        tensors = tqdm(tensors, total=len(reader.tensors), desc=f"dequantizing {Path(path).name}", unit="tensor")
+    state = {name: torch.tensor(array, dtype=dtype) for name, array in tensors}
+    return cfg, state
+
+
+def hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"no *.safetensors files in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file)))
+        except (SafetensorError, OSError) as exc:
+            raise WeightsError(f"{file} is corrupt or truncated: {exc}") from exc
+    return state
+
+
+def converted_cache_path(gguf_path: Path, dtype: torch.dtype) -> Path:
+    """Where the dequantized weights of ``gguf_path`` are cached: beside it, or under SPECDEC_HOME."""
+    gguf_path = Path(gguf_path).resolve()
+    dtype_name = str(dtype).removeprefix("torch.")
+    name = f"{gguf_path.stem}.{dtype_name}.v{CACHE_FORMAT_VERSION}.safetensors"
+    if os.access(gguf_path.parent, os.W_OK):
+        return gguf_path.parent / name
+    stat = gguf_path.stat()
+    key = hashlib.sha1(f"{gguf_path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    home = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
+    return home / "converted" / key / name
+
+
+def build_decoder(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str) -> Decoder:
+    """Instantiate without initialising (meta device) and adopt the loaded tensors."""
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    state = dict(state)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {name for name, _ in model.named_parameters()}
+    missing, unexpected = expected - set(state), set(state) - expected - {"lm_head.weight"}
+    if missing:
+        raise WeightsError(f"weights are missing {len(missing)} tensors, e.g. {sorted(missing)[0]}")
+    for name in unexpected:
+        state.pop(name)
+    for name, param in model.named_parameters():
+        if tuple(state[name].shape) != tuple(param.shape):
+            raise WeightsError(f"tensor {name} has shape {tuple(state[name].shape)}, expected {tuple(param.shape)}")
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # buffers (RoPE tables) were created on meta: rebuild them for real
+    from specdec.models.transformer import rope_tables
+
+    cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return model.eval()
+
+
+def load_decoder(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", progress: bool = False) -> Decoder:
+    """Load a GGUF file or an HF directory (config.json + safetensors) as a :class:`Decoder`."""
+    path = Path(path)
+    if path.is_dir():
+        cfg = ModelConfig.from_hf_dir(path)
+        return build_decoder(cfg, hf_state_dict(path), dtype, device)
+    if path.suffix != ".gguf" and path.is_file():
+        raise WeightsError(f"{path}: expected a .gguf file or a directory with config.json")
+    cache_file = converted_cache_path(path, dtype)
+    meta_file = cache_file.with_suffix(".json")
+    if cache_file.is_file() and meta_file.is_file() and _cache_is_fresh(path, meta_file):
+        try:
+            cfg = ModelConfig(**json.loads(meta_file.read_text())["config"])
+            return build_decoder(cfg, load_file(str(cache_file)), dtype, device)
+        except (SafetensorError, OSError, KeyError, TypeError, json.JSONDecodeError):
+            pass  # a broken cache is rebuilt below
+    cfg, state = gguf_state_dict(path, dtype, progress=progress)
+    _write_cache(path, cfg, state, cache_file, meta_file)
+    return build_decoder(cfg, state, dtype, device)
+
+
+def _source_signature(path: Path) -> dict[str, int]:
+    stat = Path(path).stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _cache_is_fresh(gguf_path: Path, meta_file: Path) -> bool:
+    try:
+        return json.loads(meta_file.read_text()).get("source") == _source_signature(gguf_path)
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def _write_cache(gguf_path: Path, cfg: ModelConfig, state: dict[str, torch.Tensor], cache_file: Path, meta_file: Path) -> None:
+    """Best effort: a read-only or full disk only costs the next start its speed."""
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(".partial")
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
+        os.replace(tmp, cache_file)
+        meta_file.write_text(json.dumps({"config": cfg.to_dict(), "source": _source_signature(gguf_path)}))
+    except OSError:
+        pass

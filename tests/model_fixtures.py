@@ -1,0 +1,64 @@
+"""Tiny randomly initialised models of the real architectures, written as HF directories.
+
+Tests run our decoder against these (and against transformers' implementation of the same weights),
+so they need no download and take milliseconds per forward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY_QWEN2 = dict(
+    model_type="qwen2",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+TINY_LLAMA = dict(
+    model_type="llama",
+    vocab_size=512,
+    hidden_size=48,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rope_theta=100_000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
+
+
+def make_hf_model(config: dict, seed: int = 0, scale: float = 0.2):
+    """A transformers model with the given tiny config and random weights (larger than default init,
+    so that logits are far from uniform and greedy decoding is not a sea of ties)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg_cls = transformers.Qwen2Config if config["model_type"] == "qwen2" else transformers.LlamaConfig
+    model_cls = transformers.Qwen2ForCausalLM if config["model_type"] == "qwen2" else transformers.LlamaForCausalLM
+    params = {k: v for k, v in config.items() if k != "model_type"}
+    model = model_cls(cfg_cls(**params)).float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            else:
+                param.copy_(scale * torch.randn_like(param))
+    return model
+
+
+def write_tiny_model(out_dir: Path, config: dict = TINY_QWEN2, seed: int = 0) -> Path:
+    """Save a tiny random model (config.json + model.safetensors) and return its directory."""
+    model = make_hf_model(config, seed)
+    model.save_pretrained(out_dir)
+    return Path(out_dir)

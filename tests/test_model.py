@@ -1,0 +1,102 @@
+"""Our decoder against transformers' implementation of the same weights (the reference)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.errors import WeightsError
+from specdec.models.weights import load_decoder
+from tests.model_fixtures import TINY_LLAMA, TINY_QWEN2, make_hf_model, write_tiny_model
+
+CONFIGS = {"qwen2": TINY_QWEN2, "llama": TINY_LLAMA}
+
+
+@pytest.fixture(params=sorted(CONFIGS))
+def pair(request, tmp_path):
+    """(transformers model, our decoder) with identical weights."""
+    config = CONFIGS[request.param]
+    write_tiny_model(tmp_path, config, seed=3)
+    return make_hf_model(config, seed=3), load_decoder(tmp_path)
+
+
+def test_prefill_logits_match_transformers(pair):
+    hf, ours = pair
+    ids = torch.randint(0, 512, (1, 23), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = hf(ids).logits[0]
+    cache = ours.new_cache(64)
+    got = ours(ids[0], torch.arange(23), cache)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert cache.seq_len == 23
+
+
+def test_decode_with_cache_matches_full_forward(pair):
+    """Token-by-token decoding through the KV cache gives the same logits as one full pass."""
+    hf, ours = pair
+    ids = torch.randint(0, 512, (1, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(ids).logits[0]
+    cache = ours.new_cache(32)
+    ours(ids[0, :5], torch.arange(5), cache)
+    for pos in range(5, 17):
+        logits = ours(ids[0, pos : pos + 1], torch.tensor([pos]), cache)
+        torch.testing.assert_close(logits[0], expected[pos], atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_forward_matches_single_tokens(pair):
+    """A verification chunk of k tokens scores each exactly like decoding it alone (to fp32 tolerance)."""
+    _, ours = pair
+    ids = torch.randint(0, 512, (12,), generator=torch.Generator().manual_seed(2))
+    cache_a, cache_b = ours.new_cache(16), ours.new_cache(16)
+    ours(ids[:7], torch.arange(7), cache_a)
+    ours(ids[:7], torch.arange(7), cache_b)
+    chunk = ours(ids[7:], torch.arange(7, 12), cache_a)
+    for i, pos in enumerate(range(7, 12)):
+        single = ours(ids[pos : pos + 1], torch.tensor([pos]), cache_b)
+        torch.testing.assert_close(chunk[i], single[0], atol=1e-5, rtol=1e-5)
+
+
+def test_truncate_then_decode_equals_fresh_run(pair):
+    _, ours = pair
+    ids = torch.randint(0, 512, (10,), generator=torch.Generator().manual_seed(4))
+    junk = torch.randint(0, 512, (4,), generator=torch.Generator().manual_seed(5))
+    cache = ours.new_cache(32)
+    ours(ids[:6], torch.arange(6), cache)
+    ours(junk, torch.arange(6, 10), cache)  # a rejected draft
+    cache.truncate(6)
+    rolled_back = ours(ids[6:], torch.arange(6, 10), cache)
+    fresh_cache = ours.new_cache(32)
+    fresh = ours(ids, torch.arange(10), fresh_cache)[6:]
+    torch.testing.assert_close(rolled_back, fresh, atol=1e-5, rtol=1e-5)
+    assert cache.seq_len == fresh_cache.seq_len == 10
+
+
+def test_num_logits_and_hidden(pair):
+    _, ours = pair
+    ids = torch.arange(9)
+    full = ours(ids, torch.arange(9), ours.new_cache(16))
+    last, hidden = ours(ids, torch.arange(9), ours.new_cache(16), num_logits=1, return_hidden=True)
+    torch.testing.assert_close(last[0], full[-1])
+    assert hidden.shape == (1, ours.config.hidden_size)
+
+
+def test_cache_overflow_is_a_clear_error(pair):
+    _, ours = pair
+    cache = ours.new_cache(4)
+    with pytest.raises(Exception, match="KV cache full"):
+        ours(torch.arange(5), torch.arange(5), cache)
+
+
+def test_missing_weights_dir_is_clear(tmp_path):
+    with pytest.raises(WeightsError, match="config.json"):
+        load_decoder(tmp_path)
+
+
+def test_corrupt_safetensors_is_clear(tmp_path):
+    write_tiny_model(tmp_path)
+    blob = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(WeightsError, match="corrupt or truncated"):
+        load_decoder(tmp_path)
