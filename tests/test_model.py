@@ -46,7 +46,8 @@ def test_decode_with_cache_matches_full_forward(pair):
 
 
 def test_chunked_forward_matches_single_tokens(pair):
-    """A verification chunk of k tokens scores each exactly like decoding it alone (to fp32 tolerance)."""
+    """A verification chunk of k tokens scores each like decoding it alone, to fp32 tolerance: the GEMM
+    kernels for M=1 and M=k round differently (bit-identity is the int8 path's job)."""
     _, ours = pair
     ids = torch.randint(0, 512, (12,), generator=torch.Generator().manual_seed(2))
     cache_a, cache_b = ours.new_cache(16), ours.new_cache(16)
@@ -55,7 +56,7 @@ def test_chunked_forward_matches_single_tokens(pair):
     chunk = ours(ids[7:], torch.arange(7, 12), cache_a)
     for i, pos in enumerate(range(7, 12)):
         single = ours(ids[pos : pos + 1], torch.tensor([pos]), cache_b)
-        torch.testing.assert_close(chunk[i], single[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(chunk[i], single[0], atol=1e-4, rtol=1e-4)
 
 
 def test_truncate_then_decode_equals_fresh_run(pair):
