@@ -70,7 +70,7 @@ def test_truncate_then_decode_equals_fresh_run(pair):
     rolled_back = ours(ids[6:], torch.arange(6, 10), cache)
     fresh_cache = ours.new_cache(32)
     fresh = ours(ids, torch.arange(10), fresh_cache)[6:]
-    torch.testing.assert_close(rolled_back, fresh, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rolled_back, fresh, atol=1e-4, rtol=1e-4)
     assert cache.seq_len == fresh_cache.seq_len == 10
 
 
