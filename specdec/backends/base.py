@@ -1,0 +1,45 @@
+"""The small interface between the engine/drafters and whatever executes a model.
+
+The engine only needs: score a chunk of new tokens appended to a sequence (logits for every position,
+or the last few), and roll a sequence back. Sequence state (the KV cache) is a separate object so one
+loaded model serves many concurrent requests. Methods that need a model's internals (layer skip,
+feature heads, tree attention) ask for :class:`specdec.backends.torch_backend.TorchBackend` and say so
+when given another backend.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+from specdec.models.config import ModelConfig
+
+
+@runtime_checkable
+class SequenceState(Protocol):
+    """Per-request model state: how many positions are cached, and rollback."""
+
+    seq_len: int
+    max_seq_len: int
+
+    def truncate(self, length: int) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    config: ModelConfig
+    device: torch.device
+    dtype_name: str  # execution dtype as users read it: "float32", "bfloat16", "int8" …
+
+    def new_state(self, max_seq_len: int) -> SequenceState: ...
+
+    def forward(self, state: SequenceState, tokens: Sequence[int], num_logits: int | None = None) -> torch.Tensor:
+        """Append ``tokens`` at positions ``state.seq_len ..`` and return float32 logits
+        ``[len(tokens) or num_logits, vocab]``."""
+        ...
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights read per forward (for the achieved-bandwidth figure)."""
+        ...

@@ -1,0 +1,127 @@
+"""Prompt sets for benchmarks and `specdec verify`: Spec-Bench (incl. MT-Bench), HumanEval, GSM8K.
+
+Read from ``../shared/data`` beside the project by default (``SPECDEC_DATA_DIR`` or ``--data-dir``
+to override); a user's own JSONL with a ``prompt`` or ``turns`` field works too. Errors name the
+file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+DATASET_FILES = {
+    "humaneval": "humaneval/humaneval_0_99.jsonl",
+    "spec_bench": "spec_bench/question.jsonl",
+    "gsm8k": "gsm8k/test_0_399.jsonl",
+}
+#: Spec-Bench task groups (question_id ranges from the upstream README).
+SPEC_BENCH_GROUPS = {
+    "mt_bench": range(81, 161),
+    "translation": range(161, 241),
+    "summarization": range(241, 321),
+    "qa": range(321, 401),
+    "math_reasoning": range(401, 481),
+    "rag": range(481, 561),
+}
+
+
+@dataclass
+class PromptRow:
+    id: str
+    category: str
+    turns: list[str]
+    chat: bool = True  # render with the chat template (HumanEval is a raw completion prompt)
+    meta: dict = field(default_factory=dict)
+
+
+def default_data_dir() -> Path:
+    env = os.environ.get("SPECDEC_DATA_DIR")
+    if env:
+        return Path(env)
+    candidates = [Path(__file__).resolve().parents[2].parent / "shared" / "data", Path.cwd().parent / "shared" / "data", Path.cwd() / "shared" / "data"]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    return candidates[0]
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise SpecdecError(f"dataset file not found: {path}")
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SpecdecError(f"{path}:{number}: malformed JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise SpecdecError(f"{path}:{number}: expected a JSON object")
+            rows.append(row | {"_line": number})
+    return rows
+
+
+def _spec_bench_group(question_id: int) -> str:
+    for group, ids in SPEC_BENCH_GROUPS.items():
+        if question_id in ids:
+            return group
+    return "other"
+
+
+def load_prompts(
+    dataset: str,
+    categories: list[str] | None = None,
+    limit: int | None = None,
+    data_dir: Path | None = None,
+) -> list[PromptRow]:
+    """Rows of a named dataset (``humaneval``, ``spec_bench``, ``gsm8k``) or of a JSONL file.
+
+    ``categories`` filters Spec-Bench by task group (``summarization``, ``rag``, ``mt_bench`` …) or by
+    MT-Bench category (``coding``, ``writing`` …). ``limit`` keeps the first N rows *per category*
+    so a small run still covers every group.
+    """
+    if dataset in DATASET_FILES:
+        path = (data_dir or default_data_dir()) / DATASET_FILES[dataset]
+    else:
+        path = Path(dataset)
+    raw = _read_jsonl(path)
+    rows: list[PromptRow] = []
+    for row in raw:
+        line = row.pop("_line")
+        if dataset == "humaneval":
+            rows.append(PromptRow(row["task_id"], "humaneval", [row["prompt"]], chat=False, meta=row))
+        elif dataset == "gsm8k":
+            rows.append(PromptRow(f"gsm8k/{line}", "gsm8k", [row["question"]], meta=row))
+        elif dataset == "spec_bench":
+            qid = int(row["question_id"])
+            rows.append(PromptRow(str(qid), _spec_bench_group(qid), list(row["turns"]), meta={"category": row.get("category")}))
+        else:
+            if isinstance(row.get("turns"), list) and row["turns"]:
+                turns = [str(t) for t in row["turns"]]
+            elif isinstance(row.get("prompt"), str):
+                turns = [row["prompt"]]
+            else:
+                raise SpecdecError(f"{path}:{line}: needs a 'prompt' string or a non-empty 'turns' list")
+            rows.append(PromptRow(str(row.get("id", line)), str(row.get("category", "default")), turns, chat=bool(row.get("chat", True))))
+    if categories:
+        known = {r.category for r in rows} | {r.meta.get("category") for r in rows}
+        unknown = [c for c in categories if c not in known]
+        if unknown:
+            raise SpecdecError(f"unknown categories {unknown} in {path.name}; available: {sorted(k for k in known if k)}")
+        rows = [r for r in rows if r.category in categories or r.meta.get("category") in categories]
+    if limit is not None:
+        per_category: dict[str, int] = {}
+        kept = []
+        for r in rows:
+            if per_category.get(r.category, 0) < limit:
+                per_category[r.category] = per_category.get(r.category, 0) + 1
+                kept.append(r)
+        rows = kept
+    return rows

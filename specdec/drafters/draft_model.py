@@ -1,0 +1,105 @@
+"""Drafting with a small model of the same family (Leviathan et al. 2023; Chen et al. 2023).
+
+The draft model has its own KV cache kept in step with the committed tokens: after verification it
+is truncated to the accepted prefix, and the correction/bonus token (which it has never seen) is fed
+at the start of the next round together with any other pending tokens, so the prefix is never
+recomputed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.backends.base import Backend
+from specdec.drafters.base import Draft, register_drafter
+from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
+
+
+class DraftModelDrafter:
+    name = "draft_model"
+
+    def __init__(
+        self,
+        backend: Backend,
+        params: SamplingParams,
+        generator: torch.Generator,
+        max_seq_len: int,
+        confidence_threshold: float = 0.0,
+    ) -> None:
+        self.backend = backend
+        self.params = params
+        self.generator = generator
+        self.max_seq_len = max_seq_len
+        #: stop a round early once the draft's own top probability drops below this (0 = never)
+        self.confidence_threshold = confidence_threshold
+        self.state = backend.new_state(max_seq_len)
+        self.cached: list[int] = []  # tokens whose keys/values are in the draft cache
+        self.context_len = 0
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.state.truncate(0)
+        self.cached = []
+
+    def _sync(self, context_ids: list[int]) -> torch.Tensor:
+        """Feed committed tokens the draft cache lacks; return the logits after the last one."""
+        common = self.state.seq_len
+        if self.cached[:common] != context_ids[:common]:  # defensive: never expected after accepted()
+            common = 0
+            while common < len(self.cached) and common < len(context_ids) and self.cached[common] == context_ids[common]:
+                common += 1
+            self.state.truncate(common)
+            self.cached = self.cached[:common]
+        pending = context_ids[common:]
+        if not pending:  # the context is entirely cached: re-score the last token
+            self.state.truncate(common - 1)
+            self.cached.pop()
+            pending = context_ids[-1:]
+        logits = self.backend.forward(self.state, pending, num_logits=1)
+        self.cached.extend(pending)
+        return logits[-1]
+
+    def propose(self, context_ids: list[int], k: int) -> Draft:
+        room = self.max_seq_len - len(context_ids)
+        k = max(0, min(k, room))
+        logits = self._sync(context_ids)
+        self.context_len = len(context_ids)
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            if self.params.is_greedy:
+                token = int(torch.argmax(logits))
+                top_prob = float(torch.softmax(logits, -1).max()) if self.confidence_threshold else 1.0
+                q = None
+            else:
+                q = logits_to_probs(logits, self.params)
+                token = sample_from_probs(q, self.generator)
+                top_prob = float(q.max())
+            if i > 0 and top_prob < self.confidence_threshold:
+                break  # the draft is unsure: verifying now is cheaper than drafting on
+            tokens.append(token)
+            if q is not None:
+                probs.append(q)
+            if i + 1 < k:
+                logits = self.backend.forward(self.state, [token], num_logits=1)[-1]
+                self.cached.append(token)
+        return Draft(tokens=tokens, probs=torch.stack(probs) if probs else None)
+
+    def accepted(self, num_accepted: int, next_token: int) -> None:
+        # keep the context and the accepted part of the proposal; next_token is fed next round
+        keep = min(self.context_len + num_accepted, len(self.cached))
+        self.state.truncate(keep)
+        del self.cached[keep:]
+
+    def finish(self) -> None:
+        self.cached = []
+        self.state.truncate(0)
+
+
+@register_drafter("draft_model")
+def make_draft_model_drafter(*, draft_backend: Backend | None = None, params, generator, max_seq_len, spec, **_) -> DraftModelDrafter:
+    from specdec.errors import SpecdecError
+
+    if draft_backend is None:
+        raise SpecdecError("method 'draft_model' needs a draft model (--draft-model NAME_OR_PATH)")
+    threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
+    return DraftModelDrafter(draft_backend, params, generator, max_seq_len, threshold)

@@ -1,0 +1,221 @@
+"""The generation loop: plain autoregressive decoding, or draft → verify → commit.
+
+Plain decoding is the same loop with zero drafted tokens, so both paths share the prefill, the
+sampling transform, the stop logic and the cache bookkeeping — the only difference speculation makes
+is how many tokens one target forward commits. One speculative step (ARCHITECTURE.md):
+
+1. committed tokens ``x[0..n)``; the target cache holds ``n-1`` positions (``x[n-1]`` is the next input);
+2. ``draft = drafter.propose(x, k)``;
+3. target forward on ``[x[n-1], d_1..d_k]`` → ``k+1`` logits;
+4. ``n_acc, nxt = verify(draft, logits)``;
+5. commit ``d_1..d_{n_acc}, nxt``; truncate the target cache to ``n + n_acc``; tell the drafter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from specdec.adaptive import GammaController
+from specdec.backends.base import Backend
+from specdec.config import SpecConfig
+from specdec.drafters.base import Draft, Drafter
+from specdec.errors import ContextLengthError, SpecdecError
+from specdec.sampling import SamplingParams, make_generator
+from specdec.stats import Stats
+from specdec.verify import verify
+
+
+@dataclass
+class StreamChunk:
+    """Tokens committed by one step (after stop handling) and the text that became final."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None  # "stop" | "length" on the last chunk
+    stats: Stats | None = None  # on the last chunk
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stats: Stats
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+class _OutputTracker:
+    """Applies max_tokens, stop token ids and stop strings to committed tokens, one token at a time,
+    exactly as plain decoding would — so tokens past a stop inside an accepted block never leak."""
+
+    def __init__(self, params: SamplingParams, stop_ids: frozenset[int], tokenizer) -> None:  # noqa: ANN001
+        self.params = params
+        self.stop_ids = stop_ids
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.detok = None
+        self.text = ""
+        self.emitted = 0  # characters of self.text already streamed
+        self.holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.stopped_by_string = False
+        if tokenizer is not None:
+            from specdec.tokenizer import IncrementalDetokenizer
+
+            self.detok = IncrementalDetokenizer(tokenizer)
+
+    def add(self, tokens: list[int]) -> list[int]:
+        """Commit tokens in order until one finishes the request; return the ones that count."""
+        taken: list[int] = []
+        for token in tokens:
+            if token in self.stop_ids:
+                self.finish_reason = "stop"
+                break
+            self.token_ids.append(token)
+            taken.append(token)
+            if self.detok is not None:
+                before = len(self.text)
+                self.text += self.detok.push(token)
+                if self.params.stop and self._cut_at_stop_string(before):
+                    self.finish_reason = "stop"
+                    self.stopped_by_string = True
+                    break
+            if len(self.token_ids) >= self.params.max_tokens:
+                self.finish_reason = "length"
+                break
+        return taken
+
+    def _cut_at_stop_string(self, before: int) -> bool:
+        window_start = max(0, before - self.holdback)
+        hits = [i for s in self.params.stop if (i := self.text.find(s, window_start)) >= 0]
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        return True
+
+    def new_text(self) -> str:
+        """Text that can no longer change: all of it once finished, else all but a possible
+        stop-string prefix at the end."""
+        if self.finish_reason is not None and not self.stopped_by_string and self.detok is not None:
+            self.text += self.detok.flush()
+            self.detok = None
+        end = len(self.text) if self.finish_reason is not None else len(self.text) - self.holdback
+        chunk = self.text[self.emitted : max(end, self.emitted)]
+        self.emitted = max(end, self.emitted)
+        return chunk
+
+
+def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
+    if prompt_len == 0:
+        raise SpecdecError("the prompt is empty: give at least one token")
+    if prompt_len + max_tokens > context_len:
+        raise ContextLengthError(
+            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceed the model's context window "
+            f"of {context_len} tokens; shorten the prompt or lower max_tokens"
+        )
+
+
+def generate_stream(
+    target: Backend,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    drafter: Drafter | None = None,
+    spec: SpecConfig | None = None,
+    tokenizer=None,  # noqa: ANN001 - specdec.tokenizer.Tokenizer; needed for text and stop strings
+    generator: torch.Generator | None = None,
+) -> Iterator[StreamChunk]:
+    """Generate from ``prompt_ids``; yields one :class:`StreamChunk` per target forward."""
+    spec = spec or SpecConfig()
+    context_len = target.config.max_position_embeddings
+    check_context(len(prompt_ids), params.max_tokens, context_len)
+    max_k = spec.max_speculative_tokens if drafter is not None else 0
+    cache_len = min(len(prompt_ids) + params.max_tokens + max_k + 1, context_len)
+    generator = generator or make_generator(params.seed, target.device)
+
+    stop_ids = frozenset(params.stop_token_ids)
+    if tokenizer is not None and not params.ignore_eos:
+        stop_ids |= tokenizer.stop_token_ids
+    if params.stop and tokenizer is None:
+        raise SpecdecError("stop strings need a tokenizer")
+    out = _OutputTracker(params, stop_ids, tokenizer)
+    stats = Stats(
+        method=drafter.name if drafter is not None else "ar",
+        dtype=target.dtype_name,
+        prompt_tokens=len(prompt_ids),
+        weight_bytes=target.weight_bytes,
+        draft_weight_bytes=getattr(getattr(drafter, "backend", None), "weight_bytes", 0),
+    )
+    gamma = GammaController(max_k) if spec.adaptive and drafter is not None else None
+
+    start = time.perf_counter()
+    state = target.new_state(cache_len)
+    logits = target.forward(state, prompt_ids, num_logits=1)
+    _, first = verify([], None, logits, params, generator)
+    context = list(prompt_ids) + [first]
+    committed = out.add([first])
+    stats.prefill_time_s = stats.ttft_s = time.perf_counter() - start
+    decode_start = time.perf_counter()
+    if drafter is not None:
+        drafter.start(list(prompt_ids))
+    try:
+        if out.finish_reason is None:
+            yield StreamChunk(committed, out.new_text())
+            committed = []
+        while out.finish_reason is None:
+            remaining = params.max_tokens - len(out.token_ids)
+            k = gamma.choose() if gamma is not None else max_k
+            k = max(0, min(k, remaining - 1, context_len - len(context)))
+
+            t0 = time.perf_counter()
+            draft = drafter.propose(context, k) if drafter is not None and k > 0 else Draft(tokens=[])
+            t1 = time.perf_counter()
+            logits = target.forward(state, [context[-1], *draft.tokens])
+            num_accepted, next_token = verify(draft.tokens, draft.probs, logits, params, generator)
+            state.truncate(len(context) + num_accepted)
+            if drafter is not None and len(draft):
+                drafter.accepted(num_accepted, next_token)
+            t2 = time.perf_counter()
+
+            stats.record_step(len(draft), num_accepted, t1 - t0, t2 - t1)
+            if gamma is not None:
+                gamma.update(len(draft), num_accepted, t1 - t0, t2 - t1)
+            new_tokens = [*draft.tokens[:num_accepted], next_token]
+            context.extend(new_tokens)
+            committed = out.add(new_tokens)
+            stats.generated_tokens = len(out.token_ids)
+            stats.decode_time_s = time.perf_counter() - decode_start
+            if out.finish_reason is not None:
+                break
+            yield StreamChunk(committed, out.new_text())
+            committed = []
+        stats.generated_tokens = len(out.token_ids)
+        stats.decode_time_s = time.perf_counter() - decode_start
+        stats.total_time_s = time.perf_counter() - start
+        yield StreamChunk(committed, out.new_text(), finish_reason=out.finish_reason, stats=stats)
+    finally:
+        if drafter is not None:
+            drafter.finish()
+
+
+def generate_ids(
+    target: Backend,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    drafter: Drafter | None = None,
+    spec: SpecConfig | None = None,
+    tokenizer=None,  # noqa: ANN001
+    generator: torch.Generator | None = None,
+) -> GenerationResult:
+    """Run :func:`generate_stream` to the end and collect the result."""
+    token_ids: list[int] = []
+    text: list[str] = []
+    last = None
+    for chunk in generate_stream(target, prompt_ids, params, drafter, spec, tokenizer, generator):
+        token_ids.extend(chunk.token_ids)
+        text.append(chunk.text)
+        last = chunk
+    assert last is not None and last.stats is not None and last.finish_reason is not None
+    return GenerationResult(token_ids, "".join(text), last.finish_reason, last.stats, list(prompt_ids))

@@ -1,0 +1,150 @@
+"""Per-request and aggregate statistics (metric names as in ARCHITECTURE.md, used everywhere).
+
+The engine records; the CLI, the benchmark and the server only format. Times are wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+
+@dataclass
+class Stats:
+    method: str = "ar"
+    dtype: str = "float32"
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    target_forwards: int = 0  # decode-phase verification passes (prefill not counted)
+    proposed_tokens: int = 0  # draft tokens sent to verification
+    accepted_tokens: int = 0  # of those, accepted
+    accepted_len_histogram: Counter = field(default_factory=Counter)  # draft tokens accepted per step
+    prefill_time_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    total_time_s: float = 0.0
+    weight_bytes: int = 0  # target weights read per forward, for achieved bandwidth
+    draft_weight_bytes: int = 0
+    gamma_history: list[int] = field(default_factory=list)
+
+    def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        self.target_forwards += 1
+        self.proposed_tokens += proposed
+        self.accepted_tokens += accepted
+        self.accepted_len_histogram[accepted] += 1
+        self.draft_time_s += draft_s
+        self.verify_time_s += verify_s
+        self.gamma_history.append(proposed)
+
+    # --- derived metrics -------------------------------------------------------------------------
+    @property
+    def acceptance_rate(self) -> float:
+        """α: accepted draft tokens / proposed draft tokens."""
+        return self.accepted_tokens / self.proposed_tokens if self.proposed_tokens else 0.0
+
+    @property
+    def mean_accepted_len(self) -> float:
+        """τ: tokens committed per target forward in the decode phase (includes the bonus/correction)."""
+        decode_tokens = max(self.generated_tokens - 1, 0)  # the first token comes from prefill
+        return decode_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput: tokens after the first / time after the first token."""
+        decode_tokens = self.generated_tokens - 1
+        return decode_tokens / self.decode_time_s if decode_tokens > 0 and self.decode_time_s > 0 else 0.0
+
+    @property
+    def tpot_s(self) -> float:
+        decode_tokens = self.generated_tokens - 1
+        return self.decode_time_s / decode_tokens if decode_tokens > 0 else 0.0
+
+    @property
+    def overhead_time_s(self) -> float:
+        return max(self.decode_time_s - self.draft_time_s - self.verify_time_s, 0.0)
+
+    @property
+    def achieved_gb_per_s(self) -> float:
+        """Weight bytes streamed per second in the decode phase (gpt-fast's figure of merit).
+
+        Each target forward reads the target's weights once; the draft's reads are added per draft
+        forward (approximated as one per proposed token)."""
+        if self.decode_time_s <= 0:
+            return 0.0
+        moved = self.target_forwards * self.weight_bytes + self.proposed_tokens * self.draft_weight_bytes
+        return moved / self.decode_time_s / 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "dtype": self.dtype,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "target_forwards": self.target_forwards,
+            "proposed_tokens": self.proposed_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_len": round(self.mean_accepted_len, 4),
+            "accepted_len_histogram": {int(k): v for k, v in sorted(self.accepted_len_histogram.items())},
+            "ttft_s": round(self.ttft_s, 4),
+            "tpot_s": round(self.tpot_s, 5),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "achieved_gb_per_s": round(self.achieved_gb_per_s, 2),
+            "prefill_time_s": round(self.prefill_time_s, 4),
+            "decode_time_s": round(self.decode_time_s, 4),
+            "draft_time_s": round(self.draft_time_s, 4),
+            "verify_time_s": round(self.verify_time_s, 4),
+            "overhead_time_s": round(self.overhead_time_s, 4),
+            "total_time_s": round(self.total_time_s, 4),
+        }
+
+    def summary_line(self) -> str:
+        """One human line for stderr: what a user wants to read after a generation."""
+        parts = [
+            f"method={self.method}",
+            f"dtype={self.dtype}",
+            f"prompt_tokens={self.prompt_tokens}",
+            f"generated={self.generated_tokens}",
+            f"ttft={self.ttft_s:.3f}s",
+            f"{self.tokens_per_s:.2f} tok/s",
+            f"{self.achieved_gb_per_s:.1f} GB/s",
+        ]
+        if self.proposed_tokens:
+            parts += [
+                f"acceptance_rate={self.acceptance_rate:.2f}",
+                f"mean_accepted_len={self.mean_accepted_len:.2f}",
+                f"draft={self.draft_time_s:.2f}s verify={self.verify_time_s:.2f}s other={self.overhead_time_s:.2f}s",
+            ]
+        return " | ".join(parts)
+
+
+def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
+    """Totals over requests: rates are ratios of sums (not means of ratios), as Spec-Bench reports."""
+    items = list(stats)
+    if not items:
+        return {}
+    total = Stats(method=items[0].method, dtype=items[0].dtype)
+    for s in items:
+        total.prompt_tokens += s.prompt_tokens
+        total.generated_tokens += s.generated_tokens
+        total.target_forwards += s.target_forwards
+        total.proposed_tokens += s.proposed_tokens
+        total.accepted_tokens += s.accepted_tokens
+        total.accepted_len_histogram.update(s.accepted_len_histogram)
+        total.decode_time_s += s.decode_time_s
+        total.draft_time_s += s.draft_time_s
+        total.verify_time_s += s.verify_time_s
+        total.total_time_s += s.total_time_s
+        total.ttft_s += s.ttft_s
+        total.weight_bytes, total.draft_weight_bytes = s.weight_bytes, s.draft_weight_bytes
+    result = total.to_dict()
+    # per-request decode tokens = generated - 1, so the totals' "-1" must count every request
+    decode_tokens = total.generated_tokens - len(items)
+    result["tokens_per_s"] = round(decode_tokens / total.decode_time_s, 3) if total.decode_time_s else 0.0
+    result["mean_accepted_len"] = round(decode_tokens / total.target_forwards, 4) if total.target_forwards else 0.0
+    result["ttft_s"] = round(total.ttft_s / len(items), 4)
+    result["requests"] = len(items)
+    return result

@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny random models with a real (tiny, trained) byte-level BPE tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.model_fixtures import TINY_QWEN2, write_tiny_model
+
+
+def make_tiny_model_dir(out_dir: Path, config: dict = TINY_QWEN2, seed: int = 0) -> Path:
+    from tests.tokenizer_fixtures import write_tiny_tokenizer
+
+    write_tiny_model(out_dir, config, seed)
+    write_tiny_tokenizer(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    """``target`` and an unrelated ``draft`` (different random weights, same tokenizer)."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": make_tiny_model_dir(root / "target", seed=0),
+        "draft": make_tiny_model_dir(root / "draft", seed=1),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_dirs):
+    import specdec
+
+    return specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_dirs):
+    import specdec
+
+    return specdec.load_model(tiny_dirs["draft"], dtype="float32", device="cpu")

@@ -1,0 +1,177 @@
+"""Exactness of the speculative loop: greedy output == plain decoding, caches in step, stops exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from specdec.api import make_drafter
+from specdec.config import SpecConfig
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.engine import generate_ids
+from specdec.errors import ContextLengthError, SpecdecError
+from specdec.sampling import SamplingParams, make_generator
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "a a a a a a a a a a a a",
+    "café 你好 🙂 and more",
+]
+
+
+def run(target, prompt_ids, params, draft=None, gamma=4, drafter_cls=None):
+    spec = SpecConfig(method="draft_model" if draft is not None else None, num_speculative_tokens=gamma)
+    gen = make_generator(params.seed)
+    max_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
+    drafter = make_drafter(target, spec, params, gen, max_len, draft)
+    if drafter_cls is not None and drafter is not None:
+        drafter.__class__ = drafter_cls
+    return generate_ids(target.backend, prompt_ids, params, drafter, spec, target.tokenizer, gen)
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8, "auto"])
+@pytest.mark.parametrize("draft_kind", ["other", "same"])
+def test_greedy_speculative_equals_plain(tiny_target, tiny_draft, gamma, draft_kind):
+    draft = tiny_draft if draft_kind == "other" else tiny_target
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    for prompt in PROMPTS:
+        ids = tiny_target.tokenizer.encode(prompt)
+        plain = run(tiny_target, ids, params)
+        spec = run(tiny_target, ids, params, draft, gamma)
+        assert spec.token_ids == plain.token_ids, (prompt, gamma)
+        assert spec.text == plain.text
+        assert spec.finish_reason == plain.finish_reason == "length"
+        assert len(spec.token_ids) == 40
+        if draft_kind == "same" and gamma != "auto":
+            assert spec.stats.acceptance_rate == 1.0
+        assert spec.stats.target_forwards < plain.stats.target_forwards or draft_kind == "other"
+
+
+def test_unrelated_draft_has_low_acceptance_but_exact_output(tiny_target, tiny_draft):
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    ids = tiny_target.tokenizer.encode(PROMPTS[0])
+    out = run(tiny_target, ids, params, tiny_draft, 4)
+    assert out.stats.acceptance_rate < 0.5
+    assert out.token_ids == run(tiny_target, ids, params).token_ids
+
+
+@pytest.mark.parametrize("gamma", [2, 5])
+def test_stop_token_inside_accepted_block(tiny_target, gamma):
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ids = tiny_target.tokenizer.encode(PROMPTS[1])
+    reference = run(tiny_target, ids, params).token_ids
+    for cut in (3, 7, 12):
+        stop_params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop_token_ids=[reference[cut]])
+        plain = run(tiny_target, ids, stop_params)
+        spec = run(tiny_target, ids, stop_params, tiny_target, gamma)  # full acceptance: the stop lands mid-block
+        assert plain.finish_reason == spec.finish_reason == "stop"
+        assert spec.token_ids == plain.token_ids == reference[: reference.index(reference[cut])]
+
+
+@pytest.mark.parametrize("gamma", [3, 6])
+def test_stop_string_inside_accepted_block(tiny_target, gamma):
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ids = tiny_target.tokenizer.encode(PROMPTS[0])
+    full_text = run(tiny_target, ids, params).text
+    stop = full_text[len(full_text) // 3 : len(full_text) // 3 + 3]
+    assert stop, full_text
+    stop_params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=[stop])
+    plain = run(tiny_target, ids, stop_params)
+    spec = run(tiny_target, ids, stop_params, tiny_target, gamma)
+    assert plain.text == spec.text == full_text[: full_text.index(stop)]
+    assert plain.finish_reason == spec.finish_reason == "stop"
+
+
+def test_streamed_text_equals_final_text(tiny_target):
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop=["zz"])
+    chunks = list(specdec.stream(tiny_target, PROMPTS[3], params, draft=tiny_target))
+    assert chunks[-1].stats is not None and chunks[-1].finish_reason is not None
+    result = specdec.generate(tiny_target, PROMPTS[3], params, draft=tiny_target)
+    assert "".join(c.text for c in chunks) == result.text
+    assert [t for c in chunks for t in c.token_ids] == result.token_ids
+
+
+class CheckedDrafter(DraftModelDrafter):
+    """Asserts after every call that the draft cache holds exactly the tokens it should."""
+
+    def propose(self, context_ids, k):
+        draft = super().propose(context_ids, k)
+        expected = list(context_ids) + draft.tokens[:-1] if draft.tokens else list(context_ids)
+        assert self.cached == expected[: len(self.cached)] and len(self.cached) >= len(context_ids)
+        assert self.state.seq_len == len(self.cached)
+        self._last = (list(context_ids), draft.tokens)
+        return draft
+
+    def accepted(self, num_accepted, next_token):
+        super().accepted(num_accepted, next_token)
+        context, tokens = self._last
+        assert self.cached == context + tokens[:num_accepted]
+        assert self.state.seq_len == len(context) + num_accepted
+
+
+class SpyBackend:
+    """Wraps a backend; checks the target cache has exactly the committed length before every step."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls: list[tuple[int, list[int]]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, state, tokens, num_logits=None):
+        self.calls.append((state.seq_len, list(tokens)))
+        return self.inner.forward(state, tokens, num_logits=num_logits)
+
+
+@pytest.mark.parametrize("draft_kind", ["other", "same"])
+def test_caches_have_committed_length_after_every_step(tiny_target, tiny_draft, draft_kind):
+    draft = tiny_draft if draft_kind == "other" else tiny_target
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    ids = tiny_target.tokenizer.encode(PROMPTS[1])
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=4)
+    gen = make_generator(0)
+    drafter = make_drafter(tiny_target, spec, params, gen, 80, draft)
+    drafter.__class__ = CheckedDrafter
+    spy = SpyBackend(tiny_target.backend)
+    out = generate_ids(spy, ids, params, drafter, spec, tiny_target.tokenizer, gen)
+    full = ids + out.token_ids
+    for seq_len, tokens in spy.calls[1:]:  # every decode step starts at the last committed token
+        assert tokens[0] == full[seq_len]
+
+
+def test_sampling_is_reproducible_with_seed(tiny_target, tiny_draft):
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, seed=123, ignore_eos=True)
+    a = specdec.generate(tiny_target, PROMPTS[0], params, draft=tiny_draft)
+    b = specdec.generate(tiny_target, PROMPTS[0], params, draft=tiny_draft)
+    assert a.token_ids == b.token_ids
+
+
+def test_prompt_longer_than_context_is_a_clear_error(tiny_target):
+    long_ids = [5] * 600  # tiny context is 512
+    with pytest.raises(ContextLengthError, match="context window"):
+        specdec.generate(tiny_target, long_ids, SamplingParams(max_tokens=4))
+
+
+def test_empty_prompt_is_a_clear_error(tiny_target):
+    with pytest.raises(SpecdecError, match="empty"):
+        specdec.generate(tiny_target, [], SamplingParams(max_tokens=4))
+
+
+def test_gamma_must_be_positive():
+    with pytest.raises(SpecdecError, match=">= 1"):
+        SpecConfig(method="draft_model", num_speculative_tokens=0)
+    with pytest.raises(SpecdecError, match="positive integer or 'auto'"):
+        SpecConfig(method="draft_model", num_speculative_tokens="many")
+
+
+def test_unknown_method_is_a_clear_error(tiny_target):
+    with pytest.raises(SpecdecError, match="unknown speculative method"):
+        specdec.generate(tiny_target, "hi", SamplingParams(max_tokens=4), spec=SpecConfig(method="telepathy"))
+
+
+def test_draft_model_method_without_draft_is_a_clear_error(tiny_target):
+    with pytest.raises(SpecdecError, match="needs a draft model"):
+        specdec.generate(tiny_target, "hi", SamplingParams(max_tokens=4), spec=SpecConfig(method="draft_model"))
