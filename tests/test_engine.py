@@ -107,8 +107,10 @@ class CheckedDrafter(DraftModelDrafter):
     def accepted(self, num_accepted, next_token):
         super().accepted(num_accepted, next_token)
         context, tokens = self._last
-        assert self.cached == context + tokens[:num_accepted]
-        assert self.state.seq_len == len(context) + num_accepted
+        # the last proposed token was never fed to the draft, so a fully accepted round keeps k-1
+        kept = len(context) + min(num_accepted, len(tokens) - 1)
+        assert self.cached == (context + tokens[:num_accepted])[:kept]
+        assert self.state.seq_len == kept
 
 
 class SpyBackend:
