@@ -1,0 +1,68 @@
+"""CLI behaviour on bad input: one clear line, non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli import main
+
+
+def run_cli(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_help_lists_every_generate_flag():
+    proc = run_cli("generate", "--help")
+    assert proc.returncode == 0
+    for flag in ("--model", "--draft-model", "--num-speculative-tokens", "--max-tokens", "--temperature", "--top-k",
+                 "--top-p", "--seed", "--device", "--chat", "--stop", "--dtype"):
+        assert flag in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["generate", "hi", "--model", "no-such-model"], "unknown model"),
+        (["generate", "hi", "--model", "/nope/model.gguf"], "no such file"),
+        (["generate", "hi", "--num-speculative-tokens", "0"], "must be >= 1"),
+        (["generate", "hi", "--max-tokens", "-3"], "must be >= 1"),
+        (["generate", "hi", "--num-speculative-tokens", "lots"], "positive integer"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, message):
+    proc = run_cli(*args)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_sampling_value_is_clear(tiny_dirs, capsys):
+    code = main(["generate", "hi", "--model", str(tiny_dirs["target"]), "--top-p", "1.5", "--dtype", "float32"])
+    assert code == 1
+    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys):
+    code = main(["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
+                 "--max-tokens", "12", "--dtype", "float32", "--compare-plain", "--ignore-eos"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "identical text: yes" in captured.err
+    assert "acceptance_rate=" in captured.err
+
+
+def test_corrupt_gguf_is_clear(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 50)
+    proc = run_cli("generate", "hi", "--model", str(bad))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "GGUF" in proc.stderr
+
+
+def test_models_lists_builtins():
+    proc = run_cli("models")
+    assert proc.returncode == 0
+    assert "qwen2.5-coder-1.5b" in proc.stdout and "target" in proc.stdout

@@ -1,0 +1,95 @@
+"""Slow smoke tests on the real default models (pulled from the package registry by `make test`)."""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec
+from specdec.bench.datasets import load_prompts
+from specdec.errors import IncompatibleModelsError
+from specdec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, is_installed, model_file
+
+pytestmark = pytest.mark.slow
+
+
+def _need(name: str) -> None:
+    if not is_installed(name):
+        pytest.skip(f"{name} is not installed (run `specdec models pull {name}`)")
+
+
+@pytest.fixture(scope="module")
+def humaneval_prompt() -> str:
+    return load_prompts("humaneval", limit=1)[0].turns[0]
+
+
+@pytest.fixture(scope="module")
+def target_fp32():
+    _need(DEFAULT_TARGET)
+    model = specdec.load_model(DEFAULT_TARGET, dtype="float32", device="cpu", auto_pull=False)
+    yield model
+    del model
+    gc.collect()
+
+
+def test_target_greedy_matches_transformers(humaneval_prompt, target_fp32):
+    """Our decoder's greedy continuation of a HumanEval prompt == transformers' on the same GGUF."""
+    from transformers import AutoModelForCausalLM
+
+    ids = target_fp32.tokenizer.encode(humaneval_prompt)
+    ours = specdec.generate(target_fp32, ids, specdec.SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    path = model_file(DEFAULT_TARGET)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)
+    theirs = out[0, len(ids):].tolist()
+    del hf
+    gc.collect()
+    assert ours.token_ids == theirs
+
+
+def test_default_pair_speculative_greedy_is_identical(humaneval_prompt, target_fp32):
+    _need(DEFAULT_DRAFT)
+    draft = specdec.load_model(DEFAULT_DRAFT, dtype="float32", device="cpu", auto_pull=False)
+    params = specdec.SamplingParams(temperature=0, max_tokens=48)
+    plain = specdec.generate(target_fp32, humaneval_prompt, params)
+    spec = specdec.generate(target_fp32, humaneval_prompt, params, draft=draft,
+                            spec=specdec.SpecConfig(method="draft_model", num_speculative_tokens=4))
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.acceptance_rate > 0.5  # same family: most drafts are accepted
+    assert spec.stats.target_forwards < plain.stats.target_forwards
+
+
+def test_qwen_stops_on_endoftext(target_fp32):
+    """Both Qwen end tokens stop generation (the GGUF declares only <|im_end|>)."""
+    assert {151643, 151645} <= set(target_fp32.tokenizer.stop_token_ids)
+
+
+def test_mismatched_vocabulary_is_refused(target_fp32):
+    _need("smollm2-135m")
+    smol = specdec.load_model("smollm2-135m", dtype="float32", device="cpu", auto_pull=False)
+    with pytest.raises(IncompatibleModelsError, match="different vocabulary.*token id"):
+        specdec.generate(target_fp32, "hi", specdec.SamplingParams(max_tokens=2), draft=smol)
+
+
+def test_cli_generate_plain_and_speculative(tmp_path):
+    """The CLI as a user runs it: stats on stderr, identical text with --compare-plain."""
+    import subprocess
+    import sys
+
+    _need(DEFAULT_TARGET)
+    _need(DEFAULT_DRAFT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec.cli", "generate", "def add(a, b):", "--max-tokens", "16", "--dtype", "float32",
+         "--draft-model", DEFAULT_DRAFT, "--compare-plain", "--json", "--no-pull"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert report["identical"] is True
+    assert report["stats"]["generated_tokens"] == report["plain"]["generated_tokens"]
+    assert "tok/s" in proc.stderr and "acceptance_rate" in proc.stderr
