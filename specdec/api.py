@@ -116,7 +116,7 @@ def make_drafter(
         check_draft_context(draft, max_seq_len)
     factory = get_drafter_factory(spec.method)
     return factory(
-        target=target,
+        target_backend=target.backend,
         draft_backend=draft.backend if draft is not None else None,
         spec=spec,
         params=params,

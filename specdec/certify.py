@@ -1,0 +1,178 @@
+"""`specdec verify`: the lossless certificate.
+
+Two checks for every registered drafter:
+
+(a) **greedy identity** — on real prompts with the real model pair, speculative greedy output must be
+    token-for-token identical to plain greedy decoding *in the same dtype and kernels*;
+(b) **distribution** — on a tiny random model with a small vocabulary (so every outcome can be
+    enumerated), the joint distribution of the first generated tokens under speculative sampling
+    must equal the target's exact distribution, computed by enumerating every prefix. A Pearson χ²
+    test with significance ``alpha`` decides; its false-alarm rate per row is ``alpha``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from specdec.backends.torch_backend import TorchBackend
+from specdec.config import SpecConfig
+from specdec.drafters.base import DRAFTERS, get_drafter_factory
+from specdec.engine import generate_ids
+from specdec.models.config import ModelConfig
+from specdec.models.transformer import Decoder
+from specdec.sampling import SamplingParams, logits_to_probs, make_generator
+from specdec.stats_tests import chi_square_pvalue
+
+#: sampling configurations of the distribution test (greedy is exercised by check (a))
+DISTRIBUTION_CONFIGS: dict[str, SamplingParams] = {
+    "T=1": SamplingParams(temperature=1.0),
+    "T=0.7,top-k=4": SamplingParams(temperature=0.7, top_k=4),
+    "T=1,top-p=0.8": SamplingParams(temperature=1.0, top_p=0.8),
+}
+
+
+@dataclass
+class CheckResult:
+    check: str  # "greedy-identity" | "distribution"
+    method: str
+    config: str
+    passed: bool
+    detail: str
+    seconds: float = 0.0
+
+
+def tiny_model(vocab: int = 8, seed: int = 0, scale: float = 0.2) -> TorchBackend:
+    """A 2-layer random Qwen2-shaped model with a tiny vocabulary and peaked distributions."""
+    cfg = ModelConfig(arch="qwen2", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64, rope_theta=10000.0,
+                      attention_bias=True)
+    torch.manual_seed(seed)
+    decoder = Decoder(cfg)
+    with torch.no_grad():
+        for name, param in decoder.named_parameters():
+            param.copy_(1.0 + 0.1 * torch.randn_like(param) if "norm" in name else scale * torch.randn_like(param))
+    return TorchBackend(decoder.eval())
+
+
+def exact_joint(target: TorchBackend, prompt: list[int], params: SamplingParams, length: int) -> dict[tuple[int, ...], float]:
+    """P(first ``length`` tokens) under plain sampling, by enumerating every prefix."""
+    result: dict[tuple[int, ...], float] = {}
+    frontier: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+    for _ in range(length):
+        next_frontier = []
+        for prefix, mass in frontier:
+            state = target.new_state(len(prompt) + length + 1)
+            logits = target.forward(state, prompt + list(prefix), num_logits=1)[-1]
+            probs = logits_to_probs(logits, params)
+            for token in probs.nonzero().flatten().tolist():
+                next_frontier.append((prefix + (token,), mass * float(probs[token])))
+        frontier = next_frontier
+    for prefix, mass in frontier:
+        result[prefix] = mass
+    return result
+
+
+def distribution_check(method: str, config_name: str, params: SamplingParams, samples: int, gamma: int = 2,
+                       length: int = 3, alpha: float = 1e-3, seed: int = 0) -> CheckResult:
+    """χ² of the joint distribution of the first ``length`` tokens, speculative vs exact."""
+    start = time.perf_counter()
+    target, draft = tiny_model(seed=seed), tiny_model(seed=seed + 1)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so n-gram style drafters propose something too
+    exact = exact_joint(target, prompt, params, length)
+    spec = SpecConfig(method=None if method == "ar" else method, num_speculative_tokens=gamma)
+    run_params = SamplingParams(**{**params.__dict__, "max_tokens": length, "ignore_eos": True})
+    generator = make_generator(seed)
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(samples):
+        drafter = None
+        if spec.method is not None:
+            drafter = get_drafter_factory(spec.method)(target_backend=target, draft_backend=draft, spec=spec,
+                                                       params=run_params, generator=generator, max_seq_len=len(prompt) + length + gamma + 2)
+        out = generate_ids(target, prompt, run_params, drafter, spec, None, generator)
+        key = tuple(out.token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    outside = sum(c for k, c in counts.items() if k not in exact)
+    cells = sorted(exact)
+    p_value = chi_square_pvalue([counts.get(c, 0) for c in cells], [exact[c] for c in cells])
+    passed = outside == 0 and p_value > alpha
+    detail = f"χ² p={p_value:.3g} over {len(cells)} outcomes, {samples} samples" + (f", {outside} impossible outcomes" if outside else "")
+    return CheckResult("distribution", method, config_name, passed, detail, time.perf_counter() - start)
+
+
+def greedy_identity_check(method: str, run_plain: Callable, run_spec: Callable, prompts: Iterable[tuple[str, list[int]]], dtype: str) -> CheckResult:
+    """Token identity of speculative vs plain greedy decoding on real prompts."""
+    start = time.perf_counter()
+    total, mismatches, first_bad = 0, 0, ""
+    accepted = proposed = 0
+    for prompt_id, ids in prompts:
+        plain, spec = run_plain(ids), run_spec(ids)
+        total += 1
+        accepted += spec.stats.accepted_tokens
+        proposed += spec.stats.proposed_tokens
+        if plain.token_ids != spec.token_ids:
+            mismatches += 1
+            if not first_bad:
+                at = next((i for i, (a, b) in enumerate(zip(plain.token_ids, spec.token_ids)) if a != b), min(len(plain.token_ids), len(spec.token_ids)))
+                first_bad = f"; first mismatch: prompt {prompt_id} at token {at}"
+    alpha = accepted / proposed if proposed else 0.0
+    detail = f"{total - mismatches}/{total} prompts identical ({dtype}), acceptance {alpha:.2f}{first_bad}"
+    return CheckResult("greedy-identity", method, f"greedy {dtype}", mismatches == 0, detail, time.perf_counter() - start)
+
+
+def registered_methods() -> list[str]:
+    import specdec.drafters  # noqa: F401
+
+    return sorted(DRAFTERS)
+
+
+def format_table(results: list[CheckResult]) -> str:
+    rows = [("CHECK", "METHOD", "CONFIG", "RESULT", "DETAIL")] + [
+        (r.check, r.method, r.config, "PASS" if r.passed else "FAIL", r.detail) for r in results
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row[:4], widths)), row[4]]) for row in rows)
+
+
+def real_prompts(target, count: int) -> list[tuple[str, list[int]]]:  # noqa: ANN001 - LoadedModel
+    """Half HumanEval (raw completion), half MT-Bench first turns (chat template)."""
+    from specdec.api import encode_prompt
+    from specdec.bench.datasets import load_prompts
+
+    code = load_prompts("humaneval", limit=(count + 1) // 2)
+    chat = load_prompts("spec_bench", categories=["mt_bench"], limit=count // 2)
+    return [(row.id, encode_prompt(target, row.turns[0], chat=row.chat)) for row in code + chat]
+
+
+def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens: int, samples: int,  # noqa: ANN001
+                    alpha: float = 1e-3, gamma: int = 4, greedy: bool = True, distribution: bool = True,
+                    progress: Callable[[str], None] | None = None) -> list[CheckResult]:
+    """Run both checks for every method; ``target``/``draft`` are LoadedModels (draft may be None)."""
+    from specdec.api import make_drafter
+
+    results: list[CheckResult] = []
+    say = progress or (lambda _msg: None)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    prompt_ids = real_prompts(target, prompts) if greedy else []
+    for method in methods:
+        if greedy:
+            say(f"greedy identity: {method} on {len(prompt_ids)} prompts")
+            spec = SpecConfig(method=method, num_speculative_tokens=gamma)
+
+            def run_spec(ids: list[int], spec: SpecConfig = spec) -> object:
+                generator = make_generator(0)
+                drafter = make_drafter(target, spec, params, generator, len(ids) + max_tokens + gamma + 1, draft)
+                return generate_ids(target.backend, ids, params, drafter, spec, target.tokenizer, generator)
+
+            def run_plain(ids: list[int]) -> object:
+                return generate_ids(target.backend, ids, params, None, SpecConfig(), target.tokenizer, make_generator(0))
+
+            results.append(greedy_identity_check(method, run_plain, run_spec, prompt_ids, target.backend.dtype_name))
+        if distribution:
+            for name, config in DISTRIBUTION_CONFIGS.items():
+                say(f"distribution: {method} {name}, {samples} samples")
+                results.append(distribution_check(method, name, config, samples, alpha=alpha))
+    return results

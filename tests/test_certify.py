@@ -1,0 +1,42 @@
+"""`specdec verify`: the distribution certificate passes for every drafter and has the power to fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec.verify as verify_module
+from specdec.certify import DISTRIBUTION_CONFIGS, distribution_check, format_table, registered_methods
+from specdec.cli import main
+
+
+@pytest.mark.parametrize("config", sorted(DISTRIBUTION_CONFIGS))
+@pytest.mark.parametrize("method", ["ar", *registered_methods()])
+def test_distribution_certificate_passes(method, config):
+    result = distribution_check(method, config, DISTRIBUTION_CONFIGS[config], samples=2500)
+    assert result.passed, result.detail
+
+
+def test_a_broken_verifier_fails_the_certificate(monkeypatch):
+    """Sampling the correction from p instead of norm(max(p - q, 0)) is a classic bug: it must be caught."""
+
+    def broken_residual(p, q, token):
+        return p
+
+    monkeypatch.setattr(verify_module, "_residual", broken_residual)
+    result = distribution_check("draft_model", "T=1", DISTRIBUTION_CONFIGS["T=1"], samples=2500)
+    assert not result.passed, result.detail
+
+
+def test_cli_verify_distribution_only(capsys):
+    code = main(["verify", "--skip-greedy", "--samples", "800", "--methods", "draft_model"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "PASS" in out and "FAIL" not in out.replace("0 failed", "")
+
+
+def test_format_table_marks_failures():
+    from specdec.certify import CheckResult
+
+    table = format_table([CheckResult("distribution", "x", "T=1", False, "p=0")])
+    assert "FAIL" in table
