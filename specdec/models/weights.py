@@ -229,3 +229,32 @@ def _write_cache(gguf_path: Path, cfg: ModelConfig, state: dict[str, torch.Tenso
         meta_file.write_text(json.dumps({"config": cfg.to_dict(), "source": _source_signature(gguf_path)}))
     except OSError:
         pass
+
+
+def load_int8_decoder(path: str | Path, device: str = "cpu", progress: bool = False) -> Decoder:
+    """The batch-invariant int8 model (see models/quant.py), cached next to a GGUF after the first
+    conversion so later starts skip dequantization and quantization."""
+    from specdec.models.quant import load_quantized_state, quantize_decoder, quantized_state
+    from specdec.models.transformer import rope_tables
+
+    if device != "cpu":
+        raise WeightsError("int8 execution is a CPU path (fbgemm); use --quantize none on CUDA")
+    path = Path(path)
+    if path.is_dir():
+        return quantize_decoder(load_decoder(path, torch.float32, device))
+    cache_file = converted_cache_path(path, torch.int8)
+    meta_file = cache_file.with_suffix(".json")
+    if cache_file.is_file() and meta_file.is_file() and _cache_is_fresh(path, meta_file):
+        try:
+            cfg = ModelConfig(**json.loads(meta_file.read_text())["config"])
+            with torch.device("meta"):
+                model = Decoder(cfg)
+            model = load_quantized_state(model, load_file(str(cache_file)))
+            model.rope_cos, model.rope_sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+            return model.eval()
+        except (SafetensorError, OSError, KeyError, TypeError, json.JSONDecodeError):
+            pass
+    model = quantize_decoder(load_decoder(path, torch.float32, device, progress=progress))
+    _write_cache(path, model.config, quantized_state(model), cache_file, meta_file)
+    return model
+
