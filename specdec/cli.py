@@ -39,7 +39,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", default=None,
                         help="draft model for speculative decoding (built-in name, .gguf or HF dir); implies --method draft_model")
     parser.add_argument("--method", default=None,
-                        help="speculative method: draft_model (more to come); omit for plain decoding unless --draft-model is given")
+                        help="speculative method: draft_model (needs --draft-model), ngram (prompt lookup), suffix "
+                             "(suffix decoding over this prompt+output and earlier outputs); omit for plain decoding "
+                             "unless --draft-model is given")
+    parser.add_argument("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
+    parser.add_argument("--prompt-lookup-max", type=positive_int, default=4, help="ngram: longest n-gram to match, tried first (default: 4)")
     parser.add_argument("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
                         help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs (default: 4)")
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N (default: auto)")
@@ -121,7 +125,8 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
 
     gamma = args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS
     method = args.method or ("draft_model" if args.draft_model else None)
-    return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model)
+    return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model,
+                      prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

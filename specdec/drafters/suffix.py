@@ -1,0 +1,142 @@
+"""Suffix decoding (SuffixDecoding, Oliaro et al. 2024; ArcticInference): draft from repeated
+patterns in the current prompt + output and in a bounded global cache of earlier requests' outputs.
+
+Both sources are variable-order frequency tables: for every context of up to ``max_depth`` tokens,
+how often each next token followed it. To propose, the longest context matching the end of the
+current sequence predicts the most frequent next token with confidence count/total; the walk goes on
+(re-matching after each drafted token) while the product of confidences stays above
+``min_confidence`` — so the speculation length follows the match, as in SuffixDecoding. The global
+cache lives for the process (shared across server requests on purpose), counts its entries, and
+evicts whole requests, least recently used first, above ``max_cache_entries``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+
+from specdec.drafters.base import Draft, register_drafter
+
+
+class FrequencyTable:
+    """context (tuple of ≤ max_depth tokens) → Counter of the next token."""
+
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth
+        self.table: dict[tuple[int, ...], Counter] = {}
+        self.entries = 0  # number of (context, next) counts stored, the memory measure
+
+    def add(self, tokens: list[int], start: int = 0, sign: int = 1) -> None:
+        """Count every (context → next token) pair whose next token is at index ≥ ``start``."""
+        for position in range(max(start, 1), len(tokens)):
+            nxt = tokens[position]
+            for depth in range(1, min(self.max_depth, position) + 1):
+                key = tuple(tokens[position - depth : position])
+                counter = self.table.get(key)
+                if sign > 0:
+                    if counter is None:
+                        counter = self.table[key] = Counter()
+                    counter[nxt] += 1
+                    self.entries += 1
+                elif counter is not None:
+                    counter[nxt] -= 1
+                    self.entries -= 1
+                    if counter[nxt] <= 0:
+                        del counter[nxt]
+                    if not counter:
+                        del self.table[key]
+
+    def predict(self, tokens: list[int]) -> tuple[int, float, int] | None:
+        """(next token, confidence, match length) from the longest matching context, or None."""
+        for depth in range(min(self.max_depth, len(tokens)), 0, -1):
+            counter = self.table.get(tuple(tokens[-depth:]))
+            if counter:
+                token, count = counter.most_common(1)[0]
+                return token, count / sum(counter.values()), depth
+        return None
+
+
+class GlobalSuffixCache:
+    """Earlier requests' outputs, LRU-evicted by request above a cap on stored entries."""
+
+    def __init__(self, max_depth: int = 8, max_cache_entries: int = 2_000_000) -> None:
+        self.table = FrequencyTable(max_depth)
+        self.max_cache_entries = max_cache_entries
+        self.requests: OrderedDict[int, list[int]] = OrderedDict()
+        self._next_id = 0
+        self.lock = threading.Lock()
+
+    def add_request(self, tokens: list[int]) -> None:
+        with self.lock:
+            self.table.add(tokens)
+            self.requests[self._next_id] = list(tokens)
+            self._next_id += 1
+            while self.table.entries > self.max_cache_entries and self.requests:
+                _, old = self.requests.popitem(last=False)
+                self.table.add(old, sign=-1)
+
+    def predict(self, tokens: list[int]) -> tuple[int, float, int] | None:
+        with self.lock:
+            return self.table.predict(tokens)
+
+
+#: one per process: the server's requests share it on purpose
+GLOBAL_CACHE = GlobalSuffixCache()
+
+
+class SuffixDrafter:
+    name = "suffix"
+
+    def __init__(self, cache: GlobalSuffixCache | None = None, max_depth: int = 8, min_confidence: float = 0.1) -> None:
+        self.cache = cache if cache is not None else GLOBAL_CACHE
+        self.local = FrequencyTable(max_depth)
+        self.min_confidence = min_confidence
+        self.tokens: list[int] = []
+        self.prompt_len = 0
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.local = FrequencyTable(self.local.max_depth)
+        self.tokens = list(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+        self.local.add(self.tokens)
+
+    def _predict(self, tokens: list[int]) -> tuple[int, float] | None:
+        local, shared = self.local.predict(tokens), self.cache.predict(tokens)
+        candidates = [c for c in (local, shared) if c is not None]
+        if not candidates:
+            return None
+        token, confidence, _ = max(candidates, key=lambda c: (c[2], c[1]))  # longer match, then confidence
+        return token, confidence
+
+    def propose(self, context_ids: list[int], k: int) -> Draft:
+        if len(context_ids) > len(self.tokens):
+            start = len(self.tokens)
+            self.tokens.extend(context_ids[start:])
+            self.local.add(self.tokens, start=start)
+        walk = list(self.tokens[-self.local.max_depth :])
+        proposal: list[int] = []
+        score = 1.0
+        while len(proposal) < k:
+            prediction = self._predict(walk)
+            if prediction is None:
+                break
+            token, confidence = prediction
+            score *= confidence
+            if score < self.min_confidence:
+                break
+            proposal.append(token)
+            walk = (walk + [token])[-self.local.max_depth :]
+        return Draft(tokens=proposal)
+
+    def accepted(self, num_accepted: int, next_token: int) -> None:
+        pass  # committed tokens arrive with the next propose()
+
+    def finish(self) -> None:
+        if len(self.tokens) > self.prompt_len:  # learn this output (with the prompt's tail as context)
+            self.cache.add_request(self.tokens[max(0, self.prompt_len - self.local.max_depth) :])
+        self.tokens = []
+
+
+@register_drafter("suffix")
+def make_suffix_drafter(**_) -> SuffixDrafter:  # noqa: ANN003
+    return SuffixDrafter()

@@ -1,0 +1,107 @@
+"""Prompt lookup (n-gram) and suffix drafting: exact through the shared verifier, correct indexes."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+import specdec
+from specdec.config import SpecConfig
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.drafters.suffix import FrequencyTable, GlobalSuffixCache, SuffixDrafter
+from specdec.sampling import SamplingParams
+
+PROMPTS = [
+    "def fibonacci(n):",  # little repetition
+    "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor i in range(10):\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick",
+]
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+@pytest.mark.parametrize("gamma", [2, 5, "auto"])
+def test_greedy_identity(tiny_target, method, gamma):
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    for prompt in PROMPTS:
+        plain = specdec.generate(tiny_target, prompt, params)
+        spec = specdec.generate(tiny_target, prompt, params, spec=SpecConfig(method=method, num_speculative_tokens=gamma))
+        assert spec.token_ids == plain.token_ids, (method, prompt)
+
+
+def test_ngram_drafts_on_repetitive_prompts(tiny_target):
+    """The tiny random model repeats itself under greedy, so lookup finds matches and saves forwards."""
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    spec = specdec.generate(tiny_target, PROMPTS[2], params, spec=SpecConfig(method="ngram", num_speculative_tokens=4))
+    plain = specdec.generate(tiny_target, PROMPTS[2], params)
+    assert spec.stats.proposed_tokens > 0
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.target_forwards <= plain.stats.target_forwards
+
+
+def brute_force_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    for n in range(max_n, min_n - 1, -1):
+        if len(tokens) < n:
+            continue
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # most recent earlier occurrence with a continuation
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_prompt_lookup_index_equals_brute_force(seed):
+    rng = random.Random(seed)
+    stream = [rng.randrange(6) for _ in range(300)]
+    drafter = PromptLookupDrafter(min_n=1, max_n=3)
+    drafter.start(stream[:20])
+    for end in range(20, 300, 7):  # grow the context in uneven steps, as committed tokens arrive
+        got = drafter.propose(stream[:end], 5).tokens
+        assert got == brute_force_lookup(stream[:end], 5, 1, 3), end
+
+
+def test_prompt_lookup_is_fast_at_8k_context():
+    rng = random.Random(0)
+    stream = [rng.randrange(5000) for _ in range(8192)]
+    drafter = PromptLookupDrafter(1, 4)
+    drafter.start(stream[:-1])
+    start = time.perf_counter()
+    for i in range(100):
+        drafter.propose(stream, 5)
+    assert (time.perf_counter() - start) / 100 < 1e-3
+
+
+def test_frequency_table_prediction_and_removal():
+    table = FrequencyTable(max_depth=3)
+    table.add([1, 2, 3, 1, 2, 3, 1, 2, 4])
+    token, confidence, depth = table.predict([9, 1, 2])
+    assert (token, depth) == (3, 2) and confidence == pytest.approx(2 / 3)
+    table.add([1, 2, 3, 1, 2, 3, 1, 2, 4], sign=-1)
+    assert table.table == {} and table.entries == 0
+
+
+def test_suffix_cache_evicts_under_cap():
+    cache = GlobalSuffixCache(max_depth=4, max_cache_entries=500)
+    rng = random.Random(1)
+    for _ in range(50):
+        cache.add_request([rng.randrange(100) for _ in range(60)])
+        assert cache.table.entries <= 500
+    assert len(cache.requests) < 50  # older requests were evicted
+
+
+def test_second_identical_request_is_drafted_with_high_acceptance(tiny_target):
+    cache = GlobalSuffixCache()
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    from specdec.api import encode_prompt
+    from specdec.engine import generate_ids
+    from specdec.sampling import make_generator
+
+    ids = encode_prompt(tiny_target, PROMPTS[0])
+    spec = SpecConfig(method="suffix", num_speculative_tokens=6)
+    first = generate_ids(tiny_target.backend, ids, params, SuffixDrafter(cache), spec, tiny_target.tokenizer, make_generator(0))
+    second = generate_ids(tiny_target.backend, ids, params, SuffixDrafter(cache), spec, tiny_target.tokenizer, make_generator(0))
+    assert second.token_ids == first.token_ids
+    assert second.stats.acceptance_rate > 0.8
+    assert second.stats.target_forwards < first.stats.target_forwards / 2
