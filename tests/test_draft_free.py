@@ -105,3 +105,53 @@ def test_second_identical_request_is_drafted_with_high_acceptance(tiny_target):
     assert second.token_ids == first.token_ids
     assert second.stats.acceptance_rate > 0.8
     assert second.stats.target_forwards < first.stats.target_forwards / 2
+
+
+def test_datastore_build_load_propose_round_trip(tiny_target, tiny_dirs, tmp_path):
+    from specdec.cli import main
+    from specdec.drafters.retrieval import Datastore, RetrievalDrafter
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "def fibonacci(n):\\n    return n"}\n{"text": "for i in range(10):\\n    print(i)"}\n')
+    out = tmp_path / "store"
+    assert main(["datastore", "build", "--tokenizer", str(tiny_dirs["target"]), "--input", str(corpus), "--output", str(out)]) == 0
+    store = Datastore(out)
+    store.check_tokenizer(tiny_target.tokenizer)
+    ids = tiny_target.tokenizer.encode("for i in range(10):\n    print(i)", add_special_tokens=False)
+    drafter = RetrievalDrafter(store, min_match=2)
+    assert drafter.propose(ids[:4], 5).tokens == ids[4:9]
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    spec = SpecConfig(method="retrieval", num_speculative_tokens=4, datastore=str(out))
+    plain = specdec.generate(tiny_target, "for i in range(10):\n", params)
+    assert specdec.generate(tiny_target, "for i in range(10):\n", params, spec=spec).token_ids == plain.token_ids
+
+
+def test_datastore_from_another_tokenizer_is_refused(tiny_target, tmp_path):
+    from specdec.drafters.retrieval import write_datastore
+    from specdec.errors import SpecdecError
+
+    write_datastore([1, 2, 3, -1], tmp_path, fingerprint="someone-else", vocab_size=10)
+    spec = SpecConfig(method="retrieval", datastore=str(tmp_path))
+    with pytest.raises(SpecdecError, match="different tokenizer"):
+        specdec.generate(tiny_target, "hi", SamplingParams(max_tokens=3), spec=spec)
+
+
+def test_datastore_bad_inputs_are_clear(tmp_path, capsys):
+    from specdec.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{not json\n')
+    assert main(["datastore", "build", "--input", str(bad), "--output", str(tmp_path / "o"), "--tokenizer", str(tmp_path / "none.gguf")]) == 1
+    assert main(["generate", "hi", "--method", "retrieval", "--datastore", str(tmp_path / "missing"), "--model", str(tmp_path / "x.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert "no such file" in err
+
+
+def test_malformed_corpus_line_names_file_and_line(tmp_path):
+    from specdec.cli import read_corpus
+    from specdec.errors import SpecdecError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{not json\n')
+    with pytest.raises(SpecdecError, match=r"bad.jsonl:2: malformed JSON"):
+        list(read_corpus([str(bad)]))
