@@ -177,3 +177,16 @@ def test_unknown_method_is_a_clear_error(tiny_target):
 def test_draft_model_method_without_draft_is_a_clear_error(tiny_target):
     with pytest.raises(SpecdecError, match="needs a draft model"):
         specdec.generate(tiny_target, "hi", SamplingParams(max_tokens=4), spec=SpecConfig(method="draft_model"))
+
+
+def test_mismatched_tiny_vocabulary_is_refused(tiny_target, tmp_path):
+    """A draft whose vocabulary is a prefix of the target's is refused, naming the first id only one side has."""
+    from specdec.errors import IncompatibleModelsError
+    from tests.model_fixtures import write_tiny_model
+    from tests.tokenizer_fixtures import write_tiny_tokenizer
+
+    write_tiny_model(tmp_path, seed=5)
+    write_tiny_tokenizer(tmp_path, vocab_size=300)
+    other = specdec.load_model(tmp_path, dtype="float32", device="cpu")
+    with pytest.raises(IncompatibleModelsError, match="has 300 tokens.*first token only one side has: id 300"):
+        specdec.generate(tiny_target, "hi", SamplingParams(max_tokens=3), draft=other)
