@@ -104,6 +104,27 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     ver.set_defaults(func=cmd_verify)
 
+    bench = sub.add_parser("bench", help="Spec-Bench-style benchmark of methods (and peers) on a dataset, with report and plots",
+                           description="Run every method on the same prompts (interleaved per prompt, warm-up first, median "
+                                       "of --repeats), check greedy outputs against plain decoding, and write results.json, "
+                                       "report.md and PNG plots to --out. `specdec bench --compare DIR1 DIR2` prints the "
+                                       "difference between two runs.")
+    bench.add_argument("--dataset", default="humaneval", help="spec_bench, humaneval, gsm8k, or a JSONL file with 'prompt' or 'turns' (default: humaneval)")
+    bench.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data beside the project, or $SPECDEC_DATA_DIR)")
+    bench.add_argument("--categories", default=None, help="comma-separated task groups / categories (e.g. summarization,rag,mt_bench)")
+    bench.add_argument("--limit", type=positive_int, default=None, help="first N prompts per category")
+    bench.add_argument("--methods", default="ar,draft,ngram,suffix", help="comma-separated: ar, draft, ngram, suffix, retrieval (default: ar,draft,ngram,suffix)")
+    bench.add_argument("--gammas", default=None, help="several γ to sweep, e.g. 2,4,6,auto (overrides --num-speculative-tokens)")
+    bench.add_argument("--repeats", type=positive_int, default=3, help="repeats per prompt and method; medians are reported (default: 3)")
+    bench.add_argument("--peers", default="", help="comma-separated peers to run in the same process: hf (transformers plain, assisted, prompt lookup)")
+    bench.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
+    bench.add_argument("--compare", nargs=2, metavar=("DIR1", "DIR2"), help="print the difference between two bench runs and exit")
+    add_model_args(bench)
+    add_sampling_args(bench)
+    bench.set_defaults(draft_model="qwen2.5-coder-0.5b")
+    bench.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    bench.set_defaults(func=cmd_bench)
+
     store = sub.add_parser("datastore", help="build a retrieval datastore (for --method retrieval)",
                            description="Tokenize a corpus with a model's tokenizer and build a suffix-array datastore "
                                        "for retrieval drafting (REST). Inputs: .txt files (one document each) or .jsonl "
@@ -211,6 +232,62 @@ def cmd_verify(args: argparse.Namespace) -> int:
     failed = [r for r in results if not r.passed]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import platform
+    from pathlib import Path
+
+    from specdec.bench.report import compare_runs
+
+    if args.compare:
+        print(compare_runs(Path(args.compare[0]), Path(args.compare[1])))
+        return 0
+    import specdec
+    from specdec.bench.datasets import load_prompts
+    from specdec.bench.report import write_results
+    from specdec.bench.runner import PEER_METHODS, BenchConfig, run_benchmark
+
+    rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
+                        Path(args.data_dir) if args.data_dir else None)
+    if not rows:
+        raise SpecdecError(f"no prompts selected from {args.dataset}")
+    methods = ["ar" if m.strip() == "plain" else m.strip() for m in args.methods.split(",") if m.strip()]
+    peers_wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for peer in peers_wanted:
+        if peer not in PEER_METHODS:
+            raise SpecdecError(f"unknown peer {peer!r}; available: {', '.join(PEER_METHODS)}")
+        methods += PEER_METHODS[peer]
+    gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")] if args.gammas else [
+        args.num_speculative_tokens if args.num_speculative_tokens is not None else 4]
+    params = sampling_from_args(args)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    needs_draft = any(m in ("draft", "draft_model", "hf-assisted") for m in methods)
+    draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
+                               quantize=args.quantize) if needs_draft else None
+    if draft is not None:
+        from specdec.compat import check_pair
+
+        check_pair(target, draft)
+    peers = {}
+    if peers_wanted:
+        from specdec.bench.peers import hf_peers
+
+        peers = hf_peers(target, draft, params, num_tokens=gammas[0] if isinstance(gammas[0], int) else 4)
+    config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, datastore=args.datastore)
+    results = run_benchmark(target, draft, rows, config, peers=peers)
+    meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]), "machine": f"{platform.machine()}, "
+            f"{__import__('os').cpu_count()} cores, torch {__import__('torch').__version__}", "model": args.model,
+            "draft_model": args.draft_model if draft else None, "execution": target.backend.dtype_name,
+            "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": args.temperature,
+            "max_tokens": args.max_tokens, "repeats": args.repeats}
+    summary = write_results(Path(args.out), results, meta)
+    print((Path(args.out) / "report.md").read_text())
+    bad = sum(m["mismatches"] for m in summary["overall"].values())
+    if bad:
+        print(f"error: {bad} greedy outputs differ from plain decoding (see {args.out}/results.json)", file=sys.stderr)
+        return 3
+    return 0
 
 
 def read_corpus(files: list[str]):  # noqa: ANN201 - Iterator[str]

@@ -1,0 +1,120 @@
+"""Bench output: results.json (every request), report.md (Spec-Bench table shape), PNG plots,
+and the difference between two runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from specdec.bench.runner import RequestResult, summarize
+from specdec.errors import SpecdecError
+
+
+def write_results(out_dir: Path, results: list[RequestResult], meta: dict[str, Any]) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(results)
+    payload = {"meta": meta, "summary": summary, "requests": [asdict(r) for r in results]}
+    (out_dir / "results.json").write_text(json.dumps(payload, indent=1))
+    (out_dir / "report.md").write_text(markdown_report(summary, meta))
+    write_plots(out_dir, results, summary)
+    return summary
+
+
+def markdown_report(summary: dict, meta: dict[str, Any]) -> str:
+    lines = [f"# specdec bench — {meta.get('dataset')}", "",
+             f"Command: `{meta.get('command', '')}`", "",
+             f"Machine: {meta.get('machine', '')}; target {meta.get('model')} ({meta.get('execution')}), "
+             f"draft {meta.get('draft_model')}, γ={meta.get('num_speculative_tokens')}, temperature {meta.get('temperature')}, "
+             f"max {meta.get('max_tokens')} tokens, median of {meta.get('repeats')} repeats, methods interleaved per prompt.", ""]
+    mismatches = sum(m["mismatches"] for m in summary["overall"].values())
+    if mismatches:
+        lines += [f"**WARNING: {mismatches} greedy outputs differ from plain decoding — this is a bug.**", ""]
+    lines += ["| category | method | tokens/s | speedup | α | τ | TTFT s | TPOT s | mismatches |", "|---|---|---|---|---|---|---|---|---|"]
+    for category, methods in summary.items():
+        for method, m in methods.items():
+            lines.append(f"| {category} | {method} | {m['tokens_per_s']:.2f} | {m['speedup']:.2f}× | {m['acceptance_rate']:.2f} | "
+                         f"{m['mean_accepted_len']:.2f} | {m['ttft_s']:.3f} | {m['tpot_s']:.4f} | {m['mismatches']} |")
+    lines += ["", "Plots: `speedup.png` (speedup per category and method), `accepted_len.png` (accepted-length "
+              "histograms), `speedup_vs_gamma.png` (when several γ were run)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(out_dir: Path, results: list[RequestResult], summary: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    categories = [c for c in summary if c != "overall"] + ["overall"]
+    methods = [m for m in summary["overall"] if m != "ar"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * max(1, len(methods)) / 2), 4))
+    width = 0.8 / max(1, len(methods))
+    for i, method in enumerate(methods):
+        values = [summary[c].get(method, {}).get("speedup", 0.0) for c in categories]
+        ax.bar([x + i * width for x in range(len(categories))], values, width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(categories))], categories, rotation=30, ha="right")
+    ax.set_ylabel("speedup vs plain decoding")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "speedup.png", dpi=100)
+    plt.close(fig)
+
+    gamma_points: dict[str, list[tuple[int, float]]] = {}
+    for method, m in summary["overall"].items():
+        if "@" in method and method.rsplit("@", 1)[1].isdigit():
+            base, gamma = method.rsplit("@", 1)
+            gamma_points.setdefault(base, []).append((int(gamma), m["speedup"]))
+    if gamma_points:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for base, points in gamma_points.items():
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=base)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel("γ (draft tokens per step)")
+        ax.set_ylabel("speedup vs plain decoding")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "speedup_vs_gamma.png", dpi=100)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in methods:
+        hist: dict[int, int] = {}
+        for r in results:
+            if r.method == method:
+                for k, v in (r.stats.get("accepted_len_histogram") or {}).items():
+                    hist[int(k)] = hist.get(int(k), 0) + v
+        if hist:
+            total = sum(hist.values())
+            xs = sorted(hist)
+            ax.plot(xs, [hist[x] / total for x in xs], marker="o", label=method)
+    ax.set_xlabel("draft tokens accepted per step")
+    ax.set_ylabel("fraction of steps")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "accepted_len.png", dpi=100)
+    plt.close(fig)
+
+
+def compare_runs(first: Path, second: Path) -> str:
+    """Per category and method: tokens/s and speedup of run 2 vs run 1."""
+    def load(path: Path) -> dict:
+        file = Path(path) / "results.json"
+        if not file.is_file():
+            raise SpecdecError(f"no results.json in {path}")
+        return json.loads(file.read_text())["summary"]
+
+    a, b = load(first), load(second)
+    lines = ["| category | method | tok/s run 1 | tok/s run 2 | change | speedup run 1 | speedup run 2 |", "|---|---|---|---|---|---|---|"]
+    for category in a:
+        for method, m in a[category].items():
+            other = b.get(category, {}).get(method)
+            if other is None:
+                continue
+            change = other["tokens_per_s"] / m["tokens_per_s"] - 1 if m["tokens_per_s"] else 0.0
+            lines.append(f"| {category} | {method} | {m['tokens_per_s']:.2f} | {other['tokens_per_s']:.2f} | {change:+.1%} | "
+                         f"{m['speedup']:.2f}× | {other['speedup']:.2f}× |")
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""`specdec bench`: every method on the same prompts, interleaved per prompt, median of repeats.
+
+Fairness rules (Spec-Bench): one warm-up generation first; for each prompt every method runs in
+turn, ``repeats`` times; greedy runs compare each method's tokens with plain decoding's and flag a
+difference loudly (a difference is a bug, not a result). Multi-turn MT-Bench rows run both turns
+with the chat template, the second turn seeing the first answer.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import specdec
+from specdec.api import LoadedModel, encode_prompt
+from specdec.bench.datasets import PromptRow
+from specdec.config import SpecConfig
+from specdec.sampling import SamplingParams
+
+#: user-facing method names → SpecConfig.method (None = plain autoregressive decoding)
+METHOD_ALIASES = {"ar": None, "plain": None, "draft": "draft_model", "draft_model": "draft_model", "ngram": "ngram",
+                  "suffix": "suffix", "retrieval": "retrieval"}
+PEER_METHODS = {"hf": ["hf", "hf-assisted", "hf-pld"]}
+
+
+@dataclass
+class RequestResult:
+    prompt_id: str
+    category: str
+    method: str
+    repeat: int
+    turn: int
+    tokens: list[int]
+    stats: dict[str, Any]
+    wall_s: float
+    mismatch: bool = False
+
+
+@dataclass
+class BenchConfig:
+    methods: list[str]
+    params: SamplingParams
+    gammas: list[int | str] = field(default_factory=lambda: [4])  # several: one run per γ, named method@γ
+    repeats: int = 3
+    datastore: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def spec_for(method: str, config: BenchConfig, gamma: int | str) -> SpecConfig:
+    if method not in METHOD_ALIASES:
+        raise specdec.SpecdecError(f"unknown method {method!r}; available: {', '.join(METHOD_ALIASES)} (and peers: hf)")
+    return SpecConfig(method=METHOD_ALIASES[method], num_speculative_tokens=gamma, datastore=config.datastore)
+
+
+def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], target: LoadedModel, row: PromptRow) -> list[tuple[list[int], dict, float]]:
+    """Run every turn of a row; returns (tokens, stats, wall seconds) per turn."""
+    messages: list[dict[str, str]] = []
+    results = []
+    for turn in row.turns:
+        if row.chat:
+            messages.append({"role": "user", "content": turn})
+            ids = encode_prompt(target, messages)
+        else:
+            ids = encode_prompt(target, turn)
+        start = time.perf_counter()
+        tokens, stats, text = generate_one(ids)
+        results.append((tokens, stats, time.perf_counter() - start))
+        if row.chat:
+            messages.append({"role": "assistant", "content": text})
+    return results
+
+
+def ours(target: LoadedModel, draft: LoadedModel | None, method: str, config: BenchConfig, gamma: int | str = 4) -> Callable[[list[int]], tuple[list[int], dict, str]]:
+    spec = spec_for(method, config, gamma)
+
+    def generate_one(ids: list[int]) -> tuple[list[int], dict, str]:
+        out = specdec.generate(target, ids, config.params, draft=draft if spec.method == "draft_model" else None, spec=spec)
+        return out.token_ids, out.stats.to_dict(), out.text
+
+    return generate_one
+
+
+def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRow], config: BenchConfig,
+                  peers: dict[str, Callable] | None = None, progress: bool = True,
+                  method_runner: Callable | None = None) -> list[RequestResult]:
+    """All methods × rows × repeats, interleaved per prompt. ``method_runner`` (tests) overrides ``ours``."""
+    runners: dict[str, Callable] = {}
+    for method in config.methods:
+        if peers and method in peers:
+            runners[method] = peers[method]
+        elif METHOD_ALIASES.get(method, "?") is None:
+            runners[method] = ours(target, draft, method, config)
+        else:
+            for gamma in config.gammas:
+                name = method if len(config.gammas) == 1 else f"{method}@{gamma}"
+                runners[name] = (method_runner or ours)(target, draft, method, config, gamma)
+    if "ar" not in runners:  # speedups and the identity check need the plain run of the same prompts
+        runners = {"ar": ours(target, draft, "ar", config), **runners}
+    if rows:  # warm-up: first calls pay one-time costs (allocator, kernels) that are not the method's
+        runners["ar"](encode_prompt(target, rows[0].turns[0], chat=rows[0].chat)[:32])
+    results: list[RequestResult] = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(rows) * config.repeats * len(runners), desc="bench", unit="gen")
+    for row in rows:
+        for repeat in range(config.repeats):
+            plain_tokens: list[list[int]] | None = None
+            for method, runner in runners.items():
+                turns = run_turns(runner, target, row)
+                if method == "ar":
+                    plain_tokens = [t for t, _, _ in turns]
+                for turn, (tokens, stats, wall) in enumerate(turns):
+                    mismatch = bool(config.params.is_greedy and method != "ar" and not method.startswith("hf")
+                                    and plain_tokens is not None and tokens != plain_tokens[turn])
+                    results.append(RequestResult(row.id, row.category, method, repeat, turn, tokens, stats, wall, mismatch))
+                if bar is not None:
+                    bar.update(1)
+    if bar is not None:
+        bar.close()
+    return results
+
+
+def summarize(results: list[RequestResult]) -> dict[str, dict[str, dict[str, float]]]:
+    """category → method → metrics (medians over repeats of per-request figures; speedup vs ``ar`` of the same requests)."""
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    categories = sorted({r.category for r in results}) + ["overall"]
+    methods = list(dict.fromkeys(r.method for r in results))
+    for category in categories:
+        chosen = [r for r in results if category == "overall" or r.category == category]
+        per_method: dict[str, dict[str, float]] = {}
+        plain_tps = _median_tps(chosen, "ar")
+        for method in methods:
+            rs = [r for r in chosen if r.method == method]
+            if not rs:
+                continue
+            tps = _median_tps(chosen, method)
+            per_method[method] = {
+                "tokens_per_s": tps,
+                "speedup": tps / plain_tps if plain_tps else 0.0,
+                "acceptance_rate": statistics.median(r.stats.get("acceptance_rate", 0.0) for r in rs),
+                "mean_accepted_len": statistics.median(r.stats.get("mean_accepted_len", 1.0) or 1.0 for r in rs),
+                "ttft_s": statistics.median(r.stats.get("ttft_s", 0.0) for r in rs),
+                "tpot_s": statistics.median(r.stats.get("tpot_s", 0.0) for r in rs),
+                "mismatches": sum(r.mismatch for r in rs),
+                "requests": len(rs),
+            }
+        table[category] = per_method
+    return table
+
+
+def _median_tps(results: list[RequestResult], method: str) -> float:
+    """Median over repeats of (total tokens / total wall time) across the selected requests."""
+    by_repeat: dict[int, list[RequestResult]] = {}
+    for r in results:
+        if r.method == method:
+            by_repeat.setdefault(r.repeat, []).append(r)
+    rates = [sum(len(r.tokens) for r in rs) / max(sum(r.wall_s for r in rs), 1e-9) for rs in by_repeat.values()]
+    return statistics.median(rates) if rates else 0.0

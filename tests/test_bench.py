@@ -1,0 +1,83 @@
+"""`specdec bench` harness on a tiny model and a 3-row dataset."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.bench import runner
+from specdec.bench.datasets import load_prompts
+from specdec.cli import main
+from specdec.errors import SpecdecError
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    rows = [
+        {"id": "a", "category": "code", "prompt": "def fibonacci(n):", "chat": False},
+        {"id": "b", "category": "code", "prompt": "for i in range(10):\n    print(i)\nfor i in range(10):\n", "chat": False},
+        {"id": "c", "category": "chat", "turns": ["The quick brown fox", "again, please"]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_bench_writes_results_report_and_plots(tiny_dirs, dataset, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
+                 "--methods", "ar,draft,ngram,suffix", "--gammas", "2,4", "--repeats", "2", "--max-tokens", "12",
+                 "--dtype", "float32", "--ignore-eos", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    payload = json.loads((out / "results.json").read_text())
+    overall = payload["summary"]["overall"]
+    assert {"ar", "draft@2", "draft@4", "ngram@2", "suffix@4"} <= set(overall)
+    assert overall["ar"]["speedup"] == pytest.approx(1.0)
+    assert all(m["mismatches"] == 0 for m in overall.values())
+    # the chat row ran both turns
+    assert {r["turn"] for r in payload["requests"] if r["prompt_id"] == "c"} == {0, 1}
+    for name in ("report.md", "speedup.png", "accepted_len.png", "speedup_vs_gamma.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| code | draft@2 |" in (out / "report.md").read_text()
+    assert main(["bench", "--compare", str(out), str(out)]) == 0
+    assert "+0.0%" in capsys.readouterr().out
+
+
+class AlteringDrafterRunner:
+    """A deliberately wrong 'method': changes one token of plain decoding's output."""
+
+    def __call__(self, target, draft, method, config, gamma=4):
+        plain = runner.ours(target, draft, "ar", config)
+
+        def generate_one(ids):
+            tokens, stats, text = plain(ids)
+            tokens = tokens[:3] + [(tokens[3] + 1) % 400] + tokens[4:]
+            return tokens, stats, text
+
+        return generate_one
+
+
+def test_a_wrong_method_is_flagged_as_mismatch(tiny_target, dataset):
+    from specdec.sampling import SamplingParams
+
+    rows = load_prompts(str(dataset))
+    config = runner.BenchConfig(methods=["ar", "broken"], params=SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), repeats=1)
+    results = runner.run_benchmark(tiny_target, None, rows, config, progress=False, method_runner=AlteringDrafterRunner())
+    summary = runner.summarize(results)
+    assert summary["overall"]["broken"]["mismatches"] == 4  # 2 single-turn rows + 2 turns of the chat row
+    assert summary["overall"]["ar"]["mismatches"] == 0
+
+
+def test_bad_dataset_inputs_are_clear(tmp_path):
+    with pytest.raises(SpecdecError, match="dataset file not found"):
+        load_prompts(str(tmp_path / "missing.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    with pytest.raises(SpecdecError, match=r"bad.jsonl:2: malformed JSON"):
+        load_prompts(str(bad))
+    bad.write_text('{"nothing": 1}\n')
+    with pytest.raises(SpecdecError, match=r"bad.jsonl:1: needs a 'prompt'"):
+        load_prompts(str(bad))
+    with pytest.raises(SpecdecError, match="unknown categories"):
+        load_prompts("spec_bench", categories=["poetry"])
