@@ -125,6 +125,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     bench.set_defaults(func=cmd_bench)
 
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative decoding",
+                           description="Serve /v1/completions and /v1/chat/completions (streaming with SSE), /v1/models, "
+                                       "/health and /metrics (Prometheus). Every response carries its speculative stats in "
+                                       "usage.speculative; requests may override the method or γ with a 'speculative' field "
+                                       "(or disable it with \"speculative\": null).")
+    add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    serve.add_argument("--max-concurrency", type=positive_int, default=1, help="requests generated at once; the rest wait (default: 1)")
+    serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before HTTP 429 (default: 64)")
+    serve.add_argument("--disable-speculation-above", type=int, default=None, metavar="N",
+                       help="switch speculation off (per step) while more than N requests are active: drafting costs throughput under load")
+    serve.add_argument("--served-model-name", default=None, help="model id clients use (default: the --model value)")
+    serve.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    serve.set_defaults(func=cmd_serve)
+
     store = sub.add_parser("datastore", help="build a retrieval datastore (for --method retrieval)",
                            description="Tokenize a corpus with a model's tokenizer and build a suffix-array datastore "
                                        "for retrieval drafting (REST). Inputs: .txt files (one document each) or .jsonl "
@@ -232,6 +248,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
     failed = [r for r in results if not r.passed]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    import specdec
+    from specdec.server.app import ServerState, create_app
+
+    spec = spec_from_args(args)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    draft = None
+    if args.draft_model:
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+        from specdec.compat import check_pair
+
+        check_pair(target, draft)
+    state = ServerState(target=target, model_name=args.served_model_name or args.model, draft=draft, spec=spec,
+                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
+                        disable_speculation_above=args.disable_speculation_above)
+    print(f"serving {state.model_name} ({target.backend.dtype_name}, speculative: {spec.method or 'off'}) on http://{args.host}:{args.port}",
+          file=sys.stderr, flush=True)
+    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

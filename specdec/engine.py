@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -126,8 +126,12 @@ def generate_stream(
     spec: SpecConfig | None = None,
     tokenizer=None,  # noqa: ANN001 - specdec.tokenizer.Tokenizer; needed for text and stop strings
     generator: torch.Generator | None = None,
+    speculate: Callable[[], bool] | None = None,
 ) -> Iterator[StreamChunk]:
-    """Generate from ``prompt_ids``; yields one :class:`StreamChunk` per target forward."""
+    """Generate from ``prompt_ids``; yields one :class:`StreamChunk` per target forward.
+
+    ``speculate`` is asked before every step; when it returns False the step drafts nothing (a
+    server switches speculation off under load, where drafting costs throughput)."""
     spec = spec or SpecConfig()
     context_len = target.config.max_position_embeddings
     check_context(len(prompt_ids), params.max_tokens, context_len)
@@ -168,6 +172,8 @@ def generate_stream(
             remaining = params.max_tokens - len(out.token_ids)
             k = gamma.choose() if gamma is not None else max_k
             k = max(0, min(k, remaining - 1, context_len - len(context)))
+            if speculate is not None and not speculate():
+                k = 0
 
             t0 = time.perf_counter()
             draft = drafter.propose(context, k) if drafter is not None and k > 0 else Draft(tokens=[])

@@ -1,0 +1,303 @@
+"""OpenAI-compatible HTTP server: completions and chat completions (streamed or not), models,
+health and Prometheus metrics, with bounded concurrency and per-request speculative stats.
+
+Each request gets its own KV cache and drafter state (the suffix drafter's global cache is shared on
+purpose). Generation runs in a worker thread; a client that disconnects mid-stream stops it at the
+next step and frees its slot. Bad input gets an OpenAI-style error object and the server stays up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from specdec.api import LoadedModel, encode_prompt, make_drafter
+from specdec.config import SpecConfig
+from specdec.engine import check_context, generate_stream
+from specdec.errors import ContextLengthError, SpecdecError
+from specdec.sampling import SamplingParams, make_generator
+from specdec.server.metrics import Metrics
+from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+
+@dataclass
+class ServerState:
+    target: LoadedModel
+    model_name: str
+    draft: LoadedModel | None = None
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    max_concurrency: int = 1
+    max_queue: int = 64
+    disable_speculation_above: int | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    active: int = 0
+    waiting: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    slots: asyncio.Semaphore | None = None
+
+    def speculation_allowed(self) -> bool:
+        return self.disable_speculation_above is None or self.active <= self.disable_speculation_above
+
+
+def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionRequest, raw: dict) -> SpecConfig:
+    if "speculative" in raw and raw["speculative"] is None:
+        return SpecConfig()
+    override = req.speculative
+    method = override.method if override and override.method else state.spec.method
+    gamma = override.num_speculative_tokens if override and override.num_speculative_tokens is not None else state.spec.num_speculative_tokens
+    if method == "draft_model" and state.draft is None:
+        raise APIError(400, "method 'draft_model' is not available: the server was started without --draft-model", param="speculative")
+    try:
+        return SpecConfig(method=method, num_speculative_tokens=gamma, prompt_lookup_min=state.spec.prompt_lookup_min,
+                          prompt_lookup_max=state.spec.prompt_lookup_max, datastore=state.spec.datastore,
+                          draft_confidence_threshold=state.spec.draft_confidence_threshold)
+    except SpecdecError as exc:
+        raise APIError(400, str(exc), param="speculative") from None
+
+
+def _sampling(req: CompletionRequest | ChatCompletionRequest, context_len: int, prompt_len: int) -> SamplingParams:
+    if req.n != 1:
+        raise APIError(400, "only n=1 is supported", param="n")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    max_tokens = req.max_completion_tokens or req.max_tokens or min(256, max(1, context_len - prompt_len))
+    try:
+        return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                              seed=req.seed, max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos)
+    except SpecdecError as exc:
+        raise APIError(400, str(exc)) from None
+
+
+def _usage(stats) -> dict[str, Any]:  # noqa: ANN001
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "speculative": {"method": stats.method, "draft_tokens": stats.proposed_tokens, "accepted_tokens": stats.accepted_tokens,
+                        "acceptance_rate": round(stats.acceptance_rate, 4), "mean_accepted_len": round(stats.mean_accepted_len, 4),
+                        "tokens_per_s": round(stats.tokens_per_s, 3), "ttft_s": round(stats.ttft_s, 4)},
+    }
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
+    app.state.specdec = state
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        state.metrics.requests.labels("any", str(exc.status)).inc()
+        return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
+        return JSONResponse(error_body(f"invalid request: {where}: {first.get('msg', 'malformed')}", param=where or None), status_code=400)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "active": state.active, "waiting": state.waiting}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "specdec"}]}
+
+    async def parse(request: Request, schema: type) -> tuple[Any, dict]:
+        try:
+            raw = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise APIError(400, "malformed JSON body") from None
+        if not isinstance(raw, dict):
+            raise APIError(400, "the JSON body must be an object")
+        try:
+            req = schema.model_validate(raw)
+        except Exception as exc:  # pydantic.ValidationError
+            errors = getattr(exc, "errors", lambda: [])()
+            first = errors[0] if errors else {}
+            where = ".".join(str(p) for p in first.get("loc", []))
+            raise APIError(400, f"invalid request: {where}: {first.get('msg', str(exc))}", param=where or None) from None
+        if req.model is not None and req.model != state.model_name:
+            raise APIError(404, f"model {req.model!r} not found; this server serves {state.model_name!r}", code="model_not_found", param="model")
+        return req, raw
+
+    async def handle(request: Request, chat: bool) -> Response:
+        req, raw = await parse(request, ChatCompletionRequest if chat else CompletionRequest)
+        try:
+            prompt = [m.model_dump() for m in req.messages] if chat else req.prompt
+            if chat and not prompt:
+                raise APIError(400, "messages must not be empty", param="messages")
+            prompt_ids = encode_prompt(state.target, prompt, chat=False)
+        except SpecdecError as exc:
+            raise APIError(400, str(exc)) from None
+        context_len = state.target.config.max_position_embeddings
+        params = _sampling(req, context_len, len(prompt_ids))
+        try:
+            check_context(len(prompt_ids), params.max_tokens, context_len)
+        except (ContextLengthError, SpecdecError) as exc:
+            raise APIError(400, str(exc), code="context_length_exceeded") from None
+        spec = _request_spec(state, req, raw)
+        await acquire_slot()
+        endpoint = "chat" if chat else "completions"
+        try:
+            job = Job(state, prompt_ids, params, spec)
+        except SpecdecError as exc:
+            release_slot()
+            raise APIError(400, str(exc)) from None
+        if req.stream:
+            return StreamingResponse(stream_events(job, chat, endpoint), media_type="text/event-stream")
+        try:
+            await job.run_to_end()
+        except SpecdecError as exc:
+            raise APIError(400, str(exc)) from None
+        finally:
+            release_slot()
+        state.metrics.requests.labels(endpoint, "200").inc()
+        return JSONResponse(full_response(job, chat))
+
+    async def acquire_slot() -> None:
+        if state.slots is None:
+            state.slots = asyncio.Semaphore(state.max_concurrency)
+        if state.slots.locked() and state.waiting >= state.max_queue:
+            raise APIError(429, "server busy: the request queue is full, retry later", kind="rate_limit_error", code="queue_full")
+        state.waiting += 1
+        state.metrics.waiting.set(state.waiting)
+        try:
+            await state.slots.acquire()
+        finally:
+            state.waiting -= 1
+            state.metrics.waiting.set(state.waiting)
+        state.active += 1
+        state.metrics.active.set(state.active)
+
+    def release_slot() -> None:
+        state.active -= 1
+        state.metrics.active.set(state.active)
+        assert state.slots is not None
+        state.slots.release()
+
+    async def stream_events(job: "Job", chat: bool, endpoint: str) -> AsyncIterator[str]:
+        try:
+            if chat:
+                yield sse(chunk_body(job, chat, {"role": "assistant", "content": ""}, None))
+            async for chunk in job.chunks():
+                if chunk.text or chunk.finish_reason:
+                    delta = {"content": chunk.text} if chat else chunk.text
+                    body = chunk_body(job, chat, delta, chunk.finish_reason)
+                    if chunk.stats is not None:
+                        body["usage"] = _usage(chunk.stats)
+                    yield sse(body)
+            yield "data: [DONE]\n\n"
+            state.metrics.requests.labels(endpoint, "200").inc()
+        finally:
+            job.cancel()  # client gone or done: stop generating at the next step
+            release_slot()
+
+    app.state.handle = handle
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await handle(request, chat=True)
+
+    return app
+
+
+def sse(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def chunk_body(job: "Job", chat: bool, delta: Any, finish_reason: str | None) -> dict[str, Any]:
+    choice = {"index": 0, "finish_reason": finish_reason}
+    choice.update({"delta": delta} if chat else {"text": delta, "logprobs": None})
+    return {"id": job.id, "object": "chat.completion.chunk" if chat else "text_completion", "created": job.created,
+            "model": job.state.model_name, "choices": [choice]}
+
+
+def full_response(job: "Job", chat: bool) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": job.finish_reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": job.text}
+    else:
+        choice.update(text=job.text, logprobs=None)
+    return {"id": job.id, "object": "chat.completion" if chat else "text_completion", "created": job.created,
+            "model": job.state.model_name, "choices": [choice], "usage": _usage(job.stats)}
+
+
+class Job:
+    """One request's generation, run in a worker thread, consumed by the event loop."""
+
+    def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig) -> None:
+        self.state = state
+        self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.stats = None
+        self._cancel = threading.Event()
+        generator = make_generator(params.seed, state.target.backend.device)
+        max_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
+        drafter = make_drafter(state.target, spec, params, generator, max_len, state.draft if spec.method == "draft_model" else None)
+        self._stream = generate_stream(state.target.backend, prompt_ids, params, drafter, spec, state.target.tokenizer,
+                                       generator, speculate=state.speculation_allowed)
+        self._start = time.perf_counter()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    async def chunks(self) -> AsyncIterator[Any]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        def work() -> None:
+            try:
+                for chunk in self._stream:
+                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
+                    if self._cancel.is_set():
+                        break
+            except BaseException as exc:  # noqa: BLE001 - surfaced to the consumer
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            finally:
+                self._stream.close()  # runs the engine's cleanup (drafter state) even when cancelled
+                loop.call_soon_threadsafe(queue.put_nowait, done)
+
+        thread = threading.Thread(target=work, daemon=True, name=f"specdec-{self.id}")
+        thread.start()
+        while True:
+            item = await queue.get()
+            if item is done:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            self.text += item.text
+            if item.stats is not None:
+                self.stats, self.finish_reason = item.stats, item.finish_reason
+                self.state.metrics.observe(item.stats)
+                self.state.metrics.latency.observe(time.perf_counter() - self._start)
+            yield item
+
+    async def run_to_end(self) -> None:
+        async for _ in self.chunks():
+            pass

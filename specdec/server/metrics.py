@@ -1,0 +1,36 @@
+"""Prometheus metrics, one registry per app (so tests can run several apps in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60, 120)
+TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("specdec_requests_total", "Requests by endpoint and status", ["endpoint", "status"], registry=r)
+        self.latency = Histogram("specdec_request_latency_seconds", "End-to-end request latency", buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("specdec_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("specdec_time_per_output_token_seconds", "Time per output token after the first", buckets=TOKEN_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("specdec_prompt_tokens_total", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("specdec_generation_tokens_total", "Tokens generated", registry=r)
+        self.draft_tokens = Counter("specdec_spec_decode_num_draft_tokens_total", "Draft tokens proposed", ["method"], registry=r)
+        self.accepted_tokens = Counter("specdec_spec_decode_num_accepted_tokens_total", "Draft tokens accepted", ["method"], registry=r)
+        self.acceptance_rate = Gauge("specdec_spec_decode_acceptance_rate", "Acceptance rate of the last request, per method", ["method"], registry=r)
+        self.active = Gauge("specdec_active_requests", "Requests being generated", registry=r)
+        self.waiting = Gauge("specdec_waiting_requests", "Requests waiting for a slot", registry=r)
+
+    def observe(self, stats) -> None:  # noqa: ANN001 - specdec.stats.Stats
+        self.ttft.observe(stats.ttft_s)
+        if stats.generated_tokens > 1:
+            self.tpot.observe(stats.tpot_s)
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.generation_tokens.inc(stats.generated_tokens)
+        if stats.proposed_tokens:
+            self.draft_tokens.labels(stats.method).inc(stats.proposed_tokens)
+            self.accepted_tokens.labels(stats.method).inc(stats.accepted_tokens)
+            self.acceptance_rate.labels(stats.method).set(stats.acceptance_rate)

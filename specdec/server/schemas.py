@@ -1,0 +1,50 @@
+"""OpenAI-compatible request/response shapes (the subset we serve) and the error object."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SpeculativeOverride(BaseModel):
+    """Per-request override, within what the server loaded (extension field ``speculative``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: Optional[str] = None
+    num_speculative_tokens: Optional[Union[int, Literal["auto"]]] = None
+
+
+class _SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(default=None)
+    max_completion_tokens: Optional[int] = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stream: bool = False
+    n: int = 1
+    ignore_eos: bool = False
+    # absent = the server's default drafter; null = plain decoding; an object = override
+    speculative: Optional[SpeculativeOverride] = Field(default_factory=lambda: SpeculativeOverride())
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Union[str, list[int]]
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage]
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -1,0 +1,156 @@
+"""A real `specdec serve` process on 127.0.0.1 with a tiny model, driven by the openai client."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+import specdec
+from specdec.sampling import SamplingParams
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(tiny_dirs, *extra: str):
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec.cli", "serve", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
+         "--dtype", "float32", "--quantize", "none", "--port", str(port), "--served-model-name", "tiny",
+         "--num-speculative-tokens", "3", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+        if proc.poll() is not None:
+            raise RuntimeError(proc.stderr.read())
+    return proc, base
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dirs):
+    proc, base = start_server(tiny_dirs, "--max-concurrency", "4", "--max-queue", "100")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+
+
+def test_completion_equals_library_greedy(client, tiny_target):
+    out = client.completions.create(model="tiny", prompt="def fibonacci(n):", max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    expected = specdec.generate(tiny_target, "def fibonacci(n):", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    assert out.choices[0].text == expected.text
+    usage = out.usage.model_dump()
+    assert usage["completion_tokens"] == 16 and usage["speculative"]["method"] == "draft_model"
+
+
+def test_streamed_completion_and_chat(client, tiny_target):
+    pieces = [c.choices[0].text for c in client.completions.create(model="tiny", prompt="for i in", max_tokens=12, temperature=0,
+                                                                    stream=True, extra_body={"ignore_eos": True})]
+    expected = specdec.generate(tiny_target, "for i in", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert "".join(pieces) == expected.text
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=10, temperature=0)
+    streamed = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=10,
+                                              temperature=0, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed)
+    assert text == chat.choices[0].message.content
+    reference = specdec.generate(tiny_target, [{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=10))
+    assert chat.choices[0].message.content == reference.text
+
+
+def test_speculative_override_and_disable(server):
+    body = {"model": "tiny", "prompt": "a a a a a a", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    plain = httpx.post(f"{server}/v1/completions", json={**body, "speculative": None}, timeout=60).json()
+    ngram = httpx.post(f"{server}/v1/completions", json={**body, "speculative": {"method": "ngram", "num_speculative_tokens": 2}}, timeout=60).json()
+    assert plain["usage"]["speculative"]["method"] == "ar"
+    assert ngram["usage"]["speculative"]["method"] == "ngram"
+    assert plain["choices"][0]["text"] == ngram["choices"][0]["text"]
+
+
+def test_concurrent_requests_equal_sequential(server):
+    def request(i: int) -> str:
+        body = {"model": "tiny", "prompt": f"request {i}:", "max_tokens": 10, "temperature": 0.8, "seed": i, "ignore_eos": True}
+        return httpx.post(f"{server}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+
+    sequential = [request(i) for i in range(50)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        concurrent_texts = list(pool.map(request, range(50)))
+    assert concurrent_texts == sequential
+    metrics = httpx.get(f"{server}/metrics").text
+    assert 'specdec_requests_total{endpoint="completions",status="200"}' in metrics
+    assert "specdec_spec_decode_num_draft_tokens_total" in metrics
+
+
+@pytest.mark.parametrize("payload,status,fragment", [
+    (b"{not json", 400, "malformed JSON"),
+    ({"model": "tiny"}, 400, "prompt"),
+    ({"model": "other", "prompt": "x"}, 404, "not found"),
+    ({"model": "tiny", "prompt": "x", "temperature": -1}, 400, "temperature"),
+    ({"model": "tiny", "prompt": "x", "top_p": 2}, 400, "top_p"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 100000}, 400, "context window"),
+    ({"model": "tiny", "prompt": "x", "speculative": {"method": "telepathy"}}, 400, "unknown speculative method"),
+    ({"model": "tiny", "prompt": "x", "speculative": {"num_speculative_tokens": 0}}, 400, ">= 1"),
+])
+def test_bad_input_gets_error_object_and_server_stays_up(server, payload, status, fragment):
+    url = f"{server}/v1/completions"
+    response = httpx.post(url, content=payload, headers={"content-type": "application/json"}) if isinstance(payload, bytes) \
+        else httpx.post(url, json=payload)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert fragment in error["message"] and "type" in error
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_cancelled_stream_frees_its_slot(server):
+    """Disconnect mid-stream from a long request; the slot must be free again soon after."""
+    body = {"model": "tiny", "prompt": "long", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as response:
+        for _ in response.iter_lines():
+            break  # first event, then hang up
+    deadline = time.time() + 10
+    while time.time() < deadline and httpx.get(f"{server}/health").json()["active"] != 0:
+        time.sleep(0.1)
+    assert httpx.get(f"{server}/health").json()["active"] == 0
+
+
+def test_full_queue_is_429_and_server_recovers(tiny_dirs):
+    proc, base = start_server(tiny_dirs, "--max-concurrency", "1", "--max-queue", "0")
+    try:
+        body = {"model": "tiny", "prompt": "long", "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
+            next(response.iter_lines())  # the slot is taken
+            busy = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}, timeout=30)
+            assert busy.status_code == 429
+            assert busy.json()["error"]["code"] == "queue_full"
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            ok = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2}, timeout=30)
+            if ok.status_code == 200:
+                break
+            time.sleep(0.2)
+        assert ok.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
