@@ -145,6 +145,18 @@ def make_drafter(
     )
 
 
+def _prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, draft: LoadedModel | None,
+             spec: SpecConfig | None, chat: bool) -> tuple:
+    """Shared by :func:`stream` and :func:`generate`: ids, params, spec, generator and drafter."""
+    params = params or SamplingParams()
+    spec = spec or (SpecConfig(method="draft_model") if draft is not None else SpecConfig())
+    prompt_ids = encode_prompt(target, prompt, chat)
+    generator = make_generator(params.seed, target.backend.device)
+    max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
+    drafter = make_drafter(target, spec, params, generator, max_seq_len, draft)
+    return target.backend, prompt_ids, params, drafter, spec, target.tokenizer, generator
+
+
 def stream(
     target: LoadedModel,
     prompt: Prompt,
@@ -155,13 +167,7 @@ def stream(
     chat: bool = False,
 ) -> Iterator[StreamChunk]:
     """Yield :class:`StreamChunk` s as tokens are committed; the last one carries ``stats``."""
-    params = params or SamplingParams()
-    spec = spec or (SpecConfig(method="draft_model") if draft is not None else SpecConfig())
-    prompt_ids = encode_prompt(target, prompt, chat)
-    generator = make_generator(params.seed, target.backend.device)
-    max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
-    drafter = make_drafter(target, spec, params, generator, max_seq_len, draft)
-    return generate_stream(target.backend, prompt_ids, params, drafter, spec, target.tokenizer, generator)
+    return generate_stream(*_prepare(target, prompt, params, draft, spec, chat))
 
 
 def generate(
@@ -175,10 +181,4 @@ def generate(
 ) -> GenerationResult:
     """Generate a completion; speculative when ``draft`` or ``spec.method`` is given. Always exact:
     greedy output equals plain decoding's, sampled output has the target's distribution."""
-    params = params or SamplingParams()
-    spec = spec or (SpecConfig(method="draft_model") if draft is not None else SpecConfig())
-    prompt_ids = encode_prompt(target, prompt, chat)
-    generator = make_generator(params.seed, target.backend.device)
-    max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
-    drafter = make_drafter(target, spec, params, generator, max_seq_len, draft)
-    return generate_ids(target.backend, prompt_ids, params, drafter, spec, target.tokenizer, generator)
+    return generate_ids(*_prepare(target, prompt, params, draft, spec, chat))

@@ -332,6 +332,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def read_corpus(files: list[str]):  # noqa: ANN201 - Iterator[str]
     from pathlib import Path
 
+    from specdec.bench.datasets import read_jsonl
+
     for name in files:
         path = Path(name)
         if not path.is_file():
@@ -339,13 +341,7 @@ def read_corpus(files: list[str]):  # noqa: ANN201 - Iterator[str]
         if path.suffix != ".jsonl":
             yield path.read_text(encoding="utf-8", errors="replace")
             continue
-        for number, line in enumerate(path.open(encoding="utf-8"), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpecdecError(f"{path}:{number}: malformed JSON ({exc.msg})") from None
+        for row in read_jsonl(path):
             if isinstance(row.get("text"), str):
                 yield row["text"]
             elif isinstance(row.get("prompt"), str):
@@ -353,7 +349,7 @@ def read_corpus(files: list[str]):  # noqa: ANN201 - Iterator[str]
             elif isinstance(row.get("turns"), list):
                 yield "\n".join(map(str, row["turns"]))
             else:
-                raise SpecdecError(f"{path}:{number}: needs a 'text', 'prompt' or 'turns' field")
+                raise SpecdecError(f"{path}:{row['_line']}: needs a 'text', 'prompt' or 'turns' field")
 
 
 def cmd_datastore(args: argparse.Namespace) -> int:

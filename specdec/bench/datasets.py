@@ -50,7 +50,8 @@ def default_data_dir() -> Path:
     return candidates[0]
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file, each with its line number under ``_line``; errors name file and line."""
     if not path.is_file():
         raise SpecdecError(f"dataset file not found: {path}")
     rows = []
@@ -91,7 +92,7 @@ def load_prompts(
         path = (data_dir or default_data_dir()) / DATASET_FILES[dataset]
     else:
         path = Path(dataset)
-    raw = _read_jsonl(path)
+    raw = read_jsonl(path)
     rows: list[PromptRow] = []
     for row in raw:
         line = row.pop("_line")
