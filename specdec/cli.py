@@ -379,6 +379,12 @@ def cmd_models(args: argparse.Namespace) -> int:
             print(f"{name}: {path}", file=sys.stderr)
         return 0
     print(registry.format_models_table(registry.list_models()))
+    for name in registry.BUILTIN_MODELS:
+        converted = sorted(p.name.split(".")[-3] for p in registry.model_dir(name).glob("*.v*.safetensors"))
+        if converted:
+            print(f"{name}: cached execution formats: {', '.join(converted)}")
+    print("execution: --quantize auto runs int8 on CPU (batch-invariant, exact speculation); "
+          "--quantize none --dtype float32|bfloat16 runs the dequantized float weights")
     return 0
 
 
