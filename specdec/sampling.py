@@ -1,13 +1,27 @@
-"""Sampling parameters and the ONE logits → probabilities transform.
+"""Sampling parameters, the ONE logits → probabilities transform, and seeded sampling.
 
 The same function turns the target's logits into p and the draft's logits into q before
-verification (ARCHITECTURE principle 4): rejection sampling is only exact when both sides see the
-same temperature / top-k / top-p / min-p. Order, as vLLM: temperature, top-k, top-p, min-p.
-Greedy (temperature 0) is its own exact-match path and never goes through probabilities.
+verification (ARCHITECTURE principle 4): rejection sampling reproduces the target's distribution
+only when both sides went through the same temperature / top-k / top-p / min-p. Plain decoding uses
+it too, so speculative and plain sampling target literally the same distribution.
+
+Order (as HF ``generate`` and vLLM V0): temperature → top-k → top-p → min-p, then renormalise.
+(vLLM V1 applies min-p before top-k/top-p. min-p commutes with top-k, since both keep the tokens
+above a logit threshold, but not with top-p; the outputs differ only when top-p and min-p are both set.)
+
+Ties are resolved by *value*, never by sort order, so the kept set is a function of the logits alone
+(identical for p and q rows, across devices and batch sizes):
+
+* greedy (temperature 0): one-hot of ``torch.argmax`` — ties → the lowest token id;
+* top-k: every token whose logit is ≥ the k-th largest is kept, so a tie at the boundary keeps more
+  than k tokens (as HF and vLLM do);
+* top-p: the smallest prefix of the tokens sorted by probability whose mass reaches ``top_p``,
+  including the token that crosses it, plus every token tied with that boundary token.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -18,82 +32,147 @@ from specdec.errors import SpecdecError
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0  # 0 => greedy
+    temperature: float = 1.0  # 0 => greedy (exact argmax path)
     top_k: int = 0  # 0 or -1 => off
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
     max_tokens: int = 128
-    stop: list[str] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)  # stop strings (handled by the engine)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0 or self.temperature != self.temperature:
-            raise SpecdecError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise SpecdecError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p < 1.0:
-            raise SpecdecError(f"min_p must be in [0, 1), got {self.min_p}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise SpecdecError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise SpecdecError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if isinstance(self.stop, str):  # a single stop string, as the OpenAI API allows
+            self.stop = [self.stop]
+        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise SpecdecError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise SpecdecError(f"top_k must be a positive integer, or 0 / -1 for off, got {self.top_k!r}")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise SpecdecError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p < 1.0:
+            raise SpecdecError(f"min_p must be in [0, 1) (0 = off), got {self.min_p!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise SpecdecError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise SpecdecError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise SpecdecError("stop strings must be non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise SpecdecError("stop_token_ids must be non-negative integers")
+            raise SpecdecError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+            raise SpecdecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 
 
-def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """``[..., V]`` logits → float32 probabilities, row-wise, after temperature/top-k/top-p/min-p.
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
-    Greedy returns the one-hot of the argmax (ties → lowest id, as ``torch.argmax``). Ties at the
-    top-k boundary keep every token tied with the k-th (so the set does not depend on sort order);
-    top-p keeps the smallest prefix of the sorted distribution whose mass reaches ``top_p``,
-    including the token that crosses it.
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # rejects NaN
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``[..., V]`` logits (any float dtype) → float32 probabilities, row by row.
+
+    Works on a whole verification chunk ``[k+1, V]`` at once; rows never interact. Filtered tokens
+    get probability exactly 0, so a token outside the kept set can never be sampled or accepted.
+    Greedy returns the one-hot of the argmax (ties → lowest id) and ignores the other filters.
     """
     logits = logits.float()
+    vocab = logits.shape[-1]
     if params.is_greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
-    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        return torch.nn.functional.one_hot(logits.argmax(-1), vocab).float()
+    # Shift by the row max before dividing so a tiny temperature cannot overflow to inf - inf = NaN.
+    logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
+    if 0 < params.top_k < vocab:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = mass_before >= params.top_p  # tokens entirely beyond the nucleus
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        probs = probs.masked_fill(probs < _top_p_boundary(probs, params.top_p), 0.0)  # ties stay
     if params.min_p > 0.0:
-        threshold = params.min_p * probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < threshold, 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True)
+        # Relative to the most likely token; scale-free, so it needs no renormalisation first.
+        probs = probs.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+#: ``torch.topk`` windows tried, on CPU, before a full sort when locating the top-p boundary
+_TOP_P_WINDOWS = (256, 4096)
+
+
+def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """On descending rows: (tokens in the nucleus ``[..., 1]``, probability of its last token)."""
+    # Mass strictly before each sorted token, in float64 so long vocabularies do not drift.
+    mass_before = sorted_probs.double().cumsum(-1) - sorted_probs.double()
+    n_keep = (mass_before < top_p).sum(-1, keepdim=True)  # ≥ 1: mass_before[0] == 0 < top_p
+    return n_keep, sorted_probs.gather(-1, n_keep - 1)
+
+
+def _top_p_boundary(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Per row, the probability of the token whose mass brings the sorted prefix to ``top_p``.
+
+    Sorting a 150k vocabulary for every verified row costs as much as a small model's forward on a
+    CPU, yet the nucleus nearly always lies among the few hundred largest tokens. ``torch.topk``
+    returns the same descending values as the sort, so when the boundary falls strictly inside
+    the window (``n_keep < window`` on every row) the result is identical; otherwise widen, and
+    finally sort. On accelerators sort directly: it is cheap there and needs no host sync.
+    """
+    if probs.device.type == "cpu":
+        for window in _TOP_P_WINDOWS:
+            if window >= probs.shape[-1]:
+                break
+            n_keep, boundary = _nucleus(torch.topk(probs, window, dim=-1).values, top_p)
+            if bool((n_keep < window).all()):
+                return boundary
+    return _nucleus(torch.sort(probs, dim=-1, descending=True).values, top_p)[1]
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A private generator per request: reproducible with a seed, independent of global RNG state."""
+    """A private generator per request: reproducible with a seed, independent of the global RNG.
+
+    ``None`` seeds from ``os.urandom``, so two unseeded requests never share a stream. The generator
+    must live on the device of the probabilities it samples (CUDA generators differ from CPU ones).
+    """
     generator = torch.Generator(device=device)
-    generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
+    generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
     return generator
 
 
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Token ids for ``uniforms`` in [0, 1) under ``[..., V]`` weights (not necessarily normalised).
+
+    Token i is returned iff ``cdf[i-1] <= u * total < cdf[i]``, so a zero-weight token (``cdf[i-1]
+    == cdf[i]``) can never be returned. The cumulative sum is in float64: the rounding bias per
+    token is ~1e-16, far below anything a test or a user can observe.
+    """
+    cdf = probs.double().cumsum(-1)
+    total = cdf[..., -1]
+    u = uniforms.double() * total
+    # u < total in exact arithmetic; rounding of the product can land on it, past the last token
+    # with weight. Clamping to the float just below keeps the result on a token with weight.
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u.unsqueeze(-1), right=True).squeeze(-1)
+
+
+def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of ``[..., V]`` weights → LongTensor ``[...]``; one uniform per row.
+
+    Inverse CDF with ``torch.rand(generator=...)``: exact, reproducible for a seed and a batch
+    shape, and one call for a whole batch (``torch.multinomial`` draws differently per backend).
+    """
+    uniforms = torch.rand(probs.shape[:-1], generator=generator, dtype=torch.float64, device=probs.device)
+    return inverse_cdf(probs, uniforms)
+
+
 def sample_from_probs(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token from a ``[V]`` distribution by inverse CDF with one uniform from ``generator``."""
-    cdf = torch.cumsum(probs.float(), dim=-1)
-    u = torch.rand((), generator=generator, device=probs.device) * cdf[-1]
-    index = int(torch.searchsorted(cdf, u.reshape(1), right=True))
-    index = min(index, probs.shape[-1] - 1)
-    while probs[index] <= 0 and index > 0:  # u landed exactly on a boundary of a zero-mass run
-        index -= 1
-    return index
+    """One token from a ``[V]`` distribution (see :func:`sample_rows`)."""
+    return int(sample_rows(probs, generator))
 
 
 def greedy_token(logits: torch.Tensor) -> int:
+    """The argmax of a ``[V]`` row; ties → the lowest id (``torch.argmax`` semantics)."""
     return int(torch.argmax(logits, dim=-1))

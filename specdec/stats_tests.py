@@ -1,4 +1,9 @@
-"""Goodness-of-fit tests used to certify that speculative sampling is exact (no scipy needed)."""
+"""Goodness-of-fit tests used to certify that speculative sampling is exact (no scipy needed).
+
+Used by the unit tests of the verifier and by ``specdec verify``. The p-value is the upper tail of
+the χ² distribution, Q((cells − 1)/2, X²/2), computed with the regularized incomplete gamma function
+(series below a+1, Lentz continued fraction above; Numerical Recipes §6.2), accurate to ~1e-12.
+"""
 
 from __future__ import annotations
 
@@ -44,9 +49,14 @@ def _upper_regularized_gamma(a: float, x: float) -> float:
 def chi_square_pvalue(counts: Sequence[int], probs: Sequence[float], min_expected: float = 5.0) -> float:
     """Pearson χ² goodness-of-fit p-value of observed ``counts`` against category ``probs``.
 
-    Cells whose expected count is below ``min_expected`` are pooled into one cell (the usual validity
-    condition of the χ² approximation). Counts outside the support must be checked by the caller.
+    ``probs`` need not be normalised. Cells whose expected count is below ``min_expected`` are pooled
+    into one cell (the usual validity condition of the χ² approximation). An observation in a cell of
+    probability 0 is impossible under the hypothesis, so it returns 0.0 outright.
     """
+    if len(counts) != len(probs):
+        raise ValueError(f"{len(counts)} counts for {len(probs)} probabilities")
+    if any(count > 0 and p <= 0 for count, p in zip(counts, probs)):
+        return 0.0
     n = sum(counts)
     total_p = sum(probs)
     if n == 0 or total_p <= 0:
@@ -61,7 +71,12 @@ def chi_square_pvalue(counts: Sequence[int], probs: Sequence[float], min_expecte
         else:
             cells.append((count, expected))
     if pooled_exp > 0:
-        cells.append((pooled_obs, pooled_exp))
+        if pooled_exp < min_expected and cells:  # still too small: fold into the smallest cell
+            smallest = min(range(len(cells)), key=lambda i: cells[i][1])
+            obs, exp = cells[smallest]
+            cells[smallest] = (obs + pooled_obs, exp + pooled_exp)
+        else:
+            cells.append((pooled_obs, pooled_exp))
     if len(cells) < 2:
         return 1.0
     statistic = sum((obs - exp) ** 2 / exp for obs, exp in cells)

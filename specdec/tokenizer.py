@@ -1,14 +1,24 @@
 """Tokenizer: encode/decode, special ids, chat templates, and streaming detokenization.
 
-Built on transformers' fast tokenizers (and its GGUF tokenizer converter) rather than our own BPE.
-Converting a GGUF vocabulary takes seconds, so the converted tokenizer is saved beside the GGUF
-(``<stem>.tokenizer/``) and loaded from there next time.
+Built on transformers' fast tokenizers and its GGUF tokenizer converter rather than a BPE of our
+own. Converting a GGUF vocabulary takes seconds (~20 s for Qwen's 151k tokens on 2 cores), so the
+converted tokenizer is saved beside the GGUF (``<stem>.tokenizer/``) and loaded from there next time.
+
+The cache is always loaded with transformers' *generic* fast-tokenizer class, and so is the first,
+freshly converted copy (we reload what we just saved). A model-specific class would rebuild its own
+pipeline from the vocabulary: ``Qwen2Tokenizer`` adds an NFC normalizer the GGUF conversion (and
+llama.cpp) do not have, so "café" written with a combining accent would tokenize one way on the
+first start and another way on the next. Speculative decoding compares token ids, so a tokenizer
+must be the same object on every start.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -17,41 +27,88 @@ from specdec.errors import SpecdecError, WeightsError
 #: End-of-sequence / end-of-turn tokens across families. Every one present in a vocabulary as a
 #: special token stops generation: Qwen GGUFs declare EOS <|im_end|> but plain completions end
 #: with <|endoftext|>, and a decoder that only watches the declared EOS runs on past the end.
-END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>", "<|eom_id|>", "<eos>")
+END_TOKENS = (
+    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<end_of_turn>",
+    "<|end|>", "</s>", "<eos>", "<|eot|>", "<|return|>",
+)
+_STAMP = "specdec-source.json"  # in the cache dir: which GGUF (size, mtime) and converter made it
+_STAMP_FORMAT = 1
 
 
-def _tokenizer_cache_dir(gguf_path: Path) -> Path:
-    beside = gguf_path.parent / f"{gguf_path.stem}.tokenizer"
-    if os.access(gguf_path.parent, os.W_OK):
-        return beside
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def _source_stamp(gguf_path: Path) -> dict[str, Any]:
+    import transformers
+
     stat = gguf_path.stat()
-    key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}".encode()).hexdigest()[:16]
-    home = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
-    return home / "tokenizers" / key
+    return {"format": _STAMP_FORMAT, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "transformers": transformers.__version__}
+
+
+def tokenizer_cache_dir(gguf_path: Path) -> Path:
+    """Beside the GGUF if that folder is writable, else under ``$SPECDEC_HOME/tokenizers/``."""
+    gguf_path = Path(gguf_path)
+    if os.access(gguf_path.parent, os.W_OK):
+        return gguf_path.parent / f"{gguf_path.stem}.tokenizer"
+    from specdec.models.registry import specdec_home
+
+    key = hashlib.sha1(f"{gguf_path.resolve()}:{gguf_path.stat().st_size}".encode()).hexdigest()[:16]
+    return specdec_home() / "tokenizers" / key
+
+
+def _load_generic(directory: Path) -> Any:
+    """Load a saved fast tokenizer exactly as its tokenizer.json describes it (see the module doc)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+
+
+def _save_atomically(hf: Any, cache: Path, stamp: dict[str, Any]) -> None:
+    """Write into a temporary sibling and rename, so a concurrent start never reads half a cache."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
+    try:
+        hf.save_pretrained(str(tmp))
+        (tmp / _STAMP).write_text(json.dumps(stamp))
+        shutil.rmtree(cache, ignore_errors=True)  # stale copy, if any
+        os.replace(tmp, cache)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (cache / _STAMP).is_file():  # not a concurrent writer winning the race
+            raise
+
+
+def _read_stamp(cache: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((cache / _STAMP).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class Tokenizer:
-    """A thin, typed wrapper over a transformers fast tokenizer (``.hf``)."""
+    """A thin, typed wrapper over a transformers fast tokenizer (public as ``.hf``)."""
 
     def __init__(self, hf: Any) -> None:
         self.hf = hf
-        self.chat_template: str | None = getattr(hf, "chat_template", None)
+        self.chat_template: str | None = getattr(hf, "chat_template", None) or None
         self.bos_token_id: int | None = hf.bos_token_id
         self.eos_token_id: int | None = hf.eos_token_id
         self.pad_token_id: int | None = hf.pad_token_id
         self.vocab_size: int = len(hf)
-        special = set(hf.all_special_tokens) | {t.content for t in hf.added_tokens_decoder.values() if t.special}
+        self.stop_token_ids: frozenset[int] = self._stop_ids()
+
+    def _stop_ids(self) -> frozenset[int]:
+        special = set(self.hf.all_special_tokens) | {t.content for t in self.hf.added_tokens_decoder.values() if t.special}
         stops = {self.eos_token_id} if self.eos_token_id is not None else set()
-        for token in END_TOKENS:
-            if token in special:
-                token_id = hf.convert_tokens_to_ids(token)
-                if isinstance(token_id, int) and token_id >= 0:
-                    stops.add(token_id)
-        self.stop_token_ids: frozenset[int] = frozenset(stops)
+        stops |= {i for token in END_TOKENS if token in special and (i := self.token_to_id(token)) is not None}
+        return frozenset(stops)
 
     # --- loading -------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
+        """A ``.gguf`` file, or a directory with ``tokenizer.json``."""
         path = Path(path)
         if path.is_file() and path.suffix == ".gguf":
             return cls.from_gguf(path)
@@ -61,51 +118,74 @@ class Tokenizer:
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> "Tokenizer":
+        """A Hugging Face tokenizer directory, read as transformers reads it (never from the network)."""
         from transformers import AutoTokenizer
 
+        if not Path(path).is_dir():
+            raise WeightsError(f"tokenizer directory {path} does not exist")
         try:
             return cls(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
-        except (OSError, ValueError) as exc:
-            raise WeightsError(f"cannot load the tokenizer in {path}: {exc}") from exc
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise WeightsError(f"cannot load the tokenizer in {path}: {_one_line(exc)}") from exc
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> "Tokenizer":
+        """The tokenizer stored in a GGUF's metadata, converted once and cached (see the module doc)."""
+        path = Path(path)
+        if not path.is_file():
+            raise WeightsError(f"GGUF file {path} does not exist")
+        stamp = _source_stamp(path)
+        cache = tokenizer_cache_dir(path)
+        if _read_stamp(cache) == stamp:
+            try:
+                return cls(_load_generic(cache))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # broken cache: convert again
+        hf = cls._convert_gguf(path)
+        try:
+            _save_atomically(hf, cache, stamp)
+            return cls(_load_generic(cache))
+        except OSError:  # nowhere to write: use it in memory, via the same generic class
+            with tempfile.TemporaryDirectory() as tmp:
+                hf.save_pretrained(tmp)
+                return cls(_load_generic(Path(tmp)))
+
+    @staticmethod
+    def _convert_gguf(path: Path) -> Any:
         from transformers import AutoTokenizer
 
-        path = Path(path)
-        cache = _tokenizer_cache_dir(path)
-        if (cache / "tokenizer.json").is_file():
-            try:
-                return cls(AutoTokenizer.from_pretrained(str(cache), local_files_only=True))
-            except (OSError, ValueError):
-                pass  # stale or broken cache: convert again
         try:
             hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-        except Exception as exc:  # the converter raises many types on a bad vocabulary
-            raise WeightsError(f"cannot read the tokenizer from {path}: {exc}") from exc
-        try:
-            hf.save_pretrained(str(cache))
-        except OSError:
-            pass  # read-only location: only costs the next start a conversion
-        return cls(hf)
+        except Exception as exc:  # the converter raises many types on a bad or foreign file
+            raise WeightsError(f"cannot read the tokenizer from {path}: {_one_line(exc)}") from exc
+        if not getattr(hf, "chat_template", None):  # transformers reads it today; older versions did not
+            hf.chat_template = _gguf_chat_template(path)
+        return hf
 
     # --- text <-> ids --------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Special-token strings in ``text`` (e.g. ``<|im_start|>``) become their ids."""
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The prompt text the model's own chat template produces for ``messages``."""
         if not self.chat_template:
             raise SpecdecError("this model has no chat template; pass a plain prompt (without --chat)")
         for message in messages:
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 raise SpecdecError("each chat message needs 'role' and 'content'")
-        return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        try:
+            return self.hf.apply_chat_template(
+                messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        except Exception as exc:  # jinja2 errors, including raise_exception() inside templates
+            raise SpecdecError(f"the chat template rejected these messages: {_one_line(exc)}") from exc
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        # the template already contains every special token: do not let encode() add a BOS again
+        # the template already writes every special token: encode() must not add a BOS again
         return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
 
     def tokens(self) -> list[str]:
@@ -113,43 +193,58 @@ class Tokenizer:
         return self.hf.convert_ids_to_tokens(list(range(self.vocab_size)))
 
     def token_to_id(self, token: str) -> int | None:
-        token_id = self.hf.convert_tokens_to_ids(token)
-        return token_id if isinstance(token_id, int) and token_id != self.hf.unk_token_id else None
+        """Exact lookup; ``None`` if absent (never the unk id, which some vocabularies alias to a real token)."""
+        return self.hf.backend_tokenizer.token_to_id(token)
+
+
+def _gguf_chat_template(path: Path) -> str | None:
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).fields.get("tokenizer.chat_template")
+    return bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
 
 
 class IncrementalDetokenizer:
     """Streams text for generated ids without splitting a UTF-8 character and without re-decoding
-    the whole output each step: only a small window of recent ids is decoded (vLLM/TGI style)."""
+    the whole output each step (vLLM/TGI style).
+
+    Only a window of recent ids is decoded: ``ids[prefix_offset:read_offset]`` was already emitted
+    and is decoded again as context, ``ids[read_offset:]`` is new. The new text is what decoding
+    the window adds to decoding its context; it is held back while it ends in U+FFFD (a character
+    whose bytes are split across tokens). Decoding with context matters for decoders that treat the
+    start of a sequence specially (SentencePiece drops the leading space there). Guarantee:
+    ``"".join(push(i) for i in ids) + flush() == tokenizer.decode(ids)``.
+    """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = []
-        self.prefix_offset = 0  # start of the window decoded for context
+        self.prefix_offset = 0  # start of the context window
         self.read_offset = 0  # ids before this are already emitted as text
-        self.text = ""
+        self.text = ""  # everything emitted so far
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
+    def _pending(self) -> str:
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full_text = self._decode(self.ids[self.prefix_offset :])
-        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
-            new_text = full_text[len(prefix_text) :]
-            self.prefix_offset = self.read_offset
-            self.read_offset = len(self.ids)
-            self.text += new_text
-            return new_text
+        return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
+
+    def _emit(self, new_text: str) -> str:
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.text += new_text
+        return new_text
+
+    def push(self, token_id: int) -> str:
+        """Add one id; return the text that became final ("" while a character is incomplete)."""
+        self.ids.append(int(token_id))
+        new_text = self._pending()
+        if new_text and not new_text.endswith("\ufffd"):
+            return self._emit(new_text)
         return ""
 
     def flush(self) -> str:
-        """Whatever is still held back (an incomplete character at the very end)."""
-        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full_text = self._decode(self.ids[self.prefix_offset :])
-        new_text = full_text[len(prefix_text) :]
-        self.read_offset = len(self.ids)
-        self.prefix_offset = self.read_offset
-        self.text += new_text
-        return new_text
+        """The text still held back at the end of the stream (U+FFFD for an incomplete character)."""
+        return self._emit(self._pending())

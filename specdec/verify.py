@@ -1,12 +1,22 @@
-"""All acceptance math. Works on token ids and probabilities only: imports no model, no drafter.
+"""All acceptance math (ARCHITECTURE principle 3). Token ids and probabilities only: no model, no drafter.
 
-* greedy: accept the longest prefix equal to the target's argmax, then the target's token;
-* sampling: modified rejection sampling (Leviathan et al. 2023; Chen et al. 2023) — accept d_i with
-  probability min(1, p_i(d_i)/q_i(d_i)); at the first rejection sample from norm(max(p_i − q_i, 0));
-  if all k are accepted, sample the bonus token from p_{k+1}. The committed tokens are then
-  distributed exactly as the target's own samples;
-* deterministic proposals (``q`` is a point mass): accept with probability p_i(d_i); the residual is
-  p_i with d_i removed, renormalised.
+* **greedy**: accept the longest prefix of the draft equal to the target's argmax, then emit the
+  target's own argmax at the first mismatch (or the bonus token after a full accept). The output is
+  token-for-token that of plain greedy decoding.
+* **sampling**: modified rejection sampling (Leviathan et al. 2023; Chen et al. 2023). Accept d_i
+  with probability min(1, p_i(d_i)/q_i(d_i)); at the first rejection emit a sample of
+  norm(max(p_i − q_i, 0)); if all k are accepted, emit a bonus sample of p_k. Every committed token
+  is then distributed exactly as a sample of the target (given the tokens before it).
+* **deterministic proposals** (``draft_probs is None``: prompt lookup, suffix, retrieval …) are the
+  same rule with q_i a point mass on d_i: accept with probability p_i(d_i); the residual
+  max(p_i − onehot(d_i), 0) is p_i with d_i removed.
+
+Both p and q must come from :func:`specdec.sampling.logits_to_probs` with the same params.
+
+The batched form (``[B, k]``) is the implementation; the single-sequence functions call it with
+B = 1, so the χ² tests that run it on tens of thousands of trials at once test the engine's path.
+Randomness per sequence: one ``torch.rand(k)`` for the k accept tests (drawn even for positions after
+the first rejection, so the stream consumed depends only on k), then one uniform for the emitted token.
 """
 
 from __future__ import annotations
@@ -15,28 +25,79 @@ from typing import Sequence
 
 import torch
 
-from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
+from specdec.sampling import SamplingParams, logits_to_probs, sample_rows
 
 
 def greedy_verify(draft_tokens: Sequence[int] | torch.Tensor, target_argmax: torch.Tensor) -> tuple[int, int]:
-    """``target_argmax [k+1]``: accept while draft == argmax; return (n_accepted, next_token)."""
-    targets = target_argmax.tolist()
-    drafts = draft_tokens.tolist() if isinstance(draft_tokens, torch.Tensor) else list(draft_tokens)
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
-        accepted += 1
-    return accepted, int(targets[accepted])
+    """``draft_tokens [k]``, ``target_argmax [k+1]`` → ``(n_accepted, next_token)``.
+
+    ``next_token = target_argmax[n_accepted]``: the correction at the first mismatch, or the bonus
+    token when all k match. One vectorised compare and one device→host transfer.
+    """
+    k = target_argmax.shape[-1] - 1
+    drafts = torch.as_tensor(draft_tokens, dtype=torch.long, device=target_argmax.device).reshape(-1)
+    if drafts.numel() != k:
+        raise ValueError(f"greedy_verify: {drafts.numel()} draft tokens need {drafts.numel() + 1} target rows, got {k + 1}")
+    n_accepted = (drafts == target_argmax[:k]).long().cumprod(0).sum().reshape(1)
+    next_token = target_argmax.long().gather(0, n_accepted)
+    n, token = torch.cat([n_accepted, next_token]).tolist()
+    return n, token
 
 
-def _residual(p: torch.Tensor, q: torch.Tensor | None, token: int) -> torch.Tensor:
-    """norm(max(p − q, 0)); q=None is a point mass on ``token``. Falls back to p if nothing is left."""
+def _residual(p: torch.Tensor, q: torch.Tensor | None, token: torch.Tensor) -> torch.Tensor:
+    """max(p − q, 0) row-wise (``[B, V]``; q None = point mass on ``token [B]``), unnormalised.
+
+    Where nothing is left (p ≤ q everywhere, i.e. p == q up to rounding, so a rejection had
+    probability ~0) fall back to p. No division: :func:`sample_rows` normalises by the row total.
+    """
     if q is None:
-        residual = p.clone()
-        residual[token] = 0.0
+        residual = p.scatter(-1, token.unsqueeze(-1), 0.0)
     else:
-        residual = torch.clamp(p - q, min=0.0)
-    total = residual.sum()
-    return residual / total if total > 0 else p
+        residual = (p - q).clamp_min(0.0)
+    return torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
+
+
+def rejection_sample_batch(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chain rejection sampling for B independent sequences.
+
+    ``draft_tokens [B, k]``; ``draft_probs [B, k, V]`` or None (point-mass q);
+    ``target_probs [B, k+1, V]``. Returns LongTensors ``n_accepted [B]`` and ``next_token [B]``.
+    """
+    batch, k = draft_tokens.shape
+    device = target_probs.device
+    if target_probs.shape[:2] != (batch, k + 1):
+        raise ValueError(f"target_probs must be [B, k+1, V] = [{batch}, {k + 1}, V], got {list(target_probs.shape)}")
+    if draft_probs is not None and draft_probs.shape[:2] != (batch, k):
+        raise ValueError(f"draft_probs must be [B, k, V] = [{batch}, {k}, V], got {list(draft_probs.shape)}")
+    if k == 0:
+        return torch.zeros(batch, dtype=torch.long, device=device), sample_rows(target_probs[:, 0], generator)
+
+    tokens = draft_tokens.to(device=device, dtype=torch.long)
+    p_draft = target_probs[:, :k].gather(-1, tokens.unsqueeze(-1)).squeeze(-1).double()
+    if draft_probs is None:
+        ratio = p_draft
+    else:
+        q_draft = draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).double()
+        # q(d) == 0 cannot happen for a token sampled from q; if a drafter breaks that, reject.
+        ratio = torch.where(q_draft > 0, p_draft / q_draft.clamp_min(1e-300), 0.0)
+    uniforms = torch.rand(batch, k, generator=generator, dtype=torch.float64, device=device)
+    n_accepted = (uniforms < ratio).long().cumprod(-1).sum(-1)
+
+    rows = torch.arange(batch, device=device)
+    first_rejected = n_accepted.clamp(max=k - 1)
+    residual = _residual(
+        target_probs[rows, first_rejected],
+        None if draft_probs is None else draft_probs[rows, first_rejected],
+        tokens[rows, first_rejected],
+    )
+    all_accepted = (n_accepted == k).unsqueeze(-1)
+    emit_from = torch.where(all_accepted, target_probs[:, k], residual)
+    return n_accepted, sample_rows(emit_from, generator)
 
 
 def rejection_sample(
@@ -45,38 +106,31 @@ def rejection_sample(
     target_probs: torch.Tensor,
     generator: torch.Generator,
 ) -> tuple[int, int]:
-    """Chain rejection sampling; ``target_probs [k+1, V]``, ``draft_probs [k, V]`` or None."""
-    tokens = torch.as_tensor(draft_tokens, dtype=torch.long, device=target_probs.device).reshape(-1)
-    k = tokens.numel()
-    if k == 0:
-        return 0, sample_from_probs(target_probs[0], generator)
-    rows = torch.arange(k, device=target_probs.device)
-    p_draft = target_probs[rows, tokens]
-    if draft_probs is None:
-        ratio = p_draft
-    else:
-        q_draft = draft_probs[rows, tokens]
-        ratio = torch.where(q_draft > 0, p_draft / q_draft.clamp_min(1e-30), torch.zeros_like(p_draft))
-    uniforms = torch.rand(k, generator=generator, device=target_probs.device)
-    rejected = (uniforms >= ratio.clamp(max=1.0)).nonzero()
-    if rejected.numel() == 0:
-        return k, sample_from_probs(target_probs[k], generator)
-    first = int(rejected[0])
-    q_row = None if draft_probs is None else draft_probs[first]
-    return first, sample_from_probs(_residual(target_probs[first], q_row, int(tokens[first])), generator)
+    """One sequence: ``draft_tokens [k]``, ``draft_probs [k, V]`` or None, ``target_probs [k+1, V]``.
+
+    Returns ``(n_accepted, next_token)``; k == 0 samples ``next_token`` from p_0.
+    """
+    tokens = torch.as_tensor(draft_tokens, dtype=torch.long, device=target_probs.device).reshape(1, -1)
+    n_accepted, next_token = rejection_sample_batch(
+        tokens, None if draft_probs is None else draft_probs.unsqueeze(0), target_probs.unsqueeze(0), generator
+    )
+    n, token = torch.cat([n_accepted, next_token]).tolist()
+    return n, token
 
 
 def verify(
-    draft_tokens: Sequence[int],
+    draft_tokens: Sequence[int] | torch.Tensor,
     draft_probs: torch.Tensor | None,
     target_logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator,
 ) -> tuple[int, int]:
-    """Verify a draft against the target's ``[k+1, V]`` logits (k = len(draft_tokens)).
+    """The engine's entry point: target logits ``[k+1, V]`` → ``(n_accepted, next_token)``.
 
-    ``draft_probs`` must come from :func:`specdec.sampling.logits_to_probs` with the same params; it
-    is ignored under greedy, where acceptance is exact token match with the target's argmax.
+    Applies :func:`logits_to_probs` to the target rows and dispatches: greedy → exact argmax match
+    (``draft_probs`` ignored); otherwise rejection sampling. ``draft_probs`` must already have been
+    produced by ``logits_to_probs`` with the *same* params (or be None for a deterministic
+    proposal) — verifying against an untransformed q silently changes the output distribution.
     """
     if params.is_greedy:
         return greedy_verify(draft_tokens, target_logits.argmax(dim=-1))

@@ -1,75 +1,251 @@
-"""The shared sampling transform, against brute-force references on small vocabularies."""
+"""The shared sampling transform against a brute-force reference; parameter validation; seeded sampling."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams, logits_to_probs, make_generator, sample_from_probs
+from specdec.sampling import (
+    SamplingParams,
+    greedy_token,
+    inverse_cdf,
+    logits_to_probs,
+    make_generator,
+    sample_from_probs,
+    sample_rows,
+)
+from specdec.stats_tests import chi_square_pvalue
 
 
-def reference_probs(logits: torch.Tensor, t: float, k: int, p: float, min_p: float) -> torch.Tensor:
-    """Readable per-token reference: temperature → top-k → top-p → min-p, then renormalise."""
-    probs = torch.softmax(logits.double() / t, -1)
-    keep = torch.ones_like(probs, dtype=torch.bool)
-    if k > 0:
-        kth = sorted(logits.tolist(), reverse=True)[k - 1]
-        keep &= logits >= kth
-    probs = torch.where(keep, probs, 0) / torch.where(keep, probs, 0).sum()
-    if p < 1:
-        order = sorted(range(len(probs)), key=lambda i: -probs[i].item())
-        mass, nucleus = 0.0, set()
-        for i in order:
-            if mass >= p:
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: intra-op threads only add wake-up latency (milliseconds on a loaded 2-core box)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def reference_probs(logits: list[float], t: float, k: int, top_p: float, min_p: float) -> list[float]:
+    """Pure-Python float64 reference of the documented rules, written without sorting tricks."""
+    scaled = [x / t for x in logits]
+    keep = set(range(len(logits)))
+    if k > 0:  # every token whose logit is >= the k-th largest logit
+        kth = sorted(scaled, reverse=True)[k - 1]
+        keep = {i for i in keep if scaled[i] >= kth}
+    peak = max(scaled[i] for i in keep)
+    weights = {i: math.exp(scaled[i] - peak) for i in keep}
+    total = sum(weights.values())
+    probs = {i: w / total for i, w in weights.items()}
+    if top_p < 1:  # smallest set of most likely tokens whose mass reaches top_p, plus ties of its last one
+        nucleus, mass = [], 0.0
+        for i in sorted(probs, key=lambda i: -probs[i]):
+            if mass >= top_p:
                 break
-            nucleus.add(i)
-            mass += probs[i].item()
-        keep = torch.tensor([i in nucleus for i in range(len(probs))])
-        probs = torch.where(keep, probs, 0)
+            nucleus.append(i)
+            mass += probs[i]
+        boundary = min(probs[i] for i in nucleus)
+        probs = {i: v for i, v in probs.items() if v >= boundary}
     if min_p > 0:
-        probs = torch.where(probs >= min_p * probs.max(), probs, 0)
-    return (probs / probs.sum()).float()
+        top = max(probs.values())
+        probs = {i: v for i, v in probs.items() if v >= min_p * top}
+    total = sum(probs.values())
+    return [probs.get(i, 0.0) / total for i in range(len(logits))]
 
 
-@pytest.mark.parametrize("t,k,p,min_p", [(1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.0), (1.0, 0, 0.8, 0.0), (1.3, 5, 0.9, 0.0),
-                                         (1.0, 0, 1.0, 0.2), (0.5, 4, 0.7, 0.1)])
-def test_transform_matches_reference(t, k, p, min_p):
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(6, 10, generator=gen) * 2
-    params = SamplingParams(temperature=t, top_k=k, top_p=p, min_p=min_p)
+CONFIGS = [
+    (1.0, 0, 1.0, 0.0),  # plain softmax
+    (0.5, 0, 1.0, 0.0),  # temperature only
+    (2.0, 0, 1.0, 0.0),
+    (0.7, 3, 1.0, 0.0),  # top-k
+    (1.0, -1, 1.0, 0.0),  # -1 = off
+    (1.0, 0, 0.8, 0.0),  # top-p
+    (1.0, 0, 0.3, 0.0),
+    (1.0, 0, 1.0, 0.2),  # min-p
+    (1.3, 5, 0.9, 0.0),  # combinations
+    (0.8, 0, 0.9, 0.05),
+    (0.5, 4, 0.7, 0.1),
+    (1.0, 12, 0.95, 0.3),  # top-k == V is a no-op
+]
+
+
+@pytest.mark.parametrize("t,k,top_p,min_p", CONFIGS)
+def test_transform_matches_reference_row_by_row(t, k, top_p, min_p):
+    logits = torch.randn(8, 12, generator=torch.Generator().manual_seed(0)) * 2
+    params = SamplingParams(temperature=t, top_k=k, top_p=top_p, min_p=min_p)
     got = logits_to_probs(logits, params)
-    for row in range(6):  # rows are independent
-        torch.testing.assert_close(got[row], reference_probs(logits[row], t, k, p, min_p), atol=1e-6, rtol=1e-5)
-        if k:
+    assert got.dtype == torch.float32 and got.shape == logits.shape
+    for row in range(logits.shape[0]):
+        expected = torch.tensor(reference_probs(logits[row].tolist(), t, k, top_p, min_p), dtype=torch.float32)
+        torch.testing.assert_close(got[row], expected, atol=1e-6, rtol=1e-5)
+        assert ((got[row] > 0) == (expected > 0)).all()  # exactly the same kept set
+        if 0 < k < 12:  # continuous random logits: no ties, so exactly k survive top-k
             assert int((got[row] > 0).sum()) <= k
+            if top_p == 1.0 and min_p == 0.0:
+                assert int((got[row] > 0).sum()) == k
 
 
-def test_top_p_keeps_the_boundary_token():
+def test_rows_are_independent_of_each_other_and_of_batch_shape():
+    logits = torch.randn(5, 10, generator=torch.Generator().manual_seed(1)) * 3
+    params = SamplingParams(temperature=0.9, top_k=6, top_p=0.85, min_p=0.05)
+    whole = logits_to_probs(logits, params)
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    torch.testing.assert_close(logits_to_probs(logits[perm], params), whole[perm], atol=0, rtol=0)
+    for row in range(5):
+        torch.testing.assert_close(logits_to_probs(logits[row], params), whole[row], atol=0, rtol=0)
+    batched = logits_to_probs(logits.reshape(5, 1, 10), params)  # [..., V] with extra leading dims
+    torch.testing.assert_close(batched.reshape(5, 10), whole, atol=0, rtol=0)
+
+
+def test_temperature_scales_log_probabilities():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    for t in (0.25, 1.0, 3.0):
+        probs = logits_to_probs(logits, SamplingParams(temperature=t))
+        log_ratio = torch.log(probs[0] / probs[1:])
+        torch.testing.assert_close(log_ratio, (logits[0] - logits[1:]) / t, atol=1e-4, rtol=1e-4)
+
+
+def test_tiny_temperature_and_masked_logits_stay_finite():
+    logits = torch.tensor([[100.0, 99.0, float("-inf"), -50.0]])
+    probs = logits_to_probs(logits, SamplingParams(temperature=1e-6))
+    assert torch.isfinite(probs).all() and probs[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    probs = logits_to_probs(logits, SamplingParams(temperature=1.0))
+    assert probs[0, 2] == 0 and abs(float(probs.sum()) - 1) < 1e-6
+
+
+def test_low_precision_logits_give_float32_probs():
+    logits = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    for dtype in (torch.bfloat16, torch.float16):
+        probs = logits_to_probs(logits.to(dtype), SamplingParams(temperature=0.8, top_p=0.9))
+        assert probs.dtype == torch.float32
+        torch.testing.assert_close(probs.sum(-1), torch.ones(3))
+
+
+def test_top_k_ties_at_the_boundary_are_all_kept():
+    probs = logits_to_probs(torch.tensor([3.0, 2.0, 2.0, 1.0, 0.0]), SamplingParams(top_k=2))
+    assert (probs > 0).tolist() == [True, True, True, False, False]  # 2nd and 3rd tie: both stay
+    probs = logits_to_probs(torch.tensor([3.0, 2.0, 1.0, 1.0]), SamplingParams(top_k=2))
+    assert (probs > 0).tolist() == [True, True, False, False]  # tie below the boundary: both go
+
+
+@pytest.mark.parametrize("top_p,kept", [
+    (0.49, [True, False, False, False]),  # the top token alone reaches 0.49
+    (0.6, [True, True, False, False]),  # 0.5 < 0.6: the boundary token 0.3 joins (mass 0.8 ≥ 0.6)
+    (0.79, [True, True, False, False]),
+    (0.81, [True, True, True, False]),
+    (0.96, [True, True, True, True]),
+])
+def test_top_p_keeps_the_smallest_set_including_the_boundary_token(top_p, kept):
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    probs = logits_to_probs(logits, SamplingParams(top_p=0.6))
-    assert (probs > 0).tolist() == [True, True, False, False]  # 0.5 < 0.6, so 0.3 joins; then mass ≥ 0.6
+    probs = logits_to_probs(logits, SamplingParams(top_p=top_p))
+    assert (probs > 0).tolist() == kept
+    expected = torch.tensor([0.5, 0.3, 0.15, 0.05]) * torch.tensor(kept)
+    torch.testing.assert_close(probs, expected / expected.sum())
 
 
-def test_greedy_is_one_hot_argmax_lowest_id_on_ties():
-    probs = logits_to_probs(torch.tensor([1.0, 3.0, 3.0, 0.0]), SamplingParams(temperature=0))
-    assert probs.tolist() == [0.0, 1.0, 0.0, 0.0]
+def test_top_p_mass_exactly_equal_to_top_p_stops_the_nucleus():
+    """'Reaches' means ≥: when the top tokens' mass equals top_p exactly, the next token is out."""
+    logits = torch.tensor([1.0, 0.0, -0.5, -1.0])
+    top_p = float(torch.softmax(logits - logits.max(), -1)[0])  # exactly the top token's float32 mass
+    assert (logits_to_probs(logits, SamplingParams(top_p=top_p)) > 0).tolist() == [True, False, False, False]
+    assert (logits_to_probs(logits, SamplingParams(top_p=top_p * (1 + 1e-6))) > 0).tolist() == [True, True, False, False]
+
+
+def test_top_p_ties_with_the_boundary_token_are_all_kept():
+    logits = torch.log(torch.tensor([0.4, 0.2, 0.2, 0.2]))
+    probs = logits_to_probs(logits, SamplingParams(top_p=0.5))  # 0.4 + one 0.2 reaches 0.5; its ties stay
+    assert (probs > 0).all()
+    logits = torch.log(torch.tensor([0.2, 0.2, 0.4, 0.2]))  # same values, other positions: same rule
+    assert (logits_to_probs(logits, SamplingParams(top_p=0.5)) > 0).all()
+
+
+@pytest.mark.parametrize("scale,nucleus_range", [
+    (6.0, (1, 256)),  # peaked: the boundary lies in the first topk window
+    (1.5, (256, 4096)),  # the second window
+    (0.05, (4096, 8192)),  # nearly flat: falls back to the full sort
+])
+def test_top_p_topk_windows_equal_the_full_sort(monkeypatch, scale, nucleus_range):
+    import specdec.sampling as sampling
+
+    logits = torch.randn(3, 8192, generator=torch.Generator().manual_seed(7)) * scale
+    logits[1, :40] = logits[1, 40]  # a tie group, so the value-based tie rule is exercised at scale too
+    params = SamplingParams(temperature=0.9, top_p=0.9)
+    windowed = logits_to_probs(logits, params)
+    monkeypatch.setattr(sampling, "_TOP_P_WINDOWS", ())
+    full_sort = logits_to_probs(logits, params)
+    assert torch.equal(windowed, full_sort)
+    kept = (windowed > 0).sum(-1)
+    assert ((kept >= nucleus_range[0]) & (kept < nucleus_range[1])).all(), kept  # the regime is the one named
+    for row in (0, 2):  # and the brute-force reference agrees (float64 vs float32 rounding aside)
+        expected = torch.tensor(reference_probs(logits[row].tolist(), 0.9, 0, 0.9, 0.0), dtype=torch.float32)
+        assert ((windowed[row] > 0) == (expected > 0)).all()
+
+
+def test_min_p_is_relative_to_the_most_likely_token():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert (logits_to_probs(logits, SamplingParams(min_p=0.35)) > 0).tolist() == [True, True, False, False]
+    # threshold 0.2 * 0.5 = 0.1 keeps 0.15 (an absolute 0.2 would drop it)
+    assert (logits_to_probs(logits, SamplingParams(min_p=0.2)) > 0).tolist() == [True, True, True, False]
+
+
+def test_greedy_is_one_hot_argmax_with_lowest_id_on_ties_and_ignores_filters():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0], [0.0, 0.0, 0.0, 7.0]])
+    probs = logits_to_probs(logits, SamplingParams(temperature=0, top_k=1, top_p=0.1, min_p=0.5))
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
+    assert [greedy_token(row) for row in logits] == [1, 0, 3]
+    assert SamplingParams(temperature=0).is_greedy and not SamplingParams(temperature=1e-6).is_greedy
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"),
-    (dict(min_p=1.0), "min_p"), (dict(top_k=-2), "top_k"), (dict(max_tokens=0), "max_tokens"), (dict(stop=[""]), "stop"),
+    (dict(temperature=-1), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"), (dict(temperature="1"), "temperature"),
+    (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=float("nan")), "top_p"),
+    (dict(min_p=1.0), "min_p"), (dict(min_p=-0.1), "min_p"),
+    (dict(top_k=-2), "top_k"), (dict(top_k=2.5), "top_k"),
+    (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=1.5), "max_tokens"),
+    (dict(seed=-1), "seed"), (dict(seed="7"), "seed"),
+    (dict(stop=[""]), "stop"), (dict(stop_token_ids=[-3]), "stop_token_ids"),
 ])
 def test_invalid_params_are_clear_errors(kwargs, message):
     with pytest.raises(SpecdecError, match=message):
         SamplingParams(**kwargs)
 
 
-def test_seeded_sampling_is_reproducible_and_never_picks_zero_mass():
-    probs = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0])
-    a = [sample_from_probs(probs, make_generator(7)) for _ in range(3)]
-    gen1, gen2 = make_generator(11), make_generator(11)
-    seq1 = [sample_from_probs(probs, gen1) for _ in range(200)]
-    seq2 = [sample_from_probs(probs, gen2) for _ in range(200)]
-    assert seq1 == seq2 and len(set(a)) == 1
-    assert set(seq1) == {1, 3}
+def test_valid_edge_params_are_accepted():
+    SamplingParams(temperature=0, top_k=-1, top_p=1.0, min_p=0.0, seed=0, max_tokens=1)
+    SamplingParams(top_k=1, top_p=1e-9, min_p=0.999, seed=2**63 - 1)
+    assert SamplingParams(stop="###").stop == ["###"]
+
+
+def test_seeded_sampling_is_reproducible():
+    probs = torch.softmax(torch.randn(8, generator=torch.Generator().manual_seed(3)), -1)
+    gen1, gen2, gen3 = make_generator(11), make_generator(11), make_generator(12)
+    seq1 = [sample_from_probs(probs, gen1) for _ in range(100)]
+    assert seq1 == [sample_from_probs(probs, gen2) for _ in range(100)]
+    assert seq1 != [sample_from_probs(probs, gen3) for _ in range(100)]
+    assert sample_rows(probs.expand(50, 8), make_generator(5)).tolist() == sample_rows(probs.expand(50, 8), make_generator(5)).tolist()
+    unseeded = [make_generator(None) for _ in range(2)]
+    assert [sample_from_probs(probs, unseeded[0]) for _ in range(64)] != [sample_from_probs(probs, unseeded[1]) for _ in range(64)]
+
+
+def test_sampling_never_picks_zero_mass_tokens():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0, 0.0])
+    tokens = sample_rows(probs.expand(4000, 6), make_generator(0))
+    assert set(tokens.tolist()) == {1, 3}
+    # the extreme uniforms, including the rounding case u * total == total, stay on tokens with mass
+    assert inverse_cdf(probs, torch.tensor(0.0)).item() == 1
+    assert inverse_cdf(probs, torch.tensor(1.0)).item() == 3
+    assert inverse_cdf(probs * 3, torch.tensor(0.5)).item() == 3  # unnormalised weights are fine
+    assert inverse_cdf(probs, torch.tensor(0.4999)).item() == 1
+
+
+def test_sampled_frequencies_match_probs():
+    probs = torch.softmax(torch.randn(10, generator=torch.Generator().manual_seed(4)) * 2, -1)
+    tokens = sample_rows(probs.expand(40_000, 10), make_generator(6))
+    counts = torch.bincount(tokens, minlength=10).tolist()
+    assert chi_square_pvalue(counts, probs.tolist()) > 1e-3
+    shifted = torch.roll(probs, 1)  # power: the same counts against a different distribution
+    assert chi_square_pvalue(counts, shifted.tolist()) < 1e-6
