@@ -134,6 +134,7 @@ def generate_stream(
     server switches speculation off under load, where drafting costs throughput)."""
     spec = spec or SpecConfig()
     context_len = target.config.max_position_embeddings
+    vocab_size = target.config.vocab_size  # drafted ids outside it are cut (Draft.clipped)
     check_context(len(prompt_ids), params.max_tokens, context_len)
     max_k = spec.max_speculative_tokens if drafter is not None else 0
     cache_len = min(len(prompt_ids) + params.max_tokens + max_k + 1, context_len)
@@ -176,7 +177,7 @@ def generate_stream(
                 k = 0
 
             t0 = time.perf_counter()
-            draft = drafter.propose(context, k) if drafter is not None and k > 0 else Draft(tokens=[])
+            draft = drafter.propose(context, k).clipped(k, vocab_size) if drafter is not None and k > 0 else Draft(tokens=[])
             t1 = time.perf_counter()
             logits = target.forward(state, [context[-1], *draft.tokens])
             num_accepted, next_token = verify(draft.tokens, draft.probs, logits, params, generator)

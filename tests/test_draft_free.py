@@ -91,6 +91,51 @@ def test_suffix_cache_evicts_under_cap():
     assert len(cache.requests) < 50  # older requests were evicted
 
 
+def test_shared_suffix_cache_is_per_vocabulary(tiny_target):
+    """Regression (CI): a cache filled by a model with a larger vocabulary proposed ids the next
+    model's embedding could not index. Caches are keyed by vocabulary; the engine also clips."""
+    from types import SimpleNamespace
+
+    from specdec.drafters.suffix import make_suffix_drafter
+
+    small = SimpleNamespace(config=SimpleNamespace(vocab_size=8))
+    large = SimpleNamespace(config=SimpleNamespace(vocab_size=50_000))
+    assert make_suffix_drafter(target_backend=small).cache is make_suffix_drafter(target_backend=small).cache
+    assert make_suffix_drafter(target_backend=small).cache is not make_suffix_drafter(target_backend=large).cache
+    assert make_suffix_drafter(tokenizer=tiny_target.tokenizer).cache is not make_suffix_drafter(target_backend=small).cache
+
+
+def test_engine_clips_out_of_vocabulary_drafts(tiny_target):
+    from specdec.drafters.base import Draft
+
+    class Rogue:
+        name = "rogue"
+
+        def start(self, prompt_ids):
+            pass
+
+        def propose(self, context_ids, k):
+            return Draft(tokens=[1, 10**6, 2][:k] + [3] * 10)  # too long and out of vocabulary
+
+        def accepted(self, num_accepted, next_token):
+            pass
+
+        def finish(self):
+            pass
+
+    assert Draft([1, 2, 10**6, 3]).clipped(10, 100).tokens == [1, 2]
+    assert Draft([1, 2, 3]).clipped(2, 100).tokens == [1, 2]
+    from specdec.api import encode_prompt
+    from specdec.engine import generate_ids
+    from specdec.sampling import make_generator
+
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    ids = encode_prompt(tiny_target, PROMPTS[0])
+    spec = SpecConfig(method="ngram", num_speculative_tokens=4)
+    out = generate_ids(tiny_target.backend, ids, params, Rogue(), spec, tiny_target.tokenizer, make_generator(0))
+    assert out.token_ids == specdec.generate(tiny_target, PROMPTS[0], params).token_ids
+
+
 def test_second_identical_request_is_drafted_with_high_acceptance(tiny_target):
     cache = GlobalSuffixCache()
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)

@@ -30,6 +30,21 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def clipped(self, max_len: int, vocab_size: int) -> "Draft":
+        """At most ``max_len`` tokens, cut before the first id outside the target's vocabulary.
+
+        The engine applies this to every proposal so a misbehaving drafter (or a cache filled under
+        another tokenizer) costs acceptance, never a crash or a wrong token.
+        """
+        keep = 0
+        for token in self.tokens[:max_len]:
+            if not 0 <= token < vocab_size:
+                break
+            keep += 1
+        if keep == len(self.tokens):
+            return self
+        return Draft(self.tokens[:keep], None if self.probs is None else self.probs[:keep])
+
 
 @runtime_checkable
 class Drafter(Protocol):

@@ -80,15 +80,24 @@ class GlobalSuffixCache:
             return self.table.predict(tokens)
 
 
-#: one per process: the server's requests share it on purpose
-GLOBAL_CACHE = GlobalSuffixCache()
+#: one per vocabulary per process: the server's requests share it on purpose; keying by vocabulary keeps
+#: token ids learned under one tokenizer from being proposed to a model with another
+GLOBAL_CACHES: dict[str, GlobalSuffixCache] = {}
+_GLOBAL_CACHES_LOCK = threading.Lock()
+
+
+def global_cache_for(vocabulary_key: str) -> GlobalSuffixCache:
+    with _GLOBAL_CACHES_LOCK:
+        if vocabulary_key not in GLOBAL_CACHES:
+            GLOBAL_CACHES[vocabulary_key] = GlobalSuffixCache()
+        return GLOBAL_CACHES[vocabulary_key]
 
 
 class SuffixDrafter:
     name = "suffix"
 
     def __init__(self, cache: GlobalSuffixCache | None = None, max_depth: int = 8, min_confidence: float = 0.1) -> None:
-        self.cache = cache if cache is not None else GLOBAL_CACHE
+        self.cache = cache if cache is not None else GlobalSuffixCache(max_depth)
         self.local = FrequencyTable(max_depth)
         self.min_confidence = min_confidence
         self.tokens: list[int] = []
@@ -138,5 +147,12 @@ class SuffixDrafter:
 
 
 @register_drafter("suffix")
-def make_suffix_drafter(**_) -> SuffixDrafter:  # noqa: ANN003
-    return SuffixDrafter()
+def make_suffix_drafter(*, target_backend=None, tokenizer=None, **_) -> SuffixDrafter:  # noqa: ANN001
+    """The shared cache is chosen by vocabulary: the tokenizer's fingerprint, else the target's vocab size."""
+    from specdec.drafters.retrieval import tokenizer_fingerprint
+
+    if tokenizer is not None:
+        key = f"tokenizer:{tokenizer_fingerprint(tokenizer)}"
+    else:
+        key = f"vocab:{target_backend.config.vocab_size if target_backend is not None else 'unknown'}"
+    return SuffixDrafter(cache=global_cache_for(key))
