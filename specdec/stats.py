@@ -67,6 +67,14 @@ class Stats:
         return max(self.decode_time_s - self.draft_time_s - self.verify_time_s, 0.0)
 
     @property
+    def draft_cost_ratio(self) -> float:
+        """c: time per drafted token / time per target forward, as measured (0 without drafting).
+        Speculation can pay only while c is well below the acceptance gain; see adaptive.py."""
+        if not self.proposed_tokens or not self.verify_time_s:
+            return 0.0
+        return (self.draft_time_s / self.proposed_tokens) / (self.verify_time_s / self.target_forwards)
+
+    @property
     def achieved_gb_per_s(self) -> float:
         """Weight bytes streamed per second in the decode phase (gpt-fast's figure of merit).
 
@@ -98,6 +106,7 @@ class Stats:
             "draft_time_s": round(self.draft_time_s, 4),
             "verify_time_s": round(self.verify_time_s, 4),
             "overhead_time_s": round(self.overhead_time_s, 4),
+            "draft_cost_ratio": round(self.draft_cost_ratio, 4),
             "total_time_s": round(self.total_time_s, 4),
         }
 
@@ -117,6 +126,7 @@ class Stats:
                 f"acceptance_rate={self.acceptance_rate:.2f}",
                 f"mean_accepted_len={self.mean_accepted_len:.2f}",
                 f"draft={self.draft_time_s:.2f}s verify={self.verify_time_s:.2f}s other={self.overhead_time_s:.2f}s",
+                f"draft_cost_ratio={self.draft_cost_ratio:.2f}",
             ]
         return " | ".join(parts)
 

@@ -21,7 +21,8 @@ from specdec.sampling import SamplingParams
 
 #: user-facing method names → SpecConfig.method (None = plain autoregressive decoding)
 METHOD_ALIASES = {"ar": None, "plain": None, "draft": "draft_model", "draft_model": "draft_model", "ngram": "ngram",
-                  "suffix": "suffix", "retrieval": "retrieval"}
+                  "suffix": "suffix", "retrieval": "retrieval", "layer-skip": "layer_skip", "layer_skip": "layer_skip",
+                  "early-exit": "early_exit", "early_exit": "early_exit"}
 PEER_METHODS = {"hf": ["hf", "hf-assisted", "hf-pld"]}
 
 
@@ -45,13 +46,16 @@ class BenchConfig:
     gammas: list[int | str] = field(default_factory=lambda: [4])  # several: one run per γ, named method@γ
     repeats: int = 3
     datastore: str | None = None
+    skip_layers: str | None = None  # layer-skip (None: calibration if saved, else the default)
+    exit_layer: int | None = None  # early-exit
     extra: dict = field(default_factory=dict)
 
 
 def spec_for(method: str, config: BenchConfig, gamma: int | str) -> SpecConfig:
     if method not in METHOD_ALIASES:
         raise specdec.SpecdecError(f"unknown method {method!r}; available: {', '.join(METHOD_ALIASES)} (and peers: hf)")
-    return SpecConfig(method=METHOD_ALIASES[method], num_speculative_tokens=gamma, datastore=config.datastore)
+    return SpecConfig(method=METHOD_ALIASES[method], num_speculative_tokens=gamma, datastore=config.datastore,
+                      skip_layers=config.skip_layers, exit_layer=config.exit_layer)
 
 
 def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], target: LoadedModel, row: PromptRow) -> list[tuple[list[int], dict, float]]:

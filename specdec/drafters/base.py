@@ -62,6 +62,10 @@ class Drafter(Protocol):
     def finish(self) -> None:
         """The request is over (free per-request memory; global caches may learn from it)."""
 
+    # Optional: ``bind_target_state(state)`` — called after prefill with the target's cache of the
+    # request, for drafters that run inside it (self-speculation, layers.py). The drafter must leave
+    # the cache at the length it found it.
+
 
 #: name → factory(target, spec_config, sampling_params, generator, **resources) -> Drafter
 DRAFTERS: dict[str, Callable[..., Drafter]] = {}

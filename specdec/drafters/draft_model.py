@@ -8,11 +8,50 @@ recomputed.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from specdec.backends.base import Backend
 from specdec.drafters.base import Draft, register_drafter
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
+
+
+def draft_autoregressively(
+    logits: torch.Tensor,
+    step: Callable[[int], torch.Tensor],
+    k: int,
+    params: SamplingParams,
+    generator: torch.Generator,
+    confidence_threshold: float = 0.0,
+) -> Draft:
+    """Up to ``k`` tokens, one model step each: ``logits`` follow the context, ``step(token)`` feeds a
+    drafted token and returns the next logits. Shared by every drafter that runs a model.
+
+    Greedy drafts the argmax (q = None: a point mass, what greedy verification compares against);
+    sampling draws from q = logits_to_probs(logits, params) — the same transform the target gets —
+    and returns q for rejection sampling. ``confidence_threshold`` ends the round early once the
+    draft's top probability falls below it (0 = never).
+    """
+    tokens: list[int] = []
+    probs: list[torch.Tensor] = []
+    for i in range(k):
+        if params.is_greedy:
+            token = int(torch.argmax(logits))
+            top_prob = float(torch.softmax(logits, -1).max()) if confidence_threshold else 1.0
+            q = None
+        else:
+            q = logits_to_probs(logits, params)
+            token = sample_from_probs(q, generator)
+            top_prob = float(q.max())
+        if i > 0 and top_prob < confidence_threshold:
+            break  # the draft is unsure: verifying now is cheaper than drafting on
+        tokens.append(token)
+        if q is not None:
+            probs.append(q)
+        if i + 1 < k:
+            logits = step(token)
+    return Draft(tokens=tokens, probs=torch.stack(probs) if probs else None)
 
 
 class DraftModelDrafter:
@@ -63,26 +102,12 @@ class DraftModelDrafter:
         k = max(0, min(k, room))
         logits = self._sync(context_ids)
         self.context_len = len(context_ids)
-        tokens: list[int] = []
-        probs: list[torch.Tensor] = []
-        for i in range(k):
-            if self.params.is_greedy:
-                token = int(torch.argmax(logits))
-                top_prob = float(torch.softmax(logits, -1).max()) if self.confidence_threshold else 1.0
-                q = None
-            else:
-                q = logits_to_probs(logits, self.params)
-                token = sample_from_probs(q, self.generator)
-                top_prob = float(q.max())
-            if i > 0 and top_prob < self.confidence_threshold:
-                break  # the draft is unsure: verifying now is cheaper than drafting on
-            tokens.append(token)
-            if q is not None:
-                probs.append(q)
-            if i + 1 < k:
-                logits = self.backend.forward(self.state, [token], num_logits=1)[-1]
-                self.cached.append(token)
-        return Draft(tokens=tokens, probs=torch.stack(probs) if probs else None)
+
+        def step(token: int) -> torch.Tensor:
+            self.cached.append(token)
+            return self.backend.forward(self.state, [token], num_logits=1)[-1]
+
+        return draft_autoregressively(logits, step, k, self.params, self.generator, self.confidence_threshold)
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
         # keep the context and the accepted part of the proposal; next_token is fed next round

@@ -1,0 +1,198 @@
+"""Self-speculation from the target's own weights: layer skip (Draft & Verify, Zhang et al. 2023;
+SWIFT, Xia et al. 2024) and early exit (the first L layers + final norm + LM head; LayerSkip).
+
+The drafter runs the target's decoder with only a subset of its layers — skipped layers pass the
+residual stream through — so it holds no weights of its own (``weights_shared_with`` proves it) and
+needs no compatible draft model. Verification is the usual full-model pass, so output is exact.
+
+**KV cache: the drafter writes into the target's own cache, above the committed length.** When it
+is asked to propose, the target cache holds every committed token but the newest (the engine feeds
+that one at the head of the verification chunk). The drafter appends the newest token and its
+drafts through its layers, then truncates the cache back. That is exact, because the target's
+verification pass writes every slot from the committed length on — for every layer — before any
+attention reads it, and never reads beyond its chunk. What it buys:
+
+* zero extra memory — not even a KV cache (a separate draft cache would cost ``layers × seq`` K/V);
+* for **early exit** the committed entries of layers < L are exactly what the draft would compute
+  itself (same layers, same inputs), so sharing changes nothing numerically;
+* for **layer skip** a run layer after a skipped one would see a different residual than the full
+  model, so its committed K/V in the target cache are the full model's, not the draft's own. The
+  draft thus attends to *better* context than a self-contained skip model (as SWIFT does); this is
+  a property of the proposal only and cannot affect the output.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec.backends.torch_backend import TorchBackend
+from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.draft_model import draft_autoregressively
+from specdec.errors import SpecdecError
+from specdec.models.kv_cache import KVCache
+from specdec.sampling import SamplingParams
+
+
+def _module_bytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
+class LayerSubset:
+    """The target backend restricted to ``layers`` (ascending indices): a read-only view, no copies."""
+
+    def __init__(self, backend: TorchBackend, layers: Sequence[int]) -> None:
+        num_layers = backend.config.num_layers
+        layers = sorted(set(int(i) for i in layers))
+        if not layers:
+            raise SpecdecError("layer skip: at least one layer must run (got an empty layer set)")
+        bad = [i for i in layers if not 0 <= i < num_layers]
+        if bad:
+            raise SpecdecError(f"layer skip: layer indices {bad} are outside 0..{num_layers - 1} for this model")
+        self.backend = backend
+        self.layers = layers
+        self.config = backend.config
+        self.device = backend.device
+        self.dtype_name = backend.dtype_name
+
+    def forward(self, state: KVCache, tokens: Sequence[int], num_logits: int | None = None) -> torch.Tensor:
+        return self.backend.forward(state, tokens, num_logits=num_logits, layers=self.layers)
+
+    @property
+    def weight_bytes(self) -> int:
+        """The target's bytes per step minus those of the skipped layers."""
+        decoder_layers = self.backend.decoder.model.layers
+        skipped = sum(_module_bytes(decoder_layers[i]) for i in range(len(decoder_layers)) if i not in self.layers)
+        return self.backend.weight_bytes - skipped
+
+    @property
+    def skipped(self) -> list[int]:
+        return [i for i in range(self.config.num_layers) if i not in self.layers]
+
+
+class LayerSkipDrafter:
+    """Drafts with a subset of the target's layers, in the target's own KV cache (see module doc)."""
+
+    name = "layer_skip"
+
+    def __init__(self, subset: LayerSubset, params: SamplingParams, generator: torch.Generator,
+                 confidence_threshold: float = 0.0) -> None:
+        self.backend = subset  # read by the engine's stats for the draft's bytes per step
+        self.params = params
+        self.generator = generator
+        self.confidence_threshold = confidence_threshold
+        self.state: KVCache | None = None
+
+    def bind_target_state(self, state: KVCache) -> None:
+        """The engine hands over the target's cache of this request after prefill."""
+        self.state = state
+
+    def start(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(self, context_ids: list[int], k: int) -> Draft:
+        state = self.state
+        if state is None:
+            raise RuntimeError("LayerSkipDrafter needs the target's cache: the engine calls bind_target_state()")
+        committed = state.seq_len
+        if committed != len(context_ids) - 1:
+            raise RuntimeError(f"target cache holds {committed} positions, expected {len(context_ids) - 1}")
+        k = max(0, min(k, state.max_seq_len - len(context_ids)))
+        if k == 0:
+            return Draft(tokens=[])
+        try:
+            logits = self.backend.forward(state, context_ids[-1:], num_logits=1)[-1]
+            return draft_autoregressively(
+                logits, lambda token: self.backend.forward(state, [token], num_logits=1)[-1],
+                k, self.params, self.generator, self.confidence_threshold,
+            )
+        finally:
+            state.truncate(committed)  # the verification pass rewrites these slots for all layers
+
+    def accepted(self, num_accepted: int, next_token: int) -> None:
+        pass  # nothing of ours to roll back: the engine truncates the shared cache
+
+    def finish(self) -> None:
+        self.state = None
+
+    def weights_shared_with(self, target: TorchBackend) -> bool:
+        """True when every tensor the drafter reads is a tensor of ``target`` (no copies)."""
+        ours = {t.data_ptr() for t in self.backend.backend.decoder.state_dict().values()}
+        theirs = {t.data_ptr() for t in target.decoder.state_dict().values()}
+        return ours <= theirs
+
+
+def _require_torch_backend(backend, method: str) -> TorchBackend:  # noqa: ANN001
+    if not isinstance(backend, TorchBackend):
+        raise SpecdecError(f"method '{method}' runs the target's own layers and needs specdec's torch backend")
+    return backend
+
+
+def default_skip_layers(num_layers: int) -> list[int]:
+    """Without a calibration: every other layer of the upper half (never the last one)."""
+    return list(range(num_layers // 2, num_layers - 1, 2)) or [num_layers - 1]
+
+
+def resolve_skip_layers(value: str | Sequence[int] | None, backend: TorchBackend, model_path) -> list[int]:  # noqa: ANN001
+    """``--skip-layers``: explicit indices ("3,5,7-12"); "auto" = the saved calibration (required);
+    None = the saved calibration when there is one, else :func:`default_skip_layers`."""
+    if value is None or value == "auto":
+        from specdec.calibrate import calibration_path, load_calibration
+
+        saved = load_calibration(model_path, backend.dtype_name) if model_path is not None else None
+        if saved is not None:
+            return [int(i) for i in saved["skip_layers"]]
+        if value == "auto":
+            where = calibration_path(model_path, backend.dtype_name) if model_path is not None else "(no model path)"
+            raise SpecdecError(
+                f"--skip-layers auto: no calibration at {where}; run `specdec calibrate-skip --model MODEL` "
+                "first, or give the layers (e.g. --skip-layers 14-20)"
+            )
+        return default_skip_layers(backend.config.num_layers)
+    if isinstance(value, str):
+        return parse_layer_list(value)
+    return [int(i) for i in value]
+
+
+def parse_layer_list(text: str) -> list[int]:
+    """"3,5,7-9" → [3, 5, 7, 8, 9]; "" → []."""
+    layers: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            if "-" in part:
+                low, high = (int(x) for x in part.split("-", 1))
+                layers.extend(range(low, high + 1))
+            else:
+                layers.append(int(part))
+        except ValueError:
+            raise SpecdecError(f"cannot read layer list {text!r}: use indices and ranges like 3,5,7-12") from None
+    return sorted(set(layers))
+
+
+def _threshold(spec) -> float:  # noqa: ANN001
+    return spec.draft_confidence_threshold if spec.adaptive else 0.0
+
+
+@register_drafter("layer_skip")
+def make_layer_skip_drafter(*, target_backend, spec, params, generator, target_path=None, **_) -> LayerSkipDrafter:  # noqa: ANN001
+    backend = _require_torch_backend(target_backend, "layer_skip")
+    skip = resolve_skip_layers(spec.skip_layers, backend, target_path)
+    num_layers = backend.config.num_layers
+    bad = [i for i in skip if not 0 <= i < num_layers]
+    if bad:
+        raise SpecdecError(f"--skip-layers {bad} are outside 0..{num_layers - 1} for this model")
+    run = [i for i in range(num_layers) if i not in set(skip)]
+    return LayerSkipDrafter(LayerSubset(backend, run), params, generator, _threshold(spec))
+
+
+@register_drafter("early_exit")
+def make_early_exit_drafter(*, target_backend, spec, params, generator, **_) -> LayerSkipDrafter:  # noqa: ANN001
+    backend = _require_torch_backend(target_backend, "early_exit")
+    num_layers = backend.config.num_layers
+    exit_layer = spec.exit_layer if spec.exit_layer is not None else num_layers // 2
+    if not 1 <= exit_layer <= num_layers:
+        raise SpecdecError(f"--exit-layer must be in 1..{num_layers} for this model, got {exit_layer}")
+    drafter = LayerSkipDrafter(LayerSubset(backend, range(exit_layer)), params, generator, _threshold(spec))
+    drafter.name = "early_exit"
+    return drafter
