@@ -122,8 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", default="ar,draft,ngram,suffix", help="comma-separated: ar, draft, ngram, suffix, retrieval, layer-skip, early-exit (default: ar,draft,ngram,suffix)")
     bench.add_argument("--gammas", default=None, help="several γ to sweep, e.g. 2,4,6,auto (overrides --num-speculative-tokens)")
     bench.add_argument("--repeats", type=positive_int, default=3, help="repeats per prompt and method; medians are reported (default: 3)")
-    bench.add_argument("--peers", default="", help="comma-separated peers to run in the same process: hf (= transformers plain, assisted, prompt lookup; "
-                            "or name some of them in --methods: hf, hf-assisted, hf-pld)")
+    bench.add_argument("--peers", default="", help="comma-separated peers to run in the same run: hf (= transformers plain, assisted, prompt lookup), "
+                            "llamacpp (= llama.cpp's llama-server plain and with the draft model; needs --llama-bin); "
+                            "or name some of them in --methods: hf, hf-assisted, hf-pld, llamacpp, llamacpp-draft")
+    bench.add_argument("--llama-bin", default="/tmp/llamacpp-build/bin", metavar="DIR",
+                       help="directory holding llama.cpp's llama-server, for the llamacpp peers (build: see specdec/bench/llamacpp.py)")
     bench.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
     bench.add_argument("--compare", nargs=2, metavar=("DIR1", "DIR2"), help="print the difference between two bench runs and exit")
     add_model_args(bench)
@@ -321,21 +324,34 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.num_speculative_tokens if args.num_speculative_tokens is not None else 4]
     params = sampling_from_args(args)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
-    needs_draft = any(m in ("draft", "draft_model", "hf-assisted") for m in methods)
+    needs_draft = any(m in ("draft", "draft_model", "hf-assisted", "llamacpp-draft") for m in methods)
     draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
                                quantize=args.quantize) if needs_draft else None
     if draft is not None:
         from specdec.compat import check_pair
 
         check_pair(target, draft)
-    peers = {}
-    if peers_wanted or any(m.startswith("hf") for m in methods):  # peers may also be named one by one
+    peers: dict = {}
+    close_peers = None
+    peer_gamma = gammas[0] if isinstance(gammas[0], int) else 4
+    if any(m in PEER_METHODS["hf"] for m in methods):  # peers may also be named one by one in --methods
         from specdec.bench.peers import hf_peers
 
-        peers = hf_peers(target, draft, params, num_tokens=gammas[0] if isinstance(gammas[0], int) else 4)
+        peers.update(hf_peers(target, draft, params, num_tokens=peer_gamma))
+    if any(m in PEER_METHODS["llamacpp"] for m in methods):
+        from specdec.bench.llamacpp import llamacpp_peers
+
+        wants_draft = "llamacpp-draft" in methods
+        llama, close_peers = llamacpp_peers(args.llama_bin, target.path, draft.path if wants_draft and draft else None,
+                                            params, peer_gamma, detokenize=target.tokenizer.decode)
+        peers.update(llama)
     config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, datastore=args.datastore,
                          skip_layers=args.skip_layers, exit_layer=args.exit_layer)
-    results = run_benchmark(target, draft, rows, config, peers=peers)
+    try:
+        results = run_benchmark(target, draft, rows, config, peers=peers)
+    finally:
+        if close_peers is not None:
+            close_peers()
     meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]), "machine": f"{platform.machine()}, "
             f"{__import__('os').cpu_count()} cores, torch {__import__('torch').__version__}", "model": args.model,
             "draft_model": args.draft_model if draft else None, "execution": target.backend.dtype_name,

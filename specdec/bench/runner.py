@@ -23,7 +23,12 @@ from specdec.sampling import SamplingParams
 METHOD_ALIASES = {"ar": None, "plain": None, "draft": "draft_model", "draft_model": "draft_model", "ngram": "ngram",
                   "suffix": "suffix", "retrieval": "retrieval", "layer-skip": "layer_skip", "layer_skip": "layer_skip",
                   "early-exit": "early_exit", "early_exit": "early_exit"}
-PEER_METHODS = {"hf": ["hf", "hf-assisted", "hf-pld"]}
+PEER_METHODS = {"hf": ["hf", "hf-assisted", "hf-pld"], "llamacpp": ["llamacpp", "llamacpp-draft"]}
+
+
+def is_peer(method: str) -> bool:
+    """Peers are measured, never held to our exactness check (their kernels differ)."""
+    return any(method in names for names in PEER_METHODS.values())
 
 
 @dataclass
@@ -118,7 +123,7 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
                 if method == "ar":
                     plain_tokens = [t for t, _, _ in turns]
                 for turn, (tokens, stats, wall) in enumerate(turns):
-                    mismatch = bool(config.params.is_greedy and method != "ar" and not method.startswith("hf")
+                    mismatch = bool(config.params.is_greedy and method != "ar" and not is_peer(method)
                                     and plain_tokens is not None and tokens != plain_tokens[turn])
                     results.append(RequestResult(row.id, row.category, method, repeat, turn, tokens, stats, wall, mismatch))
                 if bar is not None:
