@@ -90,14 +90,14 @@ def _tiny_datastore() -> str:
 
 
 def distribution_check(method: str, config_name: str, params: SamplingParams, samples: int, gamma: int = 2,
-                       length: int = 3, alpha: float = 1e-3, seed: int = 0) -> CheckResult:
+                       length: int = 3, alpha: float = 1e-3, seed: int = 0, spec_options: dict | None = None) -> CheckResult:
     """χ² of the joint distribution of the first ``length`` tokens, speculative vs exact."""
     start = time.perf_counter()
     target, draft = tiny_model(seed=seed), tiny_model(seed=seed + 1)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so n-gram style drafters propose something too
     exact = exact_joint(target, prompt, params, length)
     spec = SpecConfig(method=None if method == "ar" else method, num_speculative_tokens=gamma,
-                      datastore=_tiny_datastore() if method == "retrieval" else None)
+                      datastore=_tiny_datastore() if method == "retrieval" else None, **(spec_options or {}))
     run_params = SamplingParams(**{**params.__dict__, "max_tokens": length, "ignore_eos": True})
     generator = make_generator(seed)
     counts: dict[tuple[int, ...], int] = {}

@@ -48,6 +48,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                              "`specdec calibrate-skip` (default: that set if saved, else every other layer of the upper half)")
     parser.add_argument("--exit-layer", type=positive_int, default=None, metavar="L",
                         help="early-exit: the draft runs the first L layers, then the final norm and LM head (default: half)")
+    parser.add_argument("--draft-vocab-size", type=int, default=0, metavar="N",
+                        help="draft_model, layer-skip, early-exit: the draft scores only the first N token ids (BPE ids "
+                             "are ordered by frequency; FR-Spec) — a cheaper draft LM head, output unchanged; 0 = all (default: 0)")
     parser.add_argument("--datastore", default=None, metavar="PATH",
                         help="retrieval: datastore directory built with `specdec datastore build`")
     parser.add_argument("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
@@ -202,7 +205,8 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     method = args.method or ("draft_model" if args.draft_model else None)
     return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model,
                       prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
-                      datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer)
+                      datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer,
+                      draft_vocab_size=args.draft_vocab_size)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -346,7 +350,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                             params, peer_gamma, detokenize=target.tokenizer.decode)
         peers.update(llama)
     config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, datastore=args.datastore,
-                         skip_layers=args.skip_layers, exit_layer=args.exit_layer)
+                         skip_layers=args.skip_layers, exit_layer=args.exit_layer, draft_vocab_size=args.draft_vocab_size)
     try:
         results = run_benchmark(target, draft, rows, config, peers=peers)
     finally:

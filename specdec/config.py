@@ -33,6 +33,8 @@ class SpecConfig:
     #: calibration if any, else a default (every other layer of the upper half)
     skip_layers: str | list[int] | None = None
     exit_layer: int | None = None  # early_exit: run the first L layers (None = half)
+    #: draft_model: score only the first N token ids in the draft (FR-Spec); 0 = the whole vocabulary
+    draft_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         if self.method is not None:
@@ -54,6 +56,8 @@ class SpecConfig:
             )
         if not 0.0 <= self.draft_confidence_threshold < 1.0:
             raise SpecdecError("draft_confidence_threshold must be in [0, 1)")
+        if not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size < 0:
+            raise SpecdecError(f"draft_vocab_size must be an integer >= 0 (0 = whole vocabulary), got {self.draft_vocab_size!r}")
         if self.exit_layer is not None and (not isinstance(self.exit_layer, int) or self.exit_layer < 1):
             raise SpecdecError(f"exit_layer must be a positive integer, got {self.exit_layer!r}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:

@@ -93,3 +93,39 @@ def test_cli_generate_plain_and_speculative(tmp_path):
     assert report["identical"] is True
     assert report["stats"]["generated_tokens"] == report["plain"]["generated_tokens"]
     assert "tok/s" in proc.stderr and "acceptance_rate" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def pair_int8():
+    _need(DEFAULT_TARGET)
+    _need(DEFAULT_DRAFT)
+    target = specdec.load_model(DEFAULT_TARGET, dtype="float32", device="cpu", auto_pull=False, quantize="int8")
+    draft = specdec.load_model(DEFAULT_DRAFT, dtype="float32", device="cpu", auto_pull=False, quantize="int8")
+    yield target, draft
+    del target, draft
+    gc.collect()
+
+
+def test_int8_chunk_logits_are_bit_identical_to_single_token_decoding(pair_int8, humaneval_prompt):
+    """The int8 mode's promise on the real target: a verification chunk computes exactly the logits
+    that decoding the same tokens one at a time computes — so speculative output is plain output."""
+    target = pair_int8[0].backend
+    ids = pair_int8[0].tokenizer.encode(humaneval_prompt)[:48]
+    prefix, chunk = ids[:-6], ids[-6:]
+    chunked_state, single_state = target.new_state(64), target.new_state(64)
+    target.forward(chunked_state, prefix, num_logits=1)
+    target.forward(single_state, prefix, num_logits=1)
+    chunked = target.forward(chunked_state, chunk)
+    single = torch.cat([target.forward(single_state, [token]) for token in chunk])
+    assert torch.equal(chunked, single)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "suffix", "layer_skip", "early_exit"])
+def test_int8_speculative_greedy_is_identical_for_every_method(pair_int8, humaneval_prompt, method):
+    target, draft = pair_int8
+    params = specdec.SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    plain = specdec.generate(target, humaneval_prompt, params)
+    spec = specdec.SpecConfig(method=method, num_speculative_tokens=4, skip_layers="14-20" if method == "layer_skip" else None)
+    out = specdec.generate(target, humaneval_prompt, params, draft=draft if method == "draft_model" else None, spec=spec)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.proposed_tokens > 0 or method in ("ngram", "suffix")

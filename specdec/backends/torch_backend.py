@@ -30,10 +30,12 @@ class TorchBackend:
         num_logits: int | None = None,
         layers: Sequence[int] | None = None,
         return_hidden: bool = False,
+        vocab_limit: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
         positions = torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device)
-        return self.decoder(ids, positions, state, num_logits=num_logits, layers=layers, return_hidden=return_hidden)
+        return self.decoder(ids, positions, state, num_logits=num_logits, layers=layers, return_hidden=return_hidden,
+                            vocab_limit=vocab_limit)
 
     @property
     def weight_bytes(self) -> int:

@@ -53,6 +53,7 @@ class BenchConfig:
     datastore: str | None = None
     skip_layers: str | None = None  # layer-skip (None: calibration if saved, else the default)
     exit_layer: int | None = None  # early-exit
+    draft_vocab_size: int = 0  # draft_model / self-speculation: score only the first N ids
     extra: dict = field(default_factory=dict)
 
 
@@ -60,7 +61,7 @@ def spec_for(method: str, config: BenchConfig, gamma: int | str) -> SpecConfig:
     if method not in METHOD_ALIASES:
         raise specdec.SpecdecError(f"unknown method {method!r}; available: {', '.join(METHOD_ALIASES)} (and peers: hf)")
     return SpecConfig(method=METHOD_ALIASES[method], num_speculative_tokens=gamma, datastore=config.datastore,
-                      skip_layers=config.skip_layers, exit_layer=config.exit_layer)
+                      skip_layers=config.skip_layers, exit_layer=config.exit_layer, draft_vocab_size=config.draft_vocab_size)
 
 
 def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], target: LoadedModel, row: PromptRow) -> list[tuple[list[int], dict, float]]:

@@ -54,6 +54,25 @@ def draft_autoregressively(
     return Draft(tokens=tokens, probs=torch.stack(probs) if probs else None)
 
 
+def next_token_logits(backend, state, tokens: list[int], vocab_limit: int | None, greedy: bool) -> torch.Tensor:  # noqa: ANN001
+    """Logits after the last of ``tokens``. With a reduced draft vocabulary only ids < vocab_limit
+    are scored; for sampling the rest get -inf, so q is exactly 0 there — a valid proposal
+    distribution, which rejection sampling corrects like any other. Greedy needs no padding: the
+    argmax over a prefix of ids is already a token id."""
+    if vocab_limit is None:
+        return backend.forward(state, tokens, num_logits=1)[-1]
+    logits = backend.forward(state, tokens, num_logits=1, vocab_limit=vocab_limit)[-1]
+    if greedy:
+        return logits
+    full = logits.new_full((backend.config.vocab_size,), float("-inf"))
+    full[:vocab_limit] = logits
+    return full
+
+
+def usable_vocab_limit(vocab_limit: int | None, vocab_size: int) -> int | None:
+    return vocab_limit if vocab_limit and vocab_limit < vocab_size else None
+
+
 class DraftModelDrafter:
     name = "draft_model"
 
@@ -64,8 +83,11 @@ class DraftModelDrafter:
         generator: torch.Generator,
         max_seq_len: int,
         confidence_threshold: float = 0.0,
+        vocab_limit: int | None = None,
     ) -> None:
         self.backend = backend
+        #: score only token ids < vocab_limit (see Decoder.head_rows); None = the whole vocabulary
+        self.vocab_limit = usable_vocab_limit(vocab_limit, backend.config.vocab_size)
         self.params = params
         self.generator = generator
         self.max_seq_len = max_seq_len
@@ -93,9 +115,12 @@ class DraftModelDrafter:
             self.state.truncate(common - 1)
             self.cached.pop()
             pending = context_ids[-1:]
-        logits = self.backend.forward(self.state, pending, num_logits=1)
+        logits = self._forward(pending)
         self.cached.extend(pending)
-        return logits[-1]
+        return logits
+
+    def _forward(self, tokens: list[int]) -> torch.Tensor:
+        return next_token_logits(self.backend, self.state, tokens, self.vocab_limit, self.params.is_greedy)
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         room = self.max_seq_len - len(context_ids)
@@ -105,7 +130,7 @@ class DraftModelDrafter:
 
         def step(token: int) -> torch.Tensor:
             self.cached.append(token)
-            return self.backend.forward(self.state, [token], num_logits=1)[-1]
+            return self._forward([token])
 
         return draft_autoregressively(logits, step, k, self.params, self.generator, self.confidence_threshold)
 
@@ -127,4 +152,4 @@ def make_draft_model_drafter(*, draft_backend: Backend | None = None, params, ge
     if draft_backend is None:
         raise SpecdecError("method 'draft_model' needs a draft model (--draft-model NAME_OR_PATH)")
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
-    return DraftModelDrafter(draft_backend, params, generator, max_seq_len, threshold)
+    return DraftModelDrafter(draft_backend, params, generator, max_seq_len, threshold, spec.draft_vocab_size or None)

@@ -29,7 +29,7 @@ import torch
 
 from specdec.backends.torch_backend import TorchBackend
 from specdec.drafters.base import Draft, register_drafter
-from specdec.drafters.draft_model import draft_autoregressively
+from specdec.drafters.draft_model import draft_autoregressively, next_token_logits, usable_vocab_limit
 from specdec.errors import SpecdecError
 from specdec.models.kv_cache import KVCache
 from specdec.sampling import SamplingParams
@@ -56,8 +56,9 @@ class LayerSubset:
         self.device = backend.device
         self.dtype_name = backend.dtype_name
 
-    def forward(self, state: KVCache, tokens: Sequence[int], num_logits: int | None = None) -> torch.Tensor:
-        return self.backend.forward(state, tokens, num_logits=num_logits, layers=self.layers)
+    def forward(self, state: KVCache, tokens: Sequence[int], num_logits: int | None = None,
+                vocab_limit: int | None = None) -> torch.Tensor:
+        return self.backend.forward(state, tokens, num_logits=num_logits, layers=self.layers, vocab_limit=vocab_limit)
 
     @property
     def weight_bytes(self) -> int:
@@ -77,8 +78,9 @@ class LayerSkipDrafter:
     name = "layer_skip"
 
     def __init__(self, subset: LayerSubset, params: SamplingParams, generator: torch.Generator,
-                 confidence_threshold: float = 0.0) -> None:
+                 confidence_threshold: float = 0.0, vocab_limit: int | None = None) -> None:
         self.backend = subset  # read by the engine's stats for the draft's bytes per step
+        self.vocab_limit = usable_vocab_limit(vocab_limit, subset.config.vocab_size)
         self.params = params
         self.generator = generator
         self.confidence_threshold = confidence_threshold
@@ -101,10 +103,11 @@ class LayerSkipDrafter:
         k = max(0, min(k, state.max_seq_len - len(context_ids)))
         if k == 0:
             return Draft(tokens=[])
+        greedy = self.params.is_greedy
         try:
-            logits = self.backend.forward(state, context_ids[-1:], num_logits=1)[-1]
+            logits = next_token_logits(self.backend, state, context_ids[-1:], self.vocab_limit, greedy)
             return draft_autoregressively(
-                logits, lambda token: self.backend.forward(state, [token], num_logits=1)[-1],
+                logits, lambda token: next_token_logits(self.backend, state, [token], self.vocab_limit, greedy),
                 k, self.params, self.generator, self.confidence_threshold,
             )
         finally:
@@ -183,7 +186,7 @@ def make_layer_skip_drafter(*, target_backend, spec, params, generator, target_p
     if bad:
         raise SpecdecError(f"--skip-layers {bad} are outside 0..{num_layers - 1} for this model")
     run = [i for i in range(num_layers) if i not in set(skip)]
-    return LayerSkipDrafter(LayerSubset(backend, run), params, generator, _threshold(spec))
+    return LayerSkipDrafter(LayerSubset(backend, run), params, generator, _threshold(spec), spec.draft_vocab_size or None)
 
 
 @register_drafter("early_exit")
@@ -193,6 +196,7 @@ def make_early_exit_drafter(*, target_backend, spec, params, generator, **_) -> 
     exit_layer = spec.exit_layer if spec.exit_layer is not None else num_layers // 2
     if not 1 <= exit_layer <= num_layers:
         raise SpecdecError(f"--exit-layer must be in 1..{num_layers} for this model, got {exit_layer}")
-    drafter = LayerSkipDrafter(LayerSubset(backend, range(exit_layer)), params, generator, _threshold(spec))
+    drafter = LayerSkipDrafter(LayerSubset(backend, range(exit_layer)), params, generator, _threshold(spec),
+                               spec.draft_vocab_size or None)
     drafter.name = "early_exit"
     return drafter

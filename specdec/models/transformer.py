@@ -197,6 +197,7 @@ class Decoder(nn.Module):
         layers: Sequence[int] | None = None,
         num_logits: int | None = None,
         return_hidden: bool = False,
+        vocab_limit: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run ``T`` new tokens appended to the cache; return float32 logits ``[T or num_logits, vocab]``.
 
@@ -204,6 +205,8 @@ class Decoder(nn.Module):
         ``attn_mask [T, cache.seq_len + T]`` (True = may attend) overrides the default causal mask.
         ``layers`` runs only those decoder layers; the others pass the residual through.
         ``num_logits`` computes the LM head for the last ``num_logits`` positions only (prefill needs 1).
+        ``vocab_limit`` computes logits for token ids ``0 .. vocab_limit-1`` only (a drafter's reduced
+        vocabulary: see :meth:`head_rows`).
         """
         seq = input_ids.shape[-1]
         input_ids = input_ids.reshape(seq)
@@ -222,8 +225,29 @@ class Decoder(nn.Module):
         cache.advance(seq)
 
         hidden = self.model.norm(x if num_logits is None else x[-num_logits:])
-        logits = self.lm_head(hidden).float()
+        head = self.lm_head if vocab_limit is None or vocab_limit >= self.config.vocab_size else self.head_rows(vocab_limit)
+        logits = head(hidden).float()
         return (logits, hidden) if return_hidden else logits
+
+    def head_rows(self, rows: int) -> nn.Module:
+        """The LM head restricted to its first ``rows`` outputs, built once per size.
+
+        BPE vocabularies number tokens by merge rank, so low ids are the frequent ones (FR-Spec,
+        Zhao et al. 2025): a draft scoring only them skips most of its LM head — about a quarter of a
+        0.5B model's weights at 152k tokens. A float head is a view of the same rows; an int8 head gets
+        its own prepacked copy of those rows (the kernel reads packed weights)."""
+        cache = self.__dict__.setdefault("_head_rows", {})
+        if rows not in cache:
+            from specdec.models.quant import Int8Linear
+
+            head = self.lm_head
+            if isinstance(head, Int8Linear):
+                bias = None if head.bias is None else head.bias[:rows]
+                cache[rows] = Int8Linear(head.qweight[:rows], head.scales[:rows], bias)
+            else:
+                weight, bias = head.weight, head.bias
+                cache[rows] = lambda x: F.linear(x, weight[:rows], None if bias is None else bias[:rows])  # noqa: E731
+        return cache[rows]
 
     @property
     def rope_dtype(self) -> torch.dtype:

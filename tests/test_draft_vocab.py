@@ -1,0 +1,64 @@
+"""Reduced draft vocabulary (--draft-vocab-size): a cheaper draft head, the same output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from specdec.certify import DISTRIBUTION_CONFIGS, distribution_check
+from specdec.config import SpecConfig
+from specdec.errors import SpecdecError
+from specdec.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+PROMPTS = ["def fibonacci(n):", "The quick brown fox jumps over the lazy dog. The quick"]
+
+
+@pytest.mark.parametrize("spec", [
+    SpecConfig(method="draft_model", num_speculative_tokens=4, draft_vocab_size=200),
+    SpecConfig(method="early_exit", num_speculative_tokens=3, exit_layer=3, draft_vocab_size=100),
+], ids=["draft-model", "early-exit"])
+def test_greedy_identity(tiny_target, tiny_draft, spec):
+    for prompt in PROMPTS:
+        plain = specdec.generate(tiny_target, prompt, GREEDY)
+        out = specdec.generate(tiny_target, prompt, GREEDY, draft=tiny_draft if spec.method == "draft_model" else None, spec=spec)
+        assert out.token_ids == plain.token_ids
+        assert out.stats.proposed_tokens > 0
+
+
+def test_drafts_never_leave_the_reduced_vocabulary(tiny_target, tiny_draft):
+    from specdec.api import make_drafter
+    from specdec.sampling import make_generator
+
+    params = SamplingParams(temperature=1.0, max_tokens=8, seed=0)
+    drafter = make_drafter(tiny_target, SpecConfig(method="draft_model", draft_vocab_size=50), params, make_generator(0), 64, tiny_draft)
+    ids = tiny_target.tokenizer.encode(PROMPTS[0])
+    drafter.start(ids)
+    for _ in range(10):
+        draft = drafter.propose(ids, 4)
+        assert all(t < 50 for t in draft.tokens)
+        assert draft.probs.shape[-1] == tiny_draft.config.vocab_size
+        assert float(draft.probs[:, 50:].sum()) == 0.0  # q is exactly zero outside: a valid proposal
+        drafter.accepted(0, 1)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "early_exit"])
+def test_sampling_distribution_is_the_targets(method):
+    """χ² on the tiny 8-token model with the draft restricted to 5 ids: rejection sampling corrects q = 0."""
+    config = "T=1"
+    result = distribution_check(method, config, DISTRIBUTION_CONFIGS[config], samples=2500,
+                                spec_options={"draft_vocab_size": 5})
+    assert result.passed, result.detail
+
+
+def test_int8_head_rows_equal_the_full_heads_first_rows(tiny_dirs):
+    model = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
+    decoder = model.backend.decoder
+    hidden = torch.randn(3, model.config.hidden_size)
+    assert torch.equal(decoder.head_rows(100)(hidden), decoder.lm_head(hidden)[:, :100])
+
+
+def test_negative_size_is_refused():
+    with pytest.raises(SpecdecError, match="draft_vocab_size"):
+        SpecConfig(method="draft_model", draft_vocab_size=-1)
