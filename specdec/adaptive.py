@@ -21,24 +21,48 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 @dataclass
 class GammaController:
+    """Running estimates of α, draft seconds per token and verify seconds per k; picks the k with
+    the highest expected tokens per second, k = 0 (plain decoding) included.
+
+    Two biases this avoids (both made ``auto`` lose to every fixed γ before):
+
+    * **catch-up cost**: after plain steps a model drafter must first feed the tokens it missed, so
+      its next round's time is not a per-token cost — those rounds do not update the draft cost;
+    * **unmeasured k**: a verify cost not measured yet is taken from the nearest measured k (flat),
+      never extrapolated below it, so plain decoding does not look cheaper than it has been seen to be.
+    """
+
     max_k: int
     alpha: float = 0.7  # optimistic prior: speculation gets tried before it is judged
     draft_s_per_token: float | None = None
     verify_s: dict[int, float] = field(default_factory=dict)  # k -> EMA seconds of a (k+1)-token forward
-    smoothing: float = 0.2
-    explore_every: int = 16  # while k=0 is chosen, still try k=1 this often so α keeps being measured
+    smoothing: float = 0.1
+    #: while k=0 is chosen, still try k=1 after this many steps so α keeps being measured; the wait
+    #: doubles after every exploration that did not change the choice (up to max_explore_every)
+    explore_every: int = 8
+    max_explore_every: int = 256
     _steps_at_zero: int = 0
+    _explore_wait: int = 0
+    _accepted: float = 1.4  # running sums (EMA) of accepted tokens and of acceptance trials; their
+    _trials: float = 2.0  # ratio is α (a ratio of sums: averaging per-round ratios biases it low)
+    _last_k: int = -1
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
 
     def update(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.verify_s[proposed] = self._ema(self.verify_s.get(proposed), verify_s)
+        if proposed and accepted == proposed:
+            self._explore_wait = 0  # the draft was right: stop backing off exploration
         if proposed:
             # a round that stopped at the first rejection saw (accepted + 1) Bernoulli trials
             trials = min(accepted + 1, proposed)
-            self.alpha = self._ema(self.alpha, accepted / trials)
-            self.draft_s_per_token = self._ema(self.draft_s_per_token, draft_s / proposed)
+            self._accepted = self._ema(self._accepted, accepted)
+            self._trials = self._ema(self._trials, trials)
+            self.alpha = self._accepted / self._trials
+            if self._last_k != 0 or self.draft_s_per_token is None:  # not a catch-up round
+                self.draft_s_per_token = self._ema(self.draft_s_per_token, draft_s / proposed)
+        self._last_k = proposed
 
     def _verify_cost(self, k: int) -> float:
         if k in self.verify_s:
@@ -46,25 +70,29 @@ class GammaController:
         known = sorted(self.verify_s.items())
         if not known:
             return 1.0
-        if len(known) == 1:  # assume a mild slope until measured
-            k0, t0 = known[0]
-            return t0 * (1.0 + 0.05 * (k - k0))
-        (k0, t0), (k1, t1) = (known[0], known[-1]) if k > known[-1][0] or k < known[0][0] else _bracket(known, k)
-        slope = (t1 - t0) / (k1 - k0) if k1 != k0 else 0.0
-        return max(t0 + slope * (k - k0), 1e-6)
+        if k < known[0][0] or k > known[-1][0] or len(known) == 1:  # outside what was measured: flat
+            return min(known, key=lambda p: abs(p[0] - k))[1]
+        (k0, t0), (k1, t1) = _bracket(known, k)
+        return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
+
+    def expected_rate(self, k: int) -> float:
+        """Expected committed tokens per second when drafting k tokens this round."""
+        draft = k * (self.draft_s_per_token or 0.0)
+        return expected_tokens(self.alpha, k) / (draft + self._verify_cost(k))
 
     def choose(self) -> int:
         if self.draft_s_per_token is None:
             return self.max_k  # nothing measured yet: draft fully once
-        best_k, best_rate = 0, 1.0 / self._verify_cost(0)  # plain decoding is always an option
-        for k in range(1, self.max_k + 1):
-            rate = expected_tokens(self.alpha, k) / (k * self.draft_s_per_token + self._verify_cost(k))
-            if rate > best_rate:
-                best_k, best_rate = k, rate
+        best_k = max(range(self.max_k + 1), key=self.expected_rate)
         if best_k == 0:
+            self._explore_wait = self._explore_wait or self.explore_every
             self._steps_at_zero += 1
-            if self._steps_at_zero % self.explore_every == 0:
+            if self._steps_at_zero >= self._explore_wait:
+                self._steps_at_zero = 0
+                self._explore_wait = min(2 * self._explore_wait, self.max_explore_every)
                 return 1
+        else:
+            self._steps_at_zero = self._explore_wait = 0
         return best_k
 
 
