@@ -88,3 +88,18 @@ def test_quantized_close_to_float(tmp_path):
     a, b = ref(ids, torch.arange(16), ref.new_cache(16)), q(ids, torch.arange(16), q.new_cache(16))
     agree = (a.argmax(-1) == b.argmax(-1)).float().mean()
     assert agree >= 0.8
+
+
+def test_fused_projections_are_bit_identical_to_separate_ones(tiny_dirs, monkeypatch):
+    """q|k|v and gate|up fused into one int8 kernel call each change no output bit."""
+    import specdec
+
+    fused = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
+    assert any("fused_qkv" in m.__dict__ for m in fused.backend.decoder.modules())
+    monkeypatch.setenv("SPECDEC_NO_FUSE", "1")
+    separate = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
+    assert not any("fused_qkv" in m.__dict__ for m in separate.backend.decoder.modules())
+    ids = fused.tokenizer.encode("def fibonacci(n):\n    return")
+    a, b = fused.backend.new_state(32), separate.backend.new_state(32)
+    assert torch.equal(fused.backend.forward(a, ids), separate.backend.forward(b, ids))
+    assert torch.equal(fused.backend.forward(a, [5, 6]), separate.backend.forward(b, [5, 6]))

@@ -92,9 +92,15 @@ class Attention(nn.Module):
         """
         seq = x.shape[0]
         group = self.num_heads // self.num_kv_heads
-        q = self.q_proj(x).view(seq, self.num_heads, self.head_dim).transpose(0, 1)
-        k = self.k_proj(x).view(seq, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        v = self.v_proj(x).view(seq, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        fused = self.__dict__.get("fused_qkv")  # one kernel call for q|k|v (models/quant.py)
+        if fused is not None:
+            q, k, v = fused(x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                                      self.num_kv_heads * self.head_dim], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(seq, self.num_heads, self.head_dim).transpose(0, 1)
+        k = k.reshape(seq, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        v = v.reshape(seq, self.num_kv_heads, self.head_dim).transpose(0, 1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(self.layer_index, start, k, v)
 
@@ -138,6 +144,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = self.__dict__.get("fused_gate_up")  # one kernel call for gate|up (models/quant.py)
+        if fused is not None:
+            gate, up = fused(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
