@@ -143,6 +143,7 @@ def summarize(results: list[RequestResult]) -> dict[str, dict[str, dict[str, flo
         chosen = [r for r in results if category == "overall" or r.category == category]
         per_method: dict[str, dict[str, float]] = {}
         plain_tps = _median_tps(chosen, "ar")
+        plain_tpot = statistics.median(_tpot(r) for r in chosen if r.method == "ar") if any(r.method == "ar" for r in chosen) else 0.0
         for method in methods:
             rs = [r for r in chosen if r.method == method]
             if not rs:
@@ -154,12 +155,22 @@ def summarize(results: list[RequestResult]) -> dict[str, dict[str, dict[str, flo
                 "acceptance_rate": statistics.median(r.stats.get("acceptance_rate", 0.0) for r in rs),
                 "mean_accepted_len": statistics.median(r.stats.get("mean_accepted_len", 1.0) or 1.0 for r in rs),
                 "ttft_s": statistics.median(r.stats.get("ttft_s", 0.0) for r in rs),
-                "tpot_s": statistics.median(r.stats.get("tpot_s", 0.0) for r in rs),
+                "tpot_s": (tpot := statistics.median(_tpot(r) for r in rs)),
+                # decode only (prefill excluded): what speculation changes; long prompts dilute end-to-end speedup
+                "decode_speedup": plain_tpot / tpot if plain_tpot and tpot else 0.0,
                 "mismatches": sum(r.mismatch for r in rs),
                 "requests": len(rs),
             }
         table[category] = per_method
     return table
+
+
+def _tpot(result: RequestResult) -> float:
+    """Seconds per decoded token; peers that report only a decode rate (llama.cpp) give 1/rate."""
+    if result.stats.get("tpot_s"):
+        return result.stats["tpot_s"]
+    rate = result.stats.get("tokens_per_s", 0.0)
+    return 1.0 / rate if rate else 0.0
 
 
 def _median_tps(results: list[RequestResult], method: str) -> float:
