@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prompts", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--gammas", default="2,4,6,8,auto")
+    parser.add_argument("--gammas", default="2,4,6,8,auto", help="γ values; G:N also limits the draft to N token ids (--draft-vocab-size)")
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peer", choices=["hf", "none"], default="hf", help="transformers plain + assisted generation (fp32), once per prompt")
@@ -56,7 +56,7 @@ def main() -> int:
     draft = specdec.load_model(args.draft_model, args.dtype, "cpu", quantize=args.quantize)
     rows = load_prompts("humaneval", limit=args.prompts)
     prompts = [target.tokenizer.encode(r.turns[0]) for r in rows]
-    gammas: list[int | str] = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
+    gammas: list[str] = args.gammas.split(",")  # "4", "auto", or "4:32768" = γ 4 with a 32768-token draft vocabulary
     hf_target = hf_draft = None
     if args.peer == "hf":
         from transformers import AutoModelForCausalLM
@@ -83,7 +83,9 @@ def main() -> int:
                         out = specdec.generate(target, ids, params)
                         plain_tokens = out.token_ids
                     else:
-                        spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=config)
+                        gamma, _, vocab = str(config).partition(":")
+                        spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=gamma if gamma == "auto" else int(gamma),
+                                                  draft_vocab_size=int(vocab or 0))
                         out = specdec.generate(target, ids, params, draft=draft, spec=spec)
                         if temperature == 0 and out.token_ids != plain_tokens:
                             identical[str(config)] = False
@@ -105,7 +107,8 @@ def main() -> int:
             draft_s, verify_s, other_s = (statistics.median(getattr(s, f) for s in stats) for f in ("draft_time_s", "verify_time_s", "overhead_time_s"))
             gbs = statistics.median(s.achieved_gb_per_s for s in stats)
             same = "n/a (sampling)" if temperature > 0 else ("yes" if identical[str(config)] else "**NO**")
-            name = "plain (ours)" if config == "plain" else f"draft γ={config}"
+            gamma, _, vocab = str(config).partition(":")
+            name = "plain (ours)" if config == "plain" else f"draft γ={gamma}" + (f", draft vocab {vocab}" if vocab else "")
             print(f"| {name} | {tps:.2f} | {tps / plain_tps:.2f}× | {alpha:.2f} | {tau:.2f} | {draft_s:.2f} | {verify_s:.2f} | {other_s:.2f} | {gbs:.1f} | {same} |")
         if hf_plain:
             p, a = statistics.median(hf_plain), statistics.median(hf_assisted)
