@@ -80,7 +80,7 @@ def test_peers_send_token_ids_and_report_llama_timings(fake_bin, tmp_path):
     assert sent[0]["body"]["prompt"] == [1, 2, 3]  # token ids: both engines read identical prompts
     assert sent[0]["body"]["temperature"] == 0.0 and sent[0]["body"]["ignore_eos"] is True
     assert sent[0]["body"]["cache_prompt"] is False and sent[0]["body"]["min_p"] == 0.0  # llama's default 0.05 off
-    assert "-md" in sent[1]["args"] and sent[1]["args"][sent[1]["args"].index("--draft-max") + 1] == "3"
+    assert "-md" in sent[1]["args"] and sent[1]["args"][sent[1]["args"].index("--spec-draft-n-max") + 1] == "3"
 
 
 def test_missing_binary_and_non_gguf_models_are_clear_errors(tmp_path):

@@ -47,7 +47,8 @@ class LlamaServer:
         args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
                 "-c", str(context), "-np", "1", "--no-webui"]
         if draft is not None:
-            args += ["-md", str(draft), "--draft-max", str(draft_max), "--draft-min", "0", "-td", str(threads)]
+            args += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max),
+                     "--spec-draft-n-min", "0", "-td", str(threads)]  # flag names of llama.cpp as of 0.3.36
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + startup_timeout_s
         while True:
