@@ -39,3 +39,14 @@ def tiny_draft(tiny_dirs):
     import specdec
 
     return specdec.load_model(tiny_dirs["draft"], dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: intra-op threads only add wake-up latency (milliseconds on a loaded 2-core box)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

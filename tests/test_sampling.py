@@ -20,13 +20,7 @@ from specdec.sampling import (
 from specdec.stats_tests import chi_square_pvalue
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add wake-up latency (milliseconds on a loaded 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference_probs(logits: list[float], t: float, k: int, top_p: float, min_p: float) -> list[float]:

@@ -25,12 +25,7 @@ V = 8
 TRIALS = 40_000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def random_dist(seed: int, *shape: int, sparsity: float = 0.0, vocab: int = V) -> torch.Tensor:
