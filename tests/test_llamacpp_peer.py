@@ -100,3 +100,26 @@ def test_server_that_dies_at_startup_is_reported(tmp_path):
     server.chmod(0o755)
     with pytest.raises(SpecdecError, match="failed to load model"):
         LlamaServer(tmp_path, tmp_path / "t.gguf")
+
+
+def test_first_server_is_stopped_when_the_draft_server_fails(fake_bin, tmp_path):
+    from specdec.bench import llamacpp
+
+    bin_dir, _ = fake_bin
+    server = bin_dir / "llama-server"
+    text = server.read_text().replace("has_draft = \"-md\" in args", "has_draft = \"-md\" in args\nif has_draft:\n    sys.exit('error: draft rejected')")
+    server.write_text(text)
+    started = []
+    original = llamacpp.LlamaServer.__init__
+
+    def spy(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        started.append(self)
+        original(self, *args, **kwargs)
+
+    llamacpp.LlamaServer.__init__ = spy
+    try:
+        with pytest.raises(SpecdecError, match="draft rejected"):
+            llamacpp.llamacpp_peers(bin_dir, tmp_path / "t.gguf", tmp_path / "d.gguf", SamplingParams())
+    finally:
+        llamacpp.LlamaServer.__init__ = original
+    assert started[0].process.poll() is not None  # the plain server was terminated

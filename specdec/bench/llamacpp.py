@@ -103,7 +103,11 @@ def llamacpp_peers(bin_dir: Path | str, target_gguf: Path, draft_gguf: Path | No
             raise SpecdecError(f"the llama.cpp peer needs GGUF files, got {path}")
     servers = {"llamacpp": LlamaServer(bin_dir, target_gguf, threads=threads)}
     if draft_gguf is not None:
-        servers["llamacpp-draft"] = LlamaServer(bin_dir, target_gguf, draft_gguf, draft_max=num_tokens, threads=threads)
+        try:
+            servers["llamacpp-draft"] = LlamaServer(bin_dir, target_gguf, draft_gguf, draft_max=num_tokens, threads=threads)
+        except BaseException:
+            servers["llamacpp"].close()  # do not leave the first server running
+            raise
 
     def make(server: LlamaServer) -> Callable[[list[int]], tuple[list[int], dict, str]]:
         def generate_one(ids: list[int]) -> tuple[list[int], dict, str]:
