@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import specdec  # noqa: E402
+from specdec.adaptive import expected_tokens  # noqa: E402
 from specdec.api import encode_prompt  # noqa: E402
 from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.calibrate import load_calibration  # noqa: E402
@@ -28,8 +29,7 @@ from specdec.calibrate import load_calibration  # noqa: E402
 
 def expected_speedup(alpha: float, gamma: float, cost_ratio: float) -> float:
     """Leviathan et al. eq. 1: tokens per step / cost per step, in target-forward units."""
-    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (1 + gamma * cost_ratio)
+    return expected_tokens(alpha, gamma) / (1 + gamma * cost_ratio)
 
 
 def break_even_alpha(gamma: int, cost_ratio: float) -> float:

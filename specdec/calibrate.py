@@ -25,6 +25,7 @@ from specdec.engine import generate_ids
 from specdec.errors import SpecdecError
 from specdec.models.registry import specdec_home
 from specdec.sampling import SamplingParams, make_generator
+from specdec.stats import aggregate
 
 
 def calibration_path(model_path: Path | str, dtype_name: str) -> Path:
@@ -126,18 +127,17 @@ def calibrate_skip(
     if num_layers < 3:
         raise SpecdecError(f"layer skip needs a model with at least 3 layers (this one has {num_layers})")
 
-    def run(spec: SpecConfig) -> tuple[float, list]:
+    def run(spec: SpecConfig) -> dict:
+        """Totals over the calibration prompts (ratios of sums, via stats.aggregate)."""
         outs = []
         for ids in prompts:
             generator = make_generator(0)
             drafter = make_drafter(target, spec, params, generator, len(ids) + max_tokens + gamma + 1) if spec.method else None
             outs.append(generate_ids(backend, ids, params, drafter, spec, tokenizer, generator))
-        tokens = sum(o.stats.generated_tokens - 1 for o in outs)
-        seconds = sum(o.stats.decode_time_s for o in outs)
-        return (tokens / seconds if seconds else 0.0), outs
+        return aggregate(o.stats for o in outs)
 
     run(SpecConfig())  # warm-up: first calls allocate and fill caches
-    plain_rates = [run(SpecConfig())[0]]
+    plain_rates = [run(SpecConfig())["tokens_per_s"]]
     rng = random.Random(seed)
     queue = seed_candidates(num_layers)
     trials: list[Trial] = []
@@ -153,22 +153,13 @@ def calibrate_skip(
                 break  # a tiny model: every set tried
             continue
         tried.add(tuple(skip))
-        rate, outs = run(SpecConfig(method="layer_skip", num_speculative_tokens=gamma, skip_layers=list(skip)))
-        proposed = sum(o.stats.proposed_tokens for o in outs)
-        accepted = sum(o.stats.accepted_tokens for o in outs)
-        forwards = sum(o.stats.target_forwards for o in outs)
-        draft_s = sum(o.stats.draft_time_s for o in outs)
-        verify_s = sum(o.stats.verify_time_s for o in outs)
-        trial = Trial(
-            skip_layers=list(skip), tokens_per_s=rate,
-            acceptance_rate=accepted / proposed if proposed else 0.0,
-            mean_accepted_len=sum(o.stats.generated_tokens - 1 for o in outs) / forwards if forwards else 0.0,
-            draft_cost_ratio=(draft_s / proposed) / (verify_s / forwards) if proposed and verify_s else 0.0,
-        )
+        totals = run(SpecConfig(method="layer_skip", num_speculative_tokens=gamma, skip_layers=list(skip)))
+        trial = Trial(skip_layers=list(skip), tokens_per_s=totals["tokens_per_s"], acceptance_rate=totals["acceptance_rate"],
+                      mean_accepted_len=totals["mean_accepted_len"], draft_cost_ratio=totals["draft_cost_ratio"])
         trials.append(trial)
         if on_trial is not None:
             on_trial(trial, len(trials))
-    plain_rates.append(run(SpecConfig())[0])  # again at the end: the machine's drift is in the baseline
+    plain_rates.append(run(SpecConfig())["tokens_per_s"])  # again at the end: the machine's drift is in the baseline
     best = max(trials, key=lambda t: t.tokens_per_s)
     return CalibrationResult(statistics.median(plain_rates), best, trials)
 
