@@ -34,6 +34,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op (same result as below); a decode step runs 57 of these
+            return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 as the reference does: bf16 variance loses too much precision.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -83,25 +85,27 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         cache: KVCache,
         start: int,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """``x [T, hidden]`` → ``[T, hidden]``; writes this layer's keys/values at ``start``.
+        ``mask`` None means causal (no mask tensor is built or read on the decode path).
 
         GQA without copying the cache: the query heads sharing one KV head are stacked as extra rows
         (``[kv_heads, group*T, head_dim]``), so one batched matmul per KV head covers the group.
         """
         seq = x.shape[0]
-        group = self.num_heads // self.num_kv_heads
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        group = heads // kv_heads
         fused = self.__dict__.get("fused_qkv")  # one kernel call for q|k|v (models/quant.py)
         if fused is not None:
-            q, k, v = fused(x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
-                                      self.num_kv_heads * self.head_dim], dim=-1)
+            qkv = fused(x)
+            qk, v = qkv[:, : (heads + kv_heads) * head_dim], qkv[:, (heads + kv_heads) * head_dim :]
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.reshape(seq, self.num_heads, self.head_dim).transpose(0, 1)
-        k = k.reshape(seq, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        v = v.reshape(seq, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            qk, v = torch.cat([self.q_proj(x), self.k_proj(x)], dim=-1), self.v_proj(x)
+        # q and k heads side by side: one RoPE application for both (elementwise, so identical)
+        qk = apply_rope(qk.reshape(seq, heads + kv_heads, head_dim).transpose(0, 1), cos, sin)
+        q, k = qk[:heads], qk[heads:]
+        v = v.reshape(seq, kv_heads, head_dim).transpose(0, 1)
         cache.write(self.layer_index, start, k, v)
 
         end = start + seq
@@ -109,23 +113,31 @@ class Attention(nn.Module):
         values = cache.v[self.layer_index, :, :end]
         if self.row_wise_attention and seq <= ROW_WISE_MAX_TOKENS:
             return self.o_proj(self._row_wise(q, keys, values, start, mask))
-        q = q.reshape(self.num_kv_heads, group * seq, self.head_dim)
-        scores = torch.matmul(q, keys.transpose(1, 2)).float() * self.head_dim**-0.5
-        scores = scores.view(self.num_kv_heads, group, seq, end).masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(values.dtype).view(self.num_kv_heads, group * seq, end)
+        q = q.reshape(kv_heads, group * seq, head_dim)
+        scores = torch.matmul(q, keys.transpose(1, 2)).float() * head_dim**-0.5
+        if mask is not None or seq > 1:
+            if mask is None:
+                mask = causal_mask(seq, start, x.device)
+            scores = scores.view(kv_heads, group, seq, end).masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(values.dtype).view(kv_heads, group * seq, end)
         out = torch.matmul(probs, values)  # [kv_heads, group*T, D]
-        out = out.view(self.num_heads, seq, self.head_dim).transpose(0, 1).reshape(seq, -1)
+        out = out.view(heads, seq, head_dim).transpose(0, 1).reshape(seq, -1)
         return self.o_proj(out)
 
-    def _row_wise(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
+    def _row_wise(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """One query token at a time against exactly its visible keys: row i of a chunk runs the
         same ops on the same shapes as the same token decoded alone (M = group rows, K = its prefix)."""
         seq = q.shape[1]
         group = self.num_heads // self.num_kv_heads
         rows = []
         for i in range(seq):
-            visible = mask[i, : start + seq]
-            causal = bool(visible[: start + i + 1].all()) and not bool(visible[start + i + 1 :].any())
+            if mask is None:
+                causal, visible = True, None
+            else:
+                visible = mask[i, : start + seq]
+                causal = bool(visible[: start + i + 1].all()) and not bool(visible[start + i + 1 :].any())
             length = start + i + 1 if causal else start + seq
             qi = q[:, i].reshape(self.num_kv_heads, group, self.head_dim)
             scores = torch.matmul(qi, keys[:, :length].transpose(1, 2)).float() * self.head_dim**-0.5
@@ -133,7 +145,12 @@ class Attention(nn.Module):
                 scores = scores.masked_fill(~visible[:length], float("-inf"))
             probs = torch.softmax(scores, dim=-1).to(values.dtype)
             rows.append(torch.matmul(probs, values[:, :length]).reshape(1, -1))
-        return torch.cat(rows, dim=0)
+        return rows[0] if seq == 1 else torch.cat(rows, dim=0)
+
+
+def causal_mask(seq: int, start: int, device: torch.device) -> torch.Tensor:
+    """``[T, start+T]``: new token i (at slot start+i) sees slots 0 .. start+i."""
+    return torch.ones(seq, start + seq, dtype=torch.bool, device=device).tril(diagonal=start)
 
 
 class MLP(nn.Module):
@@ -221,10 +238,6 @@ class Decoder(nn.Module):
         seq = input_ids.shape[-1]
         input_ids = input_ids.reshape(seq)
         start = cache.reserve(seq)
-        end = start + seq
-        if attn_mask is None:
-            # causal: new token i (at slot start+i) sees slots 0 .. start+i
-            attn_mask = torch.ones(seq, end, dtype=torch.bool, device=input_ids.device).tril(diagonal=start)
         cos = self.rope_cos[positions].to(self.rope_dtype)
         sin = self.rope_sin[positions].to(self.rope_dtype)
 
