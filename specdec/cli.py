@@ -283,17 +283,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import specdec
     from specdec.server.app import ServerState, create_app
 
+    from specdec.server.executor import ModelExecutor
+
     spec = spec_from_args(args)
-    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    executor = ModelExecutor()  # loads on the thread that will run the model (server/executor.py)
+
+    def load(name: str) -> "specdec.LoadedModel":
+        return executor.call(lambda: specdec.load_model(name, args.dtype, args.device, auto_pull=not args.no_pull,
+                                                        progress=True, quantize=args.quantize))
+
+    target = load(args.model)
     draft = None
     if args.draft_model:
-        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+        draft = load(args.draft_model)
         from specdec.compat import check_pair
 
         check_pair(target, draft)
     state = ServerState(target=target, model_name=args.served_model_name or args.model, draft=draft, spec=spec,
                         max_concurrency=args.max_concurrency, max_queue=args.max_queue,
-                        disable_speculation_above=args.disable_speculation_above)
+                        disable_speculation_above=args.disable_speculation_above, executor=executor)
     print(f"serving {state.model_name} ({target.backend.dtype_name}, speculative: {spec.method or 'off'}) on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="debug" if args.debug else "warning")

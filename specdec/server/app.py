@@ -2,7 +2,8 @@
 health and Prometheus metrics, with bounded concurrency and per-request speculative stats.
 
 Each request gets its own KV cache and drafter state (the suffix drafter's global cache is shared on
-purpose). Generation runs in a worker thread; a client that disconnects mid-stream stops it at the
+purpose). Everything that touches torch runs on one model thread that steps the active requests in
+turn (server/executor.py says why); a client that disconnects mid-stream is dropped before its
 next step and frees its slot. Bad input gets an OpenAI-style error object and the server stays up.
 """
 
@@ -26,6 +27,7 @@ from specdec.config import SpecConfig
 from specdec.engine import check_context, generate_stream
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.sampling import SamplingParams, make_generator
+from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 
@@ -50,6 +52,8 @@ class ServerState:
     waiting: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     slots: asyncio.Semaphore | None = None
+    #: the thread that loaded the models and runs every step (see server/executor.py)
+    executor: ModelExecutor = field(default_factory=ModelExecutor)
 
     def speculation_allowed(self) -> bool:
         return self.disable_speculation_above is None or self.active <= self.disable_speculation_above
@@ -157,11 +161,15 @@ def create_app(state: ServerState) -> FastAPI:
         spec = _request_spec(state, req, raw)
         await acquire_slot()
         endpoint = "chat" if chat else "completions"
+        job = Job(state, prompt_ids, params, spec)
         try:
-            job = Job(state, prompt_ids, params, spec)
+            await job.open()
         except SpecdecError as exc:
             release_slot()
             raise APIError(400, str(exc)) from None
+        except BaseException:
+            release_slot()
+            raise
         if req.stream:
             return StreamingResponse(stream_events(job, chat, endpoint), media_type="text/event-stream")
         try:
@@ -246,7 +254,7 @@ def full_response(job: "Job", chat: bool) -> dict[str, Any]:
 
 
 class Job:
-    """One request's generation, run in a worker thread, consumed by the event loop."""
+    """One request's generation: set up and stepped on the model thread, consumed by the event loop."""
 
     def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig) -> None:
         self.state = state
@@ -255,13 +263,22 @@ class Job:
         self.text = ""
         self.finish_reason: str | None = None
         self.stats = None
+        self.prompt_ids, self.params, self.spec = prompt_ids, params, spec
         self._cancel = threading.Event()
-        generator = make_generator(params.seed, state.target.backend.device)
-        max_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
-        drafter = make_drafter(state.target, spec, params, generator, max_len, state.draft if spec.method == "draft_model" else None)
-        self._stream = generate_stream(state.target.backend, prompt_ids, params, drafter, spec, state.target.tokenizer,
-                                       generator, speculate=state.speculation_allowed)
+        self._stream: Any = None
         self._start = time.perf_counter()
+
+    async def open(self) -> None:
+        """Build the drafter (it allocates its caches: a torch op, so on the model thread)."""
+        self._stream = await self.state.executor.run(self._open)
+
+    def _open(self):  # noqa: ANN202 - a generate_stream generator
+        state, spec, params = self.state, self.spec, self.params
+        generator = make_generator(params.seed, state.target.backend.device)
+        max_len = len(self.prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
+        drafter = make_drafter(state.target, spec, params, generator, max_len, state.draft if spec.method == "draft_model" else None)
+        return generate_stream(state.target.backend, self.prompt_ids, params, drafter, spec, state.target.tokenizer,
+                               generator, speculate=state.speculation_allowed)
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -269,34 +286,23 @@ class Job:
     async def chunks(self) -> AsyncIterator[Any]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        done = object()
-
-        def work() -> None:
-            try:
-                for chunk in self._stream:
-                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
-                    if self._cancel.is_set():
-                        break
-            except BaseException as exc:  # noqa: BLE001 - surfaced to the consumer
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
-            finally:
-                self._stream.close()  # runs the engine's cleanup (drafter state) even when cancelled
-                loop.call_soon_threadsafe(queue.put_nowait, done)
-
-        thread = threading.Thread(target=work, daemon=True, name=f"specdec-{self.id}")
-        thread.start()
-        while True:
-            item = await queue.get()
-            if item is done:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            self.text += item.text
-            if item.stats is not None:
-                self.stats, self.finish_reason = item.stats, item.finish_reason
-                self.state.metrics.observe(item.stats)
-                self.state.metrics.latency.observe(time.perf_counter() - self._start)
-            yield item
+        self.state.executor.add_stream(self._stream, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item),
+                                       self._cancel.is_set)
+        try:
+            while True:
+                item = await queue.get()
+                if item is END:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                self.text += item.text
+                if item.stats is not None:
+                    self.stats, self.finish_reason = item.stats, item.finish_reason
+                    self.state.metrics.observe(item.stats)
+                    self.state.metrics.latency.observe(time.perf_counter() - self._start)
+                yield item
+        finally:
+            self._cancel.set()  # nobody reads on (done, client gone, task cancelled): stop stepping it
 
     async def run_to_end(self) -> None:
         async for _ in self.chunks():
