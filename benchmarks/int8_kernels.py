@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 HIDDEN, FFN, KV, LAYERS = 1536, 8960, 256, 28
 SHAPES = [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN), (FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)]
 FUSED_SHAPES = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * FFN, HIDDEN), (HIDDEN, FFN)]
+#: the 0.5B draft (Qwen2.5-Coder-0.5B: hidden 896, FFN 4864, 2 KV heads of 64), fused as it runs
+DRAFT_LAYERS, DRAFT_SHAPES = 24, [(896 + 2 * 128, 896), (896, 896), (2 * 4864, 896), (896, 4864)]
 TOKENS = (1, 2, 4, 5, 8, 16)
 
 Prep = Callable[[torch.Tensor], object]
@@ -104,6 +106,24 @@ def weight_only() -> tuple[Prep, Run]:
     return (lambda w: _wq(w)), (lambda p, x: torch.ops.aten._weight_int8pack_mm(x, p[0], p[1]))
 
 
+def int4_weight_only(group: int = 32) -> tuple[Prep, Run]:
+    """``aten._weight_int4pack_mm_for_cpu``: 4-bit weights (asymmetric, groups of 32 along K), float
+    activations — the candidate for a cheaper draft (issue: int4 for the draft if it measures faster)."""
+
+    def prep(weight: torch.Tensor) -> object:
+        out_f, in_f = weight.shape
+        grouped = weight.reshape(out_f, in_f // group, group)
+        low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+        scales = (high - low).clamp_min(1e-6) / 15
+        q = ((grouped - low) / scales).round().clamp(0, 15).to(torch.int32).reshape(out_f, in_f)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+        zeros = low + 8 * scales  # the kernel computes (q - 8) * scale + zero
+        scales_zeros = torch.cat([scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [K/group, N, 2]
+        return packed, scales_zeros
+
+    return prep, (lambda p, x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p[0], group, p[1]))
+
+
 def floating(dtype: torch.dtype) -> tuple[Prep, Run]:
     return (lambda w: w.to(dtype)), (lambda p, x: F.linear(x.to(dtype), p).float())
 
@@ -124,6 +144,7 @@ CANDIDATES: dict[str, Callable[[], tuple[Prep, Run]]] = {
     "torch._int_mm s8s8": int_mm,
     "onednn qlinear_pointwise": onednn_pointwise,
     "int8 weight-only": weight_only,
+    "int4 weight-only g32": int4_weight_only,
     "fp32": lambda: floating(torch.float32),
     "bf16": lambda: floating(torch.bfloat16),
 }
@@ -152,8 +173,8 @@ def check_one_layer(prep: Prep, run: Run) -> tuple[bool, float]:
     return invariant, ((run(p, x) - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
 
 
-def stack_table(names: list[str], shapes: list[tuple[int, int]], repeats: int) -> None:
-    print(f"\nlinear stack, {LAYERS} layers × {len(shapes)} matmuls, {torch.get_num_threads()} threads, median of {repeats} (ms per forward)")
+def stack_table(names: list[str], shapes: list[tuple[int, int]], repeats: int, num_layers: int = LAYERS) -> None:
+    print(f"\nlinear stack, {num_layers} layers × {len(shapes)} matmuls, {torch.get_num_threads()} threads, median of {repeats} (ms per forward)")
     print(f"{'kernel':32s} " + " ".join(f"T={t:<5d}" for t in TOKENS) + "  GB/s@1  T5/T1  invariant  rel.err")
     for name in names:
         prep, run = CANDIDATES[name]()
@@ -161,16 +182,16 @@ def stack_table(names: list[str], shapes: list[tuple[int, int]], repeats: int) -
             warnings.simplefilter("ignore")
             try:
                 invariant, err = check_one_layer(prep, run)
-                layers = [prep(torch.randn(o, i) * 0.02) for _ in range(LAYERS) for (o, i) in shapes]
+                layers = [prep(torch.randn(o, i) * 0.02) for _ in range(num_layers) for (o, i) in shapes]
             except Exception as exc:  # an op this build lacks
                 print(f"{name:32s} unavailable: {type(exc).__name__}: {str(exc)[:80]}")
                 continue
-            nbytes = sum(o * i for o, i in shapes) * LAYERS * (4 if name == "fp32" else 2 if name == "bf16" else 1)
+            nbytes = sum(o * i for o, i in shapes) * num_layers * {"fp32": 4, "bf16": 2, "int4 weight-only g32": 0.5}.get(name, 1)
             widths = [i for _, i in shapes]
             row = {}
             for t in TOKENS:
                 xs = {w: torch.randn(t, w) for w in set(widths)}
-                row[t] = median_ms(lambda: [run(p, xs[w]) for p, w in zip(layers, widths * LAYERS)], repeats)
+                row[t] = median_ms(lambda: [run(p, xs[w]) for p, w in zip(layers, widths * num_layers)], repeats)
         del layers
         gc.collect()
         cells = " ".join(f"{row[t]:<7.1f}" for t in TOKENS)
@@ -213,6 +234,7 @@ def main() -> None:
     parser.add_argument("--fused", action="store_true", help="also run the stack with fused q|k|v and gate|up")
     parser.add_argument("--model", type=Path, help="GGUF for table 2 (default: the installed qwen2.5-coder-1.5b)")
     parser.add_argument("--no-model", action="store_true", help="skip table 2")
+    parser.add_argument("--draft", action="store_true", help="also run the 0.5B draft's fused linear stack")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = [n for n in CANDIDATES if args.only is None or any(s.strip() in n for s in args.only.split(","))]
@@ -220,6 +242,9 @@ def main() -> None:
     if args.fused:
         print("\nfused q|k|v and gate|up:", end="")
         stack_table(names, FUSED_SHAPES, args.repeats)
+    if args.draft:
+        print("\n0.5B draft, fused q|k|v and gate|up:", end="")
+        stack_table(names, DRAFT_SHAPES, args.repeats, DRAFT_LAYERS)
     if not args.no_model:
         path = args.model
         if path is None:

@@ -38,6 +38,19 @@ def hf_tokens_per_s(target, assistant, ids: list[int], max_tokens: int, temperat
     return max_tokens / (time.perf_counter() - start)
 
 
+def cost_model(stats: list, plain_step_s: float) -> tuple[float, float, str]:
+    """Where the speedup is bounded: c₁ = draft seconds per drafted token and v = verify seconds per
+    round, both in units of one plain decode step, and the acceptance rate α at which this γ and these
+    costs would give 1.5× (expected tokens per round ÷ (γ·c₁ + v) = 1.5; "> 1" if none can)."""
+    from specdec.adaptive import expected_tokens
+
+    c1 = statistics.median(s.draft_time_s / max(s.proposed_tokens, 1) for s in stats) / plain_step_s
+    v = statistics.median(s.verify_time_s / max(s.target_forwards, 1) for s in stats) / plain_step_s
+    gamma = round(statistics.median(s.proposed_tokens / max(s.target_forwards, 1) for s in stats))
+    need = next((a / 100 for a in range(101) if expected_tokens(a / 100, gamma) >= 1.5 * (gamma * c1 + v)), None)
+    return c1, v, "> 1" if need is None else f"{need:.2f}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -46,7 +59,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prompts", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--gammas", default="2,4,6,8,auto", help="γ values; G:N also limits the draft to N token ids (--draft-vocab-size)")
+    parser.add_argument("--gammas", default="2,4,6,8,auto", help="γ values; G:N also limits the draft to N token ids (--draft-vocab-size); auto@P sets --draft-confidence-threshold P")
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peer", choices=["hf", "none"], default="hf", help="transformers plain + assisted generation (fp32), once per prompt")
@@ -84,8 +97,10 @@ def main() -> int:
                         plain_tokens = out.token_ids
                     else:
                         gamma, _, vocab = str(config).partition(":")
+                        gamma, _, threshold = gamma.partition("@")
                         spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=gamma if gamma == "auto" else int(gamma),
-                                                  draft_vocab_size=int(vocab or 0))
+                                                  draft_vocab_size=int(vocab or 0),
+                                                  **({"draft_confidence_threshold": float(threshold)} if threshold else {}))
                         out = specdec.generate(target, ids, params, draft=draft, spec=spec)
                         if temperature == 0 and out.token_ids != plain_tokens:
                             identical[str(config)] = False
@@ -96,9 +111,10 @@ def main() -> int:
             print(f"  prompt {prompt_index + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
 
         plain_tps = statistics.median(s.tokens_per_s for s in results["plain"])
+        plain_step_s = statistics.median(s.verify_time_s / max(s.target_forwards, 1) for s in results["plain"])
         print(f"\n## temperature {temperature:g}\n")
-        print("| config | tok/s | speedup vs plain | α | τ | draft s | verify s | other s | GB/s | identical to plain |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| config | tok/s | speedup vs plain | α | τ | draft s | verify s | other s | c₁ | v | α for 1.5× | GB/s | identical to plain |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for config in configs:
             stats = results[str(config)]
             tps = statistics.median(s.tokens_per_s for s in stats)
@@ -109,7 +125,9 @@ def main() -> int:
             same = "n/a (sampling)" if temperature > 0 else ("yes" if identical[str(config)] else "**NO**")
             gamma, _, vocab = str(config).partition(":")
             name = "plain (ours)" if config == "plain" else f"draft γ={gamma}" + (f", draft vocab {vocab}" if vocab else "")
-            print(f"| {name} | {tps:.2f} | {tps / plain_tps:.2f}× | {alpha:.2f} | {tau:.2f} | {draft_s:.2f} | {verify_s:.2f} | {other_s:.2f} | {gbs:.1f} | {same} |")
+            cost = "| – | – | – " if config == "plain" else "| {:.2f} | {:.2f} | {} ".format(*cost_model(stats, plain_step_s))
+            print(f"| {name} | {tps:.2f} | {tps / plain_tps:.2f}× | {alpha:.2f} | {tau:.2f} | {draft_s:.2f} | {verify_s:.2f} | {other_s:.2f} "
+                  f"{cost}| {gbs:.1f} | {same} |")
         if hf_plain:
             p, a = statistics.median(hf_plain), statistics.median(hf_assisted)
             print(f"| transformers plain (fp32) | {p:.2f} | {p / plain_tps:.2f}× | | | | | | | |")

@@ -146,9 +146,10 @@ def make_drafter(
     )
 
 
-def _prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, draft: LoadedModel | None,
+def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, draft: LoadedModel | None,
              spec: SpecConfig | None, chat: bool) -> tuple:
-    """Shared by :func:`stream` and :func:`generate`: ids, params, spec, generator and drafter."""
+    """The arguments of :func:`specdec.engine.generate_stream` (shared by :func:`stream`,
+    :func:`generate` and the server): ids, params, spec, generator and this request's drafter."""
     params = params or SamplingParams()
     spec = spec or (SpecConfig(method="draft_model") if draft is not None else SpecConfig())
     prompt_ids = encode_prompt(target, prompt, chat)
@@ -168,7 +169,7 @@ def stream(
     chat: bool = False,
 ) -> Iterator[StreamChunk]:
     """Yield :class:`StreamChunk` s as tokens are committed; the last one carries ``stats``."""
-    return generate_stream(*_prepare(target, prompt, params, draft, spec, chat))
+    return generate_stream(*prepare(target, prompt, params, draft, spec, chat))
 
 
 def generate(
@@ -182,4 +183,4 @@ def generate(
 ) -> GenerationResult:
     """Generate a completion; speculative when ``draft`` or ``spec.method`` is given. Always exact:
     greedy output equals plain decoding's, sampled output has the target's distribution."""
-    return generate_ids(*_prepare(target, prompt, params, draft, spec, chat))
+    return generate_ids(*prepare(target, prompt, params, draft, spec, chat))

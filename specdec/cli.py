@@ -57,6 +57,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lookup-max", type=positive_int, default=4, help="ngram: longest n-gram to match, tried first (default: 4)")
     parser.add_argument("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
                         help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs (default: 4)")
+    parser.add_argument("--draft-confidence-threshold", type=float, default=None, metavar="P",
+                        help="with --num-speculative-tokens auto: end a drafting round early once the draft model's top "
+                             "probability falls below P (0 = never; default: 0.3)")
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N (default: auto)")
     parser.add_argument("--dtype", default="auto",
                         help="weights/activation dtype: auto (bfloat16), float32, bfloat16, float16 (default: auto)")
@@ -206,7 +209,8 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model,
                       prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
                       datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer,
-                      draft_vocab_size=args.draft_vocab_size)
+                      draft_vocab_size=args.draft_vocab_size,
+                      **({} if args.draft_confidence_threshold is None else {"draft_confidence_threshold": args.draft_confidence_threshold}))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

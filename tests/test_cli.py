@@ -39,6 +39,23 @@ def test_bad_input_is_one_clear_line(args, message):
     assert "Traceback" not in proc.stderr
 
 
+def test_draft_confidence_threshold_flag_reaches_the_spec():
+    from specdec.cli import build_parser, spec_from_args
+
+    args = build_parser().parse_args(["generate", "hi", "--draft-model", "x", "--num-speculative-tokens", "auto",
+                                      "--draft-confidence-threshold", "0.1"])
+    assert spec_from_args(args).draft_confidence_threshold == 0.1
+    default = spec_from_args(build_parser().parse_args(["generate", "hi"]))
+    assert default.draft_confidence_threshold == 0.3
+
+
+def test_bad_confidence_threshold_is_clear(tiny_dirs, capsys):
+    code = main(["generate", "hi", "--model", str(tiny_dirs["target"]), "--dtype", "float32", "--method", "ngram",
+                 "--draft-confidence-threshold", "1.5"])
+    assert code == 1
+    assert "draft_confidence_threshold must be in [0, 1)" in capsys.readouterr().err
+
+
 def test_bad_sampling_value_is_clear(tiny_dirs, capsys):
     code = main(["generate", "hi", "--model", str(tiny_dirs["target"]), "--top-p", "1.5", "--dtype", "float32"])
     assert code == 1

@@ -22,11 +22,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from specdec.api import LoadedModel, encode_prompt, make_drafter
+from specdec.api import LoadedModel, encode_prompt, prepare
 from specdec.config import SpecConfig
 from specdec.engine import check_context, generate_stream
 from specdec.errors import ContextLengthError, SpecdecError
-from specdec.sampling import SamplingParams, make_generator
+from specdec.sampling import SamplingParams
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
@@ -273,12 +273,10 @@ class Job:
         self._stream = await self.state.executor.run(self._open)
 
     def _open(self):  # noqa: ANN202 - a generate_stream generator
-        state, spec, params = self.state, self.spec, self.params
-        generator = make_generator(params.seed, state.target.backend.device)
-        max_len = len(self.prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
-        drafter = make_drafter(state.target, spec, params, generator, max_len, state.draft if spec.method == "draft_model" else None)
-        return generate_stream(state.target.backend, self.prompt_ids, params, drafter, spec, state.target.tokenizer,
-                               generator, speculate=state.speculation_allowed)
+        state = self.state
+        draft = state.draft if self.spec.method == "draft_model" else None
+        return generate_stream(*prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
+                               speculate=state.speculation_allowed)
 
     def cancel(self) -> None:
         self._cancel.set()
