@@ -56,6 +56,7 @@ def main() -> int:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
     parser.add_argument("--quantize", default="int8", choices=["int8", "none"])
+    parser.add_argument("--draft-quantize", default=None, choices=["int8", "int4", "none"], help="the draft's execution (default: --quantize)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prompts", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -66,7 +67,7 @@ def main() -> int:
     args = parser.parse_args()
 
     target = specdec.load_model(args.model, args.dtype, "cpu", quantize=args.quantize)
-    draft = specdec.load_model(args.draft_model, args.dtype, "cpu", quantize=args.quantize)
+    draft = specdec.load_model(args.draft_model, args.dtype, "cpu", quantize=args.draft_quantize or args.quantize)
     rows = load_prompts("humaneval", limit=args.prompts)
     prompts = [target.tokenizer.encode(r.turns[0]) for r in rows]
     gammas: list[str] = args.gammas.split(",")  # "4", "auto", or "4:32768" = γ 4 with a 32768-token draft vocabulary
@@ -80,7 +81,7 @@ def main() -> int:
 
         hf_target, hf_draft = load_hf(args.model), load_hf(args.draft_model)
 
-    print(f"# {args.model} ← {args.draft_model}, execution {target.backend.dtype_name}, {torch.get_num_threads()} threads, "
+    print(f"# {args.model} ← {args.draft_model}, execution {target.backend.dtype_name} (draft {draft.backend.dtype_name}), {torch.get_num_threads()} threads, "
           f"{len(prompts)} HumanEval prompts × {args.max_tokens} tokens, median of {args.repeats}, methods interleaved per prompt")
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         configs = ["plain", *gammas]

@@ -73,8 +73,10 @@ def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
 def resolve_quantize(quantize: str, device: str) -> str:
     """``auto``: batch-invariant int8 on CPU (the fastest exact configuration measured here: flat
     verification cost, bit-identical speculative output), none on CUDA."""
-    if quantize not in ("auto", "none", "int8"):
-        raise SpecdecError(f"unknown quantization {quantize!r}; use auto, none or int8")
+    if quantize not in ("auto", "none", "int8", "int4"):
+        raise SpecdecError(f"unknown quantization {quantize!r}; use auto, none, int8 (or int4 for a draft model)")
+    if quantize == "int4" and device != "cpu":
+        raise SpecdecError("int4 execution is a CPU path for draft models; use --draft-quantize none on CUDA")
     if quantize == "auto":
         from specdec.models.quant import int8_available
 
@@ -98,8 +100,13 @@ def load_model(
     start = time.perf_counter()
     path = resolve_model(str(model), auto_pull=auto_pull)
     device = resolve_device(device)
-    if resolve_quantize(quantize, device) == "int8":
+    mode = resolve_quantize(quantize, device)
+    if mode == "int8":
         decoder = load_int8_decoder(path, device, progress=progress)
+    elif mode == "int4":  # draft-only: weight-only int4, see models/quant.py
+        from specdec.models.quant import quantize_decoder_int4
+
+        decoder = quantize_decoder_int4(load_decoder(path, torch.float32, device, progress=progress))
     else:
         decoder = load_decoder(path, resolve_dtype(dtype, device), device, progress=progress)
     tokenizer = Tokenizer.load(path)
@@ -130,6 +137,9 @@ def make_drafter(
     """Build the per-request drafter named by ``spec.method`` (None for plain decoding)."""
     if spec.method is None:
         return None
+    if target.backend.dtype_name == "int4":
+        raise SpecdecError("int4 is a draft-model mode (its kernel is not batch-invariant): load the target "
+                           "with --quantize int8 or none and use --draft-quantize int4 for the draft")
     if draft is not None:
         check_pair(target, draft)
         check_draft_context(draft, max_seq_len)

@@ -264,6 +264,10 @@ class Decoder(nn.Module):
             from specdec.models.quant import Int8Linear
 
             head = self.lm_head
+            if not isinstance(head, (Int8Linear, nn.Linear)):
+                from specdec.errors import SpecdecError
+
+                raise SpecdecError(f"a reduced draft vocabulary needs a float or int8 draft, not {self.quantization}")
             if isinstance(head, Int8Linear):
                 bias = None if head.bias is None else head.bias[:rows]
                 cache[rows] = Int8Linear(head.qweight[:rows], head.scales[:rows], bias)
