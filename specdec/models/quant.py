@@ -123,7 +123,20 @@ class Int4Linear(nn.Module):
 
 
 def quantize_decoder_int4(decoder: nn.Module) -> nn.Module:
-    """Every ``nn.Linear`` (LM head included) → :class:`Int4Linear`, in place; a draft model's mode."""
+    """Every ``nn.Linear`` (LM head included) → :class:`Int4Linear`, in place; a draft model's mode.
+    q|k|v and gate|up become one kernel call each (quantized from the concatenated float weights),
+    as in the int8 path: a small draft's step is dominated by per-call costs."""
+    for module in list(decoder.modules()):
+        for fused_name, names in (("fused_qkv", ("q_proj", "k_proj", "v_proj")), ("fused_gate_up", ("gate_proj", "up_proj"))):
+            parts = [getattr(module, n, None) for n in names]
+            if all(isinstance(p, nn.Linear) for p in parts):
+                biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
+                has_bias = any(p.bias is not None for p in parts)
+                fused = Int4Linear(torch.cat([p.weight for p in parts]), torch.cat(biases) if has_bias else None)
+                module.add_module(fused_name + "_int4", fused)  # counted in parameters/buffers (weight_bytes)
+                module.__dict__[fused_name] = fused  # where the forward looks for a fused projection
+                for n in names:
+                    setattr(module, n, None)  # the fused copy replaces them
     for _, module in list(decoder.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
