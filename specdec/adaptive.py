@@ -27,7 +27,9 @@ class GammaController:
     Two biases this avoids (both made ``auto`` lose to every fixed γ before):
 
     * **catch-up cost**: after plain steps a model drafter must first feed the tokens it missed, so
-      its next round's time is not a per-token cost — those rounds do not update the draft cost;
+      its next round's time is not a per-token cost — those rounds do not update the draft cost. The
+      first round is one too: a draft model prefills the whole prompt in it (counting it made one
+      draft token look like a second of work, so ``auto`` fell back to plain decoding for good);
     * **unmeasured k**: a verify cost not measured yet is taken from the nearest measured k (flat),
       never extrapolated below it, so plain decoding does not look cheaper than it has been seen to be.
     """
@@ -45,7 +47,7 @@ class GammaController:
     _explore_wait: int = 0
     _accepted: float = 1.4  # running sums (EMA) of accepted tokens and of acceptance trials; their
     _trials: float = 2.0  # ratio is α (a ratio of sums: averaging per-round ratios biases it low)
-    _last_k: int = -1
+    _last_k: int = 0  # the request starts like a catch-up: the drafter has not seen the prompt yet
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
@@ -60,7 +62,7 @@ class GammaController:
             self._accepted = self._ema(self._accepted, accepted)
             self._trials = self._ema(self._trials, trials)
             self.alpha = self._accepted / self._trials
-            if self._last_k != 0 or self.draft_s_per_token is None:  # not a catch-up round
+            if self._last_k != 0:  # not a catch-up (or prefill) round
                 self.draft_s_per_token = self._ema(self.draft_s_per_token, draft_s / proposed)
         self._last_k = proposed
 
