@@ -106,7 +106,10 @@ def load_model(
     elif mode == "int4":  # draft-only: weight-only int4, see models/quant.py
         from specdec.models.quant import quantize_decoder_int4
 
-        decoder = quantize_decoder_int4(load_decoder(path, torch.float32, device, progress=progress))
+        try:
+            decoder = quantize_decoder_int4(load_decoder(path, torch.float32, device, progress=progress))
+        except ValueError as exc:
+            raise SpecdecError(f"{path.name} cannot run in int4: {exc}") from None
     else:
         decoder = load_decoder(path, resolve_dtype(dtype, device), device, progress=progress)
     tokenizer = Tokenizer.load(path)

@@ -116,6 +116,8 @@ def test_int4_linear_close_to_float():
     out = Int4Linear(weight, bias)(x)
     assert out.dtype == torch.float32 and out.shape == ref.shape
     assert ((out - ref).norm(dim=-1) / ref.norm(dim=-1)).max() < 0.1
+    with pytest.raises(ValueError, match="divisible by 32"):
+        Int4Linear(torch.randn(8, 100), None)
 
 
 def test_int4_draft_keeps_output_exact_and_int4_target_is_refused(tiny_dirs):

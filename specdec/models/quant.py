@@ -103,6 +103,8 @@ class Int4Linear(nn.Module):
         super().__init__()
         weight = weight.detach().float()
         self.out_features, self.in_features = weight.shape
+        if self.in_features % INT4_GROUP:
+            raise ValueError(f"int4 needs input sizes divisible by {INT4_GROUP}; this layer takes {self.in_features}")
         grouped = weight.reshape(self.out_features, self.in_features // INT4_GROUP, INT4_GROUP)
         low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
         scales = (high - low).clamp_min(1e-8) / 15
@@ -140,8 +142,6 @@ def quantize_decoder_int4(decoder: nn.Module) -> nn.Module:
     for _, module in list(decoder.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                if child.in_features % INT4_GROUP:
-                    raise RuntimeError(f"int4 needs input sizes divisible by {INT4_GROUP}; {child_name} has {child.in_features}")
                 setattr(module, child_name, Int4Linear(child.weight, child.bias))
     decoder.quantization = "int4"
     return decoder
