@@ -87,6 +87,10 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-token"
 
 
+#: projections that share an input and run as one kernel call: (attribute the forward reads from the
+#: module's ``__dict__``, the nn.Linear children it replaces) — see Attention.forward and MLP.forward
+FUSED_PROJECTIONS = (("fused_qkv", ("q_proj", "k_proj", "v_proj")), ("fused_gate_up", ("gate_proj", "up_proj")))
+
 #: int4 groups along the input dimension (one scale and zero per 32 weights)
 INT4_GROUP = 32
 
@@ -129,7 +133,7 @@ def quantize_decoder_int4(decoder: nn.Module) -> nn.Module:
     q|k|v and gate|up become one kernel call each (quantized from the concatenated float weights),
     as in the int8 path: a small draft's step is dominated by per-call costs."""
     for module in list(decoder.modules()):
-        for fused_name, names in (("fused_qkv", ("q_proj", "k_proj", "v_proj")), ("fused_gate_up", ("gate_proj", "up_proj"))):
+        for fused_name, names in FUSED_PROJECTIONS:
             parts = [getattr(module, n, None) for n in names]
             if all(isinstance(p, nn.Linear) for p in parts):
                 biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
@@ -183,10 +187,10 @@ def fuse_projections(decoder: nn.Module) -> nn.Module:
     if os.environ.get("SPECDEC_NO_FUSE"):  # A/B switch for benchmarks
         return decoder
     for module in decoder.modules():
-        if all(isinstance(getattr(module, n, None), Int8Linear) for n in ("q_proj", "k_proj", "v_proj")):
-            module.__dict__["fused_qkv"] = fuse([module.q_proj, module.k_proj, module.v_proj])
-        if all(isinstance(getattr(module, n, None), Int8Linear) for n in ("gate_proj", "up_proj")):
-            module.__dict__["fused_gate_up"] = fuse([module.gate_proj, module.up_proj])
+        for fused_name, names in FUSED_PROJECTIONS:
+            parts = [getattr(module, n, None) for n in names]
+            if all(isinstance(p, Int8Linear) for p in parts):
+                module.__dict__[fused_name] = fuse(parts)
     return decoder
 
 
