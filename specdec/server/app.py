@@ -50,7 +50,6 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     active: int = 0
     waiting: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
     slots: asyncio.Semaphore | None = None
     #: the thread that loaded the models and runs every step (see server/executor.py)
     executor: ModelExecutor = field(default_factory=ModelExecutor)
