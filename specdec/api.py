@@ -24,7 +24,7 @@ from specdec.drafters.base import Drafter, get_drafter_factory
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
 from specdec.errors import SpecdecError
 from specdec.models.registry import resolve_model
-from specdec.models.weights import load_decoder, load_int8_decoder
+from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_decoder
 from specdec.sampling import SamplingParams, make_generator
 from specdec.tokenizer import Tokenizer
 
@@ -71,18 +71,17 @@ def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
 
 
 def resolve_quantize(quantize: str, device: str) -> str:
-    """``auto``: batch-invariant int8 on CPU (the fastest exact configuration measured here: flat
-    verification cost, bit-identical speculative output), none on CUDA."""
+    """``auto``: batch-invariant int8 on CPU (flat verification cost: the configuration that makes
+    speculation pay most), none on CUDA. ``int4`` (CPU): 4-bit weights — batch-invariant for models
+    whose layer sizes are multiples of 256 (the fastest plain decoding), weight-only (drafts) else."""
     if quantize not in ("auto", "none", "int8", "int4"):
-        raise SpecdecError(f"unknown quantization {quantize!r}; use auto, none, int8 (or int4 for a draft model)")
-    if quantize == "int4" and device != "cpu":
-        raise SpecdecError("int4 execution is a CPU path for draft models; use --draft-quantize none on CUDA")
+        raise SpecdecError(f"unknown quantization {quantize!r}; use auto, none, int8 or int4")
     if quantize == "auto":
         from specdec.models.quant import int8_available
 
         return "int8" if device == "cpu" and int8_available() else "none"
-    if quantize == "int8" and device != "cpu":
-        raise SpecdecError("int8 execution is a CPU path; use --quantize none on CUDA")
+    if quantize in ("int8", "int4") and device != "cpu":
+        raise SpecdecError(f"{quantize} execution is a CPU path; use --quantize none on CUDA")
     return quantize
 
 
@@ -103,13 +102,8 @@ def load_model(
     mode = resolve_quantize(quantize, device)
     if mode == "int8":
         decoder = load_int8_decoder(path, device, progress=progress)
-    elif mode == "int4":  # draft-only: weight-only int4, see models/quant.py
-        from specdec.models.quant import quantize_decoder_int4
-
-        try:
-            decoder = quantize_decoder_int4(load_decoder(path, torch.float32, device, progress=progress))
-        except ValueError as exc:
-            raise SpecdecError(f"{path.name} cannot run in int4: {exc}") from None
+    elif mode == "int4":
+        decoder = load_int4_decoder(path, device, progress=progress)
     else:
         decoder = load_decoder(path, resolve_dtype(dtype, device), device, progress=progress)
     tokenizer = Tokenizer.load(path)
@@ -140,9 +134,10 @@ def make_drafter(
     """Build the per-request drafter named by ``spec.method`` (None for plain decoding)."""
     if spec.method is None:
         return None
-    if target.backend.dtype_name == "int4":
-        raise SpecdecError("int4 is a draft-model mode (its kernel is not batch-invariant): load the target "
-                           "with --quantize int8 or none and use --draft-quantize int4 for the draft")
+    if target.backend.dtype_name == "int4-weight-only":
+        raise SpecdecError(f"{target.name} runs int4 weight-only (its layer sizes are not multiples of 256), whose "
+                           "kernel is not batch-invariant: a draft-model mode. Load the target with --quantize "
+                           "int8 or none")
     if draft is not None:
         check_pair(target, draft)
         check_draft_context(draft, max_seq_len)

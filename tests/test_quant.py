@@ -126,7 +126,7 @@ def test_int4_draft_keeps_output_exact_and_int4_target_is_refused(tiny_dirs):
 
     target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
     draft = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int4")
-    assert draft.backend.dtype_name == "int4"
+    assert draft.backend.dtype_name == "int4-weight-only"  # layer sizes (64) do not fit the exact kernel
     params = specdec.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3)
     for prompt in ([1, 2, 3], [7, 7, 7, 7, 40], list(range(60, 90))):

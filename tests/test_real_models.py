@@ -129,3 +129,44 @@ def test_int8_speculative_greedy_is_identical_for_every_method(pair_int8, humane
     out = specdec.generate(target, humaneval_prompt, params, draft=draft if method == "draft_model" else None, spec=spec)
     assert out.token_ids == plain.token_ids
     assert out.stats.proposed_tokens > 0 or method in ("ngram", "suffix")
+
+
+@pytest.fixture(scope="module")
+def target_int4():
+    _need(DEFAULT_TARGET)
+    target = specdec.load_model(DEFAULT_TARGET, dtype="float32", device="cpu", auto_pull=False, quantize="int4")
+    yield target
+    del target
+    gc.collect()
+
+
+def test_int4_runs_the_gguf_q4k_weights_and_is_batch_invariant(target_int4, humaneval_prompt):
+    """int4 on the real target: its Q4_K layers compute with exactly the GGUF's weights, and a
+    verification chunk's logits equal single-token decoding's bit for bit."""
+    import gguf
+    import numpy as np
+
+    from specdec.models.q4 import Q4Linear
+    from specdec.models.weights import open_gguf
+
+    assert target_int4.backend.dtype_name == "int4"
+    layer = target_int4.backend.decoder.model.layers[0].mlp.up_proj
+    assert isinstance(layer, Q4Linear)
+    tensor = next(t for t in open_gguf(target_int4.path).tensors if t.name == "blk.0.ffn_up.weight")
+    ref = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    assert torch.equal(layer.dequantized(), torch.from_numpy(ref.reshape(layer.out_features, layer.in_features)))
+    backend = target_int4.backend
+    ids = target_int4.tokenizer.encode(humaneval_prompt)[:48]
+    chunked_state, single_state = backend.new_state(64), backend.new_state(64)
+    backend.forward(chunked_state, ids[:-6], num_logits=1)
+    backend.forward(single_state, ids[:-6], num_logits=1)
+    chunked = backend.forward(chunked_state, ids[-6:])
+    assert torch.equal(chunked, torch.cat([backend.forward(single_state, [token]) for token in ids[-6:]]))
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_int4_speculative_greedy_is_identical(target_int4, humaneval_prompt, method):
+    params = specdec.SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    plain = specdec.generate(target_int4, humaneval_prompt, params)
+    out = specdec.generate(target_int4, humaneval_prompt, params, spec=specdec.SpecConfig(method=method, num_speculative_tokens=4))
+    assert out.token_ids == plain.token_ids

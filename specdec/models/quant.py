@@ -147,7 +147,7 @@ def quantize_decoder_int4(decoder: nn.Module) -> nn.Module:
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, Int4Linear(child.weight, child.bias))
-    decoder.quantization = "int4"
+    decoder.quantization = "int4-weight-only"
     return decoder
 
 
@@ -179,18 +179,22 @@ def fuse(parts: list[Int8Linear]) -> Int8Linear:
 
 
 def fuse_projections(decoder: nn.Module) -> nn.Module:
-    """q|k|v and gate|up each become one kernel call: the same input is quantized once and a small
+    """q|k|v and gate|up each become one kernel call (int8 or int4 alike): the same input is quantized once and a small
     model's step makes ~3 fewer calls per layer (per-call overhead is a large share of a 0.5B draft's
     step on a CPU). Stored outside the module tree, so state_dict and weight_bytes are unchanged."""
     import os
 
     if os.environ.get("SPECDEC_NO_FUSE"):  # A/B switch for benchmarks
         return decoder
+    from specdec.models.q4 import Q4Linear, Q8Linear, concat
+
     for module in decoder.modules():
         for fused_name, names in FUSED_PROJECTIONS:
             parts = [getattr(module, n, None) for n in names]
             if all(isinstance(p, Int8Linear) for p in parts):
                 module.__dict__[fused_name] = fuse(parts)
+            elif all(isinstance(p, (Q4Linear, Q8Linear)) for p in parts) and len({type(p) for p in parts}) == 1:
+                module.__dict__[fused_name] = concat(parts)  # int4 targets; mixed kinds stay separate calls
     return decoder
 
 
@@ -202,19 +206,33 @@ def set_batch_invariant(decoder: nn.Module, enabled: bool) -> None:
 
 def quantized_state(decoder: nn.Module) -> dict[str, torch.Tensor]:
     """Everything needed to rebuild the quantized decoder (int8 weights, scales, float rest)."""
-    return {k: v.contiguous() for k, v in decoder.state_dict().items() if not k.endswith("_packed")}
+    state = {k: v.contiguous() for k, v in decoder.state_dict().items() if not k.endswith("_packed")}
+    # int4 layers fused into one call are views of the fused rows; safetensors wants owned storage
+    return {k: v if v.untyped_storage().nbytes() == v.nbytes else v.clone() for k, v in state.items()}
 
 
 def load_quantized_state(decoder: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
-    """Inverse of :func:`quantized_state` on a float decoder skeleton (built on the meta device)."""
+    """Inverse of :func:`quantized_state` on a float decoder skeleton (built on the meta device):
+    int8 layers (``qweight``/``scales``) and int4 ones (``qs``/``sc``/``mn``/``d``/``dmin``)."""
+    from specdec.models.q4 import Q4_BUFFERS, Q4Linear, Q8Linear
+
+    kinds = set()
     for name, module in list(decoder.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 prefix = f"{name}.{child_name}" if name else child_name
                 bias = state.get(f"{prefix}.bias")
-                setattr(module, child_name, Int8Linear(state[f"{prefix}.qweight"], state[f"{prefix}.scales"], bias))
-    rest = {k: v for k, v in state.items() if not k.endswith((".qweight", ".scales")) and not (k.endswith(".bias") and k.rsplit(".", 1)[0] + ".qweight" in state)}
+                if f"{prefix}.qs" in state:
+                    layer: nn.Module = Q4Linear(*(state[f"{prefix}.{b}"] for b in Q4_BUFFERS), bias)
+                elif f"{prefix}.w8" in state:
+                    layer = Q8Linear(state[f"{prefix}.w8"], state[f"{prefix}.w8_scales"], bias)
+                else:
+                    layer = Int8Linear(state[f"{prefix}.qweight"], state[f"{prefix}.scales"], bias)
+                kinds.add(type(layer))
+                setattr(module, child_name, layer)
+    quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith((".qweight", ".qs", ".w8"))}
+    rest = {k: v for k, v in state.items() if k.rsplit(".", 1)[0] not in quantized}
     decoder.load_state_dict(rest, strict=False, assign=True)
     set_batch_invariant(decoder, True)
-    decoder.quantization = "int8"
+    decoder.quantization = "int4" if Q4Linear in kinds else "int8"
     return fuse_projections(decoder)

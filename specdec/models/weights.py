@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -121,6 +121,24 @@ def iter_gguf_tensors(reader: Any, cfg: ModelConfig) -> Iterator[tuple[str, np.n
         yield name, array
 
 
+def gguf_q4k_blocks(reader: Any, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Raw bytes ``[rows, blocks·144]`` of every Q4_K tensor, by our name (rows in our order), for
+    the int4 path to run them with their own values (models/q4.py)."""
+    import gguf
+
+    blocks: dict[str, np.ndarray] = {}
+    for tensor in reader.tensors:
+        name = our_name(tensor.name)
+        if name is None or tensor.tensor_type != gguf.GGMLQuantizationType.Q4_K:
+            continue
+        rows = int(tensor.shape.tolist()[-1]) if len(tensor.shape) > 1 else 1
+        raw = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, -1)
+        if cfg.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            raw = _unpermute_rope(raw, cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads)
+        blocks[name] = raw
+    return blocks
+
+
 def gguf_state_dict(path: Path, dtype: torch.dtype, progress: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     reader = open_gguf(path)
     cfg = gguf_config(reader)
@@ -146,10 +164,11 @@ def hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def converted_cache_path(gguf_path: Path, dtype: torch.dtype) -> Path:
-    """Where the dequantized weights of ``gguf_path`` are cached: beside it, or under SPECDEC_HOME."""
+def converted_cache_path(gguf_path: Path, dtype: torch.dtype | str) -> Path:
+    """Where the converted weights of ``gguf_path`` are cached (a float dtype, or a quantized format
+    name): beside it, or under SPECDEC_HOME."""
     gguf_path = Path(gguf_path).resolve()
-    dtype_name = str(dtype).removeprefix("torch.")
+    dtype_name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     name = f"{gguf_path.stem}.{dtype_name}.v{CACHE_FORMAT_VERSION}.safetensors"
     if os.access(gguf_path.parent, os.W_OK):
         return gguf_path.parent / name
@@ -234,15 +253,57 @@ def _write_cache(gguf_path: Path, cfg: ModelConfig, state: dict[str, torch.Tenso
 def load_int8_decoder(path: str | Path, device: str = "cpu", progress: bool = False) -> Decoder:
     """The batch-invariant int8 model (see models/quant.py), cached next to a GGUF after the first
     conversion so later starts skip dequantization and quantization."""
-    from specdec.models.quant import load_quantized_state, quantize_decoder, quantized_state
-    from specdec.models.transformer import rope_tables
+    from specdec.models.quant import quantize_decoder
 
     if device != "cpu":
         raise WeightsError("int8 execution is a CPU path (fbgemm); use --quantize none on CUDA")
+    return _load_converted(Path(path), "int8", lambda: quantize_decoder(load_decoder(path, torch.float32, device, progress=progress)))
+
+
+def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = False) -> Decoder:
+    """4-bit weights: the batch-invariant kernel (models/q4.py; a GGUF's Q4_K tensors as they are)
+    when every layer's input size fits it, else weight-only int4 (models/quant.py: drafts only).
+    The batch-invariant conversion is cached like the int8 one."""
+    from specdec.models.q4 import fits, kernel, quantize_decoder_q4
+    from specdec.models.quant import quantize_decoder_int4
+
+    if device != "cpu":
+        raise WeightsError("int4 execution is a CPU path; use --quantize none on CUDA")
     path = Path(path)
+    if not fits_config(path):
+        return quantize_decoder_int4(load_decoder(path, torch.float32, device, progress=progress))
+    kernel()  # a missing compiler fails now, not after the conversion
+
+    def convert() -> Decoder:
+        decoder = load_decoder(path, torch.float32, device, progress=progress)
+        if not fits(decoder):
+            return quantize_decoder_int4(decoder)
+        blocks = None
+        if not path.is_dir():
+            reader = open_gguf(path)
+            blocks = gguf_q4k_blocks(reader, gguf_config(reader))
+        return quantize_decoder_q4(decoder, blocks)
+
+    return _load_converted(path, "int4", convert)
+
+
+def fits_config(path: Path) -> bool:
+    """Whether the model's layer input sizes are whole 256-blocks (the int4 kernel's unit)."""
+    from specdec.models.q4 import BLOCK
+
+    cfg = ModelConfig.from_hf_dir(path) if path.is_dir() else gguf_config(open_gguf(path))
+    return all(size % BLOCK == 0 for size in (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim))
+
+
+def _load_converted(path: Path, fmt: str, convert: Callable[[], Decoder]) -> Decoder:
+    """A quantized model from its cache beside the GGUF, or ``convert()`` and cache the result
+    (HF directories are converted every time: their weights load fast)."""
+    from specdec.models.quant import load_quantized_state, quantized_state
+    from specdec.models.transformer import rope_tables
+
     if path.is_dir():
-        return quantize_decoder(load_decoder(path, torch.float32, device))
-    cache_file = converted_cache_path(path, torch.int8)
+        return convert()
+    cache_file = converted_cache_path(path, fmt)
     meta_file = cache_file.with_suffix(".json")
     if cache_file.is_file() and meta_file.is_file() and _cache_is_fresh(path, meta_file):
         try:
@@ -254,7 +315,7 @@ def load_int8_decoder(path: str | Path, device: str = "cpu", progress: bool = Fa
             return model.eval()
         except (SafetensorError, OSError, KeyError, TypeError, json.JSONDecodeError):
             pass
-    model = quantize_decoder(load_decoder(path, torch.float32, device, progress=progress))
-    _write_cache(path, model.config, quantized_state(model), cache_file, meta_file)
+    model = convert()
+    if model.quantization in ("int8", "int4"):  # batch-invariant formats; weight-only int4 re-converts
+        _write_cache(path, model.config, quantized_state(model), cache_file, meta_file)
     return model
-

@@ -1,0 +1,232 @@
+"""4-bit weights × int8 activations, batch-invariant: the fastest exact CPU target path.
+
+Why: a decode step streams every weight once, so bytes per weight set the speed. int8 weights
+(models/quant.py) cost 1 byte; this format ~0.59 (4-bit codes, 8-bit scales and mins per 32 weights,
+two floats per 256) — the format of llama.cpp's Q4_K, so a GGUF's Q4_K tensors run with their *own*
+values instead of a requantized copy. Measured here for the 1.5B target's linear layers (2 threads):
+32 ms per single-token step vs 53–65 ms for int8 (``benchmarks/int8_kernels.py``).
+
+Why our own C++ kernel (``q4_kernel.cpp``): speculative verification needs a token's logits to be
+bit-identical alone and inside a chunk. The kernel quantizes each activation row with its own scale
+and runs the same instruction sequence for every (row, output) pair whatever the number of rows, so
+that holds by construction (``tests/test_q4.py`` checks it with ``torch.equal``). The price: its
+cost grows ~11 ms per extra row (AVX2 has no int8 dot instruction), where int8's is nearly flat —
+int8 stays the better target for long verification chunks.
+
+The kernel is compiled once per machine (~40 s, g++ and ninja) into ``~/.cache/specdec/ext``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdec.errors import SpecdecError
+
+_SOURCE = Path(__file__).with_name("q4_kernel.cpp")
+#: the kernel works on whole blocks of 256 inputs (8 groups of 32 sharing two float scales)
+BLOCK = 256
+#: bytes of one Q4_K block in a GGUF file: f16 d, f16 dmin, 12 bytes of packed 6-bit scales/mins, 128 of codes
+Q4K_BLOCK_BYTES = 144
+#: a Q4Linear's tensors, in constructor order (also its serialized names)
+Q4_BUFFERS = ("qs", "sc", "mn", "d", "dmin")
+
+
+@functools.lru_cache(maxsize=1)
+def kernel() -> Any:
+    """Build (first call on a machine) or load the compiled kernel module."""
+    if not sys.platform.startswith("linux") or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        raise SpecdecError("int4 execution needs an x86 CPU with AVX2 on Linux; use --quantize int8")
+    from torch.utils.cpp_extension import load
+
+    source_hash = hashlib.sha1(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    home = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
+    build_dir = home / "ext" / f"q4-{source_hash}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # ninja (a dependency) is installed beside this interpreter; make sure the build finds it
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    try:
+        return load(
+            name="specdec_q4",
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_dir),
+        )
+    except (RuntimeError, OSError, ImportError) as exc:
+        raise SpecdecError(
+            f"could not build the int4 kernel (needs g++ and ninja): {exc}; use --quantize int8"
+        ) from exc
+
+
+class Q4Linear(nn.Module):
+    """``y = x Wᵀ + b`` with ``W[n, k] = d[n, b]·sc[n, g]·q − dmin[n, b]·mn[n, g]`` (q ∈ 0..15,
+    g = k / 32, b = k / 256) and per-token int8 activations; float32 in and out."""
+
+    def __init__(self, qs: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,
+                 bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = qs.shape[0], qs.shape[1] * 2
+        for name, tensor in zip(Q4_BUFFERS, (qs, sc, mn, d, dmin)):
+            self.register_buffer(name, tensor.contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+        self._kernel = kernel()
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Q4Linear":
+        """Round-to-nearest into the format (min/max per group of 32, scales and mins to 8 bits per
+        block): for weights that do not come as Q4_K already."""
+        weight = weight.detach().float()
+        rows, cols = weight.shape
+        check_shape(cols)
+        groups = weight.reshape(rows, cols // 32, 32)
+        low, high = groups.amin(-1).clamp(max=0), groups.amax(-1).clamp(min=0)
+        step, offset = (high - low) / 15, -low  # w ≈ step·q − offset
+        step_b, offset_b = step.reshape(rows, -1, 8), offset.reshape(rows, -1, 8)
+        d = (step_b.amax(-1) / 255).clamp_min(1e-20)
+        dmin = (offset_b.amax(-1) / 127).clamp_min(1e-20)
+        sc = (step_b / d[..., None]).round().clamp(0, 255)
+        mn = (offset_b / dmin[..., None]).round().clamp(0, 127)
+        step_q = (sc * d[..., None]).reshape(rows, -1, 1)
+        offset_q = (mn * dmin[..., None]).reshape(rows, -1, 1)
+        codes = ((groups + offset_q) / step_q.clamp_min(1e-20)).round().clamp(0, 15).to(torch.uint8)
+        return cls(pack_codes(codes.reshape(rows, cols)), sc.reshape(rows, -1).to(torch.uint8),
+                   mn.reshape(rows, -1).to(torch.int8), d, dmin, bias)
+
+    @classmethod
+    def from_q4k(cls, blocks: np.ndarray, bias: torch.Tensor | None = None) -> "Q4Linear":
+        """A GGUF Q4_K tensor's raw bytes ``[rows, blocks·144]`` → the same weights, no rounding."""
+        rows = blocks.shape[0]
+        raw = np.ascontiguousarray(blocks).reshape(rows, -1, Q4K_BLOCK_BYTES)
+        d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        dmin = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        packed = raw[..., 4:16].astype(np.uint8)  # 8 six-bit scales and 8 six-bit mins in 12 bytes
+        sc = np.empty((*packed.shape[:2], 8), np.uint8)
+        mn = np.empty_like(sc)
+        sc[..., :4], mn[..., :4] = packed[..., 0:4] & 63, packed[..., 4:8] & 63
+        sc[..., 4:] = (packed[..., 8:12] & 0xF) | ((packed[..., 0:4] >> 6) << 4)
+        mn[..., 4:] = (packed[..., 8:12] >> 4) | ((packed[..., 4:8] >> 6) << 4)
+        qs = raw[..., 16:].reshape(rows, -1)  # already our nibble layout (it is Q4_K's)
+        return cls(torch.from_numpy(qs.copy()), torch.from_numpy(sc.reshape(rows, -1)),
+                   torch.from_numpy(mn.reshape(rows, -1).astype(np.int8)), torch.from_numpy(d), torch.from_numpy(dmin), bias)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight matrix this layer computes with (for tests and quality reports)."""
+        rows = self.out_features
+        low, high = self.qs & 0xF, self.qs >> 4
+        pairs = torch.stack([low.reshape(rows, -1, 32), high.reshape(rows, -1, 32)], dim=2)
+        codes = pairs.reshape(rows, -1, 32).float()
+        step = (self.d.repeat_interleave(8, dim=1) * self.sc.float())[..., None]
+        offset = (self.dmin.repeat_interleave(8, dim=1) * self.mn.float())[..., None]
+        return (codes * step - offset).reshape(rows, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.float().contiguous()
+        out = self._kernel.q4_linear(x2, self.qs, self.sc, self.mn, self.d, self.dmin, self.bias)
+        return out if len(shape) == 2 else out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit x int8 per-token"
+
+
+def check_shape(in_features: int) -> None:
+    if in_features % BLOCK:
+        raise SpecdecError(f"int4 needs input sizes divisible by {BLOCK}; this layer takes {in_features}")
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """``[rows, K]`` codes 0..15 → ``[rows, K/2]`` bytes: weights 64p+j (low nibble) and 64p+32+j (high)."""
+    rows, cols = codes.shape
+    pairs = codes.reshape(rows, cols // 64, 2, 32)
+    return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
+
+
+class Q8Linear(nn.Module):
+    """int8 weights (symmetric, per output row) × per-token int8 activations through the same C++
+    kernel file: the int4 mode's layers a GGUF stores more precisely than 4 bits (the LM head, the
+    Q6_K v/down projections of a Q4_K_M file). Also batch-invariant; unlike fbgemm's int8 (models/
+    quant.py) it has no per-call setup, which dominated small layers (0.6 ms per v projection)."""
+
+    def __init__(self, w8: torch.Tensor, w8_scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = w8.shape
+        self.register_buffer("w8", w8.contiguous())
+        self.register_buffer("w8_scales", w8_scales.float().contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+        self._kernel = kernel()
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Q8Linear":
+        weight = weight.detach().float()
+        scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+        return cls(torch.clamp(torch.round(weight / scales[:, None]), -127, 127).to(torch.int8), scales, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.float().contiguous()
+        out = self._kernel.q8_linear(x2, self.w8, self.w8_scales, self.bias)
+        return out if len(shape) == 2 else out.reshape(*shape[:-1], self.out_features)
+
+
+def concat(parts: list[nn.Module]) -> nn.Module:
+    """One Q4Linear (or Q8Linear) computing ``parts`` side by side: rows keep their own scales, so
+    every output is bit-identical to its part's."""
+    biases = [p.bias for p in parts]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b.detach() if b is not None else torch.zeros(p.out_features) for p, b in zip(parts, biases)])
+    cls = type(parts[0])
+    names = Q4_BUFFERS if cls is Q4Linear else ("w8", "w8_scales")
+    fused = cls(*(torch.cat([getattr(p, n) for p in parts]) for n in names), bias)
+    start = 0
+    for part in parts:  # the parts become views of the fused rows: no second copy of the weights
+        for n in names:
+            part._buffers[n] = getattr(fused, n)[start : start + part.out_features]
+        start += part.out_features
+    return fused
+
+
+def fits(decoder: nn.Module) -> bool:
+    """Whether every linear layer's input size is a whole number of 256-blocks (the kernel's unit)."""
+    return all(m.in_features % BLOCK == 0 for m in decoder.modules() if isinstance(m, nn.Linear))
+
+
+def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | None = None) -> nn.Module:
+    """The target mode ``int4``, in place: linear layers in the 4-bit format, attention row-wise, so
+    the model is batch-invariant (exact speculation) like the int8 one.
+
+    Which layers: from a GGUF, exactly its Q4_K tensors, with their own values; tensors the file
+    stores more precisely (Q5/Q6/Q8/F16 — the LM head and some v/down projections of a Q4_K_M file)
+    become int8 per channel (:class:`Q8Linear`), keeping their precision. Without GGUF blocks (HF directories, tests)
+    every layer but the LM head is rounded to 4 bits; the head stays int8 (llama.cpp's convention too:
+    logits are the most quantization-sensitive output)."""
+    from specdec.models.quant import fuse_projections, set_batch_invariant
+
+    kernel()  # a missing compiler fails here, before minutes of conversion
+    for name, module in list(decoder.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            key = f"{name}.{child_name}.weight" if name else f"{child_name}.weight"
+            if q4k_blocks is not None and key in q4k_blocks:
+                new: nn.Module = Q4Linear.from_q4k(q4k_blocks[key], child.bias)
+            elif q4k_blocks is None and key != "lm_head.weight":
+                new = Q4Linear.from_float(child.weight, child.bias)
+            else:
+                new = Q8Linear.from_float(child.weight, child.bias)
+            setattr(module, child_name, new)
+    set_batch_invariant(decoder, True)
+    decoder.quantization = "int4"
+    return fuse_projections(decoder)

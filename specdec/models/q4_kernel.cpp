@@ -1,0 +1,220 @@
+// 4-bit weights x int8 activations, int32 dot products per group of 32: the CPU decode kernel.
+//
+// Why our own kernel: a decode step streams every weight once, so bytes per weight set the speed
+// (int8: 1 byte, this format: ~0.59), and speculative verification needs a token's result to be
+// bit-identical whether it runs alone or inside a chunk. Here every activation row is quantized
+// with its own scale and every (row, output) pair runs the same instruction sequence whatever the
+// number of rows, so that holds by construction (no reduction order depends on M).
+//
+// Weight format (per output row n, K inputs (a multiple of 256), groups of 32, blocks of 8 groups):
+//   w[n, k] = d[n, b] * sc[n, g] * q - dmin[n, b] * mn[n, g]      q in 0..15, g = k / 32, b = k / 256
+//   qs[n, 32*p + j] = q[64*p + j] | q[64*p + 32 + j] << 4          (group pairs share 32 bytes)
+// sc is uint8, mn int8, d/dmin float32. This holds llama.cpp's Q4_K exactly (its 6-bit scales and
+// mins, per-256 d/dmin, same nibble layout), so Q4_K tensors of a GGUF run with their own values.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// One activation row -> int8 (symmetric, 127 levels, its own scale) and per-group sums of the codes.
+void quantize_row(const float* x, int64_t K, int8_t* xq, float* scale, int32_t* group_sum) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 vmax = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float amax = _mm_cvtss_f32(m4);
+  *scale = amax / 127.0f;
+  const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  for (int64_t g = 0; g < K / 32; ++g) {
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) {
+      __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + g * 32 + i * 8), inv);
+      q[i] = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_hadd_epi32(t, t);
+    t = _mm_hadd_epi32(t, t);
+    group_sum[g] = _mm_cvtsi128_si32(t);
+    // pack 32 int32 -> 32 int8 in order (packs interleave 128-bit lanes: fix with a permute)
+    __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+    __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + g * 32), p8);
+  }
+}
+
+// R activation rows against one weight row; each row's float operations are the same for any R.
+// Per block of 8 groups: integer dot products scaled by the 8-bit group scales stay exact in int32
+// (15*127*2*255*8 < 2^31); one float FMA per block applies d, one applies the mins.
+template <int R>
+void dot_rows(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
+              int64_t blocks, const int8_t* xq, const int32_t* gsum, int64_t K, float* result) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256 acc[R], min_acc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); min_acc[r] = _mm256_setzero_ps(); }
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+    for (int64_t pair = 0; pair < 4; ++pair) {
+      const int64_t g = b * 8 + pair * 2;
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 16));
+      const __m256i w0 = _mm256_and_si256(packed, low);
+      const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+      const __m256i s0 = _mm256_set1_epi16(sc[g]);
+      const __m256i s1 = _mm256_set1_epi16(sc[g + 1]);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* a = xq + r * K + g * 32;
+        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+        const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32));
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, a0), s0);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, a1), s1);
+        isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
+      }
+    }
+    const __m256 D = _mm256_set1_ps(d[b]);
+    const __m256 mins = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + b * 8)))),
+        _mm256_set1_ps(dmin[b]));
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), D, acc[r]);
+      const __m256 gs = _mm256_cvtepi32_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gsum + r * (K / 32) + b * 8)));
+      min_acc[r] = _mm256_fmadd_ps(gs, mins, min_acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]) - hsum(min_acc[r]);
+}
+
+using DotFn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, const float*, int64_t,
+                       const int8_t*, const int32_t*, int64_t, float*);
+constexpr int kMaxRows = 8;
+const DotFn kDot[kMaxRows + 1] = {nullptr, dot_rows<1>, dot_rows<2>, dot_rows<3>, dot_rows<4>,
+                                  dot_rows<5>, dot_rows<6>, dot_rows<7>, dot_rows<8>};
+
+}  // namespace
+
+// x [M, K] float32 -> [M, N] float32 (+ bias). See the format above.
+torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor mn, torch::Tensor d,
+                        torch::Tensor dmin, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
+  TORCH_CHECK(K % 256 == 0 && qs.size(1) == K / 2, "weights take ", qs.size(1) * 2, " inputs, x has ", K);
+  const int64_t groups = K / 32;
+  TORCH_CHECK(d.size(1) == groups / 8 && sc.size(1) == groups, "block layout does not match");
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> xs(M);
+  std::vector<int32_t> gsum(M * groups);
+  const float* xp = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, xq.data() + m * K, &xs[m], gsum.data() + m * groups);
+  auto out = torch::empty({M, N}, x.options());
+  float* op = out.data_ptr<float>();
+  const uint8_t* qsp = qs.data_ptr<uint8_t>();
+  const uint8_t* scp = sc.data_ptr<uint8_t>();
+  const int8_t* mnp = mn.data_ptr<int8_t>();
+  const float* dp = d.data_ptr<float>();
+  const float* dmp = dmin.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const int64_t blocks = groups / 8;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    float result[kMaxRows];
+    // weight rows in blocks that stay in L2 while every activation tile passes over them (prefill)
+    for (int64_t nb = n0; nb < n1; nb += 32)
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+      const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
+      for (int64_t n = nb; n < std::min<int64_t>(nb + 32, n1); ++n) {
+        kDot[rows](qsp + n * (K / 2), scp + n * groups, mnp + n * groups, dp + n * blocks, dmp + n * blocks, blocks,
+                   xq.data() + m0 * K, gsum.data() + m0 * groups, K, result);
+        for (int64_t r = 0; r < rows; ++r) {
+          float v = result[r] * xs[m0 + r];
+          if (bp) v = v + bp[n];
+          op[(m0 + r) * N + n] = v;
+        }
+      }
+    }
+  });
+  return out;
+}
+
+namespace {
+
+// R activation rows against one int8 weight row (symmetric, per-row scale applied by the caller):
+// exact int32 sums, |a|·(w·sign a) keeps maddubs' unsigned×signed form without saturation (127·127·2).
+template <int R>
+void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, int32_t* result) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k));
+    for (int r = 0; r < R; ++r) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + k));
+      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(wv, a));
+      acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(acc[r]), _mm256_extracti128_si256(acc[r], 1));
+    t = _mm_hadd_epi32(t, t);
+    t = _mm_hadd_epi32(t, t);
+    result[r] = _mm_cvtsi128_si32(t);
+  }
+}
+
+using DotQ8Fn = void (*)(const int8_t*, const int8_t*, int64_t, int32_t*);
+const DotQ8Fn kDotQ8[kMaxRows + 1] = {nullptr, dot_rows_q8<1>, dot_rows_q8<2>, dot_rows_q8<3>, dot_rows_q8<4>,
+                                      dot_rows_q8<5>, dot_rows_q8<6>, dot_rows_q8<7>, dot_rows_q8<8>};
+
+}  // namespace
+
+// x [M, K] float32 -> [M, N] float32 (+ bias) with int8 weights w [N, K] and per-row scales [N]:
+// the int4 mode's layers that a GGUF stores more precisely than 4 bits (LM head, some v/down).
+torch::Tensor q8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(K % 32 == 0 && w.size(1) == K, "weights take ", w.size(1), " inputs, x has ", K);
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> xs(M);
+  std::vector<int32_t> gsum(M * (K / 32));
+  const float* xp = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, xq.data() + m * K, &xs[m], gsum.data() + m * (K / 32));
+  auto out = torch::empty({M, N}, x.options());
+  float* op = out.data_ptr<float>();
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    int32_t result[kMaxRows];
+    for (int64_t nb = n0; nb < n1; nb += 32)
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+      const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
+      for (int64_t n = nb; n < std::min<int64_t>(nb + 32, n1); ++n) {
+        kDotQ8[rows](wp + n * K, xq.data() + m0 * K, K, result);
+        for (int64_t r = 0; r < rows; ++r) {
+          float v = static_cast<float>(result[r]) * sp[n];
+          v = v * xs[m0 + r];
+          if (bp) v = v + bp[n];
+          op[(m0 + r) * N + n] = v;
+        }
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("q4_linear", &q4_linear, "4-bit x int8 linear (see source)");
+  m.def("q8_linear", &q8_linear, "int8 x int8 linear, per-row weight scales (see source)");
+}
