@@ -8,8 +8,9 @@ source, see ``specdec/bench/llamacpp.py``) runs as a subprocess and is sent the 
 Per prompt (HumanEval raw completions; Spec-Bench summarization and rag through the chat template),
 interleaved, median of ``--repeats``, greedy, fixed length (EOS ignored): llama.cpp plain and with
 the draft model (its speculative mode, on the GGUF's own quantization), ours plain and speculative
-(draft model, ngram, suffix) in int8. Decode tokens/s as each engine measures it (prefill excluded on
-both sides), α where there is a drafter, and whether llama.cpp's greedy text equals ours.
+(draft model, ngram, suffix) in each ``--quantize`` mode (int8, int4). Decode tokens/s as each engine measures it (prefill excluded on
+both sides), α where there is a drafter, and whether llama.cpp's greedy text equals ours (our int4
+runs the GGUF's own Q4_K blocks, so it can match llama.cpp token for token; int8 requantizes them).
 """
 
 from __future__ import annotations
@@ -37,45 +38,55 @@ def main() -> int:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--quantize", default="int8,int4", help="our target's execution modes, comma-separated")
+    parser.add_argument("--draft-quantize", default="int4", help="our draft model's execution")
+    parser.add_argument("--methods", default="draft,ngram,suffix", help="our speculative methods (besides plain)")
     args = parser.parse_args()
-    target = specdec.load_model(args.model, "float32", "cpu", quantize="int8")
-    draft = specdec.load_model(args.draft_model, "float32", "cpu", quantize="int8")
+    modes = args.quantize.split(",")
+    targets = {mode: specdec.load_model(args.model, "float32", "cpu", quantize=mode) for mode in modes}
+    target = targets[modes[0]]
+    draft = specdec.load_model(args.draft_model, "float32", "cpu", quantize=args.draft_quantize)
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     llama, close = llamacpp_peers(args.llama_bin, target.path, draft.path, params, args.gamma, args.threads)
     rows = load_prompts("humaneval", limit=args.prompts)
     rows += load_prompts("spec_bench", categories=["summarization", "rag"], limit=args.prompts)
-    ours = {
-        "ours plain (int8)": specdec.SpecConfig(),
-        f"ours draft γ={args.gamma}": specdec.SpecConfig(method="draft_model", num_speculative_tokens=args.gamma),
-        f"ours ngram γ={args.gamma}": specdec.SpecConfig(method="ngram", num_speculative_tokens=args.gamma),
-        f"ours suffix γ={args.gamma}": specdec.SpecConfig(method="suffix", num_speculative_tokens=args.gamma),
-    }
+    method_names = {"draft": "draft_model", "ngram": "ngram", "suffix": "suffix"}
+    ours: dict[str, tuple[str, specdec.SpecConfig]] = {}
+    for mode in modes:
+        ours[f"ours plain ({mode})"] = (mode, specdec.SpecConfig())
+        for method in args.methods.split(","):
+            ours[f"ours {method} γ={args.gamma} ({mode})"] = (
+                mode, specdec.SpecConfig(method=method_names[method], num_speculative_tokens=args.gamma))
     llama_names = {"llama.cpp plain": "llamacpp", f"llama.cpp draft γ={args.gamma}": "llamacpp-draft"}
-    names = ["ours plain (int8)", *llama_names, *list(ours)[1:]]
+    plain_names = [f"ours plain ({mode})" for mode in modes]
+    names = [*plain_names, *llama_names, *[n for n in ours if n not in plain_names]]
     groups = sorted({"humaneval" if not r.chat else r.category for r in rows})
     rates: dict[tuple[str, str], list[float]] = {}
     alphas: dict[tuple[str, str], list[float]] = {}
-    same_as_ours = {name: 0 for name in llama_names}  # greedy runs whose tokens equal our plain int8 output
-    print(f"# {args.model} ← {args.draft_model}; llama.cpp on the GGUF's own quantization, ours int8; {args.threads} threads; "
+    same_as_ours = {(name, mode): 0 for name in llama_names for mode in modes}  # greedy runs equal to our plain output
+    print(f"# {args.model} ← {args.draft_model}; llama.cpp on the GGUF's own quantization, ours {args.quantize} "
+          f"(draft {args.draft_quantize}); {args.threads} threads; "
           f"{len(rows)} prompts × {args.max_tokens} tokens, greedy, median of {args.repeats}, interleaved per prompt")
     try:
         for index, row in enumerate(rows):
             group = "humaneval" if not row.chat else row.category
             ids = encode_prompt(target, row.turns[0], chat=row.chat)
             for _ in range(args.repeats):
-                plain_tokens = None
+                plain_tokens: dict[str, list[int]] = {}
                 for name in names:
                     if name in llama_names:
                         tokens, stats, _ = llama[llama_names[name]](ids)
                         rate, alpha = stats["tokens_per_s"], (stats["acceptance_rate"] if stats["proposed_tokens"] else None)
-                        same_as_ours[name] += int(tokens == plain_tokens)
+                        for mode in modes:
+                            same_as_ours[(name, mode)] += int(tokens == plain_tokens[mode])
                     else:
-                        spec = ours[name]
-                        out = specdec.generate(target, ids, params, spec=spec, draft=draft if spec.method == "draft_model" else None)
+                        mode, spec = ours[name]
+                        out = specdec.generate(targets[mode], ids, params, spec=spec,
+                                               draft=draft if spec.method == "draft_model" else None)
                         tokens, rate = out.token_ids, out.stats.tokens_per_s
                         alpha = out.stats.acceptance_rate if spec.method else None
                         if spec.method is None:
-                            plain_tokens = tokens
+                            plain_tokens[mode] = tokens
                     rates.setdefault((group, name), []).append(rate)
                     if alpha is not None:
                         alphas.setdefault((group, name), []).append(alpha)
@@ -83,18 +94,18 @@ def main() -> int:
     finally:
         close()
 
-    print("\n| group | engine / method | tok/s | vs llama.cpp plain | vs ours plain | α |")
+    print(f"\n| group | engine / method | tok/s | vs llama.cpp plain | vs {plain_names[0]} | α |")
     print("|---|---|---|---|---|---|")
     for group in groups:
         base_llama = statistics.median(rates[(group, "llama.cpp plain")])
-        base_ours = statistics.median(rates[(group, "ours plain (int8)")])
+        base_ours = statistics.median(rates[(group, plain_names[0])])
         for name in names:
             rate = statistics.median(rates[(group, name)])
             alpha = f"{statistics.median(alphas[(group, name)]):.2f}" if (group, name) in alphas else ""
             print(f"| {group} | {name} | {rate:.2f} | {rate / base_llama:.2f}× | {rate / base_ours:.2f}× | {alpha} |")
     runs = len(rows) * args.repeats
-    print("\n" + "; ".join(f"{name}: {count}/{runs} greedy outputs equal ours (int8 vs its own quantization: "
-                             "not expected to match)" for name, count in same_as_ours.items()))
+    print("\n" + "; ".join(f"{name}: {count}/{runs} greedy outputs equal ours ({mode})"
+                             for (name, mode), count in same_as_ours.items()))
     return 0
 
 
