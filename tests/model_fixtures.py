@@ -64,3 +64,18 @@ def write_tiny_model(out_dir: Path, config: dict = TINY_QWEN2, seed: int = 0) ->
     model = make_hf_model(config, seed)
     model.save_pretrained(out_dir)
     return Path(out_dir)
+
+
+def assert_chunk_equals_single_tokens(decoder, k: int, prefix: int = 20) -> tuple:
+    """Decode ``k`` random tokens after a ``prefix`` once as one chunk and once one at a time; every
+    row's logits must be bit-identical (the batch-invariance promise of the int8/int4 modes).
+    Returns both caches for further checks."""
+    ids = torch.randint(0, 512, (prefix + k,), generator=torch.Generator().manual_seed(k))
+    chunk_cache, single_cache = decoder.new_cache(64), decoder.new_cache(64)
+    decoder(ids[:prefix], torch.arange(prefix), chunk_cache)
+    decoder(ids[:prefix], torch.arange(prefix), single_cache)
+    chunk = decoder(ids[prefix:], torch.arange(prefix, prefix + k), chunk_cache)
+    for i in range(k):
+        single = decoder(ids[prefix + i : prefix + i + 1], torch.tensor([prefix + i]), single_cache)
+        assert torch.equal(chunk[i], single[0]), f"row {i} of a {k}-token chunk differs"
+    return chunk_cache, single_cache

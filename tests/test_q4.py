@@ -109,15 +109,9 @@ def test_int4_target_layers(q4_target):
 
 @pytest.mark.parametrize("k", [1, 3, 6, 9])
 def test_int4_chunk_logits_bit_identical_to_single_tokens(q4_target, k):
-    decoder = q4_target.backend.decoder
-    ids = torch.randint(0, 512, (20 + k,), generator=torch.Generator().manual_seed(k))
-    chunk_cache, single_cache = decoder.new_cache(64), decoder.new_cache(64)
-    decoder(ids[:20], torch.arange(20), chunk_cache)
-    decoder(ids[:20], torch.arange(20), single_cache)
-    chunk = decoder(ids[20:], torch.arange(20, 20 + k), chunk_cache)
-    for i in range(k):
-        single = decoder(ids[20 + i : 21 + i], torch.tensor([20 + i]), single_cache)
-        assert torch.equal(chunk[i], single[0]), f"row {i} of a {k}-token chunk differs"
+    from tests.model_fixtures import assert_chunk_equals_single_tokens
+
+    assert_chunk_equals_single_tokens(q4_target.backend.decoder, k)
 
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "suffix"])

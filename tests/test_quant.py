@@ -7,7 +7,7 @@ import torch
 
 from specdec.models.quant import Int8Linear, load_quantized_state, quantize_decoder, quantized_state
 from specdec.models.weights import load_decoder
-from tests.model_fixtures import TINY_LLAMA, TINY_QWEN2, write_tiny_model
+from tests.model_fixtures import TINY_LLAMA, TINY_QWEN2, assert_chunk_equals_single_tokens, write_tiny_model
 
 
 def test_int8_linear_close_to_float():
@@ -43,14 +43,7 @@ def quantized(request, tmp_path):
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 def test_chunk_logits_bit_identical_to_single_tokens(quantized, k):
-    ids = torch.randint(0, 512, (20 + k,), generator=torch.Generator().manual_seed(k))
-    chunk_cache, single_cache = quantized.new_cache(64), quantized.new_cache(64)
-    quantized(ids[:20], torch.arange(20), chunk_cache)
-    quantized(ids[:20], torch.arange(20), single_cache)
-    chunk = quantized(ids[20:], torch.arange(20, 20 + k), chunk_cache)
-    for i in range(k):
-        single = quantized(ids[20 + i : 21 + i], torch.tensor([20 + i]), single_cache)
-        assert torch.equal(chunk[i], single[0]), f"row {i} of a {k}-token chunk differs"
+    chunk_cache, single_cache = assert_chunk_equals_single_tokens(quantized, k)
     assert torch.equal(chunk_cache.k[:, :, : 20 + k], single_cache.k[:, :, : 20 + k])
 
 
