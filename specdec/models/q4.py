@@ -129,15 +129,19 @@ class Q4Linear(nn.Module):
         return (codes * step - offset).reshape(rows, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if x2.dtype != torch.float32 or not x2.is_contiguous():
-            x2 = x2.float().contiguous()
-        out = self._kernel.q4_linear(x2, self.qs, self.sc, self.mn, self.d, self.dmin, self.bias)
-        return out if len(shape) == 2 else out.reshape(*shape[:-1], self.out_features)
+        return on_rows(x, lambda rows: self._kernel.q4_linear(rows, self.qs, self.sc, self.mn, self.d, self.dmin, self.bias))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit x int8 per-token"
+
+
+def on_rows(x: torch.Tensor, kernel_call: Any) -> torch.Tensor:
+    """Run a kernel that takes contiguous float32 ``[M, K]`` on ``x [..., K]``, keeping the leading shape."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.dtype != torch.float32 or not rows.is_contiguous():
+        rows = rows.float().contiguous()
+    out = kernel_call(rows)
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def check_shape(in_features: int) -> None:
@@ -173,12 +177,7 @@ class Q8Linear(nn.Module):
         return cls(torch.clamp(torch.round(weight / scales[:, None]), -127, 127).to(torch.int8), scales, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if x2.dtype != torch.float32 or not x2.is_contiguous():
-            x2 = x2.float().contiguous()
-        out = self._kernel.q8_linear(x2, self.w8, self.w8_scales, self.bias)
-        return out if len(shape) == 2 else out.reshape(*shape[:-1], self.out_features)
+        return on_rows(x, lambda rows: self._kernel.q8_linear(rows, self.w8, self.w8_scales, self.bias))
 
 
 def concat(parts: list[nn.Module]) -> nn.Module:
@@ -198,11 +197,6 @@ def concat(parts: list[nn.Module]) -> nn.Module:
     return fused
 
 
-def fits(decoder: nn.Module) -> bool:
-    """Whether every linear layer's input size is a whole number of 256-blocks (the kernel's unit)."""
-    return all(m.in_features % BLOCK == 0 for m in decoder.modules() if isinstance(m, nn.Linear))
-
-
 def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | None = None) -> nn.Module:
     """The target mode ``int4``, in place: linear layers in the 4-bit format, attention row-wise, so
     the model is batch-invariant (exact speculation) like the int8 one.
@@ -214,7 +208,6 @@ def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | 
     logits are the most quantization-sensitive output)."""
     from specdec.models.quant import fuse_projections, set_batch_invariant
 
-    kernel()  # a missing compiler fails here, before minutes of conversion
     for name, module in list(decoder.named_modules()):
         for child_name, child in list(module.named_children()):
             if not isinstance(child, nn.Linear):

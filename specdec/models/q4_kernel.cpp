@@ -107,14 +107,14 @@ const DotFn kDot[kMaxRows + 1] = {nullptr, dot_rows<1>, dot_rows<2>, dot_rows<3>
 
 }  // namespace
 
-// x [M, K] float32 -> [M, N] float32 (+ bias). See the format above.
-torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor mn, torch::Tensor d,
-                        torch::Tensor dmin, c10::optional<torch::Tensor> bias) {
+// Shared by both kernels: check x, quantize every activation row, then for blocks of 32 weight rows
+// (kept in L2 while each 8-row activation tile passes over them, for prefill) let row_dot(n, rows,
+// xq, gsum, result) compute `rows` activation rows against weight row n, and scale each by its own
+// activation scale, plus the bias. The same operations per row for any M: batch invariance.
+template <typename RowDot>
+torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optional<torch::Tensor>& bias, RowDot row_dot) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
-  TORCH_CHECK(K % 256 == 0 && qs.size(1) == K / 2, "weights take ", qs.size(1) * 2, " inputs, x has ", K);
-  const int64_t groups = K / 32;
-  TORCH_CHECK(d.size(1) == groups / 8 && sc.size(1) == groups, "block layout does not match");
+  const int64_t M = x.size(0), K = x.size(1), groups = K / 32;
   std::vector<int8_t> xq(M * K);
   std::vector<float> xs(M);
   std::vector<int32_t> gsum(M * groups);
@@ -122,22 +122,14 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, xq.data() + m * K, &xs[m], gsum.data() + m * groups);
   auto out = torch::empty({M, N}, x.options());
   float* op = out.data_ptr<float>();
-  const uint8_t* qsp = qs.data_ptr<uint8_t>();
-  const uint8_t* scp = sc.data_ptr<uint8_t>();
-  const int8_t* mnp = mn.data_ptr<int8_t>();
-  const float* dp = d.data_ptr<float>();
-  const float* dmp = dmin.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  const int64_t blocks = groups / 8;
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     float result[kMaxRows];
-    // weight rows in blocks that stay in L2 while every activation tile passes over them (prefill)
     for (int64_t nb = n0; nb < n1; nb += 32)
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
       const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
       for (int64_t n = nb; n < std::min<int64_t>(nb + 32, n1); ++n) {
-        kDot[rows](qsp + n * (K / 2), scp + n * groups, mnp + n * groups, dp + n * blocks, dmp + n * blocks, blocks,
-                   xq.data() + m0 * K, gsum.data() + m0 * groups, K, result);
+        row_dot(n, rows, xq.data() + m0 * K, gsum.data() + m0 * groups, result);
         for (int64_t r = 0; r < rows; ++r) {
           float v = result[r] * xs[m0 + r];
           if (bp) v = v + bp[n];
@@ -147,6 +139,23 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
     }
   });
   return out;
+}
+
+// x [M, K] float32 -> [M, N] float32 (+ bias). See the format above.
+torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor mn, torch::Tensor d,
+                        torch::Tensor dmin, c10::optional<torch::Tensor> bias) {
+  const int64_t K = x.size(-1), N = qs.size(0), groups = K / 32, blocks = groups / 8;
+  TORCH_CHECK(K % 256 == 0 && qs.size(1) == K / 2, "weights take ", qs.size(1) * 2, " inputs, x has ", K);
+  TORCH_CHECK(d.size(1) == blocks && sc.size(1) == groups, "block layout does not match");
+  const uint8_t* qsp = qs.data_ptr<uint8_t>();
+  const uint8_t* scp = sc.data_ptr<uint8_t>();
+  const int8_t* mnp = mn.data_ptr<int8_t>();
+  const float* dp = d.data_ptr<float>();
+  const float* dmp = dmin.data_ptr<float>();
+  return tiled_linear(x, N, bias, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
+    kDot[rows](qsp + n * (K / 2), scp + n * groups, mnp + n * groups, dp + n * blocks, dmp + n * blocks, blocks, xq,
+               gsum, K, result);
+  });
 }
 
 namespace {
@@ -183,36 +192,15 @@ const DotQ8Fn kDotQ8[kMaxRows + 1] = {nullptr, dot_rows_q8<1>, dot_rows_q8<2>, d
 // x [M, K] float32 -> [M, N] float32 (+ bias) with int8 weights w [N, K] and per-row scales [N]:
 // the int4 mode's layers that a GGUF stores more precisely than 4 bits (LM head, some v/down).
 torch::Tensor q8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const int64_t K = x.size(-1), N = w.size(0);
   TORCH_CHECK(K % 32 == 0 && w.size(1) == K, "weights take ", w.size(1), " inputs, x has ", K);
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> xs(M);
-  std::vector<int32_t> gsum(M * (K / 32));
-  const float* xp = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, xq.data() + m * K, &xs[m], gsum.data() + m * (K / 32));
-  auto out = torch::empty({M, N}, x.options());
-  float* op = out.data_ptr<float>();
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    int32_t result[kMaxRows];
-    for (int64_t nb = n0; nb < n1; nb += 32)
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-      const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
-      for (int64_t n = nb; n < std::min<int64_t>(nb + 32, n1); ++n) {
-        kDotQ8[rows](wp + n * K, xq.data() + m0 * K, K, result);
-        for (int64_t r = 0; r < rows; ++r) {
-          float v = static_cast<float>(result[r]) * sp[n];
-          v = v * xs[m0 + r];
-          if (bp) v = v + bp[n];
-          op[(m0 + r) * N + n] = v;
-        }
-      }
-    }
+  return tiled_linear(x, N, bias, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t*, float* result) {
+    int32_t sums[kMaxRows];
+    kDotQ8[rows](wp + n * K, xq, K, sums);
+    for (int64_t r = 0; r < rows; ++r) result[r] = static_cast<float>(sums[r]) * sp[n];
   });
-  return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("q4_linear", &q4_linear, "4-bit x int8 linear (see source)");

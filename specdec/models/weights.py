@@ -264,7 +264,7 @@ def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = Fa
     """4-bit weights: the batch-invariant kernel (models/q4.py; a GGUF's Q4_K tensors as they are)
     when every layer's input size fits it, else weight-only int4 (models/quant.py: drafts only).
     The batch-invariant conversion is cached like the int8 one."""
-    from specdec.models.q4 import fits, kernel, quantize_decoder_q4
+    from specdec.models.q4 import kernel, quantize_decoder_q4
     from specdec.models.quant import quantize_decoder_int4
 
     if device != "cpu":
@@ -276,8 +276,6 @@ def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = Fa
 
     def convert() -> Decoder:
         decoder = load_decoder(path, torch.float32, device, progress=progress)
-        if not fits(decoder):
-            return quantize_decoder_int4(decoder)
         blocks = None
         if not path.is_dir():
             reader = open_gguf(path)
@@ -316,6 +314,5 @@ def _load_converted(path: Path, fmt: str, convert: Callable[[], Decoder]) -> Dec
         except (SafetensorError, OSError, KeyError, TypeError, json.JSONDecodeError):
             pass
     model = convert()
-    if model.quantization in ("int8", "int4"):  # batch-invariant formats; weight-only int4 re-converts
-        _write_cache(path, model.config, quantized_state(model), cache_file, meta_file)
+    _write_cache(path, model.config, quantized_state(model), cache_file, meta_file)
     return model
