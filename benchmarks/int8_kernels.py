@@ -106,12 +106,12 @@ def weight_only() -> tuple[Prep, Run]:
     return (lambda w: _wq(w)), (lambda p, x: torch.ops.aten._weight_int8pack_mm(x, p[0], p[1]))
 
 
-def int4_weight_only() -> tuple[Prep, Run]:
-    """specdec.models.quant.Int4Linear (``aten._weight_int4pack_mm_for_cpu``, 4-bit weights in groups
-    of 32, bf16 activations) — the candidate for a cheaper draft."""
-    from specdec.models.quant import Int4Linear
+def int4_ours() -> tuple[Prep, Run]:
+    """specdec.models.q4.Q4Linear (our C++ kernel: 4-bit weights in groups of 32, per-token int8
+    activations, batch-invariant) — the int4 mode of targets and drafts."""
+    from specdec.models.q4 import Q4Linear
 
-    return (lambda w: Int4Linear(w, None)), (lambda m, x: m(x))
+    return (lambda w: Q4Linear.from_float(w)), (lambda m, x: m(x))
 
 
 def floating(dtype: torch.dtype) -> tuple[Prep, Run]:
@@ -134,7 +134,7 @@ CANDIDATES: dict[str, Callable[[], tuple[Prep, Run]]] = {
     "torch._int_mm s8s8": int_mm,
     "onednn qlinear_pointwise": onednn_pointwise,
     "int8 weight-only": weight_only,
-    "int4 weight-only g32": int4_weight_only,
+    "specdec Q4Linear (int4)": int4_ours,
     "fp32": lambda: floating(torch.float32),
     "bf16": lambda: floating(torch.bfloat16),
 }
@@ -176,7 +176,7 @@ def stack_table(names: list[str], shapes: list[tuple[int, int]], repeats: int, n
             except Exception as exc:  # an op this build lacks
                 print(f"{name:32s} unavailable: {type(exc).__name__}: {str(exc)[:80]}")
                 continue
-            nbytes = sum(o * i for o, i in shapes) * num_layers * {"fp32": 4, "bf16": 2, "int4 weight-only g32": 0.5}.get(name, 1)
+            nbytes = sum(o * i for o, i in shapes) * num_layers * {"fp32": 4, "bf16": 2, "specdec Q4Linear (int4)": 0.5625}.get(name, 1)
             widths = [i for _, i in shapes]
             row = {}
             for t in TOKENS:

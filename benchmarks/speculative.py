@@ -55,7 +55,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--quantize", default="int8", choices=["int8", "none"])
+    parser.add_argument("--quantize", default="int8", choices=["int8", "int4", "none"])
     parser.add_argument("--draft-quantize", default=None, choices=["int8", "int4", "none"], help="the draft's execution (default: --quantize)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prompts", type=int, default=5)

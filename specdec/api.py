@@ -72,8 +72,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
 
 def resolve_quantize(quantize: str, device: str) -> str:
     """``auto``: batch-invariant int8 on CPU (flat verification cost: the configuration that makes
-    speculation pay most), none on CUDA. ``int4`` (CPU): 4-bit weights — batch-invariant for models
-    whose layer sizes are multiples of 256 (the fastest plain decoding), weight-only (drafts) else."""
+    speculation pay most), none on CUDA. ``int4`` (CPU): 4-bit weights × int8 activations, also
+    batch-invariant (the fastest plain decoding; layer sizes must be multiples of 64)."""
     if quantize not in ("auto", "none", "int8", "int4"):
         raise SpecdecError(f"unknown quantization {quantize!r}; use auto, none, int8 or int4")
     if quantize == "auto":
@@ -134,10 +134,6 @@ def make_drafter(
     """Build the per-request drafter named by ``spec.method`` (None for plain decoding)."""
     if spec.method is None:
         return None
-    if target.backend.dtype_name == "int4-weight-only":
-        raise SpecdecError(f"{target.name} runs int4 weight-only (its layer sizes are not multiples of 256), whose "
-                           "kernel is not batch-invariant: a draft-model mode. Load the target with --quantize "
-                           "int8 or none")
     if draft is not None:
         check_pair(target, draft)
         check_draft_context(draft, max_seq_len)

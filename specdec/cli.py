@@ -64,8 +64,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto",
                         help="weights/activation dtype: auto (bfloat16), float32, bfloat16, float16 (default: auto)")
     parser.add_argument("--draft-quantize", default=None, choices=["auto", "none", "int8", "int4"],
-                        help="the draft model's execution (default: as --quantize). int4 for the 0.5B draft: weight-only "
-                             "4-bit, 1.6x faster single-token steps than int8 on CPU; a draft's numbers never reach the output")
+                        help="the draft model's execution (default: as --quantize). int4: the cheapest draft steps on CPU "
+                             "(fewest bytes per step); a draft's numbers never reach the output, so any mode stays exact")
     parser.add_argument("--quantize", default="auto", choices=["auto", "none", "int8", "int4"],
                         help="CPU execution of the target; in int8 and int4 speculative output stays bit-identical to plain "
                              "output. int8: int8 weights x per-token int8 activations (verification costs about the same for "

@@ -27,13 +27,18 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specdec.errors import SpecdecError
 
-_SOURCE = Path(__file__).with_name("q4_kernel.cpp")
-#: the kernel works on whole blocks of 256 inputs (8 groups of 32 sharing two float scales)
+#: the extension's sources: the linear kernels (and the module definition), the rest of a layer
+_SOURCES = (Path(__file__).with_name("q4_kernel.cpp"), Path(__file__).with_name("layer_ops.cpp"))
+#: blocks of 256 inputs (8 groups of 32 sharing two float scales), as in Q4_K; a layer whose input
+#: size is not a multiple of 256 ends in a partial block (sc/mn zero-padded to 8 groups)
 BLOCK = 256
+#: the kernel's unit: a pair of groups of 32 (one 32-byte load of 4-bit codes)
+PAIR = 64
 #: bytes of one Q4_K block in a GGUF file: f16 d, f16 dmin, 12 bytes of packed 6-bit scales/mins, 128 of codes
 Q4K_BLOCK_BYTES = 144
 #: a Q4Linear's tensors, in constructor order (also its serialized names)
@@ -47,7 +52,7 @@ def kernel() -> Any:
         raise SpecdecError("int4 execution needs an x86 CPU with AVX2 on Linux; use --quantize int8")
     from torch.utils.cpp_extension import load
 
-    source_hash = hashlib.sha1(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    source_hash = hashlib.sha1(b"".join(p.read_bytes() for p in _SOURCES) + torch.__version__.encode()).hexdigest()[:12]
     home = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
     build_dir = home / "ext" / f"q4-{source_hash}"
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +61,7 @@ def kernel() -> Any:
     try:
         return load(
             name="specdec_q4",
-            sources=[str(_SOURCE)],
+            sources=[str(p) for p in _SOURCES],
             extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(build_dir),
@@ -69,7 +74,8 @@ def kernel() -> Any:
 
 class Q4Linear(nn.Module):
     """``y = x Wᵀ + b`` with ``W[n, k] = d[n, b]·sc[n, g]·q − dmin[n, b]·mn[n, g]`` (q ∈ 0..15,
-    g = k / 32, b = k / 256) and per-token int8 activations; float32 in and out."""
+    g = k / 32, b = k / 256) and per-token int8 activations; float32 in and out. ``sc``/``mn`` hold
+    whole blocks of 8 groups (zero-padded when the input size is not a multiple of 256)."""
 
     def __init__(self, qs: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,
                  bias: torch.Tensor | None) -> None:
@@ -90,13 +96,15 @@ class Q4Linear(nn.Module):
         groups = weight.reshape(rows, cols // 32, 32)
         low, high = groups.amin(-1).clamp(max=0), groups.amax(-1).clamp(min=0)
         step, offset = (high - low) / 15, -low  # w ≈ step·q − offset
+        padding = -(cols // 32) % 8  # a partial last block: zero step and offset (sc = mn = 0)
+        step, offset = F.pad(step, (0, padding)), F.pad(offset, (0, padding))
         step_b, offset_b = step.reshape(rows, -1, 8), offset.reshape(rows, -1, 8)
         d = (step_b.amax(-1) / 255).clamp_min(1e-20)
         dmin = (offset_b.amax(-1) / 127).clamp_min(1e-20)
         sc = (step_b / d[..., None]).round().clamp(0, 255)
         mn = (offset_b / dmin[..., None]).round().clamp(0, 127)
-        step_q = (sc * d[..., None]).reshape(rows, -1, 1)
-        offset_q = (mn * dmin[..., None]).reshape(rows, -1, 1)
+        step_q = (sc * d[..., None]).reshape(rows, -1, 1)[:, : cols // 32]
+        offset_q = (mn * dmin[..., None]).reshape(rows, -1, 1)[:, : cols // 32]
         codes = ((groups + offset_q) / step_q.clamp_min(1e-20)).round().clamp(0, 15).to(torch.uint8)
         return cls(pack_codes(codes.reshape(rows, cols)), sc.reshape(rows, -1).to(torch.uint8),
                    mn.reshape(rows, -1).to(torch.int8), d, dmin, bias)
@@ -124,8 +132,9 @@ class Q4Linear(nn.Module):
         low, high = self.qs & 0xF, self.qs >> 4
         pairs = torch.stack([low.reshape(rows, -1, 32), high.reshape(rows, -1, 32)], dim=2)
         codes = pairs.reshape(rows, -1, 32).float()
-        step = (self.d.repeat_interleave(8, dim=1) * self.sc.float())[..., None]
-        offset = (self.dmin.repeat_interleave(8, dim=1) * self.mn.float())[..., None]
+        groups = self.in_features // 32
+        step = (self.d.repeat_interleave(8, dim=1) * self.sc.float())[:, :groups, None]
+        offset = (self.dmin.repeat_interleave(8, dim=1) * self.mn.float())[:, :groups, None]
         return (codes * step - offset).reshape(rows, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -145,8 +154,8 @@ def on_rows(x: torch.Tensor, kernel_call: Any) -> torch.Tensor:
 
 
 def check_shape(in_features: int) -> None:
-    if in_features % BLOCK:
-        raise SpecdecError(f"int4 needs input sizes divisible by {BLOCK}; this layer takes {in_features}")
+    if in_features % PAIR:
+        raise SpecdecError(f"int4 needs input sizes divisible by {PAIR}; this layer takes {in_features}")
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -197,15 +206,25 @@ def concat(parts: list[nn.Module]) -> nn.Module:
     return fused
 
 
-def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | None = None) -> nn.Module:
-    """The target mode ``int4``, in place: linear layers in the 4-bit format, attention row-wise, so
-    the model is batch-invariant (exact speculation) like the int8 one.
+def first_rows(layer: nn.Module, rows: int) -> nn.Module:
+    """A Q4Linear or Q8Linear computing only ``layer``'s first ``rows`` outputs, sharing its memory
+    (a draft's reduced vocabulary: see Decoder.head_rows)."""
+    names = Q4_BUFFERS if isinstance(layer, Q4Linear) else ("w8", "w8_scales")
+    bias = None if layer.bias is None else layer.bias[:rows]
+    return type(layer)(*(getattr(layer, n)[:rows] for n in names), bias)
 
-    Which layers: from a GGUF, exactly its Q4_K tensors, with their own values; tensors the file
-    stores more precisely (Q5/Q6/Q8/F16 — the LM head and some v/down projections of a Q4_K_M file)
-    become int8 per channel (:class:`Q8Linear`), keeping their precision. Without GGUF blocks (HF directories, tests)
-    every layer but the LM head is rounded to 4 bits; the head stays int8 (llama.cpp's convention too:
-    logits are the most quantization-sensitive output)."""
+
+def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | None = None,
+                        low_bit: set[str] | frozenset[str] = frozenset()) -> nn.Module:
+    """The mode ``int4``, in place: linear layers in the 4-bit format, attention row-wise, so the
+    model is batch-invariant (exact speculation) like the int8 one.
+
+    Which layers: from a GGUF, its Q4_K tensors with their own values, and the tensors it stores in
+    fewer than 6 bits (``low_bit``: Q5_0… — most of the 0.5B draft) rounded to 4; tensors the file
+    stores more precisely (Q6_K/Q8_0/F16 — the LM head and some v/down projections of a Q4_K_M
+    file) become int8 per channel (:class:`Q8Linear`), keeping their precision. Without GGUF blocks
+    (HF directories, tests) every layer but the LM head is rounded to 4 bits; the head stays int8
+    (llama.cpp's convention too: logits are the most quantization-sensitive output)."""
     from specdec.models.quant import fuse_projections, set_batch_invariant
 
     for name, module in list(decoder.named_modules()):
@@ -215,11 +234,41 @@ def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | 
             key = f"{name}.{child_name}.weight" if name else f"{child_name}.weight"
             if q4k_blocks is not None and key in q4k_blocks:
                 new: nn.Module = Q4Linear.from_q4k(q4k_blocks[key], child.bias)
-            elif q4k_blocks is None and key != "lm_head.weight":
+            elif (q4k_blocks is None and key != "lm_head.weight") or key in low_bit:
                 new = Q4Linear.from_float(child.weight, child.bias)
             else:
                 new = Q8Linear.from_float(child.weight, child.bias)
             setattr(module, child_name, new)
     set_batch_invariant(decoder, True)
     decoder.quantization = "int4"
+    decoder.layer_runner = run_layers
     return fuse_projections(decoder)
+
+
+def run_layers(decoder: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, start: int,
+               mask: torch.Tensor | None, run: Any) -> torch.Tensor:
+    """The decoder layers ``run`` of an int4 model with their glue in C++ (layer_ops.cpp): per layer
+    two norms (each folding in the pending residual add), one attention call, four or five kernel calls
+    and silu·up — instead of ~40 ATen ops. Same math as ``DecoderLayer.forward``, row by row."""
+    ops = kernel()
+    eps = decoder.config.rms_norm_eps
+    mask = None if mask is None else mask.contiguous()
+    pending = None  # the last sub-layer's output, added to the residual stream by the next norm
+    for index in run:
+        layer = decoder.model.layers[index]
+        attn, mlp = layer.self_attn, layer.mlp
+        hidden = ops.rms_norm(x, pending, layer.input_layernorm.weight, eps)
+        qkv = _projections(attn, "fused_qkv", ("q_proj", "k_proj", "v_proj"), hidden)
+        out = ops.attention(qkv, cos, sin, cache.k[index], cache.v[index], start, attn.num_heads, attn.num_kv_heads, mask)
+        hidden = ops.rms_norm(x, attn.o_proj(out), layer.post_attention_layernorm.weight, eps)
+        gate, up = _projections(mlp, "fused_gate_up", ("gate_proj", "up_proj"), hidden).chunk(2, dim=-1)
+        pending = mlp.down_proj(F.silu(gate).mul_(up))
+    return x if pending is None else x.add_(pending)
+
+
+def _projections(module: nn.Module, fused_name: str, names: tuple[str, ...], x: torch.Tensor) -> torch.Tensor:
+    """The side-by-side outputs of ``names``: one call when fuse_projections could fuse them."""
+    fused = module.__dict__.get(fused_name)
+    if fused is not None:
+        return fused(x)
+    return torch.cat([getattr(module, name)(x) for name in names], dim=-1)

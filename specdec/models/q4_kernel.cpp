@@ -6,7 +6,8 @@
 // with its own scale and every (row, output) pair runs the same instruction sequence whatever the
 // number of rows, so that holds by construction (no reduction order depends on M).
 //
-// Weight format (per output row n, K inputs (a multiple of 256), groups of 32, blocks of 8 groups):
+// Weight format (per output row n, K inputs (a multiple of 64), groups of 32, blocks of 8 groups; a
+// last partial block has its sc/mn padded with zeros to 8 entries — sizes like the 0.5B draft's 896):
 //   w[n, k] = d[n, b] * sc[n, g] * q - dmin[n, b] * mn[n, g]      q in 0..15, g = k / 32, b = k / 256
 //   qs[n, 32*p + j] = q[64*p + j] | q[64*p + 32 + j] << 4          (group pairs share 32 bytes)
 // sc is uint8, mn int8, d/dmin float32. This holds llama.cpp's Q4_K exactly (its 6-bit scales and
@@ -62,14 +63,16 @@ void quantize_row(const float* x, int64_t K, int8_t* xq, float* scale, int32_t* 
 // (15*127*2*255*8 < 2^31); one float FMA per block applies d, one applies the mins.
 template <int R>
 void dot_rows(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
-              int64_t blocks, const int8_t* xq, const int32_t* gsum, int64_t K, float* result) {
+              int64_t groups, const int8_t* xq, const int32_t* gsum, int64_t K, int64_t gstride, float* result) {
   const __m256i low = _mm256_set1_epi8(0x0F);
+  const int64_t blocks = (groups + 7) / 8;
   __m256 acc[R], min_acc[R];
   for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); min_acc[r] = _mm256_setzero_ps(); }
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-    for (int64_t pair = 0; pair < 4; ++pair) {
+    const int64_t pairs = std::min<int64_t>(4, (groups - b * 8) / 2);
+    for (int64_t pair = 0; pair < pairs; ++pair) {
       const int64_t g = b * 8 + pair * 2;
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 16));
       const __m256i w0 = _mm256_and_si256(packed, low);
@@ -92,7 +95,7 @@ void dot_rows(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), D, acc[r]);
       const __m256 gs = _mm256_cvtepi32_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gsum + r * (K / 32) + b * 8)));
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gsum + r * gstride + b * 8)));
       min_acc[r] = _mm256_fmadd_ps(gs, mins, min_acc[r]);
     }
   }
@@ -100,7 +103,7 @@ void dot_rows(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
 }
 
 using DotFn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, const float*, int64_t,
-                       const int8_t*, const int32_t*, int64_t, float*);
+                       const int8_t*, const int32_t*, int64_t, int64_t, float*);
 constexpr int kMaxRows = 8;
 const DotFn kDot[kMaxRows + 1] = {nullptr, dot_rows<1>, dot_rows<2>, dot_rows<3>, dot_rows<4>,
                                   dot_rows<5>, dot_rows<6>, dot_rows<7>, dot_rows<8>};
@@ -111,15 +114,19 @@ const DotFn kDot[kMaxRows + 1] = {nullptr, dot_rows<1>, dot_rows<2>, dot_rows<3>
 // (kept in L2 while each 8-row activation tile passes over them, for prefill) let row_dot(n, rows,
 // xq, gsum, result) compute `rows` activation rows against weight row n, and scale each by its own
 // activation scale, plus the bias. The same operations per row for any M: batch invariance.
+// Group sums are stored per row in whole blocks of 8 (zero padded): group_stride(K) entries.
+inline int64_t group_stride(int64_t K) { return (K / 32 + 7) / 8 * 8; }
+
 template <typename RowDot>
 torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optional<torch::Tensor>& bias, RowDot row_dot) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
-  const int64_t M = x.size(0), K = x.size(1), groups = K / 32;
+  const int64_t M = x.size(0), K = x.size(1), gstride = group_stride(K);
+  TORCH_CHECK(K % 64 == 0, "input size ", K, " is not a multiple of 64");
   std::vector<int8_t> xq(M * K);
   std::vector<float> xs(M);
-  std::vector<int32_t> gsum(M * groups);
+  std::vector<int32_t> gsum(M * gstride, 0);
   const float* xp = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, xq.data() + m * K, &xs[m], gsum.data() + m * groups);
+  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, xq.data() + m * K, &xs[m], gsum.data() + m * gstride);
   auto out = torch::empty({M, N}, x.options());
   float* op = out.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
@@ -129,7 +136,7 @@ torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optiona
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
       const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
       for (int64_t n = nb; n < std::min<int64_t>(nb + 32, n1); ++n) {
-        row_dot(n, rows, xq.data() + m0 * K, gsum.data() + m0 * groups, result);
+        row_dot(n, rows, xq.data() + m0 * K, gsum.data() + m0 * gstride, result);
         for (int64_t r = 0; r < rows; ++r) {
           float v = result[r] * xs[m0 + r];
           if (bp) v = v + bp[n];
@@ -144,17 +151,18 @@ torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optiona
 // x [M, K] float32 -> [M, N] float32 (+ bias). See the format above.
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor mn, torch::Tensor d,
                         torch::Tensor dmin, c10::optional<torch::Tensor> bias) {
-  const int64_t K = x.size(-1), N = qs.size(0), groups = K / 32, blocks = groups / 8;
-  TORCH_CHECK(K % 256 == 0 && qs.size(1) == K / 2, "weights take ", qs.size(1) * 2, " inputs, x has ", K);
-  TORCH_CHECK(d.size(1) == blocks && sc.size(1) == groups, "block layout does not match");
+  const int64_t K = x.size(-1), N = qs.size(0), groups = K / 32, blocks = (groups + 7) / 8;
+  TORCH_CHECK(K % 64 == 0 && qs.size(1) == K / 2, "weights take ", qs.size(1) * 2, " inputs, x has ", K);
+  TORCH_CHECK(d.size(1) == blocks && sc.size(1) == blocks * 8 && mn.size(1) == blocks * 8, "block layout does not match");
   const uint8_t* qsp = qs.data_ptr<uint8_t>();
   const uint8_t* scp = sc.data_ptr<uint8_t>();
   const int8_t* mnp = mn.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
   const float* dmp = dmin.data_ptr<float>();
+  const int64_t gstride = group_stride(K);
   return tiled_linear(x, N, bias, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
-    kDot[rows](qsp + n * (K / 2), scp + n * groups, mnp + n * groups, dp + n * blocks, dmp + n * blocks, blocks, xq,
-               gsum, K, result);
+    kDot[rows](qsp + n * (K / 2), scp + n * blocks * 8, mnp + n * blocks * 8, dp + n * blocks, dmp + n * blocks,
+               groups, xq, gsum, K, gstride, result);
   });
 }
 
@@ -193,7 +201,7 @@ const DotQ8Fn kDotQ8[kMaxRows + 1] = {nullptr, dot_rows_q8<1>, dot_rows_q8<2>, d
 // the int4 mode's layers that a GGUF stores more precisely than 4 bits (LM head, some v/down).
 torch::Tensor q8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, c10::optional<torch::Tensor> bias) {
   const int64_t K = x.size(-1), N = w.size(0);
-  TORCH_CHECK(K % 32 == 0 && w.size(1) == K, "weights take ", w.size(1), " inputs, x has ", K);
+  TORCH_CHECK(w.size(1) == K, "weights take ", w.size(1), " inputs, x has ", K);
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   return tiled_linear(x, N, bias, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t*, float* result) {
@@ -203,6 +211,15 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, 
   });
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("q4_linear", &q4_linear, "4-bit x int8 linear (see source)");
+// layer_ops.cpp: the rest of a decoder layer
+torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
+torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                        torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
+                        c10::optional<torch::Tensor> mask);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("q4_linear", &q4_linear, "4-bit x int8 linear (see source)");
   m.def("q8_linear", &q8_linear, "int8 x int8 linear, per-row weight scales (see source)");
+  m.def("rms_norm", &rms_norm, "x += residual (in place, optional); RMSNorm(x) * w");
+  m.def("attention", &attention, "RoPE, KV-cache write and row-wise attention for one layer");
 }

@@ -91,66 +91,6 @@ class Int8Linear(nn.Module):
 #: module's ``__dict__``, the nn.Linear children it replaces) — see Attention.forward and MLP.forward
 FUSED_PROJECTIONS = (("fused_qkv", ("q_proj", "k_proj", "v_proj")), ("fused_gate_up", ("gate_proj", "up_proj")))
 
-#: int4 groups along the input dimension (one scale and zero per 32 weights)
-INT4_GROUP = 32
-
-
-class Int4Linear(nn.Module):
-    """Weight-only int4 (asymmetric, groups of 32 along K) × bfloat16 activations, float32 output.
-
-    For *drafts* only: the kernel (``aten._weight_int4pack_mm_for_cpu``) is 1.6× faster than our int8
-    one for the 0.5B draft's single-token steps (measured: 11.6 vs 18.4 ms per linear stack) but its
-    cost grows ~linearly with tokens and it is not batch-invariant — fine for a proposer, whose
-    numbers never reach the output, wrong for a verifier."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        weight = weight.detach().float()
-        self.out_features, self.in_features = weight.shape
-        if self.in_features % INT4_GROUP:
-            raise ValueError(f"int4 needs input sizes divisible by {INT4_GROUP}; this layer takes {self.in_features}")
-        grouped = weight.reshape(self.out_features, self.in_features // INT4_GROUP, INT4_GROUP)
-        low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
-        scales = (high - low).clamp_min(1e-8) / 15
-        q = ((grouped - low) / scales).round().clamp(0, 15).to(torch.int32).reshape(self.out_features, self.in_features)
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2))
-        zeros = low + 8 * scales  # the kernel computes (q - 8) * scale + zero
-        self.register_buffer("scales_zeros", torch.cat([scales, zeros], -1).transpose(0, 1).contiguous().to(torch.bfloat16))
-        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, shape[-1]).to(torch.bfloat16), self.packed, INT4_GROUP, self.scales_zeros
-        ).float()
-        if self.bias is not None:
-            out.add_(self.bias)
-        return out if len(shape) == 2 else out.reshape(*shape[:-1], self.out_features)
-
-
-def quantize_decoder_int4(decoder: nn.Module) -> nn.Module:
-    """Every ``nn.Linear`` (LM head included) → :class:`Int4Linear`, in place; a draft model's mode.
-    q|k|v and gate|up become one kernel call each (quantized from the concatenated float weights),
-    as in the int8 path: a small draft's step is dominated by per-call costs."""
-    for module in list(decoder.modules()):
-        for fused_name, names in FUSED_PROJECTIONS:
-            parts = [getattr(module, n, None) for n in names]
-            if all(isinstance(p, nn.Linear) for p in parts):
-                biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
-                has_bias = any(p.bias is not None for p in parts)
-                fused = Int4Linear(torch.cat([p.weight for p in parts]), torch.cat(biases) if has_bias else None)
-                module.add_module(fused_name + "_int4", fused)  # counted in parameters/buffers (weight_bytes)
-                module.__dict__[fused_name] = fused  # where the forward looks for a fused projection
-                for n in names:
-                    setattr(module, n, None)  # the fused copy replaces them
-    for _, module in list(decoder.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, child_name, Int4Linear(child.weight, child.bias))
-    decoder.quantization = "int4-weight-only"
-    return decoder
-
-
 def quantize_decoder(decoder: nn.Module) -> nn.Module:
     """Swap every ``nn.Linear`` (LM head included; a tied head gets its own int8 copy while the
     embedding stays float) for :class:`Int8Linear`, in place, and switch attention to its
@@ -235,4 +175,8 @@ def load_quantized_state(decoder: nn.Module, state: dict[str, torch.Tensor]) -> 
     decoder.load_state_dict(rest, strict=False, assign=True)
     set_batch_invariant(decoder, True)
     decoder.quantization = "int4" if Q4Linear in kinds else "int8"
+    if decoder.quantization == "int4":
+        from specdec.models.q4 import run_layers
+
+        decoder.layer_runner = run_layers
     return fuse_projections(decoder)

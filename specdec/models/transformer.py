@@ -17,7 +17,7 @@ checkpoints load without a mapping table and transformers can serve as the refer
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -198,6 +198,9 @@ class Decoder(nn.Module):
         super().__init__()
         self.config = cfg
         self.quantization: str | None = None  # "int8" once models/quant.py has converted the linears
+        #: runs the decoder layers instead of their modules' forwards (the int4 path's C++ glue:
+        #: models/q4.py run_layers); same signature as :meth:`_run_layers`
+        self.layer_runner: Callable[..., torch.Tensor] | None = None
         self.model = _Body(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -243,8 +246,7 @@ class Decoder(nn.Module):
 
         x = self.model.embed_tokens(input_ids)
         run = range(self.config.num_layers) if layers is None else layers
-        for index in run:
-            x = self.model.layers[index](x, cos, sin, cache, start, attn_mask)
+        x = (self.layer_runner or Decoder._run_layers)(self, x, cos, sin, cache, start, attn_mask, run)
         cache.advance(seq)
 
         hidden = self.model.norm(x if num_logits is None else x[-num_logits:])
@@ -252,23 +254,28 @@ class Decoder(nn.Module):
         logits = head(hidden).float()
         return (logits, hidden) if return_hidden else logits
 
+    def _run_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int,
+                    mask: torch.Tensor | None, run: Sequence[int]) -> torch.Tensor:
+        for index in run:
+            x = self.model.layers[index](x, cos, sin, cache, start, mask)
+        return x
+
     def head_rows(self, rows: int) -> nn.Module:
         """The LM head restricted to its first ``rows`` outputs, built once per size.
 
         BPE vocabularies number tokens by merge rank, so low ids are the frequent ones (FR-Spec,
         Zhao et al. 2025): a draft scoring only them skips most of its LM head — about a quarter of a
-        0.5B model's weights at 152k tokens. A float head is a view of the same rows; an int8 head gets
-        its own prepacked copy of those rows (the kernel reads packed weights)."""
+        0.5B model's weights at 152k tokens. A float or int4-mode head is a view of the same rows; an
+        int8 head gets its own prepacked copy of those rows (fbgemm reads packed weights)."""
         cache = self.__dict__.setdefault("_head_rows", {})
         if rows not in cache:
+            from specdec.models.q4 import Q4Linear, Q8Linear, first_rows
             from specdec.models.quant import Int8Linear
 
             head = self.lm_head
-            if not isinstance(head, (Int8Linear, nn.Linear)):
-                from specdec.errors import SpecdecError
-
-                raise SpecdecError(f"a reduced draft vocabulary needs a float or int8 draft, not {self.quantization}")
-            if isinstance(head, Int8Linear):
+            if isinstance(head, (Q4Linear, Q8Linear)):
+                cache[rows] = first_rows(head, rows)
+            elif isinstance(head, Int8Linear):
                 bias = None if head.bias is None else head.bias[:rows]
                 cache[rows] = Int8Linear(head.qweight[:rows], head.scales[:rows], bias)
             else:

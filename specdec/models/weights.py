@@ -43,7 +43,8 @@ GGUF_LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-CACHE_FORMAT_VERSION = 1
+#: bump when a conversion changes (2: int4 runs tensors a GGUF stores in < 6 bits at 4 bits, not 8)
+CACHE_FORMAT_VERSION = 2
 
 
 def our_name(gguf_name: str) -> str | None:
@@ -121,22 +122,30 @@ def iter_gguf_tensors(reader: Any, cfg: ModelConfig) -> Iterator[tuple[str, np.n
         yield name, array
 
 
-def gguf_q4k_blocks(reader: Any, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Raw bytes ``[rows, blocks·144]`` of every Q4_K tensor, by our name (rows in our order), for
-    the int4 path to run them with their own values (models/q4.py)."""
+def gguf_q4k_blocks(reader: Any, cfg: ModelConfig) -> tuple[dict[str, np.ndarray], set[str]]:
+    """For the int4 path (models/q4.py): the raw bytes ``[rows, blocks·144]`` of every Q4_K tensor,
+    by our name (rows in our order), to run with their own values; and the names of the other
+    tensors the file stores in fewer than 6 bits per weight (Q4_0, Q5_0, Q5_K…), which the int4 path
+    rounds to 4 bits — those of 6 bits or more (Q6_K, Q8_0, F16) keep 8."""
     import gguf
 
     blocks: dict[str, np.ndarray] = {}
+    low_bit: set[str] = set()
     for tensor in reader.tensors:
         name = our_name(tensor.name)
-        if name is None or tensor.tensor_type != gguf.GGMLQuantizationType.Q4_K:
+        if name is None or len(tensor.shape) < 2:
             continue
-        rows = int(tensor.shape.tolist()[-1]) if len(tensor.shape) > 1 else 1
+        if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_K:
+            block_size, type_size = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
+            if 8 * type_size / block_size < 6:
+                low_bit.add(name)
+            continue
+        rows = int(tensor.shape.tolist()[-1])
         raw = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, -1)
         if cfg.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             raw = _unpermute_rope(raw, cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads)
         blocks[name] = raw
-    return blocks
+    return blocks, low_bit
 
 
 def gguf_state_dict(path: Path, dtype: torch.dtype, progress: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -261,36 +270,28 @@ def load_int8_decoder(path: str | Path, device: str = "cpu", progress: bool = Fa
 
 
 def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = False) -> Decoder:
-    """4-bit weights: the batch-invariant kernel (models/q4.py; a GGUF's Q4_K tensors as they are)
-    when every layer's input size fits it, else weight-only int4 (models/quant.py: drafts only).
-    The batch-invariant conversion is cached like the int8 one."""
-    from specdec.models.q4 import kernel, quantize_decoder_q4
-    from specdec.models.quant import quantize_decoder_int4
+    """4-bit weights through the batch-invariant kernel (models/q4.py; a GGUF's Q4_K tensors as they
+    are), cached beside a GGUF like the int8 conversion."""
+    from specdec.models.q4 import PAIR, kernel, quantize_decoder_q4
 
     if device != "cpu":
         raise WeightsError("int4 execution is a CPU path; use --quantize none on CUDA")
     path = Path(path)
-    if not fits_config(path):
-        return quantize_decoder_int4(load_decoder(path, torch.float32, device, progress=progress))
+    cfg = ModelConfig.from_hf_dir(path) if path.is_dir() else gguf_config(open_gguf(path))
+    sizes = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim)
+    if any(size % PAIR for size in sizes):
+        raise WeightsError(f"int4 needs layer input sizes that are multiples of {PAIR}; {path.name} has "
+                           f"{', '.join(map(str, sizes))}: use --quantize int8")
     kernel()  # a missing compiler fails now, not after the conversion
 
     def convert() -> Decoder:
         decoder = load_decoder(path, torch.float32, device, progress=progress)
-        blocks = None
-        if not path.is_dir():
-            reader = open_gguf(path)
-            blocks = gguf_q4k_blocks(reader, gguf_config(reader))
-        return quantize_decoder_q4(decoder, blocks)
+        if path.is_dir():
+            return quantize_decoder_q4(decoder)
+        reader = open_gguf(path)
+        return quantize_decoder_q4(decoder, *gguf_q4k_blocks(reader, gguf_config(reader)))
 
     return _load_converted(path, "int4", convert)
-
-
-def fits_config(path: Path) -> bool:
-    """Whether the model's layer input sizes are whole 256-blocks (the int4 kernel's unit)."""
-    from specdec.models.q4 import BLOCK
-
-    cfg = ModelConfig.from_hf_dir(path) if path.is_dir() else gguf_config(open_gguf(path))
-    return all(size % BLOCK == 0 for size in (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim))
 
 
 def _load_converted(path: Path, fmt: str, convert: Callable[[], Decoder]) -> Decoder:
