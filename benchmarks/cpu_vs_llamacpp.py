@@ -40,7 +40,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quantize", default="int8,int4", help="our target's execution modes, comma-separated")
     parser.add_argument("--draft-quantize", default="int4", help="our draft model's execution")
-    parser.add_argument("--methods", default="draft,ngram,suffix", help="our speculative methods (besides plain)")
+    parser.add_argument("--methods", default="draft,ngram,suffix", help="our speculative methods (besides plain); draft:N limits the draft to N token ids")
     args = parser.parse_args()
     modes = args.quantize.split(",")
     targets = {mode: specdec.load_model(args.model, "float32", "cpu", quantize=mode) for mode in modes}
@@ -55,8 +55,10 @@ def main() -> int:
     for mode in modes:
         ours[f"ours plain ({mode})"] = (mode, specdec.SpecConfig())
         for method in args.methods.split(","):
-            ours[f"ours {method} γ={args.gamma} ({mode})"] = (
-                mode, specdec.SpecConfig(method=method_names[method], num_speculative_tokens=args.gamma))
+            method, _, vocab = method.partition(":")  # draft:32768 = a reduced draft vocabulary
+            label = f"ours {method} γ={args.gamma}{f' vocab {vocab}' if vocab else ''} ({mode})"
+            ours[label] = (mode, specdec.SpecConfig(method=method_names[method], num_speculative_tokens=args.gamma,
+                                                     draft_vocab_size=int(vocab or 0)))
     llama_names = {"llama.cpp plain": "llamacpp", f"llama.cpp draft γ={args.gamma}": "llamacpp-draft"}
     plain_names = [f"ours plain ({mode})" for mode in modes]
     names = [*plain_names, *llama_names, *[n for n in ours if n not in plain_names]]

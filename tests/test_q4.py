@@ -169,17 +169,18 @@ def test_rms_norm_op_matches_torch():
     torch.testing.assert_close(ops.rms_norm(x, None, weight, 1e-6), out, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("start,tokens", [(0, 7), (11, 1), (11, 4)])
-def test_attention_op_matches_the_python_attention(start, tokens):
+# head sizes 16 / 64 / 80 / 128 cover both value-accumulation widths; start 70 spans two key blocks
+@pytest.mark.parametrize("start,tokens,dim", [(0, 7, 16), (11, 1, 64), (11, 4, 80), (70, 3, 128)])
+def test_attention_op_matches_the_python_attention(start, tokens, dim):
     """RoPE + cache write + grouped-query causal attention, against the float reference math."""
     from specdec.models.transformer import apply_rope, causal_mask, rope_tables
 
-    heads, kv_heads, dim = 6, 2, 16
+    heads, kv_heads = 6, 2
     gen = torch.Generator().manual_seed(start + tokens)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen)
-    k_cache, v_cache = torch.randn(2, kv_heads, 32, dim, generator=gen).unbind(0)
+    k_cache, v_cache = torch.randn(2, kv_heads, 96, dim, generator=gen).unbind(0)
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
-    cos, sin = rope_tables(dim, 64, 10_000.0)
+    cos, sin = rope_tables(dim, 96, 10_000.0)
     cos, sin = cos[start : start + tokens].contiguous(), sin[start : start + tokens].contiguous()
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     out = kernel().attention(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads, None)

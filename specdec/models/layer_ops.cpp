@@ -48,6 +48,54 @@ inline void dot4(const float* q, const float* keys, const int64_t* slot, int64_t
   out[3] = hsum8(a3);
 }
 
+// a[0 .. 8N) += Σ_{i0 <= i < i1} p[i] · v[slot[i]][0 .. 8N), one slot after another: N chains of FMAs
+// side by side, kept in registers (N is a compile-time constant); the order per lane is the same
+// for any N
+template <int N>
+inline void accumulate(const float* p, const int64_t* slot, int64_t i0, int64_t i1, const float* v, int64_t D, float* a) {
+  __m256 sum[N];
+  for (int c = 0; c < N; ++c) sum[c] = _mm256_loadu_ps(a + 8 * c);
+  for (int64_t i = i0; i < i1; ++i) {
+    const __m256 pi = _mm256_set1_ps(p[i]);
+    const float* row = v + slot[i] * D;
+    for (int c = 0; c < N; ++c) sum[c] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(row + 8 * c), sum[c]);
+  }
+  for (int c = 0; c < N; ++c) _mm256_storeu_ps(a + 8 * c, sum[c]);
+}
+
+// e^x for 8 lanes (Cephes' expf: x = n·ln2 + r, a degree-7 polynomial for e^r, 2^n through the
+// exponent bits; ~1 ulp for x in [-87, 88]); the scalar std::exp call per score was most of the
+// attention time at long contexts
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
+// p[i] = e^(p[i] - top) for i < n, every element through exp8 (a partial last chunk via a buffer)
+inline void exp_shifted(float* p, int64_t n, float top) {
+  const __m256 shift = _mm256_set1_ps(top);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), shift)));
+  if (i < n) {
+    float tail[8] = {0};
+    std::copy(p + i, p + n, tail);
+    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), shift)));
+    std::copy(tail, tail + (n - i), p + i);
+  }
+}
+
 // HF's half-rotation RoPE: out = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
 inline void rope(const float* x, const float* cos, const float* sin, int64_t dim, float* out) {
   const int64_t half = dim / 2;
@@ -134,49 +182,87 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
   auto out = torch::empty({T, heads * D}, qkv.options());
   float* op = out.data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, T * heads, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> prob(start + T);
-    std::vector<int64_t> slot(start + T);
-    for (int64_t u = u0; u < u1; ++u) {
-      const int64_t t = u / heads, h = u % heads, kvh = h / group;
-      const float* qh = q.data() + u * D;
+  // One unit = one KV head with its `group` query heads for all T tokens: each block of kBlock keys
+  // (then values) is loaded once into L1 and used by every query of the group and every token that
+  // sees it — the cache is read once per KV head, not once per query head and token. Each (token,
+  // head) still runs its own fixed sequence (dots, softmax in slot order, Σ p·v in slot order), so
+  // the bits do not depend on T or on which other tokens share the pass.
+  constexpr int64_t kBlock = 64;
+  const int64_t L = start + T;  // slots any token of this chunk can see
+  at::parallel_for(0, kv_heads, 1, [&](int64_t h0, int64_t h1) {
+    std::vector<std::vector<int64_t>> slots(T);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < L; ++j)
+        if (mp == nullptr ? j <= start + t : mp[t * mask_stride + j]) slots[t].push_back(j);
+      TORCH_CHECK(!slots[t].empty(), "token ", t, " sees no cache slot: check the mask");
+    }
+    std::vector<float> prob(T * group * L);
+    std::vector<float> acc(T * group * D);
+    std::vector<float> inv_total(T * group);
+    std::vector<int64_t> cursor(T);
+    // the part of token t's slot list that falls in [b0, b1): [cursor[t], returned end)
+    auto block_range = [&](int64_t t, int64_t b1) {
+      int64_t end = cursor[t];
+      while (end < static_cast<int64_t>(slots[t].size()) && slots[t][end] < b1) ++end;
+      return end;
+    };
+    for (int64_t kvh = h0; kvh < h1; ++kvh) {
       const float* keys = kc + kvh * S * D;
       const float* values = vc + kvh * S * D;
-      int64_t count = 0;
-      if (mp == nullptr) {
-        for (int64_t j = 0; j <= start + t; ++j) slot[count++] = j;
-      } else {
-        for (int64_t j = 0; j < start + T; ++j) if (mp[t * mask_stride + j]) slot[count++] = j;
-      }
-      TORCH_CHECK(count > 0, "token ", t, " sees no cache slot: check the mask");
-      float top = -INFINITY;
-      int64_t i = 0;
-      for (; i + 4 <= count; i += 4) dot4(qh, keys, slot.data() + i, D, prob.data() + i);  // 4 chains in flight
-      for (; i < count; ++i) prob[i] = dot(qh, keys + slot[i] * D, D);
-      for (i = 0; i < count; ++i) {
-        prob[i] = prob[i] * scale;
-        top = std::max(top, prob[i]);
-      }
-      float total = 0.0f;
-      for (int64_t i = 0; i < count; ++i) {
-        prob[i] = std::exp(prob[i] - top);
-        total += prob[i];
-      }
-      const __m256 inv = _mm256_set1_ps(1.0f / total);
-      float* dst = op + t * heads * D + h * D;
-      // Σ p_i v_i in slot order for every output lane; up to 64 lanes per pass so the 8 FMA chains
-      // run side by side (the order per lane is the same for any pass width)
-      for (int64_t d0 = 0; d0 < D; d0 += 64) {
-        const int64_t lanes = std::min<int64_t>(8, (D - d0) / 8);
-        __m256 acc[8];
-        for (int64_t c = 0; c < lanes; ++c) acc[c] = _mm256_setzero_ps();
-        for (int64_t j = 0; j < count; ++j) {
-          const __m256 p = _mm256_set1_ps(prob[j]);
-          const float* v = values + slot[j] * D + d0;
-          for (int64_t c = 0; c < lanes; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+      std::fill(cursor.begin(), cursor.end(), 0);
+      for (int64_t b0 = 0; b0 < L; b0 += kBlock) {
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t i0 = cursor[t], i1 = block_range(t, b0 + kBlock);
+          cursor[t] = i1;
+          const int64_t* slot = slots[t].data();
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qh = q.data() + (t * heads + kvh * group + g) * D;
+            float* p = prob.data() + (t * group + g) * L;
+            int64_t i = i0;
+            for (; i + 4 <= i1; i += 4) dot4(qh, keys, slot + i, D, p + i);  // 4 chains in flight
+            for (; i < i1; ++i) p[i] = dot(qh, keys + slot[i] * D, D);
+          }
         }
-        for (int64_t c = 0; c < lanes; ++c) _mm256_storeu_ps(dst + d0 + 8 * c, _mm256_mul_ps(acc[c], inv));
       }
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t count = slots[t].size();
+        for (int64_t g = 0; g < group; ++g) {
+          float* p = prob.data() + (t * group + g) * L;
+          float top = -INFINITY;
+          for (int64_t i = 0; i < count; ++i) {
+            p[i] = p[i] * scale;
+            top = std::max(top, p[i]);
+          }
+          exp_shifted(p, count, top);
+          float total = 0.0f;
+          for (int64_t i = 0; i < count; ++i) total += p[i];
+          inv_total[t * group + g] = 1.0f / total;
+        }
+      }
+      // Σ p_i v_i in slot order for every output lane (kept in memory between blocks: exact)
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::fill(cursor.begin(), cursor.end(), 0);
+      for (int64_t b0 = 0; b0 < L; b0 += kBlock) {
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t i0 = cursor[t], i1 = block_range(t, b0 + kBlock);
+          cursor[t] = i1;
+          const int64_t* slot = slots[t].data();
+          for (int64_t g = 0; g < group; ++g) {
+            const float* p = prob.data() + (t * group + g) * L;
+            float* a = acc.data() + (t * group + g) * D;
+            int64_t d0 = 0;
+            for (; d0 + 64 <= D; d0 += 64) accumulate<8>(p, slot, i0, i1, values + d0, D, a + d0);
+            for (; d0 < D; d0 += 8) accumulate<1>(p, slot, i0, i1, values + d0, D, a + d0);
+          }
+        }
+      }
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t g = 0; g < group; ++g) {
+          float* dst = op + (t * heads + kvh * group + g) * D;
+          const float* a = acc.data() + (t * group + g) * D;
+          const __m256 inv = _mm256_set1_ps(inv_total[t * group + g]);
+          for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), inv));
+        }
     }
   });
   return out;
