@@ -241,8 +241,23 @@ def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | 
             setattr(module, child_name, new)
     set_batch_invariant(decoder, True)
     decoder.quantization = "int4"
-    decoder.layer_runner = run_layers
+    use_layer_ops(decoder)
     return fuse_projections(decoder)
+
+
+def use_layer_ops(decoder: nn.Module, required: bool = True) -> None:
+    """Run ``decoder``'s layers through :func:`run_layers`. ``required=False`` (int8, whose own
+    kernels need no compiler): keep the Python layers where the extension cannot be built or the
+    sizes do not suit it — still batch-invariant, only slower."""
+    cfg = decoder.config
+    try:
+        kernel()
+    except SpecdecError:
+        if required:
+            raise
+        return
+    if cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0:
+        decoder.layer_runner = run_layers
 
 
 def run_layers(decoder: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, start: int,
