@@ -26,6 +26,7 @@ import specdec  # noqa: E402
 from specdec.api import encode_prompt  # noqa: E402
 from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.bench.llamacpp import llamacpp_peers  # noqa: E402
+from specdec.drafters.suffix import clear_global_caches  # noqa: E402
 
 
 def main() -> int:
@@ -83,6 +84,7 @@ def main() -> int:
                             same_as_ours[(name, mode)] += int(tokens == plain_tokens[mode])
                     else:
                         mode, spec = ours[name]
+                        clear_global_caches()  # suffix: never draft from an earlier run of this prompt
                         out = specdec.generate(targets[mode], ids, params, spec=spec,
                                                draft=draft if spec.method == "draft_model" else None)
                         tokens, rate = out.token_ids, out.stats.tokens_per_s

@@ -81,3 +81,17 @@ def test_bad_dataset_inputs_are_clear(tmp_path):
         load_prompts(str(bad))
     with pytest.raises(SpecdecError, match="unknown categories"):
         load_prompts("spec_bench", categories=["poetry"])
+
+
+def test_repeats_do_not_draft_from_their_own_earlier_output(tiny_target, dataset):
+    """Suffix decoding's cross-request cache must not see an earlier repeat of the same prompt: every
+    repeat of a prompt drafts (and accepts) exactly as the first did."""
+    from specdec.sampling import SamplingParams
+
+    rows = load_prompts(str(dataset))[:2]
+    config = runner.BenchConfig(methods=["ar", "suffix"], params=SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                                repeats=3)
+    results = runner.run_benchmark(tiny_target, None, rows, config, progress=False)
+    for row in rows:
+        accepted = {r.stats["accepted_tokens"] for r in results if r.prompt_id == row.id and r.method != "ar"}
+        assert len(accepted) == 1, accepted

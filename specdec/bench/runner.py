@@ -17,6 +17,7 @@ import specdec
 from specdec.api import LoadedModel, encode_prompt
 from specdec.bench.datasets import PromptRow
 from specdec.config import SpecConfig
+from specdec.drafters.suffix import clear_global_caches
 from specdec.sampling import SamplingParams
 
 #: user-facing method names → SpecConfig.method (None = plain autoregressive decoding)
@@ -120,6 +121,7 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
         for repeat in range(config.repeats):
             plain_tokens: list[list[int]] | None = None
             for method, runner in runners.items():
+                clear_global_caches()  # no run may draft from an earlier run of the same prompt
                 turns = run_turns(runner, target, row)
                 if method == "ar":
                     plain_tokens = [t for t, _, _ in turns]
