@@ -11,21 +11,15 @@
 #include <immintrin.h>
 #include <cmath>
 #include <vector>
+#include "simd.h"
 
 namespace {
-
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // sum of a[i] * b[i], n a multiple of 8, one fixed order
 inline float dot(const float* a, const float* b, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  return hsum8(acc);
+  return hsum(acc);
 }
 
 // dot() of q with the keys at 4 slots, interleaved: each result is computed exactly as dot() does
@@ -42,10 +36,10 @@ inline void dot4(const float* q, const float* keys, const int64_t* slot, int64_t
     a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
     a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
   }
-  out[0] = hsum8(a0);
-  out[1] = hsum8(a1);
-  out[2] = hsum8(a2);
-  out[3] = hsum8(a3);
+  out[0] = hsum(a0);
+  out[1] = hsum(a1);
+  out[2] = hsum(a2);
+  out[3] = hsum(a3);
 }
 
 // a[0 .. 8N) += Σ_{i0 <= i < i1} p[i] · v[slot[i]][0 .. 8N), one slot after another: N chains of FMAs
@@ -199,31 +193,31 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
     std::vector<float> prob(T * group * L);
     std::vector<float> acc(T * group * D);
     std::vector<float> inv_total(T * group);
-    std::vector<int64_t> cursor(T);
-    // the part of token t's slot list that falls in [b0, b1): [cursor[t], returned end)
-    auto block_range = [&](int64_t t, int64_t b1) {
-      int64_t end = cursor[t];
-      while (end < static_cast<int64_t>(slots[t].size()) && slots[t][end] < b1) ++end;
-      return end;
+    // fn(t, slot list of t, i0, i1) for every block of kBlock slots and every token, block by block:
+    // [i0, i1) is the part of token t's (ascending) slot list that falls in the block
+    auto for_each_block = [&](auto&& fn) {
+      std::vector<int64_t> cursor(T, 0);
+      for (int64_t b0 = 0; b0 < L; b0 += kBlock)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t i0 = cursor[t];
+          int64_t i1 = i0;
+          while (i1 < static_cast<int64_t>(slots[t].size()) && slots[t][i1] < b0 + kBlock) ++i1;
+          cursor[t] = i1;
+          fn(t, slots[t].data(), i0, i1);
+        }
     };
     for (int64_t kvh = h0; kvh < h1; ++kvh) {
       const float* keys = kc + kvh * S * D;
       const float* values = vc + kvh * S * D;
-      std::fill(cursor.begin(), cursor.end(), 0);
-      for (int64_t b0 = 0; b0 < L; b0 += kBlock) {
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t i0 = cursor[t], i1 = block_range(t, b0 + kBlock);
-          cursor[t] = i1;
-          const int64_t* slot = slots[t].data();
-          for (int64_t g = 0; g < group; ++g) {
-            const float* qh = q.data() + (t * heads + kvh * group + g) * D;
-            float* p = prob.data() + (t * group + g) * L;
-            int64_t i = i0;
-            for (; i + 4 <= i1; i += 4) dot4(qh, keys, slot + i, D, p + i);  // 4 chains in flight
-            for (; i < i1; ++i) p[i] = dot(qh, keys + slot[i] * D, D);
-          }
+      for_each_block([&](int64_t t, const int64_t* slot, int64_t i0, int64_t i1) {
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qh = q.data() + (t * heads + kvh * group + g) * D;
+          float* p = prob.data() + (t * group + g) * L;
+          int64_t i = i0;
+          for (; i + 4 <= i1; i += 4) dot4(qh, keys, slot + i, D, p + i);  // 4 chains in flight
+          for (; i < i1; ++i) p[i] = dot(qh, keys + slot[i] * D, D);
         }
-      }
+      });
       for (int64_t t = 0; t < T; ++t) {
         const int64_t count = slots[t].size();
         for (int64_t g = 0; g < group; ++g) {
@@ -241,21 +235,15 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
       }
       // Σ p_i v_i in slot order for every output lane (kept in memory between blocks: exact)
       std::fill(acc.begin(), acc.end(), 0.0f);
-      std::fill(cursor.begin(), cursor.end(), 0);
-      for (int64_t b0 = 0; b0 < L; b0 += kBlock) {
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t i0 = cursor[t], i1 = block_range(t, b0 + kBlock);
-          cursor[t] = i1;
-          const int64_t* slot = slots[t].data();
-          for (int64_t g = 0; g < group; ++g) {
-            const float* p = prob.data() + (t * group + g) * L;
-            float* a = acc.data() + (t * group + g) * D;
-            int64_t d0 = 0;
-            for (; d0 + 64 <= D; d0 += 64) accumulate<8>(p, slot, i0, i1, values + d0, D, a + d0);
-            for (; d0 < D; d0 += 8) accumulate<1>(p, slot, i0, i1, values + d0, D, a + d0);
-          }
+      for_each_block([&](int64_t t, const int64_t* slot, int64_t i0, int64_t i1) {
+        for (int64_t g = 0; g < group; ++g) {
+          const float* p = prob.data() + (t * group + g) * L;
+          float* a = acc.data() + (t * group + g) * D;
+          int64_t d0 = 0;
+          for (; d0 + 64 <= D; d0 += 64) accumulate<8>(p, slot, i0, i1, values + d0, D, a + d0);
+          for (; d0 < D; d0 += 8) accumulate<1>(p, slot, i0, i1, values + d0, D, a + d0);
         }
-      }
+      });
       for (int64_t t = 0; t < T; ++t)
         for (int64_t g = 0; g < group; ++g) {
           float* dst = op + (t * heads + kvh * group + g) * D;

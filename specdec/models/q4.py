@@ -34,6 +34,7 @@ from specdec.errors import SpecdecError
 
 #: the extension's sources: the linear kernels (and the module definition), the rest of a layer
 _SOURCES = (Path(__file__).with_name("q4_kernel.cpp"), Path(__file__).with_name("layer_ops.cpp"))
+_HEADERS = (Path(__file__).with_name("simd.h"),)
 #: blocks of 256 inputs (8 groups of 32 sharing two float scales), as in Q4_K; a layer whose input
 #: size is not a multiple of 256 ends in a partial block (sc/mn zero-padded to 8 groups)
 BLOCK = 256
@@ -52,7 +53,7 @@ def kernel() -> Any:
         raise SpecdecError("int4 execution needs an x86 CPU with AVX2 on Linux; use --quantize int8")
     from torch.utils.cpp_extension import load
 
-    source_hash = hashlib.sha1(b"".join(p.read_bytes() for p in _SOURCES) + torch.__version__.encode()).hexdigest()[:12]
+    source_hash = hashlib.sha1(b"".join(p.read_bytes() for p in _SOURCES + _HEADERS) + torch.__version__.encode()).hexdigest()[:12]
     home = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
     build_dir = home / "ext" / f"q4-{source_hash}"
     build_dir.mkdir(parents=True, exist_ok=True)

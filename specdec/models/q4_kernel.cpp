@@ -15,17 +15,11 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include "simd.h"
 #include <cmath>
 #include <vector>
 
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // One activation row -> int8 (symmetric, 127 levels, its own scale) and per-group sums of the codes.
 void quantize_row(const float* x, int64_t K, int8_t* xq, float* scale, int32_t* group_sum) {
