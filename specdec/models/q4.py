@@ -139,7 +139,11 @@ class Q4Linear(nn.Module):
         return (codes * step - offset).reshape(rows, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return on_rows(x, lambda rows: self._kernel.q4_linear(rows, self.qs, self.sc, self.mn, self.d, self.dmin, self.bias))
+        return on_rows(x, self.on_matrix)
+
+    def on_matrix(self, rows: torch.Tensor) -> torch.Tensor:
+        """The kernel call itself: contiguous float32 ``[M, K]`` in, ``[M, N]`` out."""
+        return self._kernel.q4_linear(rows, self.qs, self.sc, self.mn, self.d, self.dmin, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit x int8 per-token"
@@ -187,7 +191,11 @@ class Q8Linear(nn.Module):
         return cls(torch.clamp(torch.round(weight / scales[:, None]), -127, 127).to(torch.int8), scales, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return on_rows(x, lambda rows: self._kernel.q8_linear(rows, self.w8, self.w8_scales, self.bias))
+        return on_rows(x, self.on_matrix)
+
+    def on_matrix(self, rows: torch.Tensor) -> torch.Tensor:
+        """The kernel call itself: contiguous float32 ``[M, K]`` in, ``[M, N]`` out."""
+        return self._kernel.q8_linear(rows, self.w8, self.w8_scales, self.bias)
 
 
 def concat(parts: list[nn.Module]) -> nn.Module:
@@ -263,7 +271,7 @@ def use_layer_ops(decoder: nn.Module, required: bool = True) -> None:
 
 def run_layers(decoder: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, start: int,
                mask: torch.Tensor | None, run: Any) -> torch.Tensor:
-    """The decoder layers ``run`` of an int4 model with their glue in C++ (layer_ops.cpp): per layer
+    """The decoder layers ``run`` of an int4 (or int8) model, glue in C++ (layer_ops.cpp): per layer
     two norms (each folding in the pending residual add), one attention call, four or five kernel calls
     and silu·up — instead of ~40 ATen ops. Same math as ``DecoderLayer.forward``, row by row. The
     kernels are called directly (see :func:`layer_plan`): module dispatch cost ~3 ms per 1.5B step."""
@@ -297,14 +305,8 @@ def layer_plan(decoder: nn.Module) -> list[tuple]:
 
 
 def _direct(layer: nn.Module) -> Any:
-    """``layer``'s kernel call without module dispatch or reshaping."""
-    ops = kernel()
-    if isinstance(layer, Q4Linear):
-        buffers = [getattr(layer, name) for name in Q4_BUFFERS]
-        return lambda x: ops.q4_linear(x, *buffers, layer.bias)
-    if isinstance(layer, Q8Linear):
-        return lambda x: ops.q8_linear(x, layer.w8, layer.w8_scales, layer.bias)
-    return layer
+    """``layer``'s kernel call without module dispatch or reshaping (other layers: the module)."""
+    return layer.on_matrix if isinstance(layer, (Q4Linear, Q8Linear)) else layer
 
 
 def _projections(module: nn.Module, fused_name: str, names: tuple[str, ...]) -> Any:
