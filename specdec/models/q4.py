@@ -53,7 +53,8 @@ def kernel() -> Any:
         raise SpecdecError("int4 execution needs an x86 CPU with AVX2 on Linux; use --quantize int8")
     from torch.utils.cpp_extension import load
 
-    source_hash = hashlib.sha1(b"".join(p.read_bytes() for p in _SOURCES + _HEADERS) + torch.__version__.encode()).hexdigest()[:12]
+    sources = b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)
+    source_hash = hashlib.sha1(sources + torch.__version__.encode()).hexdigest()[:12]
     home = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
     build_dir = home / "ext" / f"q4-{source_hash}"
     build_dir.mkdir(parents=True, exist_ok=True)
