@@ -198,8 +198,8 @@ class Decoder(nn.Module):
         super().__init__()
         self.config = cfg
         self.quantization: str | None = None  # "int8" once models/quant.py has converted the linears
-        #: runs the decoder layers instead of their modules' forwards (the int4 path's C++ glue:
-        #: models/q4.py run_layers); same signature as :meth:`_run_layers`
+        #: runs the decoder layers instead of their modules' forwards (the quantized CPU paths' C++
+        #: glue: models/q4.py run_layers); same signature as :meth:`_run_layers`
         self.layer_runner: Callable[..., torch.Tensor] | None = None
         self.model = _Body(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

@@ -122,7 +122,7 @@ def iter_gguf_tensors(reader: Any, cfg: ModelConfig) -> Iterator[tuple[str, np.n
         yield name, array
 
 
-def gguf_q4k_blocks(reader: Any, cfg: ModelConfig) -> tuple[dict[str, np.ndarray], set[str]]:
+def gguf_int4_sources(reader: Any, cfg: ModelConfig) -> tuple[dict[str, np.ndarray], set[str]]:
     """For the int4 path (models/q4.py): the raw bytes ``[rows, blocks·144]`` of every Q4_K tensor,
     by our name (rows in our order), to run with their own values; and the names of the other
     tensors the file stores in fewer than 6 bits per weight (Q4_0, Q5_0, Q5_K…), which the int4 path
@@ -289,7 +289,7 @@ def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = Fa
         if path.is_dir():
             return quantize_decoder_q4(decoder)
         reader = open_gguf(path)
-        return quantize_decoder_q4(decoder, *gguf_q4k_blocks(reader, gguf_config(reader)))
+        return quantize_decoder_q4(decoder, *gguf_int4_sources(reader, gguf_config(reader)))
 
     return _load_converted(path, "int4", convert)
 
