@@ -82,6 +82,23 @@ def test_frequency_table_prediction_and_removal():
     assert table.table == {} and table.entries == 0
 
 
+def test_suffix_draft_length_follows_match_length_and_learned_acceptance():
+    """A one-token match is right about a third of the time: drafted alone, never extended on a
+    guess; a long match drafts the whole γ; once one-token matches keep failing they stop being drafted."""
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 50, 7]  # ends in a 1-token match of "7"
+    drafter = SuffixDrafter(GlobalSuffixCache())
+    drafter.start(prompt)
+    assert drafter.propose(prompt, 6).tokens == [8]
+    assert drafter.proposed_depths == [1]
+    for _ in range(10):  # the one-token draft is rejected over and over
+        drafter.accepted(0, 99)
+        drafter.propose(prompt, 6)
+    assert drafter.propose(prompt, 6).tokens == []
+    long_match = prompt + [8, 9, 10]  # "7 8 9 10" repeats: a 4-token match that grows as it walks
+    assert drafter.propose(long_match, 6).tokens == [11, 12, 50, 7, 8, 9]  # other lengths unaffected
+    assert drafter.proposed_depths == [4, 5, 6, 7, 8, 8]
+
+
 def test_suffix_cache_evicts_under_cap():
     cache = GlobalSuffixCache(max_depth=4, max_cache_entries=500)
     rng = random.Random(1)
