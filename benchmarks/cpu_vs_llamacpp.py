@@ -40,7 +40,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quantize", default="int8,int4", help="our target's execution modes, comma-separated")
-    parser.add_argument("--draft-quantize", default="int4", help="our draft model's execution")
+    parser.add_argument("--draft-quantize", default="int4-all", help="our draft model's execution (int4-all: every layer, LM head included, in 4 bits)")
     parser.add_argument("--methods", default="draft,ngram,suffix", help="our speculative methods (besides plain); draft:N limits the draft to N token ids")
     args = parser.parse_args()
     modes = args.quantize.split(",")

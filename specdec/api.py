@@ -19,7 +19,7 @@ import torch
 
 from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
-from specdec.config import SpecConfig
+from specdec.config import QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, get_drafter_factory
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
 from specdec.errors import SpecdecError
@@ -73,14 +73,16 @@ def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
 def resolve_quantize(quantize: str, device: str) -> str:
     """``auto``: batch-invariant int8 on CPU (flat verification cost: the configuration that makes
     speculation pay most), none on CUDA. ``int4`` (CPU): 4-bit weights × int8 activations, also
-    batch-invariant (the fastest plain decoding; layer sizes must be multiples of 64)."""
-    if quantize not in ("auto", "none", "int8", "int4"):
-        raise SpecdecError(f"unknown quantization {quantize!r}; use auto, none, int8 or int4")
+    batch-invariant (the fastest plain decoding; layer sizes must be multiples of 64). ``int4-all``:
+    int4 with every layer in 4 bits, the LM head included — for draft models, whose precision moves
+    only the acceptance rate, never the output, and whose step time is mostly bytes."""
+    if quantize not in QUANTIZE_MODES:
+        raise SpecdecError(f"unknown quantization {quantize!r}; use {', '.join(QUANTIZE_MODES)}")
     if quantize == "auto":
         from specdec.models.quant import int8_available
 
         return "int8" if device == "cpu" and int8_available() else "none"
-    if quantize in ("int8", "int4") and device != "cpu":
+    if quantize != "none" and device != "cpu":
         raise SpecdecError(f"{quantize} execution is a CPU path; use --quantize none on CUDA")
     return quantize
 
@@ -102,8 +104,8 @@ def load_model(
     mode = resolve_quantize(quantize, device)
     if mode == "int8":
         decoder = load_int8_decoder(path, device, progress=progress)
-    elif mode == "int4":
-        decoder = load_int4_decoder(path, device, progress=progress)
+    elif mode in ("int4", "int4-all"):
+        decoder = load_int4_decoder(path, device, progress=progress, every_layer=mode == "int4-all")
     else:
         decoder = load_decoder(path, resolve_dtype(dtype, device), device, progress=progress)
     tokenizer = Tokenizer.load(path)

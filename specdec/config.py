@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from specdec.errors import SpecdecError
 
+#: --quantize / --draft-quantize values (api.resolve_quantize says what each means)
+QUANTIZE_MODES = ("auto", "none", "int8", "int4", "int4-all")
+
 #: γ used when the user gives a drafter but no ``num_speculative_tokens``.
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 #: Largest γ ``auto`` will try; beyond this verification cost on CPU grows faster than acceptance.

@@ -225,7 +225,7 @@ def first_rows(layer: nn.Module, rows: int) -> nn.Module:
 
 
 def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | None = None,
-                        low_bit: set[str] | frozenset[str] = frozenset()) -> nn.Module:
+                        low_bit: set[str] | frozenset[str] = frozenset(), every_layer: bool = False) -> nn.Module:
     """The mode ``int4``, in place: linear layers in the 4-bit format, attention row-wise, so the
     model is batch-invariant (exact speculation) like the int8 one.
 
@@ -234,7 +234,9 @@ def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | 
     stores more precisely (Q6_K/Q8_0/F16 — the LM head and some v/down projections of a Q4_K_M
     file) become int8 per channel (:class:`Q8Linear`), keeping their precision. Without GGUF blocks
     (HF directories, tests) every layer but the LM head is rounded to 4 bits; the head stays int8
-    (llama.cpp's convention too: logits are the most quantization-sensitive output)."""
+    (llama.cpp's convention too: logits are the most quantization-sensitive output).
+    ``every_layer`` (mode ``int4-all``, drafts): everything not already Q4_K is rounded to 4 bits —
+    for the 0.5B draft the int8 LM head was over a third of a step's bytes."""
     from specdec.models.quant import fuse_projections, set_batch_invariant
 
     for name, module in list(decoder.named_modules()):
@@ -244,7 +246,7 @@ def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | 
             key = f"{name}.{child_name}.weight" if name else f"{child_name}.weight"
             if q4k_blocks is not None and key in q4k_blocks:
                 new: nn.Module = Q4Linear.from_q4k(q4k_blocks[key], child.bias)
-            elif (q4k_blocks is None and key != "lm_head.weight") or key in low_bit:
+            elif every_layer or (q4k_blocks is None and key != "lm_head.weight") or key in low_bit:
                 new = Q4Linear.from_float(child.weight, child.bias)
             else:
                 new = Q8Linear.from_float(child.weight, child.bias)

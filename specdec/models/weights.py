@@ -269,9 +269,10 @@ def load_int8_decoder(path: str | Path, device: str = "cpu", progress: bool = Fa
     return _load_converted(Path(path), "int8", lambda: quantize_decoder(load_decoder(path, torch.float32, device, progress=progress)))
 
 
-def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = False) -> Decoder:
+def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = False, every_layer: bool = False) -> Decoder:
     """4-bit weights through the batch-invariant kernel (models/q4.py; a GGUF's Q4_K tensors as they
-    are), cached beside a GGUF like the int8 conversion."""
+    are), cached beside a GGUF like the int8 conversion. ``every_layer`` (mode ``int4-all``, for
+    drafts): the layers a GGUF stores more precisely, the LM head included, are rounded to 4 bits too."""
     from specdec.models.q4 import PAIR, kernel, quantize_decoder_q4
 
     if device != "cpu":
@@ -287,11 +288,11 @@ def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = Fa
     def convert() -> Decoder:
         decoder = load_decoder(path, torch.float32, device, progress=progress)
         if path.is_dir():
-            return quantize_decoder_q4(decoder)
+            return quantize_decoder_q4(decoder, every_layer=every_layer)
         reader = open_gguf(path)
-        return quantize_decoder_q4(decoder, *gguf_int4_sources(reader, gguf_config(reader)))
+        return quantize_decoder_q4(decoder, *gguf_int4_sources(reader, gguf_config(reader)), every_layer=every_layer)
 
-    return _load_converted(path, "int4", convert)
+    return _load_converted(path, "int4-all" if every_layer else "int4", convert)
 
 
 def _load_converted(path: Path, fmt: str, convert: Callable[[], Decoder]) -> Decoder:
