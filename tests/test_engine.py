@@ -190,3 +190,24 @@ def test_mismatched_tiny_vocabulary_is_refused(tiny_target, tmp_path):
     other = specdec.load_model(tmp_path, dtype="float32", device="cpu")
     with pytest.raises(IncompatibleModelsError, match="has 300 tokens.*first token only one side has: id 300"):
         specdec.generate(tiny_target, "hi", SamplingParams(max_tokens=3), draft=other)
+
+
+def test_unsure_draft_token_is_proposed_and_ends_the_round():
+    """Confidence-based early stop: the token whose draft step showed low confidence is still
+    proposed (its step is paid; verifying one more token is cheap), and nothing is drafted on it."""
+    from specdec.drafters.draft_model import draft_autoregressively
+
+    sure, unsure = torch.full((8,), -10.0), torch.zeros(8)
+    sure[3] = 10.0
+    unsure[5] = 0.5  # top probability ~0.2
+    steps: list[int] = []
+
+    def step(token: int) -> torch.Tensor:
+        steps.append(token)
+        return unsure if len(steps) == 2 else sure
+
+    params = SamplingParams(temperature=0.0)
+    draft = draft_autoregressively(sure, step, 6, params, make_generator(0), confidence_threshold=0.3)
+    assert draft.tokens == [3, 3, 5]
+    assert steps == [3, 3]  # no step drafted on the unsure token
+    assert draft_autoregressively(sure, step, 6, params, make_generator(0)).tokens == [3] * 6  # 0 = never stop

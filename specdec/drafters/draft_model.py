@@ -31,7 +31,9 @@ def draft_autoregressively(
     Greedy drafts the argmax (q = None: a point mass, what greedy verification compares against);
     sampling draws from q = logits_to_probs(logits, params) — the same transform the target gets —
     and returns q for rejection sampling. ``confidence_threshold`` ends the round early once the
-    draft's top probability falls below it (0 = never).
+    draft's top probability falls below it (0 = never): that token is still proposed — its draft
+    step is already paid, and one more verified token costs far less than a draft step — but no
+    further step is drafted on it.
     """
     tokens: list[int] = []
     probs: list[torch.Tensor] = []
@@ -44,11 +46,11 @@ def draft_autoregressively(
             q = logits_to_probs(logits, params)
             token = sample_from_probs(q, generator)
             top_prob = float(q.max())
-        if i > 0 and top_prob < confidence_threshold:
-            break  # the draft is unsure: verifying now is cheaper than drafting on
         tokens.append(token)
         if q is not None:
             probs.append(q)
+        if top_prob < confidence_threshold:
+            break  # the draft is unsure: verifying now is cheaper than drafting on
         if i + 1 < k:
             logits = step(token)
     return Draft(tokens=tokens, probs=torch.stack(probs) if probs else None)
