@@ -81,7 +81,7 @@ def main() -> int:
 
         hf_target, hf_draft = load_hf(args.model), load_hf(args.draft_model)
 
-    print(f"# {args.model} ← {args.draft_model}, execution {target.backend.dtype_name} (draft {draft.backend.dtype_name}), {torch.get_num_threads()} threads, "
+    print(f"# {args.model} ← {args.draft_model}, execution {target.backend.dtype_name} (draft {args.draft_quantize or args.quantize}), {torch.get_num_threads()} threads, "
           f"{len(prompts)} HumanEval prompts × {args.max_tokens} tokens, median of {args.repeats}, methods interleaved per prompt")
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         configs = ["plain", *gammas]
