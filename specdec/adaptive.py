@@ -20,6 +20,46 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 @dataclass
+class VerifyCosts:
+    """EMA seconds of a verification forward per number of drafted tokens k (a (k+1)-token chunk).
+
+    A k not measured yet is taken from the nearest measured k (flat), never extrapolated below it,
+    so a longer draft is not assumed dearer than seen (it gets tried, then measured) and plain
+    decoding does not look cheaper than it has been seen to be."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+    smoothing: float = 0.1
+
+    def update(self, k: int, seconds: float) -> None:
+        old = self.seconds.get(k)
+        self.seconds[k] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+
+    def cost(self, k: int) -> float:
+        if k in self.seconds:
+            return self.seconds[k]
+        known = sorted(self.seconds.items())
+        if not known:
+            return 1.0
+        if k < known[0][0] or k > known[-1][0] or len(known) == 1:  # outside what was measured: flat
+            return min(known, key=lambda p: abs(p[0] - k))[1]
+        (k0, t0), (k1, t1) = _bracket(known, k)
+        return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
+
+    def best_length(self, prefix_accept: list[float]) -> int:
+        """How many of a draft's tokens to verify, given P(its first j tokens are all accepted) for
+        j = 1..k (a drafter's estimates, non-increasing): the length with the most expected committed
+        tokens per second of verification. On a GPU (flat cost) that keeps every token; on a CPU,
+        where each verified token costs a fifth of a step in int4, unlikely tails are cut."""
+        best, best_rate, expected = 0, 1.0 / self.cost(0), 1.0
+        for length, probability in enumerate(prefix_accept, start=1):
+            expected += probability
+            rate = expected / self.cost(length)
+            if rate > best_rate:
+                best, best_rate = length, rate
+        return best
+
+
+@dataclass
 class GammaController:
     """Running estimates of α, draft seconds per token and verify seconds per k; picks the k with
     the highest expected tokens per second, k = 0 (plain decoding) included.
@@ -37,7 +77,7 @@ class GammaController:
     max_k: int
     alpha: float = 0.7  # optimistic prior: speculation gets tried before it is judged
     draft_s_per_token: float | None = None
-    verify_s: dict[int, float] = field(default_factory=dict)  # k -> EMA seconds of a (k+1)-token forward
+    verify: VerifyCosts = field(default_factory=VerifyCosts)
     smoothing: float = 0.1
     #: while k=0 is chosen, still try k=1 after this many steps so α keeps being measured; the wait
     #: doubles after every exploration that did not change the choice (up to max_explore_every)
@@ -53,7 +93,7 @@ class GammaController:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
 
     def update(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        self.verify_s[proposed] = self._ema(self.verify_s.get(proposed), verify_s)
+        self.verify.update(proposed, verify_s)
         if proposed and accepted == proposed:
             self._explore_wait = 0  # the draft was right: stop backing off exploration
         if proposed:
@@ -67,15 +107,7 @@ class GammaController:
         self._last_k = proposed
 
     def _verify_cost(self, k: int) -> float:
-        if k in self.verify_s:
-            return self.verify_s[k]
-        known = sorted(self.verify_s.items())
-        if not known:
-            return 1.0
-        if k < known[0][0] or k > known[-1][0] or len(known) == 1:  # outside what was measured: flat
-            return min(known, key=lambda p: abs(p[0] - k))[1]
-        (k0, t0), (k1, t1) = _bracket(known, k)
-        return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
+        return self.verify.cost(k)
 
     def expected_rate(self, k: int) -> float:
         """Expected committed tokens per second when drafting k tokens this round."""

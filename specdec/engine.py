@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from specdec.adaptive import GammaController
+from specdec.adaptive import GammaController, VerifyCosts
 from specdec.backends.base import Backend
 from specdec.config import SpecConfig
 from specdec.drafters.base import Draft, Drafter
@@ -154,6 +154,7 @@ def generate_stream(
         draft_weight_bytes=getattr(getattr(drafter, "backend", None), "weight_bytes", 0),
     )
     gamma = GammaController(max_k) if spec.adaptive and drafter is not None else None
+    verify_costs = gamma.verify if gamma is not None else VerifyCosts()  # for drafts with prefix_accept
 
     start = time.perf_counter()
     state = target.new_state(cache_len)
@@ -180,6 +181,8 @@ def generate_stream(
 
             t0 = time.perf_counter()
             draft = drafter.propose(context, k).clipped(k, vocab_size) if drafter is not None and k > 0 else Draft(tokens=[])
+            if draft.prefix_accept is not None and len(draft):
+                draft = draft.clipped(verify_costs.best_length(draft.prefix_accept), vocab_size)
             t1 = time.perf_counter()
             logits = target.forward(state, [context[-1], *draft.tokens])
             num_accepted, next_token = verify(draft.tokens, draft.probs, logits, params, generator)
@@ -191,6 +194,8 @@ def generate_stream(
             stats.record_step(len(draft), num_accepted, t1 - t0, t2 - t1)
             if gamma is not None:
                 gamma.update(len(draft), num_accepted, t1 - t0, t2 - t1)
+            else:
+                verify_costs.update(len(draft), t2 - t1)
             new_tokens = [*draft.tokens[:num_accepted], next_token]
             context.extend(new_tokens)
             committed = out.add(new_tokens)

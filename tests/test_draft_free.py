@@ -83,20 +83,35 @@ def test_frequency_table_prediction_and_removal():
 
 
 def test_suffix_draft_length_follows_match_length_and_learned_acceptance():
-    """A one-token match is right about a third of the time: drafted alone, never extended on a
-    guess; a long match drafts the whole γ; once one-token matches keep failing they stop being drafted."""
+    """A one-token match is right about a third of the time: a short, low-confidence draft; a long
+    match drafts the whole γ; once one-token matches keep failing they stop being drafted."""
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 50, 7]  # ends in a 1-token match of "7"
     drafter = SuffixDrafter(GlobalSuffixCache())
     drafter.start(prompt)
-    assert drafter.propose(prompt, 6).tokens == [8]
-    assert drafter.proposed_depths == [1]
-    for _ in range(10):  # the one-token draft is rejected over and over
+    draft = drafter.propose(prompt, 6)
+    assert draft.tokens == [8, 9] and drafter.proposed_depths == [1, 2]
+    assert draft.prefix_accept == pytest.approx([0.3, 0.15])
+    for _ in range(20):  # the one-token draft is rejected over and over
         drafter.accepted(0, 99)
         drafter.propose(prompt, 6)
     assert drafter.propose(prompt, 6).tokens == []
     long_match = prompt + [8, 9, 10]  # "7 8 9 10" repeats: a 4-token match that grows as it walks
     assert drafter.propose(long_match, 6).tokens == [11, 12, 50, 7, 8, 9]  # other lengths unaffected
     assert drafter.proposed_depths == [4, 5, 6, 7, 8, 8]
+    before = (drafter.match_accepts[5], drafter.match_trials[5])  # match length 6: the third token
+    drafter.accepted(2, 50)  # the engine cut the draft after 2 tokens; the target's next one equals the third
+    assert (drafter.match_accepts[5], drafter.match_trials[5]) == (before[0] + 1, before[1] + 1)
+
+
+def test_verify_costs_keep_the_draft_length_worth_its_cost():
+    from specdec.adaptive import VerifyCosts
+
+    costs = VerifyCosts()
+    assert costs.best_length([0.9, 0.5, 0.1]) == 3  # nothing measured: flat, verify everything
+    for k, seconds in {0: 1.0, 1: 1.2, 2: 1.4, 3: 2.0}.items():
+        costs.update(k, seconds)
+    assert costs.best_length([0.9, 0.5, 0.1]) == 2  # the third token would cost more than it brings
+    assert costs.best_length([0.1]) == 0
 
 
 def test_suffix_cache_evicts_under_cap():

@@ -22,10 +22,14 @@ class Draft:
     ``tokens [k]`` are token ids. ``probs [k, vocab]`` is the draft distribution q each token was
     sampled from, after the same sampling transform the target gets; ``None`` means the proposal is
     deterministic (q is a point mass on each token), as for n-gram lookup or greedy drafting.
+    ``prefix_accept [k]``, optional: the drafter's estimate that its first j+1 tokens are all
+    accepted; the engine then verifies only the length worth its measured cost
+    (:meth:`specdec.adaptive.VerifyCosts.best_length`).
     """
 
     tokens: list[int]
     probs: torch.Tensor | None = None
+    prefix_accept: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -43,7 +47,8 @@ class Draft:
             keep += 1
         if keep == len(self.tokens):
             return self
-        return Draft(self.tokens[:keep], None if self.probs is None else self.probs[:keep])
+        return Draft(self.tokens[:keep], None if self.probs is None else self.probs[:keep],
+                     None if self.prefix_accept is None else self.prefix_accept[:keep])
 
 
 @runtime_checkable

@@ -5,7 +5,9 @@ Both sources are variable-order frequency tables: for every context of up to ``m
 how often each next token followed it. To propose, the longest context matching the end of the
 current sequence predicts the most frequent next token; the walk goes on (re-matching after each
 drafted token) while the product of the tokens' acceptance estimates stays above ``min_confidence``
-— so the speculation length follows the match, as in SuffixDecoding. A token's estimate is
+— so the speculation length follows the match, as in SuffixDecoding — and hands the products to
+the engine (``Draft.prefix_accept``), which verifies only the length worth its measured verify cost
+(all of it where verification is flat, as with int8 or on a GPU; the likely head with int4). A token's estimate is
 count/total times how often matches of its length have been accepted (a running per-request rate,
 see ``MATCH_PRIOR``): in a fresh prompt almost every context occurs once, so count/total alone is 1
 for a one-token match that is right a third of the time, and drafting on it wastes verification
@@ -109,7 +111,7 @@ PRIOR_WEIGHT = 8.0
 class SuffixDrafter:
     name = "suffix"
 
-    def __init__(self, cache: GlobalSuffixCache | None = None, max_depth: int = 8, min_confidence: float = 0.3) -> None:
+    def __init__(self, cache: GlobalSuffixCache | None = None, max_depth: int = 8, min_confidence: float = 0.1) -> None:
         self.cache = cache if cache is not None else GlobalSuffixCache(max_depth)
         self.local = FrequencyTable(max_depth)
         self.min_confidence = min_confidence
@@ -122,6 +124,7 @@ class SuffixDrafter:
         self.match_accepts = [PRIOR_WEIGHT * MATCH_PRIOR[min(b, len(MATCH_PRIOR) - 1)] for b in range(buckets)]
         self.match_trials = [PRIOR_WEIGHT] * buckets
         self.proposed_depths: list[int] = []  # match length behind each token of the last proposal
+        self.proposed: list[int] = []
 
     def start(self, prompt_ids: list[int]) -> None:
         self.local = FrequencyTable(self.local.max_depth)
@@ -150,6 +153,7 @@ class SuffixDrafter:
             self.local.add(self.tokens, start=start)
         walk = list(self.tokens[-self.local.max_depth :])
         proposal: list[int] = []
+        prefix_accept: list[float] = []
         self.proposed_depths = []
         score = 1.0  # estimated probability that the whole proposal so far is accepted
         while len(proposal) < k:
@@ -161,16 +165,20 @@ class SuffixDrafter:
             if score < self.min_confidence:
                 break
             proposal.append(token)
+            prefix_accept.append(score)
             self.proposed_depths.append(depth)
             walk = (walk + [token])[-self.local.max_depth :]
-        return Draft(tokens=proposal)
+        self.proposed = proposal
+        return Draft(tokens=proposal, prefix_accept=prefix_accept)
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
-        """Update the per-match-length acceptance rates (tokens after the first rejection were not
-        tried); committed tokens themselves arrive with the next propose()."""
+        """Update the per-match-length acceptance rates: tokens before ``num_accepted`` were right,
+        the one at it was right iff the target committed it (the engine may have cut the draft
+        there, unverified), later ones were not tried. Committed tokens arrive with the next propose()."""
         for position, depth in enumerate(self.proposed_depths[: num_accepted + 1]):
             self.match_trials[self._bucket(depth)] += 1
-            self.match_accepts[self._bucket(depth)] += position < num_accepted
+            right = position < num_accepted or self.proposed[position] == next_token
+            self.match_accepts[self._bucket(depth)] += right
 
     def finish(self) -> None:
         if len(self.tokens) > self.prompt_len:  # learn this output (with the prompt's tail as context)
