@@ -19,6 +19,11 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def ema(old: float | None, new: float, smoothing: float) -> float:
+    """Exponential moving average; the first value is taken as it is."""
+    return new if old is None else (1 - smoothing) * old + smoothing * new
+
+
 @dataclass
 class VerifyCosts:
     """EMA seconds of a verification forward per number of drafted tokens k (a (k+1)-token chunk).
@@ -31,8 +36,7 @@ class VerifyCosts:
     smoothing: float = 0.1
 
     def update(self, k: int, seconds: float) -> None:
-        old = self.seconds.get(k)
-        self.seconds[k] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        self.seconds[k] = ema(self.seconds.get(k), seconds, self.smoothing)
 
     def cost(self, k: int) -> float:
         if k in self.seconds:
@@ -90,7 +94,7 @@ class GammaController:
     _last_k: int = 0  # the request starts like a catch-up: the drafter has not seen the prompt yet
 
     def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+        return ema(old, new, self.smoothing)
 
     def update(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.verify.update(proposed, verify_s)
