@@ -6,14 +6,14 @@ how often each next token followed it. To propose, the longest context matching 
 current sequence predicts the most frequent next token; the walk goes on (re-matching after each
 drafted token) while the product of the tokens' acceptance estimates stays above ``min_confidence``
 — so the speculation length follows the match, as in SuffixDecoding — and hands the products to
-the engine (``Draft.prefix_accept``), which verifies only the length worth its measured verify cost
-(all of it where verification is flat, as with int8 or on a GPU; the likely head with int4). A token's estimate is
-count/total times how often matches of its length have been accepted (a running per-request rate,
-see ``MATCH_PRIOR``): in a fresh prompt almost every context occurs once, so count/total alone is 1
-for a one-token match that is right a third of the time, and drafting on it wastes verification
-work a CPU pays for per token. The global cache lives for the process (shared across server
-requests on purpose), counts its entries, and evicts whole requests, least recently used first,
-above ``max_cache_entries``.
+the engine (``Draft.prefix_accept``), which verifies only the length worth its measured verify
+cost (all of it where verification is flat, as with int8 or on a GPU; the likely head with int4).
+A token's estimate is count/total times how often matches of its length have been accepted (a
+running per-request rate, see ``MATCH_PRIOR``): in a fresh prompt almost every context occurs once,
+so count/total alone is 1 for a one-token match that is right a third of the time, and drafting on
+it wastes verification work a CPU pays for per token. The global cache lives for the process
+(shared across server requests on purpose), counts its entries, and evicts whole requests, least
+recently used first, above ``max_cache_entries``.
 """
 
 from __future__ import annotations
