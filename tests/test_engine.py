@@ -211,3 +211,43 @@ def test_unsure_draft_token_is_proposed_and_ends_the_round():
     assert draft.tokens == [3, 3, 5]
     assert steps == [3, 3]  # no step drafted on the unsure token
     assert draft_autoregressively(sure, step, 6, params, make_generator(0)).tokens == [3] * 6  # 0 = never stop
+
+
+def test_engine_verifies_only_the_length_the_cost_model_picks(tiny_target, monkeypatch):
+    """A draft carrying prefix_accept is cut to VerifyCosts.best_length before verification (the
+    drafter still learns what the target committed); output stays exact."""
+    import specdec.engine
+    from specdec.adaptive import VerifyCosts
+    from specdec.api import encode_prompt
+    from specdec.drafters.base import Draft
+
+    picked: list[list[float]] = []
+
+    class KeepOne(VerifyCosts):
+        def best_length(self, prefix_accept: list[float]) -> int:
+            picked.append(list(prefix_accept))
+            return 1
+
+    class Sure:
+        name = "sure"
+
+        def start(self, prompt_ids):
+            pass
+
+        def propose(self, context_ids, k):
+            return Draft(tokens=[5] * k, prefix_accept=[0.9 ** (j + 1) for j in range(k)])
+
+        def accepted(self, num_accepted, next_token):
+            pass
+
+        def finish(self):
+            pass
+
+    monkeypatch.setattr(specdec.engine, "VerifyCosts", KeepOne)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    ids = encode_prompt(tiny_target, "def f(x):")
+    out = generate_ids(tiny_target.backend, ids, params, Sure(), SpecConfig(method="ngram", num_speculative_tokens=4),
+                       tiny_target.tokenizer, make_generator(0))
+    assert picked and len(picked[0]) == 4  # the whole draft's estimates were offered
+    assert 0 < out.stats.proposed_tokens <= out.stats.target_forwards  # one token per round, not 4
+    assert out.token_ids == specdec.generate(tiny_target, "def f(x):", params).token_ids
