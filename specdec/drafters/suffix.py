@@ -151,10 +151,18 @@ class SuffixDrafter:
             start = len(self.tokens)
             self.tokens.extend(context_ids[start:])
             self.local.add(self.tokens, start=start)
-        walk = list(self.tokens[-self.local.max_depth :])
+        draft, self.proposed_depths = self.continuation(self.tokens, k)
+        self.proposed = draft.tokens
+        return draft
+
+    def continuation(self, tokens: list[int], k: int) -> tuple[Draft, list[int]]:
+        """Up to ``k`` tokens to follow ``tokens`` (the committed ones, or those plus tokens another
+        drafter proposed) from the tables as they are, and the match length behind each; learns
+        nothing from ``tokens``, so uncommitted tokens never enter the tables."""
+        walk = list(tokens[-self.local.max_depth :])
         proposal: list[int] = []
         prefix_accept: list[float] = []
-        self.proposed_depths = []
+        depths: list[int] = []
         score = 1.0  # estimated probability that the whole proposal so far is accepted
         while len(proposal) < k:
             prediction = self._predict(walk)
@@ -166,10 +174,9 @@ class SuffixDrafter:
                 break
             proposal.append(token)
             prefix_accept.append(score)
-            self.proposed_depths.append(depth)
+            depths.append(depth)
             walk = (walk + [token])[-self.local.max_depth :]
-        self.proposed = proposal
-        return Draft(tokens=proposal, prefix_accept=prefix_accept)
+        return Draft(tokens=proposal, prefix_accept=prefix_accept), depths
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
         """Update the per-match-length acceptance rates: tokens before ``num_accepted`` were right,
