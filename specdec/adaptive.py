@@ -110,6 +110,13 @@ class GammaController:
                 self.draft_s_per_token = self._ema(self.draft_s_per_token, draft_s / proposed)
         self._last_k = proposed
 
+    def update_free_round(self, proposed: int, verify_s: float) -> None:
+        """A round whose draft cost no model step and whose length the cost model chose (a draft
+        with ``prefix_accept``: suffix tables): it says nothing about the draft model's α or cost,
+        only about verification; the next model round catches up on the tokens it committed."""
+        self.verify.update(proposed, verify_s)
+        self._last_k = 0
+
     def _verify_cost(self, k: int) -> float:
         return self.verify.cost(k)
 

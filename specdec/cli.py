@@ -41,7 +41,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="draft model for speculative decoding (built-in name, .gguf or HF dir); implies --method draft_model")
     parser.add_argument("--method", default=None,
                         help="speculative method: draft_model (needs --draft-model), ngram (prompt lookup), suffix "
-                             "(suffix decoding over this prompt+output and earlier outputs), retrieval (needs --datastore), "
+                             "(suffix decoding over this prompt+output and earlier outputs), draft_suffix (the draft model, "
+                             "except where the suffix table is sure of the continuation: those tokens cost no draft step; "
+                             "needs --draft-model), retrieval (needs --datastore), "
                              "layer-skip / early-exit (self-speculation with the target's own layers: no draft model, "
                              "no extra memory); omit for plain decoding unless --draft-model is given")
     parser.add_argument("--skip-layers", default=None, metavar="LIST|auto",
@@ -133,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data beside the project, or $SPECDEC_DATA_DIR)")
     bench.add_argument("--categories", default=None, help="comma-separated task groups / categories (e.g. summarization,rag,mt_bench)")
     bench.add_argument("--limit", type=positive_int, default=None, help="first N prompts per category")
-    bench.add_argument("--methods", default="ar,draft,ngram,suffix", help="comma-separated: ar, draft, ngram, suffix, retrieval, layer-skip, early-exit (default: ar,draft,ngram,suffix)")
+    bench.add_argument("--methods", default="ar,draft,ngram,suffix", help="comma-separated: ar, draft, ngram, suffix, draft-suffix, retrieval, layer-skip, early-exit (default: ar,draft,ngram,suffix)")
     bench.add_argument("--gammas", default=None, help="several γ to sweep, e.g. 2,4,6,auto (overrides --num-speculative-tokens)")
     bench.add_argument("--repeats", type=positive_int, default=3, help="repeats per prompt and method; medians are reported (default: 3)")
     bench.add_argument("--peers", default="", help="comma-separated peers to run in the same run: hf (= transformers plain, assisted, prompt lookup), "
@@ -351,7 +353,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.num_speculative_tokens if args.num_speculative_tokens is not None else 4]
     params = sampling_from_args(args)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
-    needs_draft = any(m in ("draft", "draft_model", "hf-assisted", "llamacpp-draft") for m in methods)
+    needs_draft = any(m in ("draft", "draft_model", "draft_suffix", "draft-suffix", "hf-assisted", "llamacpp-draft") for m in methods)
     draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
                                quantize=draft_quantize(args)) if needs_draft else None
     if draft is not None:

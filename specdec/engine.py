@@ -174,15 +174,22 @@ def generate_stream(
             committed = []
         while out.finish_reason is None:
             remaining = params.max_tokens - len(out.token_ids)
-            k = gamma.choose() if gamma is not None else max_k
-            k = max(0, min(k, remaining - 1, context_len - len(context)))
+            room = max(0, min(max_k, remaining - 1, context_len - len(context)))
+            k = min(gamma.choose() if gamma is not None else max_k, room)
             if speculate is not None and not speculate():
-                k = 0
+                k = room = 0
 
             t0 = time.perf_counter()
-            draft = drafter.propose(context, k).clipped(k, vocab_size) if drafter is not None and k > 0 else Draft(tokens=[])
+            # a drafter with free tokens (a suffix table) is asked even when γ is 0 for its model
+            asked = drafter is not None and (k > 0 or (room > 0 and getattr(drafter, "has_free_tokens", False)))
+            draft = drafter.propose(context, k) if asked else Draft(tokens=[])
             if draft.prefix_accept is not None and len(draft):
+                # the drafter estimated its own acceptance: the cost model picks the length, up to
+                # the room left rather than this round's γ (see Draft)
+                draft = draft.clipped(room, vocab_size)
                 draft = draft.clipped(verify_costs.best_length(draft.prefix_accept), vocab_size)
+            else:
+                draft = draft.clipped(k, vocab_size)
             t1 = time.perf_counter()
             logits = target.forward(state, [context[-1], *draft.tokens])
             num_accepted, next_token = verify(draft.tokens, draft.probs, logits, params, generator)
@@ -192,8 +199,10 @@ def generate_stream(
             t2 = time.perf_counter()
 
             stats.record_step(len(draft), num_accepted, t1 - t0, t2 - t1)
-            if gamma is not None:
+            if gamma is not None and draft.prefix_accept is None:
                 gamma.update(len(draft), num_accepted, t1 - t0, t2 - t1)
+            elif gamma is not None:
+                gamma.update_free_round(len(draft), t2 - t1)
             else:
                 verify_costs.update(len(draft), t2 - t1)
             new_tokens = [*draft.tokens[:num_accepted], next_token]
@@ -208,6 +217,7 @@ def generate_stream(
         stats.generated_tokens = len(out.token_ids)
         stats.decode_time_s = time.perf_counter() - decode_start
         stats.total_time_s = time.perf_counter() - start
+        stats.draft_forwards = getattr(drafter, "model_forwards", None)
         yield StreamChunk(committed, out.new_text(), finish_reason=out.finish_reason, stats=stats)
     finally:
         if drafter is not None:

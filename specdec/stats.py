@@ -28,6 +28,9 @@ class Stats:
     total_time_s: float = 0.0
     weight_bytes: int = 0  # target weights read per forward, for achieved bandwidth
     draft_weight_bytes: int = 0
+    #: draft-model forwards, where the drafter counts them (draft_suffix drafts some rounds without
+    #: one); None = one per proposed token
+    draft_forwards: int | None = None
     gamma_history: list[int] = field(default_factory=list)
 
     def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
@@ -79,10 +82,11 @@ class Stats:
         """Weight bytes streamed per second in the decode phase (gpt-fast's figure of merit).
 
         Each target forward reads the target's weights once; the draft's reads are added per draft
-        forward (approximated as one per proposed token)."""
+        forward (counted by the drafter, else one per proposed token)."""
         if self.decode_time_s <= 0:
             return 0.0
-        moved = self.target_forwards * self.weight_bytes + self.proposed_tokens * self.draft_weight_bytes
+        draft_forwards = self.proposed_tokens if self.draft_forwards is None else self.draft_forwards
+        moved = self.target_forwards * self.weight_bytes + draft_forwards * self.draft_weight_bytes
         return moved / self.decode_time_s / 1e9
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,6 +141,7 @@ def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
     if not items:
         return {}
     total = Stats(method=items[0].method, dtype=items[0].dtype)
+    draft_forwards = 0
     for s in items:
         total.prompt_tokens += s.prompt_tokens
         total.generated_tokens += s.generated_tokens
@@ -150,6 +155,8 @@ def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
         total.total_time_s += s.total_time_s
         total.ttft_s += s.ttft_s
         total.weight_bytes, total.draft_weight_bytes = s.weight_bytes, s.draft_weight_bytes
+        draft_forwards += s.proposed_tokens if s.draft_forwards is None else s.draft_forwards
+    total.draft_forwards = draft_forwards
     result = total.to_dict()
     # per-request decode tokens = generated - 1, so the totals' "-1" must count every request
     decode_tokens = total.generated_tokens - len(items)

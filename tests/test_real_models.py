@@ -120,13 +120,13 @@ def test_int8_chunk_logits_are_bit_identical_to_single_token_decoding(pair_int8,
     assert torch.equal(chunked, single)
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram", "suffix", "layer_skip", "early_exit"])
+@pytest.mark.parametrize("method", ["draft_model", "draft_suffix", "ngram", "suffix", "layer_skip", "early_exit"])
 def test_int8_speculative_greedy_is_identical_for_every_method(pair_int8, humaneval_prompt, method):
     target, draft = pair_int8
     params = specdec.SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     plain = specdec.generate(target, humaneval_prompt, params)
     spec = specdec.SpecConfig(method=method, num_speculative_tokens=4, skip_layers="14-20" if method == "layer_skip" else None)
-    out = specdec.generate(target, humaneval_prompt, params, draft=draft if method == "draft_model" else None, spec=spec)
+    out = specdec.generate(target, humaneval_prompt, params, draft=draft if method.startswith("draft") else None, spec=spec)
     assert out.token_ids == plain.token_ids
     assert out.stats.proposed_tokens > 0 or method in ("ngram", "suffix")
 

@@ -23,7 +23,9 @@ from specdec.sampling import SamplingParams
 #: user-facing method names → SpecConfig.method (None = plain autoregressive decoding)
 METHOD_ALIASES = {"ar": None, "plain": None, "draft": "draft_model", "draft_model": "draft_model", "ngram": "ngram",
                   "suffix": "suffix", "retrieval": "retrieval", "layer-skip": "layer_skip", "layer_skip": "layer_skip",
-                  "early-exit": "early_exit", "early_exit": "early_exit"}
+                  "early-exit": "early_exit", "early_exit": "early_exit", "draft-suffix": "draft_suffix", "draft_suffix": "draft_suffix"}
+#: SpecConfig.method values that run the draft model
+DRAFT_MODEL_METHODS = frozenset({"draft_model", "draft_suffix"})
 PEER_METHODS = {"hf": ["hf", "hf-assisted", "hf-pld"], "llamacpp": ["llamacpp", "llamacpp-draft"]}
 
 
@@ -87,7 +89,7 @@ def ours(target: LoadedModel, draft: LoadedModel | None, method: str, config: Be
     spec = spec_for(method, config, gamma)
 
     def generate_one(ids: list[int]) -> tuple[list[int], dict, str]:
-        out = specdec.generate(target, ids, config.params, draft=draft if spec.method == "draft_model" else None, spec=spec)
+        out = specdec.generate(target, ids, config.params, draft=draft if spec.method in DRAFT_MODEL_METHODS else None, spec=spec)
         return out.token_ids, out.stats.to_dict(), out.text
 
     return generate_one

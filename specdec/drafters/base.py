@@ -24,7 +24,9 @@ class Draft:
     deterministic (q is a point mass on each token), as for n-gram lookup or greedy drafting.
     ``prefix_accept [k]``, optional: the drafter's estimate that its first j+1 tokens are all
     accepted; the engine then verifies only the length worth its measured cost
-    (:meth:`specdec.adaptive.VerifyCosts.best_length`).
+    (:meth:`specdec.adaptive.VerifyCosts.best_length`). Such a draft may be longer than the round's
+    k, up to the request's γ maximum: k budgets model steps, which it did not take; nor does it
+    update the γ controller's α or draft cost.
     """
 
     tokens: list[int]

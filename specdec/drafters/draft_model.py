@@ -24,6 +24,7 @@ def draft_autoregressively(
     params: SamplingParams,
     generator: torch.Generator,
     confidence_threshold: float = 0.0,
+    take_over: Callable[[list[int], int], list[int]] | None = None,
 ) -> Draft:
     """Up to ``k`` tokens, one model step each: ``logits`` follow the context, ``step(token)`` feeds a
     drafted token and returns the next logits. Shared by every drafter that runs a model.
@@ -33,7 +34,9 @@ def draft_autoregressively(
     and returns q for rejection sampling. ``confidence_threshold`` ends the round early once the
     draft's top probability falls below it (0 = never): that token is still proposed — its draft
     step is already paid, and one more verified token costs far less than a draft step — but no
-    further step is drafted on it.
+    further step is drafted on it. ``take_over(drafted, room)``, asked before each further step,
+    may return tokens that end the draft instead (a suffix table that is sure of the continuation:
+    no step is paid for them); under sampling their q rows are point masses.
     """
     tokens: list[int] = []
     probs: list[torch.Tensor] = []
@@ -49,11 +52,24 @@ def draft_autoregressively(
         tokens.append(token)
         if q is not None:
             probs.append(q)
-        if top_prob < confidence_threshold:
+        if top_prob < confidence_threshold or i + 1 == k:
             break  # the draft is unsure: verifying now is cheaper than drafting on
-        if i + 1 < k:
-            logits = step(token)
+        taken = take_over(tokens, k - len(tokens)) if take_over is not None else []
+        if taken:
+            tokens.extend(taken)
+            if probs:  # sampling: point-mass q rows for the taken tokens
+                probs.extend(point_mass(taken_token, logits.shape[-1], logits.device) for taken_token in taken)
+            break
+        logits = step(token)
     return Draft(tokens=tokens, probs=torch.stack(probs) if probs else None)
+
+
+def point_mass(token: int, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """q for a deterministic proposal: the verifier's min(1, p/q) and max(p − q, 0) then reduce to
+    the point-mass rule (accept with p(token); on rejection resample from p without it)."""
+    q = torch.zeros(vocab_size, device=device)
+    q[token] = 1.0
+    return q
 
 
 def next_token_logits(backend, state, tokens: list[int], vocab_limit: int | None, greedy: bool) -> torch.Tensor:  # noqa: ANN001
@@ -95,13 +111,17 @@ class DraftModelDrafter:
         self.max_seq_len = max_seq_len
         #: stop a round early once the draft's own top probability drops below this (0 = never)
         self.confidence_threshold = confidence_threshold
+        #: optional ``(drafted, room) -> tokens`` asked before each draft step (see draft_autoregressively)
+        self.take_over: Callable[[list[int], int], list[int]] | None = None
         self.state = backend.new_state(max_seq_len)
         self.cached: list[int] = []  # tokens whose keys/values are in the draft cache
         self.context_len = 0
+        self.model_forwards = 0  # draft forwards this request (each reads the draft's weights once)
 
     def start(self, prompt_ids: list[int]) -> None:
         self.state.truncate(0)
         self.cached = []
+        self.model_forwards = 0
 
     def _sync(self, context_ids: list[int]) -> torch.Tensor:
         """Feed committed tokens the draft cache lacks; return the logits after the last one."""
@@ -122,6 +142,7 @@ class DraftModelDrafter:
         return logits
 
     def _forward(self, tokens: list[int]) -> torch.Tensor:
+        self.model_forwards += 1
         return next_token_logits(self.backend, self.state, tokens, self.vocab_limit, self.params.is_greedy)
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
@@ -134,7 +155,7 @@ class DraftModelDrafter:
             self.cached.append(token)
             return self._forward([token])
 
-        return draft_autoregressively(logits, step, k, self.params, self.generator, self.confidence_threshold)
+        return draft_autoregressively(logits, step, k, self.params, self.generator, self.confidence_threshold, self.take_over)
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
         # keep the context and the accepted part of the proposal; next_token is fed next round
