@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import specdec  # noqa: E402
 from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.models.registry import resolve_model  # noqa: E402
+from specdec.drafters.suffix import clear_global_caches  # noqa: E402
 
 
 def hf_tokens_per_s(target, assistant, ids: list[int], max_tokens: int, temperature: float) -> float:
@@ -60,7 +61,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prompts", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--gammas", default="2,4,6,8,auto", help="γ values; G:N also limits the draft to N token ids (--draft-vocab-size); auto@P sets --draft-confidence-threshold P")
+    parser.add_argument("--gammas", default="2,4,6,8,auto", help="γ values; G:N also limits the draft to N token ids (--draft-vocab-size); auto@P sets --draft-confidence-threshold P; "
+                        "G+suffix runs method draft_suffix (the suffix table drafts where it is confident, the draft model elsewhere)")
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peer", choices=["hf", "none"], default="hf", help="transformers plain + assisted generation (fp32), once per prompt")
@@ -98,8 +100,11 @@ def main() -> int:
                         plain_tokens = out.token_ids
                     else:
                         gamma, _, vocab = str(config).partition(":")
+                        gamma, suffix_assisted, _ = gamma.partition("+suffix")
                         gamma, _, threshold = gamma.partition("@")
-                        spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=gamma if gamma == "auto" else int(gamma),
+                        clear_global_caches()  # a repeat must not draft from its own earlier output
+                        spec = specdec.SpecConfig(method="draft_suffix" if suffix_assisted else "draft_model",
+                                                  num_speculative_tokens=gamma if gamma == "auto" else int(gamma),
                                                   draft_vocab_size=int(vocab or 0),
                                                   **({"draft_confidence_threshold": float(threshold)} if threshold else {}))
                         out = specdec.generate(target, ids, params, draft=draft, spec=spec)
@@ -125,7 +130,8 @@ def main() -> int:
             gbs = statistics.median(s.achieved_gb_per_s for s in stats)
             same = "n/a (sampling)" if temperature > 0 else ("yes" if identical[str(config)] else "**NO**")
             gamma, _, vocab = str(config).partition(":")
-            name = "plain (ours)" if config == "plain" else f"draft γ={gamma}" + (f", draft vocab {vocab}" if vocab else "")
+            gamma, suffix_assisted, _ = gamma.partition("+suffix")
+            name = "plain (ours)" if config == "plain" else ("draft+suffix" if suffix_assisted else "draft") + f" γ={gamma}" + (f", draft vocab {vocab}" if vocab else "")
             cost = "| – | – | – " if config == "plain" else "| {:.2f} | {:.2f} | {} ".format(*cost_model(stats, plain_step_s))
             print(f"| {name} | {tps:.2f} | {tps / plain_tps:.2f}× | {alpha:.2f} | {tau:.2f} | {draft_s:.2f} | {verify_s:.2f} | {other_s:.2f} "
                   f"{cost}| {gbs:.1f} | {same} |")
