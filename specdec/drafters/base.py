@@ -72,6 +72,10 @@ class Drafter(Protocol):
     # Optional: ``bind_target_state(state)`` — called after prefill with the target's cache of the
     # request, for drafters that run inside it (self-speculation, layers.py). The drafter must leave
     # the cache at the length it found it.
+    # Optional: ``has_free_tokens = True`` — the engine asks propose() even when the γ controller
+    # chose k = 0 (its model does not pay): the drafter may still return a draft with
+    # ``prefix_accept`` that costs no model step (draft_suffix's table rounds), or nothing.
+    # Optional: ``model_forwards`` — draft-model forwards so far this request (GB/s counts them).
 
 
 #: name → factory(target, spec_config, sampling_params, generator, **resources) -> Drafter
