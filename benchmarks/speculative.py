@@ -52,6 +52,26 @@ def cost_model(stats: list, plain_step_s: float) -> tuple[float, float, str]:
     return c1, v, "> 1" if need is None else f"{need:.2f}"
 
 
+def _split_config(config: str) -> tuple[str, bool, str]:
+    """"G[@P][+suffix][:N]" (see --gammas) → ("G[@P]", suffix-assisted?, "N" or "")."""
+    head, _, vocab = config.partition(":")
+    return head.replace("+suffix", ""), "+suffix" in head, vocab
+
+
+def spec_for_config(config: str) -> specdec.SpecConfig:
+    head, suffix_assisted, vocab = _split_config(config)
+    gamma, _, threshold = head.partition("@")
+    return specdec.SpecConfig(method="draft_suffix" if suffix_assisted else "draft_model",
+                              num_speculative_tokens=gamma if gamma == "auto" else int(gamma),
+                              draft_vocab_size=int(vocab or 0),
+                              **({"draft_confidence_threshold": float(threshold)} if threshold else {}))
+
+
+def config_label(config: str) -> str:
+    head, suffix_assisted, vocab = _split_config(config)
+    return ("draft+suffix" if suffix_assisted else "draft") + f" γ={head}" + (f", draft vocab {vocab}" if vocab else "")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -99,15 +119,8 @@ def main() -> int:
                         out = specdec.generate(target, ids, params)
                         plain_tokens = out.token_ids
                     else:
-                        gamma, _, vocab = str(config).partition(":")
-                        gamma, suffix_assisted, _ = gamma.partition("+suffix")
-                        gamma, _, threshold = gamma.partition("@")
                         clear_global_caches()  # a repeat must not draft from its own earlier output
-                        spec = specdec.SpecConfig(method="draft_suffix" if suffix_assisted else "draft_model",
-                                                  num_speculative_tokens=gamma if gamma == "auto" else int(gamma),
-                                                  draft_vocab_size=int(vocab or 0),
-                                                  **({"draft_confidence_threshold": float(threshold)} if threshold else {}))
-                        out = specdec.generate(target, ids, params, draft=draft, spec=spec)
+                        out = specdec.generate(target, ids, params, draft=draft, spec=spec_for_config(config))
                         if temperature == 0 and out.token_ids != plain_tokens:
                             identical[str(config)] = False
                     results[str(config)].append(out.stats)
@@ -129,9 +142,7 @@ def main() -> int:
             draft_s, verify_s, other_s = (statistics.median(getattr(s, f) for s in stats) for f in ("draft_time_s", "verify_time_s", "overhead_time_s"))
             gbs = statistics.median(s.achieved_gb_per_s for s in stats)
             same = "n/a (sampling)" if temperature > 0 else ("yes" if identical[str(config)] else "**NO**")
-            gamma, _, vocab = str(config).partition(":")
-            gamma, suffix_assisted, _ = gamma.partition("+suffix")
-            name = "plain (ours)" if config == "plain" else ("draft+suffix" if suffix_assisted else "draft") + f" γ={gamma}" + (f", draft vocab {vocab}" if vocab else "")
+            name = "plain (ours)" if config == "plain" else config_label(config)
             cost = "| – | – | – " if config == "plain" else "| {:.2f} | {:.2f} | {} ".format(*cost_model(stats, plain_step_s))
             print(f"| {name} | {tps:.2f} | {tps / plain_tps:.2f}× | {alpha:.2f} | {tau:.2f} | {draft_s:.2f} | {verify_s:.2f} | {other_s:.2f} "
                   f"{cost}| {gbs:.1f} | {same} |")

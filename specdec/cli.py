@@ -337,7 +337,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import specdec
     from specdec.bench.datasets import load_prompts
     from specdec.bench.report import write_results
-    from specdec.bench.runner import PEER_METHODS, BenchConfig, run_benchmark
+    from specdec.bench.runner import DRAFT_MODEL_METHODS, METHOD_ALIASES, PEER_METHODS, BenchConfig, run_benchmark
 
     rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
@@ -353,7 +353,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.num_speculative_tokens if args.num_speculative_tokens is not None else 4]
     params = sampling_from_args(args)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
-    needs_draft = any(m in ("draft", "draft_model", "draft_suffix", "draft-suffix", "hf-assisted", "llamacpp-draft") for m in methods)
+    needs_draft = any(METHOD_ALIASES.get(m) in DRAFT_MODEL_METHODS or m in ("hf-assisted", "llamacpp-draft") for m in methods)
     draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
                                quantize=draft_quantize(args)) if needs_draft else None
     if draft is not None:
