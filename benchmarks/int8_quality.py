@@ -7,7 +7,7 @@ continuation, and the length of the identical prefix of both models' greedy cont
     .venv/bin/python benchmarks/int8_quality.py --prompts 12 --max-tokens 64 --quantize int8,int4
 
 int4 runs a Q4_K_M GGUF's Q4_K tensors with their own values (the float32 reference is those same
-values dequantized), so its only departures are int8 activations and int8 copies of the Q6_K tensors.
+values dequantized), so its only departures are int8 activations (its Q6_K tensors run their own values too).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ except Exception as exc:  # no compiler / no AVX2: the int8 path still works; sa
     pytest.skip(f"int4 kernel unavailable: {exc}", allow_module_level=True)
 
 
-@pytest.mark.parametrize("width", [512, 320])  # 320: one whole block and a partial one (2 of 8 groups)
+# 320 / 704: whole blocks (interleaved codes) and a partial one of 2 / 6 groups (Q4_K's pair layout)
+@pytest.mark.parametrize("width", [512, 320, 704])
 def test_q4_linear_close_to_its_weights_and_to_float(width):
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(96, width, generator=gen) * 0.02, torch.randn(96, generator=gen)
@@ -33,7 +34,7 @@ def test_q4_linear_close_to_its_weights_and_to_float(width):
     assert ((out - ref).norm(dim=-1) / ref.norm(dim=-1)).max() < 0.12
 
 
-@pytest.mark.parametrize("rows", [2, 5, 8, 9, 17])
+@pytest.mark.parametrize("rows", [2, 4, 5, 8, 9, 17])  # passes of ≤ 4 rows, tiles of 8
 @pytest.mark.parametrize("kind", ["q4", "q8"])
 @pytest.mark.parametrize("width", [768, 896])  # 896: a partial last block of 4 groups (the 0.5B draft's size)
 def test_rows_bit_identical_alone_and_in_a_chunk(rows, kind, width):
@@ -72,7 +73,11 @@ def test_q4k_blocks_reproduce_the_gguf_weights_exactly():
     raw = raw.reshape(rows, blocks * 144)
     layer = Q4Linear.from_q4k(raw)
     ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).reshape(rows, blocks * 256)
-    assert torch.equal(layer.dequantized(), torch.from_numpy(np.asarray(ref, dtype=np.float32)))
+    ref = torch.from_numpy(np.asarray(ref, dtype=np.float32))
+    assert torch.equal(layer.dequantized(), ref)
+    x = torch.randn(3, blocks * 256, generator=torch.Generator().manual_seed(1))
+    exact = torch.nn.functional.linear(x, ref)  # the kernel on the file's own layout: int8 activations only
+    assert ((layer(x) - exact).norm(dim=-1) / exact.norm(dim=-1)).max() < 0.02
 
 
 def test_input_size_must_be_whole_group_pairs():

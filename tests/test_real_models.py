@@ -141,20 +141,24 @@ def target_int4():
 
 
 def test_int4_runs_the_gguf_q4k_weights_and_is_batch_invariant(target_int4, humaneval_prompt):
-    """int4 on the real target: its Q4_K layers compute with exactly the GGUF's weights, and a
-    verification chunk's logits equal single-token decoding's bit for bit."""
+    """int4 on the real target: its Q4_K and Q6_K layers compute with exactly the GGUF's weights,
+    and a verification chunk's logits equal single-token decoding's bit for bit."""
     import gguf
     import numpy as np
 
     from specdec.models.q4 import Q4Linear
+    from specdec.models.q6 import Q6Linear
     from specdec.models.weights import open_gguf
 
     assert target_int4.backend.dtype_name == "int4"
-    layer = target_int4.backend.decoder.model.layers[0].mlp.up_proj
-    assert isinstance(layer, Q4Linear)
-    tensor = next(t for t in open_gguf(target_int4.path).tensors if t.name == "blk.0.ffn_up.weight")
-    ref = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-    assert torch.equal(layer.dequantized(), torch.from_numpy(ref.reshape(layer.out_features, layer.in_features)))
+    tensors = {t.name: t for t in open_gguf(target_int4.path).tensors}
+    model = target_int4.backend.decoder
+    for layer, gguf_name, kind in [(model.model.layers[0].mlp.up_proj, "blk.0.ffn_up.weight", Q4Linear),
+                                   (model.lm_head, "output.weight", Q6Linear)]:
+        assert isinstance(layer, kind), (gguf_name, type(layer))
+        tensor = tensors[gguf_name]
+        ref = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        assert torch.equal(layer.dequantized(), torch.from_numpy(ref.reshape(layer.out_features, layer.in_features)))
     backend = target_int4.backend
     ids = target_int4.tokenizer.encode(humaneval_prompt)[:48]
     chunked_state, single_state = backend.new_state(64), backend.new_state(64)

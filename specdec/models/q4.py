@@ -79,6 +79,8 @@ class Q4Linear(nn.Module):
     g = k / 32, b = k / 256) and per-token int8 activations; float32 in and out. ``sc``/``mn`` hold
     whole blocks of 8 groups (zero-padded when the input size is not a multiple of 256)."""
 
+    BUFFERS = Q4_BUFFERS
+
     def __init__(self, qs: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,
                  bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -108,7 +110,7 @@ class Q4Linear(nn.Module):
         step_q = (sc * d[..., None]).reshape(rows, -1, 1)[:, : cols // 32]
         offset_q = (mn * dmin[..., None]).reshape(rows, -1, 1)[:, : cols // 32]
         codes = ((groups + offset_q) / step_q.clamp_min(1e-20)).round().clamp(0, 15).to(torch.uint8)
-        return cls(pack_codes(codes.reshape(rows, cols)), sc.reshape(rows, -1).to(torch.uint8),
+        return cls(pack_codes(interleave_blocks(codes.reshape(rows, cols))), sc.reshape(rows, -1).to(torch.uint8),
                    mn.reshape(rows, -1).to(torch.int8), d, dmin, bias)
 
     @classmethod
@@ -124,16 +126,14 @@ class Q4Linear(nn.Module):
         sc[..., :4], mn[..., :4] = packed[..., 0:4] & 63, packed[..., 4:8] & 63
         sc[..., 4:] = (packed[..., 8:12] & 0xF) | ((packed[..., 0:4] >> 6) << 4)
         mn[..., 4:] = (packed[..., 8:12] >> 4) | ((packed[..., 4:8] >> 6) << 4)
-        qs = raw[..., 16:].reshape(rows, -1)  # already our nibble layout (it is Q4_K's)
-        return cls(torch.from_numpy(qs.copy()), torch.from_numpy(sc.reshape(rows, -1)),
+        qs = torch.from_numpy(raw[..., 16:].reshape(rows, -1).copy())  # Q4_K's nibble layout
+        return cls(pack_codes(interleave_blocks(unpack_codes(qs))), torch.from_numpy(sc.reshape(rows, -1)),
                    torch.from_numpy(mn.reshape(rows, -1).astype(np.int8)), torch.from_numpy(d), torch.from_numpy(dmin), bias)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight matrix this layer computes with (for tests and quality reports)."""
         rows = self.out_features
-        low, high = self.qs & 0xF, self.qs >> 4
-        pairs = torch.stack([low.reshape(rows, -1, 32), high.reshape(rows, -1, 32)], dim=2)
-        codes = pairs.reshape(rows, -1, 32).float()
+        codes = interleave_blocks(unpack_codes(self.qs)).reshape(rows, -1, 32).float()
         groups = self.in_features // 32
         step = (self.d.repeat_interleave(8, dim=1) * self.sc.float())[:, :groups, None]
         offset = (self.dmin.repeat_interleave(8, dim=1) * self.mn.float())[:, :groups, None]
@@ -165,17 +165,36 @@ def check_shape(in_features: int) -> None:
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    """``[rows, K]`` codes 0..15 → ``[rows, K/2]`` bytes: weights 64p+j (low nibble) and 64p+32+j (high)."""
+    """``[rows, K]`` codes 0..15 → ``[rows, K/2]`` bytes: codes 64p+j (low nibble) and 64p+32+j (high)."""
     rows, cols = codes.shape
     pairs = codes.reshape(rows, cols // 64, 2, 32)
     return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
 
 
+def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_codes`."""
+    rows = packed.shape[0]
+    low, high = packed & 0xF, packed >> 4
+    return torch.stack([low.reshape(rows, -1, 32), high.reshape(rows, -1, 32)], dim=2).reshape(rows, -1)
+
+
+def interleave_blocks(codes: torch.Tensor) -> torch.Tensor:
+    """Reorder ``[rows, K]`` codes within each whole block of 256 into the kernel's vector order
+    (q4_kernel.cpp: vector v holds codes 32g + 4v + t of every group g) — its own inverse (an 8×8
+    transpose of 4-code units); a partial last block stays in order."""
+    rows, cols = codes.shape
+    full = cols // BLOCK * BLOCK
+    units = codes[:, :full].reshape(rows, full // BLOCK, 8, 8, 4).transpose(2, 3).reshape(rows, full)
+    return torch.cat([units, codes[:, full:]], dim=1)
+
+
 class Q8Linear(nn.Module):
     """int8 weights (symmetric, per output row) × per-token int8 activations through the same C++
-    kernel file: the int4 mode's layers a GGUF stores more precisely than 4 bits (the LM head, the
-    Q6_K v/down projections of a Q4_K_M file). Also batch-invariant; unlike fbgemm's int8 (models/
+    kernel file: the int4 mode's layers a GGUF stores as Q8_0 or float (Q6_K ones have their own
+    :class:`~specdec.models.q6.Q6Linear`), and every non-Q4_K layer when there is no GGUF. Also batch-invariant; unlike fbgemm's int8 (models/
     quant.py) it has no per-call setup, which dominated small layers (0.6 ms per v projection)."""
+
+    BUFFERS = ("w8", "w8_scales")
 
     def __init__(self, w8: torch.Tensor, w8_scales: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -206,7 +225,7 @@ def concat(parts: list[nn.Module]) -> nn.Module:
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else torch.zeros(p.out_features) for p, b in zip(parts, biases)])
     cls = type(parts[0])
-    names = Q4_BUFFERS if cls is Q4Linear else ("w8", "w8_scales")
+    names = cls.BUFFERS
     fused = cls(*(torch.cat([getattr(p, n) for p in parts]) for n in names), bias)
     start = 0
     for part in parts:  # the parts become views of the fused rows: no second copy of the weights
@@ -217,26 +236,29 @@ def concat(parts: list[nn.Module]) -> nn.Module:
 
 
 def first_rows(layer: nn.Module, rows: int) -> nn.Module:
-    """A Q4Linear or Q8Linear computing only ``layer``'s first ``rows`` outputs, sharing its memory
-    (a draft's reduced vocabulary: see Decoder.head_rows)."""
-    names = Q4_BUFFERS if isinstance(layer, Q4Linear) else ("w8", "w8_scales")
+    """A kernel layer (Q4Linear, Q6Linear, Q8Linear) computing only ``layer``'s first ``rows``
+    outputs, sharing its memory (a draft's reduced vocabulary: see Decoder.head_rows)."""
+    names = type(layer).BUFFERS
     bias = None if layer.bias is None else layer.bias[:rows]
     return type(layer)(*(getattr(layer, n)[:rows] for n in names), bias)
 
 
 def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | None = None,
-                        low_bit: set[str] | frozenset[str] = frozenset(), every_layer: bool = False) -> nn.Module:
+                        low_bit: set[str] | frozenset[str] = frozenset(),
+                        q6k_blocks: dict[str, np.ndarray] | None = None, every_layer: bool = False) -> nn.Module:
     """The mode ``int4``, in place: linear layers in the 4-bit format, attention row-wise, so the
     model is batch-invariant (exact speculation) like the int8 one.
 
     Which layers: from a GGUF, its Q4_K tensors with their own values, and the tensors it stores in
-    fewer than 6 bits (``low_bit``: Q5_0… — most of the 0.5B draft) rounded to 4; tensors the file
-    stores more precisely (Q6_K/Q8_0/F16 — the LM head and some v/down projections of a Q4_K_M
-    file) become int8 per channel (:class:`Q8Linear`), keeping their precision. Without GGUF blocks
+    fewer than 6 bits (``low_bit``: Q5_0… — most of the 0.5B draft) rounded to 4; its Q6_K tensors
+    (the LM head and half of the v/down projections of a Q4_K_M file) with their own values too
+    (:class:`~specdec.models.q6.Q6Linear`); Q8_0/F16 ones become int8 per channel
+    (:class:`Q8Linear`), keeping their precision. Without GGUF blocks
     (HF directories, tests) every layer but the LM head is rounded to 4 bits; the head stays int8
     (llama.cpp's convention too: logits are the most quantization-sensitive output).
     ``every_layer`` (mode ``int4-all``, drafts): everything not already Q4_K is rounded to 4 bits —
     for the 0.5B draft the int8 LM head was over a third of a step's bytes."""
+    from specdec.models.q6 import Q6Linear
     from specdec.models.quant import fuse_projections, set_batch_invariant
 
     for name, module in list(decoder.named_modules()):
@@ -248,6 +270,8 @@ def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | 
                 new: nn.Module = Q4Linear.from_q4k(q4k_blocks[key], child.bias)
             elif every_layer or (q4k_blocks is None and key != "lm_head.weight") or key in low_bit:
                 new = Q4Linear.from_float(child.weight, child.bias)
+            elif q6k_blocks is not None and key in q6k_blocks:
+                new = Q6Linear.from_q6k(q6k_blocks[key], child.bias)
             else:
                 new = Q8Linear.from_float(child.weight, child.bias)
             setattr(module, child_name, new)
@@ -309,7 +333,7 @@ def layer_plan(decoder: nn.Module) -> list[tuple]:
 
 def _direct(layer: nn.Module) -> Any:
     """``layer``'s kernel call without module dispatch or reshaping (other layers: the module)."""
-    return layer.on_matrix if isinstance(layer, (Q4Linear, Q8Linear)) else layer
+    return getattr(layer, "on_matrix", layer)
 
 
 def _projections(module: nn.Module, fused_name: str, names: tuple[str, ...]) -> Any:

@@ -9,20 +9,35 @@
 // Weight format (per output row n, K inputs (a multiple of 64), groups of 32, blocks of 8 groups; a
 // last partial block has its sc/mn padded with zeros to 8 entries — sizes like the 0.5B draft's 896):
 //   w[n, k] = d[n, b] * sc[n, g] * q - dmin[n, b] * mn[n, g]      q in 0..15, g = k / 32, b = k / 256
+// sc is uint8, mn int8, d/dmin float32: llama.cpp's Q4_K values exactly (its 6-bit scales and mins,
+// per-256 d/dmin), so Q4_K tensors of a GGUF run with their own values. The 4-bit codes of a whole
+// block of 256 are stored *interleaved* (q4.py: to_kernel_layout) so that one 32-byte vector holds
+// 4 codes of each of the block's 8 groups, as 16-bit lanes 2g, 2g+1 after maddubs:
+//   vector v (0..7), byte 4*g + t  <->  code 32*g + 4*v + t;   qs[128*b + 32*i + p] = vec[2i][p] | vec[2i+1][p] << 4
+// Why: the 8 maddubs results of a block can then be summed in 16 bits (8 * 2*15*127 = 30480 < 2^15,
+// exact) and scaled by their groups' sc with one madd — 17 vector ops per 256 weights and row, not 24
+// (the multiply ports are this kernel's limit once a chunk has 2+ rows: verification and prefill).
+// A partial last block (input sizes like 896) keeps Q4_K's pair layout:
 //   qs[n, 32*p + j] = q[64*p + j] | q[64*p + 32 + j] << 4          (group pairs share 32 bytes)
-// sc is uint8, mn int8, d/dmin float32. This holds llama.cpp's Q4_K exactly (its 6-bit scales and
-// mins, per-256 d/dmin, same nibble layout), so Q4_K tensors of a GGUF run with their own values.
+// The activations of full blocks are quantized into the same interleaved order (8x8 transpose of
+// 4-byte units).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include "simd.h"
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
 
-// One activation row -> int8 (symmetric, 127 levels, its own scale) and per-group sums of the codes.
-void quantize_row(const float* x, int64_t K, int8_t* xq, float* scale, int32_t* group_sum) {
+// How a kernel wants a quantized activation row: in order (int8 weights), or in the vector order
+// of the 4-bit (see above) or 6-bit (q6_linear below) weight layouts.
+enum class Layout { kNatural, kQ4, kQ6 };
+
+// One activation row -> int8 (symmetric, 127 levels, its own scale), laid out for `layout`, and the
+// sums of its codes per group of 32 (kQ4: int32) or 16 (kQ6: int16, in group_sum's memory).
+void quantize_row(const float* x, int64_t K, int8_t* xq, float* scale, int32_t* group_sum, Layout layout) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 vmax = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask));
@@ -50,36 +65,73 @@ void quantize_row(const float* x, int64_t K, int8_t* xq, float* scale, int32_t* 
     p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + g * 32), p8);
   }
+  if (layout == Layout::kQ4) {
+    for (int64_t b = 0; b < K / 256; ++b) {  // full blocks: unit (group g, v) -> (v, group g), 4 bytes each
+      int32_t units[64];
+      std::memcpy(units, xq + b * 256, 256);
+      for (int v = 0; v < 8; ++v)
+        for (int g = 0; g < 8; ++g) std::memcpy(xq + b * 256 + 4 * (8 * v + g), units + 8 * g + v, 4);
+    }
+  } else if (layout == Layout::kQ6) {
+    int16_t* sums = reinterpret_cast<int16_t*>(group_sum);
+    for (int64_t j = 0; j < K / 16; ++j) {
+      int32_t total = 0;
+      for (int i = 0; i < 16; ++i) total += xq[16 * j + i];
+      sums[j] = static_cast<int16_t>(total);
+    }
+    for (int64_t b = 0; b < K / 256; ++b) {  // unit (group l, v) -> (v, group l), 2 bytes each
+      int16_t units[128];
+      std::memcpy(units, xq + b * 256, 256);
+      for (int v = 0; v < 8; ++v)
+        for (int l = 0; l < 16; ++l) std::memcpy(xq + b * 256 + 2 * (16 * v + l), units + 8 * l + v, 2);
+    }
+  }
 }
 
-// R activation rows against one weight row; each row's float operations are the same for any R.
-// Per block of 8 groups: integer dot products scaled by the 8-bit group scales stay exact in int32
-// (15*127*2*255*8 < 2^31); one float FMA per block applies d, one applies the mins.
+// Up to 4 activation rows against one weight row (more rows: several passes, so every row runs
+// the same instruction sequence for any M). Full blocks: 8 maddubs summed in 16 bits, one madd
+// applies the 8 group scales; a partial last block: per pair of groups as in Q4_K's layout. Then
+// per block one float FMA applies d and one the mins. Integer parts are exact in int32
+// (255 * 30480 * 2 < 2^31).
 template <int R>
-void dot_rows(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
+void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
               int64_t groups, const int8_t* xq, const int32_t* gsum, int64_t K, int64_t gstride, float* result) {
   const __m256i low = _mm256_set1_epi8(0x0F);
-  const int64_t blocks = (groups + 7) / 8;
+  const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const int64_t blocks = (groups + 7) / 8, full = groups / 8;
   __m256 acc[R], min_acc[R];
   for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); min_acc[r] = _mm256_setzero_ps(); }
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i isum[R];
-    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-    const int64_t pairs = std::min<int64_t>(4, (groups - b * 8) / 2);
-    for (int64_t pair = 0; pair < pairs; ++pair) {
-      const int64_t g = b * 8 + pair * 2;
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 16));
-      const __m256i w0 = _mm256_and_si256(packed, low);
-      const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-      const __m256i s0 = _mm256_set1_epi16(sc[g]);
-      const __m256i s1 = _mm256_set1_epi16(sc[g + 1]);
+    if (b < full) {
+      __m256i w[8];
+      for (int i = 0; i < 4; ++i) {
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * 128 + 32 * i));
+        w[2 * i] = _mm256_and_si256(packed, low);
+        w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+      }
+      const __m256i scales = _mm256_cvtepu8_epi16(
+          _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + b * 8)), dup));
       for (int r = 0; r < R; ++r) {
-        const int8_t* a = xq + r * K + g * 32;
-        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
-        const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32));
-        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, a0), s0);
-        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, a1), s1);
-        isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
+        const __m256i* a = reinterpret_cast<const __m256i*>(xq + r * K + b * 256);
+        __m256i t = _mm256_maddubs_epi16(w[0], _mm256_loadu_si256(a));
+        for (int i = 1; i < 8; ++i) t = _mm256_add_epi16(t, _mm256_maddubs_epi16(w[i], _mm256_loadu_si256(a + i)));
+        isum[r] = _mm256_madd_epi16(t, scales);
+      }
+    } else {
+      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+      for (int64_t g = b * 8; g < groups; g += 2) {
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 16));
+        const __m256i w0 = _mm256_and_si256(packed, low);
+        const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        const __m256i s0 = _mm256_set1_epi16(sc[g]);
+        const __m256i s1 = _mm256_set1_epi16(sc[g + 1]);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* a = xq + r * K + g * 32;
+          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))), s0);
+          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32))), s1);
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
+        }
       }
     }
     const __m256 D = _mm256_set1_ps(d[b]);
@@ -96,6 +148,17 @@ void dot_rows(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
   for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]) - hsum(min_acc[r]);
 }
 
+// R (1..8) activation rows against one weight row: passes of at most 4 rows (8 would spill the 16
+// vector registers); the weight row is in L1 for the second pass.
+template <int R>
+void dot_rows(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
+              int64_t groups, const int8_t* xq, const int32_t* gsum, int64_t K, int64_t gstride, float* result) {
+  constexpr int first = R < 4 ? R : 4;
+  dot_pass<first>(qs, sc, mn, d, dmin, groups, xq, gsum, K, gstride, result);
+  if constexpr (R > 4)
+    dot_pass<R - 4>(qs, sc, mn, d, dmin, groups, xq + 4 * K, gsum + 4 * gstride, K, gstride, result + 4);
+}
+
 using DotFn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, const float*, int64_t,
                        const int8_t*, const int32_t*, int64_t, int64_t, float*);
 constexpr int kMaxRows = 8;
@@ -104,7 +167,7 @@ const DotFn kDot[kMaxRows + 1] = {nullptr, dot_rows<1>, dot_rows<2>, dot_rows<3>
 
 }  // namespace
 
-// Shared by both kernels: check x, quantize every activation row, then for blocks of 32 weight rows
+// Shared by the kernels: check x, quantize every activation row, then for blocks of 32 weight rows
 // (kept in L2 while each 8-row activation tile passes over them, for prefill) let row_dot(n, rows,
 // xq, gsum, result) compute `rows` activation rows against weight row n, and scale each by its own
 // activation scale, plus the bias. The same operations per row for any M: batch invariance.
@@ -112,7 +175,8 @@ const DotFn kDot[kMaxRows + 1] = {nullptr, dot_rows<1>, dot_rows<2>, dot_rows<3>
 inline int64_t group_stride(int64_t K) { return (K / 32 + 7) / 8 * 8; }
 
 template <typename RowDot>
-torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optional<torch::Tensor>& bias, RowDot row_dot) {
+torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optional<torch::Tensor>& bias, Layout layout,
+                           RowDot row_dot) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
   const int64_t M = x.size(0), K = x.size(1), gstride = group_stride(K);
   TORCH_CHECK(K % 64 == 0, "input size ", K, " is not a multiple of 64");
@@ -120,7 +184,7 @@ torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optiona
   std::vector<float> xs(M);
   std::vector<int32_t> gsum(M * gstride, 0);
   const float* xp = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, xq.data() + m * K, &xs[m], gsum.data() + m * gstride);
+  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, xq.data() + m * K, &xs[m], gsum.data() + m * gstride, layout);
   auto out = torch::empty({M, N}, x.options());
   float* op = out.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
@@ -154,7 +218,7 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   const float* dp = d.data_ptr<float>();
   const float* dmp = dmin.data_ptr<float>();
   const int64_t gstride = group_stride(K);
-  return tiled_linear(x, N, bias, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
+  return tiled_linear(x, N, bias, Layout::kQ4, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
     kDot[rows](qsp + n * (K / 2), scp + n * blocks * 8, mnp + n * blocks * 8, dp + n * blocks, dmp + n * blocks,
                groups, xq, gsum, K, gstride, result);
   });
@@ -198,10 +262,93 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, 
   TORCH_CHECK(w.size(1) == K, "weights take ", w.size(1), " inputs, x has ", K);
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  return tiled_linear(x, N, bias, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t*, float* result) {
+  return tiled_linear(x, N, bias, Layout::kNatural, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t*, float* result) {
     int32_t sums[kMaxRows];
     kDotQ8[rows](wp + n * K, xq, K, sums);
     for (int64_t r = 0; r < rows; ++r) result[r] = static_cast<float>(sums[r]) * sp[n];
+  });
+}
+
+// 6-bit weights (llama.cpp's Q6_K values: the LM head and some v/down projections of a Q4_K_M file)
+// x int8 activations. Per output row n, K inputs (a multiple of 256), groups of 16, blocks of 256:
+//   w[n, k] = d[n, b] * sc[n, l] * (q - 32)      q in 0..63, l = k / 16, b = k / 256; sc int8, d float32
+// Codes are stored in vector order: vector v (0..7) of a block, byte 2*l + t <-> code 16*l + 2*v + t,
+// so after maddubs 16-bit lane l of every vector belongs to group l. Their low 4 bits as in the 4-bit
+// format (ql[128*b + 32*i + p] = lo(vec[2i][p]) | lo(vec[2i+1][p]) << 4), their top 2 bits in
+// qh[64*b + 32*h + p] = sum_j hi(vec[4h+j][p]) << 2j. Two maddubs results add exactly in 16 bits
+// (2 * 2*63*127 < 2^15), one madd per pair applies the 16 group scales; the -32 offset is one more
+// madd per block on the activation sums of each group. ~0.82 bytes per weight instead of int8's 1,
+// and about half of int8's vector operations per row.
+namespace {
+
+template <int R>
+void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
+                 const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
+  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i w[8];
+    for (int i = 0; i < 4; ++i) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + b * 128 + 32 * i));
+      w[2 * i] = _mm256_and_si256(packed, low);
+      w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + b * 64 + 32 * h));
+      w[4 * h] = _mm256_or_si256(w[4 * h], _mm256_and_si256(_mm256_slli_epi16(high, 4), top));
+      w[4 * h + 1] = _mm256_or_si256(w[4 * h + 1], _mm256_and_si256(_mm256_slli_epi16(high, 2), top));
+      w[4 * h + 2] = _mm256_or_si256(w[4 * h + 2], _mm256_and_si256(high, top));
+      w[4 * h + 3] = _mm256_or_si256(w[4 * h + 3], _mm256_and_si256(_mm256_srli_epi16(high, 2), top));
+    }
+    const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16)));
+    const __m256 D = _mm256_set1_ps(d[b]);
+    for (int r = 0; r < R; ++r) {
+      const __m256i* a = reinterpret_cast<const __m256i*>(xq + r * K + b * 256);
+      __m256i isum = _mm256_setzero_si256();
+      for (int i = 0; i < 8; i += 2) {
+        const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w[i], _mm256_loadu_si256(a + i)),
+                                           _mm256_maddubs_epi16(w[i + 1], _mm256_loadu_si256(a + i + 1)));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(t, scales));
+      }
+      const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(asum + r * astride + b * 16));
+      isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(sums, scales), 5));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+}
+
+template <int R>
+void dot_rows_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
+                 const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
+  constexpr int first = R < 4 ? R : 4;
+  dot_pass_q6<first>(ql, qh, sc, d, blocks, xq, asum, K, astride, result);
+  if constexpr (R > 4)
+    dot_pass_q6<R - 4>(ql, qh, sc, d, blocks, xq + 4 * K, asum + 4 * astride, K, astride, result + 4);
+}
+
+using DotQ6Fn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, int64_t, const int8_t*,
+                         const int16_t*, int64_t, int64_t, float*);
+const DotQ6Fn kDotQ6[kMaxRows + 1] = {nullptr, dot_rows_q6<1>, dot_rows_q6<2>, dot_rows_q6<3>, dot_rows_q6<4>,
+                                      dot_rows_q6<5>, dot_rows_q6<6>, dot_rows_q6<7>, dot_rows_q6<8>};
+
+}  // namespace
+
+// x [M, K] float32 -> [M, N] float32 (+ bias) with the 6-bit format above.
+torch::Tensor q6_linear(torch::Tensor x, torch::Tensor ql, torch::Tensor qh, torch::Tensor sc, torch::Tensor d,
+                        c10::optional<torch::Tensor> bias) {
+  const int64_t K = x.size(-1), N = ql.size(0), blocks = K / 256;
+  TORCH_CHECK(K % 256 == 0 && ql.size(1) == K / 2 && qh.size(1) == K / 4, "weights take ", ql.size(1) * 2, " inputs, x has ", K);
+  TORCH_CHECK(sc.size(1) == K / 16 && d.size(1) == blocks, "block layout does not match");
+  const uint8_t* qlp = ql.data_ptr<uint8_t>();
+  const uint8_t* qhp = qh.data_ptr<uint8_t>();
+  const int8_t* scp = sc.data_ptr<int8_t>();
+  const float* dp = d.data_ptr<float>();
+  const int64_t astride = 2 * group_stride(K);  // int16 sums per row in the int32 group-sum buffer
+  return tiled_linear(x, N, bias, Layout::kQ6, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
+    kDotQ6[rows](qlp + n * (K / 2), qhp + n * (K / 4), scp + n * (K / 16), dp + n * blocks, blocks, xq,
+                 reinterpret_cast<const int16_t*>(gsum), K, astride, result);
   });
 }
 
@@ -213,6 +360,7 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &q4_linear, "4-bit x int8 linear (see source)");
+  m.def("q6_linear", &q6_linear, "6-bit (Q6_K values) x int8 linear (see source)");
   m.def("q8_linear", &q8_linear, "int8 x int8 linear, per-row weight scales (see source)");
   m.def("rms_norm", &rms_norm, "x += residual (in place, optional); RMSNorm(x) * w");
   m.def("attention", &attention, "RoPE, KV-cache write and row-wise attention for one layer");

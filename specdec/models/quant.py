@@ -129,14 +129,14 @@ def fuse_projections(decoder: nn.Module) -> nn.Module:
 
     if os.environ.get("SPECDEC_NO_FUSE"):  # A/B switch for benchmarks
         return decoder
-    from specdec.models.q4 import Q4Linear, Q8Linear, concat
+    from specdec.models.q4 import concat
 
     for module in decoder.modules():
         for fused_name, names in FUSED_PROJECTIONS:
             parts = [getattr(module, n, None) for n in names]
             if all(isinstance(p, Int8Linear) for p in parts):
                 module.__dict__[fused_name] = fuse(parts)
-            elif all(isinstance(p, (Q4Linear, Q8Linear)) for p in parts) and len({type(p) for p in parts}) == 1:
+            elif all(hasattr(p, "BUFFERS") for p in parts) and len({type(p) for p in parts}) == 1:
                 module.__dict__[fused_name] = concat(parts)  # int4 targets; mixed kinds stay separate calls
     return decoder
 
@@ -156,8 +156,9 @@ def quantized_state(decoder: nn.Module) -> dict[str, torch.Tensor]:
 
 def load_quantized_state(decoder: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
     """Inverse of :func:`quantized_state` on a float decoder skeleton (built on the meta device):
-    int8 layers (``qweight``/``scales``) and int4 ones (``qs``/``sc``/``mn``/``d``/``dmin``)."""
-    from specdec.models.q4 import Q4_BUFFERS, Q4Linear, Q8Linear, use_layer_ops
+    int8 layers (``qweight``/``scales``) and the int4 mode's (Q4Linear, Q6Linear, Q8Linear)."""
+    from specdec.models.q4 import Q4Linear, Q8Linear, use_layer_ops
+    from specdec.models.q6 import Q6Linear
 
     kinds = set()
     for name, module in list(decoder.named_modules()):
@@ -165,18 +166,17 @@ def load_quantized_state(decoder: nn.Module, state: dict[str, torch.Tensor]) -> 
             if isinstance(child, nn.Linear):
                 prefix = f"{name}.{child_name}" if name else child_name
                 bias = state.get(f"{prefix}.bias")
-                if f"{prefix}.qs" in state:
-                    layer: nn.Module = Q4Linear(*(state[f"{prefix}.{b}"] for b in Q4_BUFFERS), bias)
-                elif f"{prefix}.w8" in state:
-                    layer = Q8Linear(state[f"{prefix}.w8"], state[f"{prefix}.w8_scales"], bias)
+                kind = next((k for k in (Q4Linear, Q6Linear, Q8Linear) if f"{prefix}.{k.BUFFERS[0]}" in state), None)
+                if kind is not None:
+                    layer: nn.Module = kind(*(state[f"{prefix}.{b}"] for b in kind.BUFFERS), bias)
                 else:
                     layer = Int8Linear(state[f"{prefix}.qweight"], state[f"{prefix}.scales"], bias)
                 kinds.add(type(layer))
                 setattr(module, child_name, layer)
-    quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith((".qweight", ".qs", ".w8"))}
+    quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith((".qweight", ".qs", ".ql", ".w8"))}
     rest = {k: v for k, v in state.items() if k.rsplit(".", 1)[0] not in quantized}
     decoder.load_state_dict(rest, strict=False, assign=True)
     set_batch_invariant(decoder, True)
-    decoder.quantization = "int4" if Q4Linear in kinds else "int8"
+    decoder.quantization = "int4" if kinds & {Q4Linear, Q6Linear, Q8Linear} else "int8"
     use_layer_ops(decoder, required=decoder.quantization == "int4")
     return fuse_projections(decoder)

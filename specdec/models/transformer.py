@@ -269,11 +269,11 @@ class Decoder(nn.Module):
         int8 head gets its own prepacked copy of those rows (fbgemm reads packed weights)."""
         cache = self.__dict__.setdefault("_head_rows", {})
         if rows not in cache:
-            from specdec.models.q4 import Q4Linear, Q8Linear, first_rows
+            from specdec.models.q4 import first_rows
             from specdec.models.quant import Int8Linear
 
             head = self.lm_head
-            if isinstance(head, (Q4Linear, Q8Linear)):
+            if hasattr(head, "BUFFERS"):  # a kernel layer of the int4 mode (Q4Linear, Q6Linear, Q8Linear)
                 cache[rows] = first_rows(head, rows)
             elif isinstance(head, Int8Linear):
                 bias = None if head.bias is None else head.bias[:rows]

@@ -43,8 +43,9 @@ GGUF_LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-#: bump when a conversion changes (2: int4 runs tensors a GGUF stores in < 6 bits at 4 bits, not 8)
-CACHE_FORMAT_VERSION = 2
+#: bump when a conversion changes (2: int4 runs tensors a GGUF stores in < 6 bits at 4 bits, not 8;
+#: 3: int4 codes interleaved within blocks of 256 for the kernel, Q6_K tensors kept as 6-bit)
+CACHE_FORMAT_VERSION = 3
 
 
 def our_name(gguf_name: str) -> str | None:
@@ -122,20 +123,21 @@ def iter_gguf_tensors(reader: Any, cfg: ModelConfig) -> Iterator[tuple[str, np.n
         yield name, array
 
 
-def gguf_int4_sources(reader: Any, cfg: ModelConfig) -> tuple[dict[str, np.ndarray], set[str]]:
+def gguf_int4_sources(reader: Any, cfg: ModelConfig) -> tuple[dict[str, np.ndarray], set[str], dict[str, np.ndarray]]:
     """For the int4 path (models/q4.py): the raw bytes ``[rows, blocks·144]`` of every Q4_K tensor,
-    by our name (rows in our order), to run with their own values; and the names of the other
-    tensors the file stores in fewer than 6 bits per weight (Q4_0, Q5_0, Q5_K…), which the int4 path
-    rounds to 4 bits — those of 6 bits or more (Q6_K, Q8_0, F16) keep 8."""
+    by our name (rows in our order), to run with their own values; the names of the other tensors
+    the file stores in fewer than 6 bits per weight (Q4_0, Q5_0, Q5_K…), which the int4 path rounds
+    to 4 bits; and the raw ``[rows, blocks·210]`` of its Q6_K tensors (models/q6.py, own values
+    too) — Q8_0/F16 ones keep 8 bits."""
     import gguf
 
-    blocks: dict[str, np.ndarray] = {}
+    kinds = {gguf.GGMLQuantizationType.Q4_K: {}, gguf.GGMLQuantizationType.Q6_K: {}}
     low_bit: set[str] = set()
     for tensor in reader.tensors:
         name = our_name(tensor.name)
         if name is None or len(tensor.shape) < 2:
             continue
-        if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_K:
+        if tensor.tensor_type not in kinds:
             block_size, type_size = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
             if 8 * type_size / block_size < 6:
                 low_bit.add(name)
@@ -144,8 +146,8 @@ def gguf_int4_sources(reader: Any, cfg: ModelConfig) -> tuple[dict[str, np.ndarr
         raw = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, -1)
         if cfg.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             raw = _unpermute_rope(raw, cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads)
-        blocks[name] = raw
-    return blocks, low_bit
+        kinds[tensor.tensor_type][name] = raw
+    return kinds[gguf.GGMLQuantizationType.Q4_K], low_bit, kinds[gguf.GGMLQuantizationType.Q6_K]
 
 
 def gguf_state_dict(path: Path, dtype: torch.dtype, progress: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
