@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +158,9 @@ def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, 
     """The arguments of :func:`specdec.engine.generate_stream` (shared by :func:`stream`,
     :func:`generate` and the server): ids, params, spec, generator and this request's drafter."""
     params = params or SamplingParams()
-    spec = spec or (SpecConfig(method="draft_model") if draft is not None else SpecConfig())
+    spec = spec or SpecConfig()
+    if draft is not None and spec.method is None:  # a draft model given without a method: use it
+        spec = dataclasses.replace(spec, method="draft_model")
     prompt_ids = encode_prompt(target, prompt, chat)
     generator = make_generator(params.seed, target.backend.device)
     max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1

@@ -251,3 +251,12 @@ def test_engine_verifies_only_the_length_the_cost_model_picks(tiny_target, monke
     assert picked and len(picked[0]) == 4  # the whole draft's estimates were offered
     assert 0 < out.stats.proposed_tokens <= out.stats.target_forwards  # one token per round, not 4
     assert out.token_ids == specdec.generate(tiny_target, "def f(x):", params).token_ids
+
+
+def test_draft_given_with_a_spec_without_method_is_used(tiny_target):
+    """``generate(..., draft=d, spec=SpecConfig(num_speculative_tokens=3))`` speculates with ``d``
+    (it used to fall back to plain decoding silently)."""
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    out = specdec.generate(tiny_target, PROMPTS[0], params, draft=tiny_target, spec=SpecConfig(num_speculative_tokens=3))
+    assert out.stats.method == "draft_model"
+    assert out.stats.acceptance_rate == 1.0
