@@ -51,6 +51,23 @@ def test_second_load_uses_the_converted_cache(tmp_path):
         assert torch.equal(a, b), name
 
 
+def test_older_cache_formats_are_removed_when_a_new_cache_is_written(tmp_path):
+    """A format bump would otherwise leave a model-sized file per old version beside the GGUF."""
+    from specdec.models.weights import CACHE_FORMAT_VERSION
+
+    hf = make_hf_model(TINY_QWEN2)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, hf, TINY_QWEN2)
+    stale = [tmp_path / f"tiny.float32.v{CACHE_FORMAT_VERSION - 1}.safetensors", tmp_path / "tiny.float32.v1.json"]
+    kept = [tmp_path / "tiny.int8.v1.safetensors", tmp_path / f"tiny.float32.v{CACHE_FORMAT_VERSION + 1}.json"]
+    for file in stale + kept:
+        file.write_bytes(b"old")
+    load_decoder(path)
+    assert not any(file.exists() for file in stale)
+    assert all(file.exists() for file in kept)  # other formats and newer versions are not ours to delete
+    assert (tmp_path / f"tiny.float32.v{CACHE_FORMAT_VERSION}.safetensors").is_file()
+
+
 def test_truncated_gguf_is_a_clear_error(tmp_path):
     hf = make_hf_model(TINY_QWEN2)
     path = tmp_path / "tiny.gguf"

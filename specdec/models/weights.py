@@ -257,8 +257,22 @@ def _write_cache(gguf_path: Path, cfg: ModelConfig, state: dict[str, torch.Tenso
         save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
         os.replace(tmp, cache_file)
         meta_file.write_text(json.dumps({"config": cfg.to_dict(), "source": _source_signature(gguf_path)}))
+        remove_stale_caches(cache_file)
     except OSError:
         pass
+
+
+def remove_stale_caches(cache_file: Path) -> list[Path]:
+    """Delete the same conversion in older cache formats (``<stem>.<fmt>.v<N>.*``, N below the
+    current version): each is as large as the model and no version of specdec reads them again."""
+    stem, fmt, _ = cache_file.name.rsplit(".", 3)[:3]
+    removed = []
+    for old in cache_file.parent.glob(f"{stem}.{fmt}.v*.*"):
+        version = old.name[len(f"{stem}.{fmt}.v"):].split(".", 1)[0]
+        if version.isdigit() and int(version) < CACHE_FORMAT_VERSION and old.suffix in (".safetensors", ".json"):
+            old.unlink(missing_ok=True)
+            removed.append(old)
+    return removed
 
 
 def load_int8_decoder(path: str | Path, device: str = "cpu", progress: bool = False) -> Decoder:
