@@ -46,8 +46,9 @@ class CheckResult:
     seconds: float = 0.0
 
 
-def tiny_model(vocab: int = 8, seed: int = 0, scale: float = 0.2) -> TorchBackend:
-    """A 2-layer random Qwen2-shaped model with a tiny vocabulary and peaked distributions."""
+def tiny_model(vocab: int = 8, seed: int = 0, scale: float = 0.2, device: str = "cpu") -> TorchBackend:
+    """A 2-layer random Qwen2-shaped model with a tiny vocabulary and peaked distributions (weights
+    drawn on the CPU, so a seed gives the same model on every device)."""
     cfg = ModelConfig(arch="qwen2", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64, rope_theta=10000.0,
                       attention_bias=True)
@@ -56,7 +57,7 @@ def tiny_model(vocab: int = 8, seed: int = 0, scale: float = 0.2) -> TorchBacken
     with torch.no_grad():
         for name, param in decoder.named_parameters():
             param.copy_(1.0 + 0.1 * torch.randn_like(param) if "norm" in name else scale * torch.randn_like(param))
-    return TorchBackend(decoder.eval())
+    return TorchBackend(decoder.eval().to(device))
 
 
 def exact_joint(target: TorchBackend, prompt: list[int], params: SamplingParams, length: int) -> dict[tuple[int, ...], float]:
@@ -90,16 +91,17 @@ def _tiny_datastore() -> str:
 
 
 def distribution_check(method: str, config_name: str, params: SamplingParams, samples: int, gamma: int = 2,
-                       length: int = 3, alpha: float = 1e-3, seed: int = 0, spec_options: dict | None = None) -> CheckResult:
+                       length: int = 3, alpha: float = 1e-3, seed: int = 0, spec_options: dict | None = None,
+                       device: str = "cpu") -> CheckResult:
     """χ² of the joint distribution of the first ``length`` tokens, speculative vs exact."""
     start = time.perf_counter()
-    target, draft = tiny_model(seed=seed), tiny_model(seed=seed + 1)
+    target, draft = tiny_model(seed=seed, device=device), tiny_model(seed=seed + 1, device=device)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so n-gram style drafters propose something too
     exact = exact_joint(target, prompt, params, length)
     spec = SpecConfig(method=None if method == "ar" else method, num_speculative_tokens=gamma,
                       datastore=_tiny_datastore() if method == "retrieval" else None, **(spec_options or {}))
     run_params = SamplingParams(**{**params.__dict__, "max_tokens": length, "ignore_eos": True})
-    generator = make_generator(seed)
+    generator = make_generator(seed, device)
     counts: dict[tuple[int, ...], int] = {}
     for _ in range(samples):
         drafter = None

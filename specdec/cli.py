@@ -240,7 +240,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"loading draft {args.draft_model} …", file=sys.stderr)
         draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_quantize(args))
     note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
-    print(f"execution: {target.backend.dtype_name}{note}", file=sys.stderr)
+    print(f"execution: {target.backend.dtype_name} on {target.backend.device}{note}", file=sys.stderr)
     stats = None
     text_parts = []
     for chunk in specdec.stream(target, prompt, params, draft=draft, spec=spec, chat=args.chat):

@@ -2,25 +2,39 @@
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
 
+from specdec.backends.cuda_graphs import CudaGraphRunner
 from specdec.models.kv_cache import KVCache
 from specdec.models.transformer import Decoder
 
 
-class TorchBackend:
-    """Wraps a :class:`Decoder`; each request gets its own :class:`KVCache` from :meth:`new_state`."""
+def cuda_graphs_enabled() -> bool:
+    """CUDA graphs are on by default; ``SPECDEC_CUDA_GRAPHS=0`` runs every step eagerly."""
+    return os.environ.get("SPECDEC_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
 
-    def __init__(self, decoder: Decoder) -> None:
+
+class TorchBackend:
+    """Wraps a :class:`Decoder`; each request gets its own :class:`KVCache` from :meth:`new_state`.
+    On CUDA (float weights) small chunks replay recorded CUDA graphs (backends/cuda_graphs.py)."""
+
+    def __init__(self, decoder: Decoder, cuda_graphs: bool | None = None) -> None:
         self.decoder = decoder
         self.config = decoder.config
         weight = decoder.model.embed_tokens.weight
         self.device = weight.device
         self.dtype_name = decoder.quantization or str(weight.dtype).removeprefix("torch.")
+        use_graphs = cuda_graphs_enabled() if cuda_graphs is None else cuda_graphs
+        self.graphs: CudaGraphRunner | None = None
+        if use_graphs and self.device.type == "cuda" and decoder.layer_runner is None and decoder.quantization is None:
+            self.graphs = CudaGraphRunner(decoder)
 
     def new_state(self, max_seq_len: int) -> KVCache:
+        if self.graphs is not None:
+            return self.graphs.new_cache(max_seq_len)
         return self.decoder.new_cache(max_seq_len)
 
     def forward(
@@ -33,6 +47,8 @@ class TorchBackend:
         vocab_limit: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
+        if self.graphs is not None and self.graphs.can_run(state, ids.numel(), layers, return_hidden, vocab_limit):
+            return self.graphs.forward(state, ids, num_logits)
         positions = torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device)
         return self.decoder(ids, positions, state, num_logits=num_logits, layers=layers, return_hidden=return_hidden,
                             vocab_limit=vocab_limit)

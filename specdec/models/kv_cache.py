@@ -24,10 +24,16 @@ class KVCache:
         max_seq_len: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        storage: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
+        """``storage``: reuse these ``(k, v)`` tensors (at least ``max_seq_len`` slots) instead of
+        allocating — CUDA graphs record tensor addresses, so a replayed step needs the same ones."""
         shape = (num_layers, num_kv_heads, max_seq_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        if storage is None:
+            storage = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = storage
+        if self.k.shape[2] < max_seq_len:
+            raise ValueError(f"storage has {self.k.shape[2]} slots, fewer than {max_seq_len}")
         self.max_seq_len = max_seq_len
         self.seq_len = 0  # number of valid positions, identical for every layer
 
@@ -40,8 +46,13 @@ class KVCache:
             )
         return start
 
-    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store ``[kv_heads, T, head_dim]`` keys/values of one layer at slots ``start .. start+T``."""
+    def write(self, layer: int, start: int | torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store ``[kv_heads, T, head_dim]`` keys/values of one layer at slots ``start .. start+T``,
+        or at the slots of a ``[T]`` tensor (no Python integer: a step recordable as a CUDA graph)."""
+        if isinstance(start, torch.Tensor):
+            self.k[layer].index_copy_(1, start, keys)
+            self.v[layer].index_copy_(1, start, values)
+            return
         end = start + keys.shape[1]
         self.k[layer, :, start:end] = keys
         self.v[layer, :, start:end] = values

@@ -108,7 +108,8 @@ class Attention(nn.Module):
         v = v.reshape(seq, kv_heads, head_dim).transpose(0, 1)
         cache.write(self.layer_index, start, k, v)
 
-        end = start + seq
+        # start as a tensor of slots (static-cache steps): attend over every slot, the mask decides
+        end = cache.k.shape[2] if isinstance(start, torch.Tensor) else start + seq
         keys = cache.k[self.layer_index, :, :end]  # [kv_heads, S, D]
         values = cache.v[self.layer_index, :, :end]
         if self.row_wise_attention and seq <= ROW_WISE_MAX_TOKENS:
@@ -228,6 +229,7 @@ class Decoder(nn.Module):
         num_logits: int | None = None,
         return_hidden: bool = False,
         vocab_limit: int | None = None,
+        static_cache: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run ``T`` new tokens appended to the cache; return float32 logits ``[T or num_logits, vocab]``.
 
@@ -237,17 +239,26 @@ class Decoder(nn.Module):
         ``num_logits`` computes the LM head for the last ``num_logits`` positions only (prefill needs 1).
         ``vocab_limit`` computes logits for token ids ``0 .. vocab_limit-1`` only (a drafter's reduced
         vocabulary: see :meth:`head_rows`).
+        ``static_cache`` (CUDA-graph capture, backends/cuda_graphs.py): keys/values go to slots
+        ``positions`` and every query attends over the whole cache under a mask computed on the device
+        from ``positions``, so no Python integer of this step is baked into the recorded kernels; the
+        caller moves ``cache.seq_len``. Chains only (slot == position).
         """
         seq = input_ids.shape[-1]
         input_ids = input_ids.reshape(seq)
-        start = cache.reserve(seq)
+        if static_cache:
+            start: int | torch.Tensor = positions
+            attn_mask = torch.arange(cache.k.shape[2], device=positions.device) <= positions[:, None]
+        else:
+            start = cache.reserve(seq)
         cos = self.rope_cos[positions].to(self.rope_dtype)
         sin = self.rope_sin[positions].to(self.rope_dtype)
 
         x = self.model.embed_tokens(input_ids)
         run = range(self.config.num_layers) if layers is None else layers
         x = (self.layer_runner or Decoder._run_layers)(self, x, cos, sin, cache, start, attn_mask, run)
-        cache.advance(seq)
+        if not static_cache:
+            cache.advance(seq)
 
         hidden = self.model.norm(x if num_logits is None else x[-num_logits:])
         head = self.lm_head if vocab_limit is None or vocab_limit >= self.config.vocab_size else self.head_rows(vocab_limit)

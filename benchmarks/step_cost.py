@@ -1,0 +1,107 @@
+"""What a verification step costs as it grows: target forward time for T = 1, 2, 4, 8, 16 tokens.
+
+Speculation pays when verifying k+1 tokens costs little more than decoding one; this prints that
+curve for a model on a device, in an execution mode, at a context length — the numbers the γ
+cost model (`specdec/adaptive.py`) learns online, measured offline so a user can see them before
+choosing a drafter and γ. Each cell is the median of ``--repeats`` forwards (synchronised on CUDA)
+after a warm-up, at the same cache position; GB/s is weight bytes per step / step time.
+
+    .venv/bin/python benchmarks/step_cost.py --model qwen2.5-coder-1.5b --quantize int4 --context 512
+    python benchmarks/step_cost.py --shape qwen2.5-1.5b --device cuda --dtype bfloat16   # random weights
+
+``--shape`` builds a randomly initialised model of a known architecture (no weights needed: step
+cost depends on shapes, not values), for machines without the weight packages, such as a lent GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+import specdec
+import specdec.api
+from specdec.backends.torch_backend import TorchBackend
+from specdec.models.config import ModelConfig
+from specdec.models.transformer import Decoder
+
+SHAPES: dict[str, ModelConfig] = {  # the built-in Qwen2.5-Coder pair (../shared/models.md)
+    "qwen2.5-1.5b": ModelConfig(arch="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                                num_layers=28, num_heads=12, num_kv_heads=2, head_dim=128,
+                                max_position_embeddings=32768, rope_theta=1e6, attention_bias=True),
+    "qwen2.5-0.5b": ModelConfig(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                                num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64,
+                                max_position_embeddings=32768, rope_theta=1e6, attention_bias=True),
+}
+
+
+def random_backend(shape: str, dtype: torch.dtype, device: str) -> TorchBackend:
+    """A model of ``shape``'s architecture with small random weights (built directly on ``device``)."""
+    with torch.device(device):
+        decoder = Decoder(SHAPES[shape]).to(dtype)
+    with torch.no_grad():
+        for name, param in decoder.named_parameters():
+            param.copy_(torch.ones_like(param) if "norm" in name else 0.02 * torch.randn_like(param))
+    return TorchBackend(decoder.eval())
+
+
+def time_step(backend: TorchBackend, context: list[int], new: list[int], repeats: int) -> float:
+    """Median seconds of one forward of the ``new`` tokens after ``context`` (cache rolled back)."""
+    state = backend.new_state(len(context) + len(new) + 1)
+    backend.forward(state, context, num_logits=1)
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        state.truncate(len(context))
+        backend.synchronize()
+        start = time.perf_counter()
+        backend.forward(state, new)
+        backend.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="built-in name, GGUF file or HF directory")
+    source.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this architecture")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 (float modes)")
+    parser.add_argument("--quantize", default="none", help="none, int8, int4, int4-all (CPU; --model only)")
+    parser.add_argument("--context", type=int, default=512, help="tokens already in the cache")
+    parser.add_argument("--tokens", default="1,2,4,8,16", help="verification chunk sizes to time")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--eager", action="store_true", help="CUDA: no CUDA graphs (SPECDEC_CUDA_GRAPHS=0)")
+    args = parser.parse_args()
+    if args.eager:
+        os.environ["SPECDEC_CUDA_GRAPHS"] = "0"
+
+    device = specdec.api.resolve_device(args.device)
+    if args.shape:
+        backend = random_backend(args.shape, specdec.api.resolve_dtype(args.dtype, device), device)
+        label = f"{args.shape} (random weights)"
+    else:
+        backend = specdec.load_model(args.model, args.dtype, device, progress=True, quantize=args.quantize).backend
+        label = args.model
+    sizes = [int(t) for t in args.tokens.split(",")]
+    vocab = backend.config.vocab_size
+    context = torch.randint(0, vocab, (args.context + max(sizes),), generator=torch.Generator().manual_seed(0)).tolist()
+    gpu = torch.cuda.get_device_name(backend.device) if backend.device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    graphs = ", CUDA graphs" if getattr(backend, "graphs", None) is not None else ""
+    print(f"# {label}, {backend.dtype_name} on {backend.device} ({gpu}{graphs}), context {args.context}, "
+          f"median of {args.repeats}; weights {backend.weight_bytes / 1e9:.2f} GB per step")
+    print("| tokens T | ms per step | × the T=1 step | ms per token | weight GB/s |")
+    print("|---|---|---|---|---|")
+    base = None
+    for tokens in sizes:
+        seconds = time_step(backend, context[: args.context], context[args.context : args.context + tokens], args.repeats)
+        base = base or seconds
+        print(f"| {tokens} | {seconds * 1e3:.2f} | {seconds / base:.2f} | {seconds * 1e3 / tokens:.2f} | "
+              f"{backend.weight_bytes / seconds / 1e9:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
