@@ -62,9 +62,13 @@ def test_bad_sampling_value_is_clear(tiny_dirs, capsys):
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("method", [[], ["--method", "draft_suffix", "--draft-vocab-size", "200"]])
+MAKE_RUN_FLAGS = ["--method", "draft_suffix", "--quantize", "int4", "--draft-quantize", "int4-all", "--draft-vocab-size", "200"]
+
+
+@pytest.mark.parametrize("method", [[], MAKE_RUN_FLAGS])
 def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method):
-    """The default draft-model run and the `make run` flags (draft_suffix, reduced draft vocabulary)."""
+    """The default draft-model run and the `make run` flags (draft_suffix on an int4 target, int4-all
+    draft with a reduced vocabulary)."""
     code = main(["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
                  "--max-tokens", "12", "--dtype", "float32", "--compare-plain", "--ignore-eos", "--num-speculative-tokens", "auto", *method])
     captured = capsys.readouterr()
@@ -72,6 +76,8 @@ def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method):
     assert "identical text: yes" in captured.err
     assert "acceptance_rate=" in captured.err
     assert f"method={method[1] if method else 'draft_model'}" in captured.err
+    if method:
+        assert "execution: int4 on cpu" in captured.err
 
 
 def test_corrupt_gguf_is_clear(tmp_path):
