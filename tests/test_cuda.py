@@ -132,3 +132,10 @@ def test_cuda_graph_cache_overflow_is_a_clear_error(tiny_dirs):
     with pytest.raises(ContextLengthError):
         target.backend.forward(state, [4, 5])
     assert state.seq_len == 3
+
+
+def test_cpu_execution_modes_pick_the_cpu_under_device_auto(tiny_dirs):
+    """`make run` passes --quantize int4 and no --device: on a GPU machine it must run, on the CPU."""
+    model = specdec.load_model(tiny_dirs["target"], quantize="int4")
+    assert model.backend.device.type == "cpu" and model.backend.dtype_name == "int4"
+    assert specdec.load_model(tiny_dirs["target"], dtype="float32").backend.device.type == "cuda"
