@@ -48,8 +48,9 @@ class CudaGraphRunner:
         """A cache of ``max_seq_len`` slots on pooled storage (returned to the pool when the cache dies)."""
         capacity = -(-max_seq_len // SLOT_ROUNDING) * SLOT_ROUNDING
         free = self.free_storage.setdefault(capacity, [])
-        storage = free.pop() if free else None
-        if storage is None:
+        if free:
+            storage = free.pop()
+        else:
             fresh = self.decoder.new_cache(capacity)
             storage = fresh.k, fresh.v
         cfg = self.decoder.config
@@ -70,7 +71,7 @@ class CudaGraphRunner:
         key = (cache.k.data_ptr(), tokens)
         entry = self.graphs.get(key)
         if entry is None:
-            entry = self._record(cache, ids, start)
+            entry = self.graphs[key] = self._record(cache, ids, start)
         else:
             graph, static_ids, static_positions, _ = entry
             static_ids.copy_(ids, non_blocking=True)
@@ -80,7 +81,8 @@ class CudaGraphRunner:
         logits = entry[3]
         return (logits if num_logits is None else logits[-num_logits:]).clone()
 
-    def _record(self, cache: KVCache, ids: torch.Tensor, start: int) -> tuple:
+    def _record(self, cache: KVCache, ids: torch.Tensor, start: int
+                ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Record this step's graph: the warm-up run computes the step for real (same inputs), the
         recording only captures, and a first replay produces the logits."""
         static_ids = ids.to(self.device).clone()
@@ -94,6 +96,4 @@ class CudaGraphRunner:
         with torch.cuda.graph(graph, pool=self.memory_pool):
             logits = self.decoder(static_ids, static_positions, cache, static_cache=True)
         graph.replay()
-        entry = (graph, static_ids, static_positions, logits)
-        self.graphs[(cache.k.data_ptr(), ids.numel())] = entry
-        return entry
+        return graph, static_ids, static_positions, logits
