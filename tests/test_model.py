@@ -122,3 +122,31 @@ def test_static_cache_steps_match_the_dynamic_path(pair):
         torch.testing.assert_close(have, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(static.k[:, :, :15], dynamic.k[:, :, :15])
     torch.testing.assert_close(static.v[:, :, :15], dynamic.v[:, :, :15])
+
+
+def test_graph_runner_pools_cache_storage(pair):
+    """The CUDA-graph runner's cache pool (CPU-checkable: recording itself needs a GPU): capacities
+    round up to SLOT_ROUNDING, a dead cache's storage goes to the next request of that capacity — the
+    graphs recorded on it stay valid — and only pooled caches with plain chunks are routed to graphs."""
+    import gc
+
+    from specdec.backends.cuda_graphs import MAX_GRAPH_TOKENS, SLOT_ROUNDING, CudaGraphRunner
+
+    _, ours = pair
+    runner = CudaGraphRunner(ours)
+    cache = runner.new_cache(SLOT_ROUNDING + 1)
+    assert cache.max_seq_len == SLOT_ROUNDING + 1 and cache.k.shape[2] == 2 * SLOT_ROUNDING
+    storage = cache.k.data_ptr()
+    other = runner.new_cache(2 * SLOT_ROUNDING)  # same capacity while the first is alive: new storage
+    assert other.k.data_ptr() != storage
+    assert runner.can_run(cache, 1, None, False, None) and runner.can_run(cache, MAX_GRAPH_TOKENS, None, False, None)
+    assert not runner.can_run(cache, MAX_GRAPH_TOKENS + 1, None, False, None)  # prefill: eager
+    assert not runner.can_run(cache, 1, [0, 1], False, None)  # layer subsets: eager
+    assert not runner.can_run(cache, 1, None, True, None)
+    assert not runner.can_run(cache, 1, None, False, 100)  # a reduced draft vocabulary: eager
+    assert not runner.can_run(ours.new_cache(16), 1, None, False, None)  # not from the pool
+    del cache
+    gc.collect()
+    again = runner.new_cache(2 * SLOT_ROUNDING - 5)
+    assert again.k.data_ptr() == storage and again.seq_len == 0 and again.max_seq_len == 2 * SLOT_ROUNDING - 5
+    assert runner.new_cache(10).k.shape[2] == SLOT_ROUNDING

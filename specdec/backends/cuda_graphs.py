@@ -38,7 +38,7 @@ class CudaGraphRunner:
         self.decoder = decoder
         self.max_tokens = max_tokens
         self.device = decoder.model.embed_tokens.weight.device
-        self.memory_pool = torch.cuda.graph_pool_handle()  # graphs replay one at a time: they can share
+        self.memory_pool = None  # one pool for all graphs (they replay one at a time); made at first record
         self.free_storage: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         #: (data pointer of the storage's keys, T) → (graph, ids buffer, positions buffer, logits)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -92,6 +92,8 @@ class CudaGraphRunner:
         with torch.cuda.stream(side):  # warm-up off the capture: lazy cuBLAS/allocator set-up happens here
             self.decoder(static_ids, static_positions, cache, static_cache=True)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        if self.memory_pool is None:
+            self.memory_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.memory_pool):
             logits = self.decoder(static_ids, static_positions, cache, static_cache=True)
