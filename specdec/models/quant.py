@@ -160,23 +160,25 @@ def load_quantized_state(decoder: nn.Module, state: dict[str, torch.Tensor]) -> 
     from specdec.models.q4 import Q4Linear, Q8Linear, use_layer_ops
     from specdec.models.q6 import Q6Linear
 
+    kernel_layers = (Q4Linear, Q6Linear, Q8Linear)  # the int4 mode's layers, told apart by their first buffer
     kinds = set()
     for name, module in list(decoder.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 prefix = f"{name}.{child_name}" if name else child_name
                 bias = state.get(f"{prefix}.bias")
-                kind = next((k for k in (Q4Linear, Q6Linear, Q8Linear) if f"{prefix}.{k.BUFFERS[0]}" in state), None)
+                kind = next((k for k in kernel_layers if f"{prefix}.{k.BUFFERS[0]}" in state), None)
                 if kind is not None:
                     layer: nn.Module = kind(*(state[f"{prefix}.{b}"] for b in kind.BUFFERS), bias)
                 else:
                     layer = Int8Linear(state[f"{prefix}.qweight"], state[f"{prefix}.scales"], bias)
                 kinds.add(type(layer))
                 setattr(module, child_name, layer)
-    quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith((".qweight", ".qs", ".ql", ".w8"))}
+    first_buffers = (".qweight", *(f".{k.BUFFERS[0]}" for k in kernel_layers))
+    quantized = {k.rsplit(".", 1)[0] for k in state if k.endswith(first_buffers)}
     rest = {k: v for k, v in state.items() if k.rsplit(".", 1)[0] not in quantized}
     decoder.load_state_dict(rest, strict=False, assign=True)
     set_batch_invariant(decoder, True)
-    decoder.quantization = "int4" if kinds & {Q4Linear, Q6Linear, Q8Linear} else "int8"
+    decoder.quantization = "int4" if kinds & set(kernel_layers) else "int8"
     use_layer_ops(decoder, required=decoder.quantization == "int4")
     return fuse_projections(decoder)
