@@ -23,7 +23,7 @@ from typing import Callable
 from specdec.config import SpecConfig
 from specdec.engine import generate_ids
 from specdec.errors import SpecdecError
-from specdec.models.registry import specdec_home
+from specdec.paths import specdec_home
 from specdec.sampling import SamplingParams, make_generator
 from specdec.stats import aggregate
 

