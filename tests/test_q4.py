@@ -111,7 +111,7 @@ def test_int4_target_layers(q4_target):
     assert q4_target.backend.dtype_name == "int4"
     assert isinstance(decoder.model.layers[0].mlp.down_proj, Q4Linear)
     assert isinstance(decoder.lm_head, Q8Linear)  # logits keep 8 bits
-    assert "fused_qkv" in decoder.model.layers[0].self_attn.__dict__
+    assert decoder.model.layers[0].self_attn.fused_qkv is not None
 
 
 @pytest.mark.parametrize("k", [1, 3, 6, 9])
@@ -157,12 +157,12 @@ def test_int4_state_round_trip(q4_target, tmp_path):
 def _forward(decoder, ids, cache, mask=None, python_layers=False):
     runner = decoder.layer_runner
     if python_layers:  # the modules' own forwards: the reference for the C++ glue
-        decoder.layer_runner = None
+        decoder.set_layer_runner(None)
     try:
         positions = torch.arange(cache.seq_len, cache.seq_len + len(ids))
         return decoder(torch.tensor(ids), positions, cache, attn_mask=mask)
     finally:
-        decoder.layer_runner = runner
+        decoder.set_layer_runner(runner)
 
 
 def test_rms_norm_op_matches_torch():

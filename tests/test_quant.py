@@ -88,10 +88,10 @@ def test_fused_projections_are_bit_identical_to_separate_ones(tiny_dirs, monkeyp
     import specdec
 
     fused = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
-    assert any("fused_qkv" in m.__dict__ for m in fused.backend.decoder.modules())
+    assert all(layer.self_attn.fused_qkv is not None for layer in fused.backend.decoder.model.layers)
     monkeypatch.setenv("SPECDEC_NO_FUSE", "1")
     separate = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
-    assert not any("fused_qkv" in m.__dict__ for m in separate.backend.decoder.modules())
+    assert all(layer.self_attn.fused_qkv is None for layer in separate.backend.decoder.model.layers)
     ids = fused.tokenizer.encode("def fibonacci(n):\n    return")
     a, b = fused.backend.new_state(32), separate.backend.new_state(32)
     assert torch.equal(fused.backend.forward(a, ids), separate.backend.forward(b, ids))

@@ -146,6 +146,9 @@ class Q4Linear(nn.Module):
         """The kernel call itself: contiguous float32 ``[M, K]`` in, ``[M, N]`` out."""
         return self._kernel.q4_linear(rows, self.qs, self.sc, self.mn, self.d, self.dmin, self.bias)
 
+    def first_rows(self, rows: int) -> "Q4Linear":
+        return first_rows(self, rows)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit x int8 per-token"
 
@@ -216,6 +219,9 @@ class Q8Linear(nn.Module):
     def on_matrix(self, rows: torch.Tensor) -> torch.Tensor:
         """The kernel call itself: contiguous float32 ``[M, K]`` in, ``[M, N]`` out."""
         return self._kernel.q8_linear(rows, self.w8, self.w8_scales, self.bias)
+
+    def first_rows(self, rows: int) -> "Q8Linear":
+        return first_rows(self, rows)
 
 
 def concat(parts: list[nn.Module]) -> nn.Module:
@@ -293,7 +299,7 @@ def use_layer_ops(decoder: nn.Module, required: bool = True) -> None:
             raise
         return
     if cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0:
-        decoder.layer_runner = run_layers
+        decoder.set_layer_runner(run_layers)
 
 
 def run_layers(decoder: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, start: int,
@@ -338,7 +344,7 @@ def _direct(layer: nn.Module) -> Any:
 
 def _projections(module: nn.Module, fused_name: str, names: tuple[str, ...]) -> Any:
     """The side-by-side outputs of ``names``: one call when fuse_projections could fuse them."""
-    fused = module.__dict__.get(fused_name)
+    fused = getattr(module, fused_name)
     if fused is not None:
         return _direct(fused)
     parts = [_direct(getattr(module, name)) for name in names]

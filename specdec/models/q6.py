@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from specdec.errors import SpecdecError
-from specdec.models.q4 import BLOCK, kernel, on_rows, pack_codes, unpack_codes
+from specdec.models.q4 import BLOCK, first_rows, kernel, on_rows, pack_codes, unpack_codes
 
 #: bytes of one Q6_K block in a GGUF file: 128 low-nibble bytes, 64 of top bits, 16 int8 scales, f16 d
 Q6K_BLOCK_BYTES = 210
@@ -111,6 +111,9 @@ class Q6Linear(nn.Module):
     def on_matrix(self, rows: torch.Tensor) -> torch.Tensor:
         """The kernel call itself: contiguous float32 ``[M, K]`` in, ``[M, N]`` out."""
         return self._kernel.q6_linear(rows, self.ql, self.qh, self.sc6, self.d6, self.bias)
+
+    def first_rows(self, rows: int) -> "Q6Linear":
+        return first_rows(self, rows)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, 6-bit (Q6_K) x int8 per-token"

@@ -83,13 +83,15 @@ class Int8Linear(nn.Module):
             out.add_(self.bias)
         return out if len(shape) == 2 else out.reshape(*shape[:-1], self.out_features)
 
+    def first_rows(self, rows: int) -> "Int8Linear":
+        """This layer's first ``rows`` outputs (a draft's reduced vocabulary: Decoder.head_rows), in
+        its own prepacked copy: fbgemm reads packed weights."""
+        bias = None if self.bias is None else self.bias[:rows]
+        return Int8Linear(self.qweight[:rows], self.scales[:rows], bias)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-token"
 
-
-#: projections that share an input and run as one kernel call: (attribute the forward reads from the
-#: module's ``__dict__``, the nn.Linear children it replaces) — see Attention.forward and MLP.forward
-FUSED_PROJECTIONS = (("fused_qkv", ("q_proj", "k_proj", "v_proj")), ("fused_gate_up", ("gate_proj", "up_proj")))
 
 def quantize_decoder(decoder: nn.Module) -> nn.Module:
     """Swap every ``nn.Linear`` (LM head included; a tied head gets its own int8 copy while the
@@ -132,12 +134,14 @@ def fuse_projections(decoder: nn.Module) -> nn.Module:
     from specdec.models.q4 import concat
 
     for module in decoder.modules():
-        for fused_name, names in FUSED_PROJECTIONS:
-            parts = [getattr(module, n, None) for n in names]
-            if all(isinstance(p, Int8Linear) for p in parts):
-                module.__dict__[fused_name] = fuse(parts)
-            elif all(hasattr(p, "BUFFERS") for p in parts) and len({type(p) for p in parts}) == 1:
-                module.__dict__[fused_name] = concat(parts)  # int4 targets; mixed kinds stay separate calls
+        names = getattr(module, "FUSABLE_PROJECTIONS", None)  # Attention (q|k|v) and MLP (gate|up)
+        if names is None:
+            continue
+        parts = [getattr(module, n) for n in names]
+        if all(isinstance(p, Int8Linear) for p in parts):
+            module.set_fused_projections(fuse(parts))
+        elif all(hasattr(p, "BUFFERS") for p in parts) and len({type(p) for p in parts}) == 1:
+            module.set_fused_projections(concat(parts))  # int4 targets; mixed kinds stay separate calls
     return decoder
 
 

@@ -62,13 +62,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 ROW_WISE_MAX_TOKENS = 32
 
 
+def _check_fused(module: nn.Module, fused: nn.Module | None) -> None:
+    """A fused projection must produce exactly the outputs of the parts it replaces, side by side."""
+    if fused is None:
+        return
+    expected = sum(getattr(module, name).out_features for name in module.FUSABLE_PROJECTIONS)
+    produced = getattr(fused, "out_features", expected)
+    if produced != expected:
+        raise ValueError(f"a fused {'|'.join(module.FUSABLE_PROJECTIONS)} must have {expected} outputs, not {produced}")
+
+
 class Attention(nn.Module):
+    #: the projections that read the same input, in the order a fused module lays out their outputs
+    FUSABLE_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+
     def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
         super().__init__()
         self.layer_index = layer_index
         #: compute each query row with exactly the shapes it has when decoded alone, so a token's
-        #: output is bit-identical alone or inside a verification chunk (see models/quant.py)
+        #: output is bit-identical alone or inside a verification chunk (specdec/kernels/int8.py)
         self.row_wise_attention = False
+        #: q|k|v as one module (one kernel call), set by :meth:`set_fused_projections`; None: three calls
+        self.fused_qkv: nn.Module | None = None
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
@@ -77,6 +92,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+
+    def set_fused_projections(self, fused: nn.Module | None) -> None:
+        """Compute q|k|v with ``fused`` (outputs side by side, bit-identical to the three parts'), or
+        with the three projections again (None). Kept outside the module tree: the parts stay the
+        serialized weights (a fused module shares or repacks them), so ``state_dict``,
+        ``named_modules`` and :attr:`Decoder.weight_bytes` do not change."""
+        _check_fused(self, fused)
+        object.__setattr__(self, "fused_qkv", fused)  # nn.Module.__setattr__ would register a child
 
     def forward(
         self,
@@ -96,7 +119,7 @@ class Attention(nn.Module):
         seq = x.shape[0]
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         group = heads // kv_heads
-        fused = self.__dict__.get("fused_qkv")  # one kernel call for q|k|v (models/quant.py)
+        fused = self.fused_qkv
         if fused is not None:
             qkv = fused(x)
             qk, v = qkv[:, : (heads + kv_heads) * head_dim], qkv[:, (heads + kv_heads) * head_dim :]
@@ -155,14 +178,25 @@ def causal_mask(seq: int, start: int, device: torch.device) -> torch.Tensor:
 
 
 class MLP(nn.Module):
+    #: the projections that read the same input, in the order a fused module lays out their outputs
+    FUSABLE_PROJECTIONS = ("gate_proj", "up_proj")
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        #: gate|up as one module (one kernel call), set by :meth:`set_fused_projections`; None: two calls
+        self.fused_gate_up: nn.Module | None = None
+
+    def set_fused_projections(self, fused: nn.Module | None) -> None:
+        """Compute gate|up with ``fused``, or with the two projections again (None): as
+        :meth:`Attention.set_fused_projections`."""
+        _check_fused(self, fused)
+        object.__setattr__(self, "fused_gate_up", fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = self.__dict__.get("fused_gate_up")  # one kernel call for gate|up (models/quant.py)
+        fused = self.fused_gate_up
         if fused is not None:
             gate, up = fused(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
@@ -198,10 +232,13 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, max_rope_positions: int | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.quantization: str | None = None  # "int8" once models/quant.py has converted the linears
+        #: "int8", "int4" once specdec/kernels/convert.py has converted the linears; None: float
+        self.quantization: str | None = None
         #: runs the decoder layers instead of their modules' forwards (the quantized CPU paths' C++
-        #: glue: models/q4.py run_layers); same signature as :meth:`_run_layers`
+        #: glue, specdec/kernels/layers.py), set by :meth:`set_layer_runner`; None: :meth:`_run_layers`
         self.layer_runner: Callable[..., torch.Tensor] | None = None
+        #: LM heads cut to their first rows, by row count (:meth:`head_rows`)
+        self._head_rows: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
         self.model = _Body(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -265,6 +302,13 @@ class Decoder(nn.Module):
         logits = head(hidden).float()
         return (logits, hidden) if return_hidden else logits
 
+    def set_layer_runner(self, runner: Callable[..., torch.Tensor] | None) -> None:
+        """Run the decoder layers through ``runner`` (same signature and results as
+        :meth:`_run_layers`, which a runner is checked against in the tests), or through the modules'
+        own forwards again (None). A runner may capture the layers' modules when it is made, so make
+        it after the last change to them (conversion, :meth:`Attention.set_fused_projections`)."""
+        self.layer_runner = runner
+
     def _run_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int,
                     mask: torch.Tensor | None, run: Sequence[int]) -> torch.Tensor:
         for index in run:
@@ -276,19 +320,14 @@ class Decoder(nn.Module):
 
         BPE vocabularies number tokens by merge rank, so low ids are the frequent ones (FR-Spec,
         Zhao et al. 2025): a draft scoring only them skips most of its LM head — about a quarter of a
-        0.5B model's weights at 152k tokens. A float or int4-mode head is a view of the same rows; an
-        int8 head gets its own prepacked copy of those rows (fbgemm reads packed weights)."""
-        cache = self.__dict__.setdefault("_head_rows", {})
+        0.5B model's weights at 152k tokens. A float head is a view of the same rows; a quantized head
+        (a kernel layer) makes its own cut through its ``first_rows(rows)`` method — a view for the
+        int4 mode's layers, a prepacked copy for int8 (fbgemm reads packed weights)."""
+        cache = self._head_rows
         if rows not in cache:
-            from specdec.models.q4 import first_rows
-            from specdec.models.quant import Int8Linear
-
             head = self.lm_head
-            if hasattr(head, "BUFFERS"):  # a kernel layer of the int4 mode (Q4Linear, Q6Linear, Q8Linear)
-                cache[rows] = first_rows(head, rows)
-            elif isinstance(head, Int8Linear):
-                bias = None if head.bias is None else head.bias[:rows]
-                cache[rows] = Int8Linear(head.qweight[:rows], head.scales[:rows], bias)
+            if hasattr(head, "first_rows"):
+                cache[rows] = head.first_rows(rows)
             else:
                 weight, bias = head.weight, head.bias
                 cache[rows] = lambda x: F.linear(x, weight[:rows], None if bias is None else bias[:rows])  # noqa: E731
