@@ -171,8 +171,3 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
 def sample_from_probs(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One token from a ``[V]`` distribution (see :func:`sample_rows`)."""
     return int(sample_rows(probs, generator))
-
-
-def greedy_token(logits: torch.Tensor) -> int:
-    """The argmax of a ``[V]`` row; ties → the lowest id (``torch.argmax`` semantics)."""
-    return int(torch.argmax(logits, dim=-1))
