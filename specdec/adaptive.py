@@ -117,13 +117,10 @@ class GammaController:
         self.verify.update(proposed, verify_s)
         self._last_k = 0
 
-    def _verify_cost(self, k: int) -> float:
-        return self.verify.cost(k)
-
     def expected_rate(self, k: int) -> float:
         """Expected committed tokens per second when drafting k tokens this round."""
         draft = k * (self.draft_s_per_token or 0.0)
-        return expected_tokens(self.alpha, k) / (draft + self._verify_cost(k))
+        return expected_tokens(self.alpha, k) / (draft + self.verify.cost(k))
 
     def choose(self) -> int:
         if self.draft_s_per_token is None:

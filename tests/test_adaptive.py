@@ -64,7 +64,7 @@ def test_catch_up_rounds_do_not_poison_the_draft_cost():
 def test_unmeasured_k_is_never_cheaper_than_measured():
     controller = GammaController(max_k=8, draft_s_per_token=0.05)
     controller.update(8, 8, 0.4, 0.140)
-    assert controller._verify_cost(0) == pytest.approx(0.140)  # flat until k = 0 is measured
+    assert controller.verify.cost(0) == pytest.approx(0.140)  # flat until k = 0 is measured
     assert controller.choose() > 0
 
 
