@@ -46,7 +46,11 @@ def test_greedy_speculative_equals_plain(tiny_target, tiny_draft, gamma, draft_k
         assert len(spec.token_ids) == 40
         if draft_kind == "same" and gamma != "auto":
             assert spec.stats.acceptance_rate == 1.0
-        assert spec.stats.target_forwards < plain.stats.target_forwards or draft_kind == "other"
+        # every round commits at least one token, so speculation never costs extra target forwards;
+        # a draft identical to the target is always accepted, so it saves some
+        assert spec.stats.target_forwards <= plain.stats.target_forwards
+        if draft_kind == "same":
+            assert spec.stats.target_forwards < plain.stats.target_forwards
 
 
 def test_unrelated_draft_has_low_acceptance_but_exact_output(tiny_target, tiny_draft):
