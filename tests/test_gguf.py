@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -20,7 +22,11 @@ def test_gguf_loads_to_the_dequantized_reference(tmp_path, arch, config, qtype):
     path = tmp_path / "tiny.gguf"
     reference = write_tiny_gguf(path, hf, config, matrix_type=qtype)
     model = load_decoder(path)
-    assert model.config == ModelConfig.from_hf_dict(config) or model.config.arch == arch
+    from_hf = ModelConfig.from_hf_dict(config)
+    assert model.config.arch == arch
+    # GGUF stores the norm epsilon as a float32 (1e-6 comes back as 9.99999997e-07); all else is exact
+    assert model.config.rms_norm_eps == pytest.approx(from_hf.rms_norm_eps, rel=1e-6)
+    assert dataclasses.replace(model.config, rms_norm_eps=from_hf.rms_norm_eps) == from_hf
     ours = dict(model.named_parameters())
     for name, expected in reference_state(reference).items():
         torch.testing.assert_close(ours[name].detach(), expected, atol=0, rtol=0, msg=name)
