@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -62,15 +61,53 @@ def test_prompt_lookup_index_equals_brute_force(seed):
         assert got == brute_force_lookup(stream[:end], 5, 1, 3), end
 
 
-def test_prompt_lookup_is_fast_at_8k_context():
-    rng = random.Random(0)
-    stream = [rng.randrange(5000) for _ in range(8192)]
+class CountingIndex(dict):
+    """The n-gram index, counting its reads and writes."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.reads = self.writes = 0
+
+    def get(self, key, default=None):  # noqa: ANN001
+        self.reads += 1
+        return super().get(key, default)
+
+    def __getitem__(self, key):  # noqa: ANN001
+        self.reads += 1
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value) -> None:  # noqa: ANN001
+        self.writes += 1
+        super().__setitem__(key, value)
+
+
+def lookup_work(context_len: int, seed: int = 0) -> dict[str, int]:
+    """Index reads and writes and tokens indexed by 100 proposals over an unchanged context, then by
+    one proposal after a committed token arrives (the decode loop's two cases)."""
+    rng = random.Random(seed)
+    stream = [rng.randrange(5000) for _ in range(context_len + 1)]
     drafter = PromptLookupDrafter(1, 4)
     drafter.start(stream[:-1])
-    start = time.perf_counter()
-    for i in range(100):
-        drafter.propose(stream, 5)
-    assert (time.perf_counter() - start) / 100 < 1e-3
+    drafter.index = index = CountingIndex(drafter.index)
+    indexed = []
+    extend = drafter._extend
+    drafter._extend = lambda new: (indexed.append(len(new)), extend(new))[1]
+    for _ in range(100):
+        assert drafter.propose(stream[:-1], 5).tokens == brute_force_lookup(stream[:-1], 5, 1, 4)
+    work = {"reads": index.reads, "writes": index.writes, "indexed": sum(indexed)}
+    index.reads = index.writes = 0
+    indexed.clear()
+    drafter.propose(stream, 5)
+    return work | {"next_reads": index.reads, "next_writes": index.writes, "next_indexed": sum(indexed)}
+
+
+def test_prompt_lookup_cost_does_not_grow_with_the_context():
+    """Proposing reads the index at most once per n-gram length and never rescans the context; a new
+    token adds one entry per n-gram length — the same work at 64 tokens of context as at 8k."""
+    short, long = lookup_work(64), lookup_work(8192)
+    assert long == short
+    assert long["reads"] <= 100 * 4 and long["writes"] == long["indexed"] == 0
+    assert long["next_reads"] <= 4 and long["next_writes"] <= 4 and long["next_indexed"] == 1
 
 
 def test_frequency_table_prediction_and_removal():
