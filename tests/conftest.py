@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def int4_kernel():
+    """The int4/int4-all C++ kernels, built on first use. Where they cannot be built (no g++/ninja,
+    no AVX2) the int8 path still works, so a test that needs them is skipped and says why; in CI,
+    whose machine can build them, that is a failure instead."""
+    from specdec.kernels.build import kernel
+
+    try:
+        return kernel()
+    except Exception as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"int4 C++ extension could not be built here: {exc}")
