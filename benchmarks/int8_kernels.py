@@ -107,9 +107,9 @@ def weight_only() -> tuple[Prep, Run]:
 
 
 def int4_ours() -> tuple[Prep, Run]:
-    """specdec.models.q4.Q4Linear (our C++ kernel: 4-bit weights in groups of 32, per-token int8
+    """specdec.kernels.q4.Q4Linear (our C++ kernel: 4-bit weights in groups of 32, per-token int8
     activations, batch-invariant) — the int4 mode of targets and drafts."""
-    from specdec.models.q4 import Q4Linear
+    from specdec.kernels.q4 import Q4Linear
 
     return (lambda w: Q4Linear.from_float(w)), (lambda m, x: m(x))
 
@@ -119,8 +119,8 @@ def floating(dtype: torch.dtype) -> tuple[Prep, Run]:
 
 
 def ours() -> tuple[Prep, Run]:
-    """specdec.models.quant.Int8Linear as shipped."""
-    from specdec.models.quant import Int8Linear
+    """specdec.kernels.int8.Int8Linear as shipped."""
+    from specdec.kernels.int8 import Int8Linear
 
     return (lambda w: Int8Linear.from_float(w)), (lambda m, x: m(x))
 
@@ -189,7 +189,7 @@ def stack_table(names: list[str], shapes: list[tuple[int, int]], repeats: int, n
 
 
 def model_table(path: Path, repeats: int) -> None:
-    from specdec.models.quant import quantize_decoder
+    from specdec.kernels.convert import quantize_decoder
     from specdec.models.weights import load_decoder
 
     print(f"\nwhole model {path.name}: ms per forward of a T-token chunk after 64 context tokens (median of {repeats})")

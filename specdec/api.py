@@ -84,7 +84,7 @@ def resolve_quantize(quantize: str, device: str) -> str:
     if quantize not in QUANTIZE_MODES:
         raise SpecdecError(f"unknown quantization {quantize!r}; use {', '.join(QUANTIZE_MODES)}")
     if quantize == "auto":
-        from specdec.models.quant import int8_available
+        from specdec.kernels.int8 import int8_available
 
         return "int8" if device == "cpu" and int8_available() else "none"
     if quantize != "none" and device != "cpu":

@@ -1,4 +1,4 @@
-"""int4 target path (4-bit weights × int8 activations, models/q4.py): accuracy, the GGUF Q4_K
+"""int4 target path (4-bit weights × int8 activations, kernels/q4.py): accuracy, the GGUF Q4_K
 weights reproduced exactly, and bit-identical logits alone vs inside a verification chunk."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.models.q4 import Q4Linear, kernel
+from specdec.kernels.build import kernel
+from specdec.kernels.q4 import Q4Linear
 
 try:
     kernel()
@@ -39,7 +40,7 @@ def test_q4_linear_close_to_its_weights_and_to_float(width):
 @pytest.mark.parametrize("width", [768, 896])  # 896: a partial last block of 4 groups (the 0.5B draft's size)
 def test_rows_bit_identical_alone_and_in_a_chunk(rows, kind, width):
     """The kernels tile rows by 8: every tile size and remainder must give a row the same bits."""
-    from specdec.models.q4 import Q8Linear
+    from specdec.kernels.q4 import Q8Linear
 
     gen = torch.Generator().manual_seed(rows)
     layer = (Q4Linear if kind == "q4" else Q8Linear).from_float(torch.randn(40, width, generator=gen) * 0.05)
@@ -51,7 +52,7 @@ def test_rows_bit_identical_alone_and_in_a_chunk(rows, kind, width):
 
 
 def test_q8_linear_close_to_float():
-    from specdec.models.q4 import Q8Linear
+    from specdec.kernels.q4 import Q8Linear
 
     gen = torch.Generator().manual_seed(2)
     weight, bias = torch.randn(96, 512, generator=gen) * 0.02, torch.randn(96, generator=gen)
@@ -105,7 +106,7 @@ def q4_target(q4_dirs):
 
 
 def test_int4_target_layers(q4_target):
-    from specdec.models.q4 import Q8Linear
+    from specdec.kernels.q4 import Q8Linear
 
     decoder = q4_target.backend.decoder
     assert q4_target.backend.dtype_name == "int4"
@@ -140,7 +141,7 @@ def test_int4_state_round_trip(q4_target, tmp_path):
     """The cached conversion (weights.py) restores the same layers and bit-identical logits."""
     from safetensors.torch import load_file, save_file
 
-    from specdec.models.quant import load_quantized_state, quantized_state
+    from specdec.kernels.convert import load_quantized_state, quantized_state
     from specdec.models.transformer import Decoder
 
     decoder = q4_target.backend.decoder

@@ -1,4 +1,4 @@
-"""6-bit layers of the int4 mode (models/q6.py): a GGUF's Q6_K weights reproduced exactly, accuracy
+"""6-bit layers of the int4 mode (kernels/q6.py): a GGUF's Q6_K weights reproduced exactly, accuracy
 against float, and bit-identical rows alone vs inside a verification chunk."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.models.q4 import kernel
+from specdec.kernels.build import kernel
 
 try:
     kernel()
@@ -18,7 +18,7 @@ except Exception as exc:  # no compiler / no AVX2: see tests/test_q4.py
         raise
     pytest.skip(f"int4 kernel unavailable: {exc}", allow_module_level=True)
 
-from specdec.models.q6 import Q6K_BLOCK_BYTES, Q6Linear
+from specdec.kernels.q6 import Q6K_BLOCK_BYTES, Q6Linear
 
 
 def random_q6k(rows: int, blocks: int, seed: int = 0) -> np.ndarray:

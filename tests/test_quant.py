@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.models.quant import Int8Linear, load_quantized_state, quantize_decoder, quantized_state
+from specdec.kernels.convert import load_quantized_state, quantize_decoder, quantized_state
+from specdec.kernels.int8 import Int8Linear
 from specdec.models.weights import load_decoder
 from tests.model_fixtures import TINY_LLAMA, TINY_QWEN2, assert_chunk_equals_single_tokens, write_tiny_model
 
@@ -83,19 +84,18 @@ def test_quantized_close_to_float(tmp_path):
     assert agree >= 0.8
 
 
-def test_fused_projections_are_bit_identical_to_separate_ones(tiny_dirs, monkeypatch):
+def test_fused_projections_are_bit_identical_to_separate_ones(tiny_dirs):
     """q|k|v and gate|up fused into one int8 kernel call each change no output bit."""
-    import specdec
-
-    fused = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
-    assert all(layer.self_attn.fused_qkv is not None for layer in fused.backend.decoder.model.layers)
-    monkeypatch.setenv("SPECDEC_NO_FUSE", "1")
-    separate = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
-    assert all(layer.self_attn.fused_qkv is None for layer in separate.backend.decoder.model.layers)
-    ids = fused.tokenizer.encode("def fibonacci(n):\n    return")
-    a, b = fused.backend.new_state(32), separate.backend.new_state(32)
-    assert torch.equal(fused.backend.forward(a, ids), separate.backend.forward(b, ids))
-    assert torch.equal(fused.backend.forward(a, [5, 6]), separate.backend.forward(b, [5, 6]))
+    fused = quantize_decoder(load_decoder(tiny_dirs["target"]))
+    separate = quantize_decoder(load_decoder(tiny_dirs["target"]), fuse=False)
+    assert all(layer.self_attn.fused_qkv is not None and layer.mlp.fused_gate_up is not None
+               for layer in fused.model.layers)
+    assert all(layer.self_attn.fused_qkv is None and layer.mlp.fused_gate_up is None
+               for layer in separate.model.layers)
+    ids = torch.arange(3, 40) * 13 % 256
+    a, b = fused.new_cache(48), separate.new_cache(48)
+    assert torch.equal(fused(ids[:-2], torch.arange(35), a), separate(ids[:-2], torch.arange(35), b))
+    assert torch.equal(fused(ids[-2:], torch.arange(35, 37), a), separate(ids[-2:], torch.arange(35, 37), b))
 
 
 def test_int4_draft_keeps_output_exact(tiny_dirs):

@@ -146,8 +146,8 @@ def test_int4_runs_the_gguf_q4k_weights_and_is_batch_invariant(target_int4, huma
     import gguf
     import numpy as np
 
-    from specdec.models.q4 import Q4Linear
-    from specdec.models.q6 import Q6Linear
+    from specdec.kernels.q4 import Q4Linear
+    from specdec.kernels.q6 import Q6Linear
     from specdec.models.weights import open_gguf
 
     assert target_int4.backend.dtype_name == "int4"

@@ -1,5 +1,5 @@
 // The non-linear work of a decoder layer (RMSNorm, RoPE, KV-cache write, attention) for the int4
-// CPU path, compiled into the same extension as q4_kernel.cpp.
+// CPU path, compiled into the same extension as linear_kernels.cpp.
 //
 // Why: at one token per step the linear layers of the 0.5B draft take ~27 ms and everything else
 // ~12 ms — not arithmetic but ~40 small ATen ops per layer, each paying Python and dispatcher

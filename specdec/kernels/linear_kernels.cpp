@@ -1,4 +1,5 @@
-// 4-bit weights x int8 activations, int32 dot products per group of 32: the CPU decode kernel.
+// 4-bit weights x int8 activations, int32 dot products per group of 32: the CPU decode kernel
+// (with the 6-bit and int8-weight linears of the int4 mode below: q6_linear, q8_linear).
 //
 // Why our own kernel: a decode step streams every weight once, so bytes per weight set the speed
 // (int8: 1 byte, this format: ~0.59), and speculative verification needs a token's result to be
@@ -11,7 +12,7 @@
 //   w[n, k] = d[n, b] * sc[n, g] * q - dmin[n, b] * mn[n, g]      q in 0..15, g = k / 32, b = k / 256
 // sc is uint8, mn int8, d/dmin float32: llama.cpp's Q4_K values exactly (its 6-bit scales and mins,
 // per-256 d/dmin), so Q4_K tensors of a GGUF run with their own values. The 4-bit codes of a whole
-// block of 256 are stored *interleaved* (q4.py: to_kernel_layout) so that one 32-byte vector holds
+// block of 256 are stored *interleaved* (q4.py: interleave_blocks) so that one 32-byte vector holds
 // 4 codes of each of the block's 8 groups, as 16-bit lanes 2g, 2g+1 after maddubs:
 //   vector v (0..7), byte 4*g + t  <->  code 32*g + 4*v + t;   qs[128*b + 32*i + p] = vec[2i][p] | vec[2i+1][p] << 4
 // Why: the 8 maddubs results of a block can then be summed in 16 bits (8 * 2*15*127 = 30480 < 2^15,
@@ -352,7 +353,7 @@ torch::Tensor q6_linear(torch::Tensor x, torch::Tensor ql, torch::Tensor qh, tor
   });
 }
 
-// layer_ops.cpp: the rest of a decoder layer
+// layer_ops.cpp: the rest of a decoder layer (one extension, specdec_cpu_kernels: build.py)
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
 torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,

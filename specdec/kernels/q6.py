@@ -2,9 +2,9 @@
 
 Why: a Q4_K_M GGUF stores its most sensitive tensors — the LM head and half of the v/down
 projections — as Q6_K (6.56 bits per weight). Re-quantizing them to int8 per channel (the earlier
-:class:`~specdec.models.q4.Q8Linear` path) cost 1 byte per weight and a third of the 1.5B target's
+:class:`~specdec.kernels.q4.Q8Linear` path) cost 1 byte per weight and a third of the 1.5B target's
 decode step went to those layers; this format holds Q6_K's own values (no rounding: the same numbers
-llama.cpp runs) in ~0.82 bytes, and its kernel (``q6_linear`` in ``q4_kernel.cpp``) needs about half
+llama.cpp runs) in ~0.82 bytes, and its kernel (``q6_linear`` in ``linear_kernels.cpp``) needs about half
 of int8's vector operations per activation row, which is what a verification chunk adds.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
 from specdec.errors import SpecdecError
-from specdec.models.q4 import BLOCK, first_rows, kernel, on_rows, pack_codes, unpack_codes
+from specdec.kernels.linear import KernelLinear
+from specdec.kernels.q4 import BLOCK, pack_codes, unpack_codes
 
 #: bytes of one Q6_K block in a GGUF file: 128 low-nibble bytes, 64 of top bits, 16 int8 scales, f16 d
 Q6K_BLOCK_BYTES = 210
@@ -36,7 +36,7 @@ def deinterleave_q6(codes: torch.Tensor) -> torch.Tensor:
     return codes.reshape(rows, cols // BLOCK, 8, 16, 2).transpose(2, 3).reshape(rows, cols)
 
 
-class Q6Linear(nn.Module):
+class Q6Linear(KernelLinear):
     """``y = x Wᵀ + b`` with ``W[n, k] = d[n, k/256]·sc[n, k/16]·(q − 32)``, q ∈ 0..63, and per-token
     int8 activations; float32 in and out. Codes in the kernel's vector order (``ql`` low 4 bits,
     ``qh`` top 2 bits)."""
@@ -45,12 +45,7 @@ class Q6Linear(nn.Module):
 
     def __init__(self, ql: torch.Tensor, qh: torch.Tensor, sc6: torch.Tensor, d6: torch.Tensor,
                  bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.out_features, self.in_features = ql.shape[0], ql.shape[1] * 2
-        for name, tensor in zip(self.BUFFERS, (ql, qh, sc6, d6)):
-            self.register_buffer(name, tensor.contiguous())
-        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
-        self._kernel = kernel()
+        super().__init__((ql, qh, sc6, d6), bias, in_features=ql.shape[1] * 2)
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, scales: torch.Tensor, d: torch.Tensor,
@@ -105,15 +100,9 @@ class Q6Linear(nn.Module):
         step = self.d6.repeat_interleave(BLOCK // GROUP, dim=1) * self.sc6.float()
         return (codes.reshape(rows, -1, GROUP) * step[..., None]).reshape(rows, self.in_features)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return on_rows(x, self.on_matrix)
-
     def on_matrix(self, rows: torch.Tensor) -> torch.Tensor:
         """The kernel call itself: contiguous float32 ``[M, K]`` in, ``[M, N]`` out."""
         return self._kernel.q6_linear(rows, self.ql, self.qh, self.sc6, self.d6, self.bias)
-
-    def first_rows(self, rows: int) -> "Q6Linear":
-        return first_rows(self, rows)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, 6-bit (Q6_K) x int8 per-token"

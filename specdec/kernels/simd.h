@@ -1,4 +1,4 @@
-// Small AVX2 helpers shared by q4_kernel.cpp and layer_ops.cpp.
+// Small AVX2 helpers shared by linear_kernels.cpp and layer_ops.cpp.
 #pragma once
 #include <immintrin.h>
 

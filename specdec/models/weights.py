@@ -4,6 +4,9 @@ GGUF tensors are dequantized with the ``gguf`` package (every type the default m
 Q5_0, Q6_K, Q8_0, Q4_1, F16, F32 …). Dequantizing a 1.5B model takes tens of seconds, so the result
 is cached as safetensors next to the model (one file per dtype) and the second start maps it in
 seconds. Each format has exactly one name table mapping its names to ours (= HF's).
+
+The quantized modes (``load_int8_decoder``, ``load_int4_decoder``) convert through
+``specdec.kernels`` (this loader is where models meet kernels: the decoder itself imports none).
 """
 
 from __future__ import annotations
@@ -20,8 +23,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specdec.errors import WeightsError
+from specdec.kernels.build import kernel
+from specdec.kernels.convert import load_quantized_state, quantize_decoder, quantize_decoder_q4, quantized_state
+from specdec.kernels.q4 import PAIR
 from specdec.models.config import ModelConfig
-from specdec.models.transformer import Decoder
+from specdec.models.transformer import Decoder, rope_tables
+from specdec.paths import specdec_home
 
 #: GGUF tensor name (``blk.{i}.`` prefix stripped for per-layer ones) → our parameter name.
 GGUF_GLOBAL_NAMES = {
@@ -124,10 +131,10 @@ def iter_gguf_tensors(reader: Any, cfg: ModelConfig) -> Iterator[tuple[str, np.n
 
 
 def gguf_int4_sources(reader: Any, cfg: ModelConfig) -> tuple[dict[str, np.ndarray], set[str], dict[str, np.ndarray]]:
-    """For the int4 path (models/q4.py): the raw bytes ``[rows, blocks·144]`` of every Q4_K tensor,
+    """For the int4 path (kernels/q4.py): the raw bytes ``[rows, blocks·144]`` of every Q4_K tensor,
     by our name (rows in our order), to run with their own values; the names of the other tensors
     the file stores in fewer than 6 bits per weight (Q4_0, Q5_0, Q5_K…), which the int4 path rounds
-    to 4 bits; and the raw ``[rows, blocks·210]`` of its Q6_K tensors (models/q6.py, own values
+    to 4 bits; and the raw ``[rows, blocks·210]`` of its Q6_K tensors (kernels/q6.py, own values
     too) — Q8_0/F16 ones keep 8 bits."""
     import gguf
 
@@ -185,8 +192,7 @@ def converted_cache_path(gguf_path: Path, dtype: torch.dtype | str) -> Path:
         return gguf_path.parent / name
     stat = gguf_path.stat()
     key = hashlib.sha1(f"{gguf_path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    home = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
-    return home / "converted" / key / name
+    return specdec_home() / "converted" / key / name
 
 
 def build_decoder(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str) -> Decoder:
@@ -209,8 +215,6 @@ def build_decoder(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     # buffers (RoPE tables) were created on meta: rebuild them for real
-    from specdec.models.transformer import rope_tables
-
     cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
     model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
     return model.eval()
@@ -276,21 +280,17 @@ def remove_stale_caches(cache_file: Path) -> list[Path]:
 
 
 def load_int8_decoder(path: str | Path, device: str = "cpu", progress: bool = False) -> Decoder:
-    """The batch-invariant int8 model (see models/quant.py), cached next to a GGUF after the first
+    """The batch-invariant int8 model (see kernels/int8.py), cached next to a GGUF after the first
     conversion so later starts skip dequantization and quantization."""
-    from specdec.models.quant import quantize_decoder
-
     if device != "cpu":
         raise WeightsError("int8 execution is a CPU path (fbgemm); use --quantize none on CUDA")
     return _load_converted(Path(path), "int8", lambda: quantize_decoder(load_decoder(path, torch.float32, device, progress=progress)))
 
 
 def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = False, every_layer: bool = False) -> Decoder:
-    """4-bit weights through the batch-invariant kernel (models/q4.py; a GGUF's Q4_K tensors as they
+    """4-bit weights through the batch-invariant kernel (kernels/q4.py; a GGUF's Q4_K tensors as they
     are), cached beside a GGUF like the int8 conversion. ``every_layer`` (mode ``int4-all``, for
     drafts): the layers a GGUF stores more precisely, the LM head included, are rounded to 4 bits too."""
-    from specdec.models.q4 import PAIR, kernel, quantize_decoder_q4
-
     if device != "cpu":
         raise WeightsError("int4 execution is a CPU path; use --quantize none on CUDA")
     path = Path(path)
@@ -314,9 +314,6 @@ def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = Fa
 def _load_converted(path: Path, fmt: str, convert: Callable[[], Decoder]) -> Decoder:
     """A quantized model from its cache beside the GGUF, or ``convert()`` and cache the result
     (HF directories are converted every time: their weights load fast)."""
-    from specdec.models.quant import load_quantized_state, quantized_state
-    from specdec.models.transformer import rope_tables
-
     if path.is_dir():
         return convert()
     cache_file = converted_cache_path(path, fmt)

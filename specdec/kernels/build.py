@@ -1,0 +1,133 @@
+"""The C++ extension ``specdec_cpu_kernels``: built once per machine, then imported.
+
+It holds every CPU kernel of the quantized paths: the 4-bit, 6-bit and int8-weight linears
+(``linear_kernels.cpp``) and the rest of a decoder layer — RMSNorm, RoPE, the KV-cache write,
+attention (``layer_ops.cpp``). The build (~40 s, g++ and ninja) lands in
+``specdec_home()/ext/specdec_cpu_kernels-<key>``; the key hashes the sources, the compiler flags and
+the torch and Python versions, so a change to any of them builds afresh instead of reusing a stale
+library (builds of the extension under its old name, ``specdec_q4``, are never read).
+
+Why the build runs in a child process: ``torch.utils.cpp_extension`` runs the ``ninja`` it finds on
+``PATH``, and ninja (a dependency) is installed beside this interpreter — in a virtual environment's
+``bin``, which is on ``PATH`` only when the environment is activated. The child gets that directory
+on its ``PATH``; this process's environment is never written (library code must not change a
+process-wide setting under its caller's threads). A finished build is imported straight from its
+directory, so later starts neither need nor run ninja.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.paths import specdec_home
+
+#: the module name the sources are compiled under (``PYBIND11_MODULE(TORCH_EXTENSION_NAME, …)``)
+EXTENSION_NAME = "specdec_cpu_kernels"
+_HERE = Path(__file__).parent
+#: compiled sources: the linear kernels (with the module definition), the rest of a layer
+SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "layer_ops.cpp")
+HEADERS = (_HERE / "simd.h",)
+#: -ffp-contract=off: no fused multiply-adds the source does not write, so results do not depend on
+#: the compiler's choices (bit-identity of a row alone and in a chunk is checked with torch.equal)
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off")
+LDFLAGS = ("-fopenmp",)
+
+#: what the child process runs: torch's JIT build, arguments as one JSON string
+_BUILD_SCRIPT = """
+import json, sys
+from torch.utils.cpp_extension import load
+args = json.loads(sys.argv[1])
+load(name=args["name"], sources=args["sources"], extra_cflags=args["cflags"], extra_ldflags=args["ldflags"],
+     build_directory=args["build_directory"])
+"""
+
+
+def unsupported_reason() -> str | None:
+    """Why this machine cannot run the extension, or None when it can (it may still fail to build)."""
+    if not sys.platform.startswith("linux") or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return "the C++ CPU kernels need an x86 CPU with AVX2 on Linux"
+    return None
+
+
+def build_directory() -> Path:
+    """Where this exact build (sources, flags, torch, Python) lives."""
+    key = hashlib.sha1()
+    for path in SOURCES + HEADERS:
+        key.update(path.name.encode() + b"\0" + path.read_bytes())
+    key.update(json.dumps([CFLAGS, LDFLAGS, torch.__version__, sys.version_info[:2]]).encode())
+    return specdec_home() / "ext" / f"{EXTENSION_NAME}-{key.hexdigest()[:12]}"
+
+
+@functools.lru_cache(maxsize=1)
+def kernel() -> ModuleType:
+    """The compiled module, built first if this machine has no build of these sources yet.
+    Raises :class:`SpecdecError` (with the way out: int8) where it cannot be built or loaded."""
+    reason = unsupported_reason()
+    if reason is not None:
+        raise SpecdecError(f"{reason}; use --quantize int8")
+    directory = build_directory()
+    library = directory / f"{EXTENSION_NAME}.so"
+    built_now = False
+    if not library.is_file():
+        _build(directory)
+        built_now = True
+    try:
+        return _import(library)
+    except ImportError as exc:
+        if built_now:
+            raise SpecdecError(f"the C++ CPU kernels built but do not load: {exc}; use --quantize int8") from exc
+    # a library left broken (an interrupted link): build it again, once
+    library.unlink(missing_ok=True)
+    _build(directory)
+    try:
+        return _import(library)
+    except ImportError as exc:
+        raise SpecdecError(f"the C++ CPU kernels built but do not load: {exc}; use --quantize int8") from exc
+
+
+def available() -> bool:
+    """Whether :func:`kernel` works here (builds it on first use)."""
+    try:
+        kernel()
+    except SpecdecError:
+        return False
+    return True
+
+
+def _build(directory: Path) -> None:
+    """Run torch's JIT build in a child process with this interpreter's ``bin`` on its PATH."""
+    directory.mkdir(parents=True, exist_ok=True)
+    args = {"name": EXTENSION_NAME, "sources": [str(p) for p in SOURCES], "cflags": list(CFLAGS),
+            "ldflags": list(LDFLAGS), "build_directory": str(directory)}
+    env = dict(os.environ)  # a copy for the child: this process's environment stays as it is
+    env["PATH"] = os.pathsep.join(filter(None, (str(Path(sys.executable).parent), env.get("PATH"))))
+    try:
+        done = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT, json.dumps(args)], env=env,
+                              capture_output=True, text=True)
+    except OSError as exc:
+        raise SpecdecError(f"could not start the build of the C++ CPU kernels: {exc}; use --quantize int8") from exc
+    if done.returncode != 0:
+        output = (done.stdout + done.stderr).strip()
+        raise SpecdecError(f"could not build the C++ CPU kernels (needs g++ and ninja): …{output[-2000:]}\n"
+                           "use --quantize int8")
+
+
+def _import(library: Path) -> ModuleType:
+    """Import the built library as ``torch.utils.cpp_extension.load`` does (not added to sys.modules)."""
+    spec = importlib.util.spec_from_file_location(EXTENSION_NAME, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{library} is not an extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

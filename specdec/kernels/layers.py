@@ -1,0 +1,83 @@
+"""The decoder layers of a quantized model with their glue in C++ (``layer_ops.cpp``).
+
+Per layer: two norms (each folding in the pending residual add), one attention call (RoPE, KV-cache
+write, row-wise attention), four or five kernel calls and silu·up — instead of ~40 ATen ops, each
+paying Python and dispatcher overhead (~12 ms per 1.5B step). Same math as the decoder's own layer
+forward, row by row, so a token's result is bit-identical alone or inside a verification chunk.
+
+A :class:`CppLayers` is what a decoder's ``layer_runner`` slot holds (``Decoder.set_layer_runner``):
+it reads the layers through their declared attributes (norm weights, projections, ``fused_qkv`` /
+``fused_gate_up``) once, when it is made.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.kernels.build import available, kernel
+
+#: a projection's call: contiguous float32 ``[M, K]`` in, ``[M, N]`` out
+Projection = Callable[[torch.Tensor], torch.Tensor]
+
+
+class CppLayers:
+    """Runs a decoder's layers through the extension; the signature of ``Decoder._run_layers``
+    (the decoder argument is that same decoder). A snapshot of the layers' modules: made after the
+    conversion and after the projections are fused (see ``Decoder.set_layer_runner``)."""
+
+    def __init__(self, decoder: nn.Module) -> None:
+        self.ops = kernel()
+        self.eps = decoder.config.rms_norm_eps
+        #: per layer: input norm weight, q|k|v call, heads, kv heads, o call, post norm weight,
+        #: gate|up call, down call — the kernels called directly (module dispatch: ~3 ms per 1.5B step)
+        self.plan: list[tuple] = []
+        for layer in decoder.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.plan.append((
+                layer.input_layernorm.weight, _projections(attn.fused_qkv, attn, attn.FUSABLE_PROJECTIONS),
+                attn.num_heads, attn.num_kv_heads, _direct(attn.o_proj), layer.post_attention_layernorm.weight,
+                _projections(mlp.fused_gate_up, mlp, mlp.FUSABLE_PROJECTIONS), _direct(mlp.down_proj),
+            ))
+
+    def __call__(self, decoder: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any,
+                 start: int, mask: torch.Tensor | None, run: Sequence[int]) -> torch.Tensor:
+        ops, eps, plan = self.ops, self.eps, self.plan
+        mask = None if mask is None else mask.contiguous()
+        pending = None  # the last sub-layer's output, added to the residual stream by the next norm
+        for index in run:
+            input_norm, qkv_proj, heads, kv_heads, o_proj, post_norm, gate_up_proj, down_proj = plan[index]
+            qkv = qkv_proj(ops.rms_norm(x, pending, input_norm, eps))
+            out = ops.attention(qkv, cos, sin, cache.k[index], cache.v[index], start, heads, kv_heads, mask)
+            gate, up = gate_up_proj(ops.rms_norm(x, o_proj(out), post_norm, eps)).chunk(2, dim=-1)
+            pending = down_proj(F.silu(gate).mul_(up))
+        return x if pending is None else x.add_(pending)
+
+
+def use_layer_ops(decoder: nn.Module, required: bool = True) -> None:
+    """Run ``decoder``'s layers through :class:`CppLayers`. ``required=False`` (int8, whose own
+    kernels need no compiler): keep the Python layers where the extension cannot be built or the
+    sizes do not suit it — still batch-invariant, only slower."""
+    cfg = decoder.config
+    if required:
+        kernel()  # raises, saying why
+    elif not available():
+        return
+    if cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0:
+        decoder.set_layer_runner(CppLayers(decoder))
+
+
+def _direct(layer: nn.Module) -> Projection:
+    """``layer``'s kernel call without module dispatch or reshaping (other layers: the module)."""
+    return getattr(layer, "on_matrix", layer)
+
+
+def _projections(fused: nn.Module | None, module: nn.Module, names: tuple[str, ...]) -> Projection:
+    """The side-by-side outputs of ``names``: one call when they were fused."""
+    if fused is not None:
+        return _direct(fused)
+    parts = [_direct(getattr(module, name)) for name in names]
+    return lambda x: torch.cat([part(x) for part in parts], dim=-1)
