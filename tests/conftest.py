@@ -66,3 +66,12 @@ def int4_kernel():
         if os.environ.get("CI"):
             raise
         pytest.skip(f"int4 C++ extension could not be built here: {exc}")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
+    """`-m "not slow"` drops the real-model tests with only a count; say what was left out and how to run it."""
+    slow = [item for item in terminalreporter.stats.get("deselected", []) if item.get_closest_marker("slow")]
+    if slow:
+        files = ", ".join(sorted({item.path.name for item in slow}))
+        terminalreporter.write_line(f"{len(slow)} slow tests (the real default models) deselected by -m 'not slow' "
+                                    f"in {files}: `make test` runs them")
