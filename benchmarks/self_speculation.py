@@ -24,7 +24,7 @@ import specdec  # noqa: E402
 from specdec.adaptive import expected_tokens  # noqa: E402
 from specdec.api import encode_prompt  # noqa: E402
 from specdec.bench.datasets import load_prompts  # noqa: E402
-from specdec.calibrate import load_calibration  # noqa: E402
+from specdec.drafters.layer_skip import load_calibration  # noqa: E402
 
 
 def expected_speedup(alpha: float, gamma: float, cost_ratio: float) -> float:

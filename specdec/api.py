@@ -21,7 +21,8 @@ import torch
 from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
 from specdec.config import QUANTIZE_MODES, SpecConfig
-from specdec.drafters.base import Drafter, get_drafter_factory
+from specdec.drafters.base import Drafter, DrafterResources
+from specdec.drafters.registry import method_info
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
 from specdec.errors import SpecdecError
 from specdec.models.registry import resolve_model
@@ -141,23 +142,22 @@ def make_drafter(
     max_seq_len: int,
     draft: LoadedModel | None = None,
 ) -> Drafter | None:
-    """Build the per-request drafter named by ``spec.method`` (None for plain decoding)."""
+    """Build the per-request drafter named by ``spec.method`` (None for plain decoding).
+
+    ``draft`` is used only by methods that need a draft model (and then required); others ignore
+    it, so a caller may pass the loaded draft whatever the method."""
     if spec.method is None:
         return None
-    if draft is not None:
+    info = method_info(spec.method)
+    if info.needs_draft_model:
+        if draft is None:
+            raise SpecdecError(f"method {info.name!r} needs a draft model (--draft-model NAME_OR_PATH)")
         check_pair(target, draft)
         check_draft_context(draft, max_seq_len)
-    factory = get_drafter_factory(spec.method)
-    return factory(
-        target_backend=target.backend,
-        target_path=target.path,
-        tokenizer=target.tokenizer,
-        draft_backend=draft.backend if draft is not None else None,
-        spec=spec,
-        params=params,
-        generator=generator,
-        max_seq_len=max_seq_len,
-    )
+    resources = DrafterResources(target_backend=target.backend, spec=spec, params=params, generator=generator,
+                                 max_seq_len=max_seq_len, tokenizer=target.tokenizer, target_path=target.path,
+                                 draft_backend=draft.backend if info.needs_draft_model and draft is not None else None)
+    return info.factory(resources)
 
 
 def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, draft: LoadedModel | None,

@@ -11,7 +11,6 @@ carries its own baseline. The result is saved per model file and execution dtype
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import statistics
@@ -23,28 +22,9 @@ from typing import Callable
 from specdec.config import SpecConfig
 from specdec.engine import generate_ids
 from specdec.errors import SpecdecError
-from specdec.paths import specdec_home
+from specdec.drafters.layer_skip import calibration_path
 from specdec.sampling import SamplingParams, make_generator
 from specdec.stats import aggregate
-
-
-def calibration_path(model_path: Path | str, dtype_name: str) -> Path:
-    """One file per (model file, execution dtype): timings of int8 and float32 differ."""
-    resolved = Path(model_path).expanduser().resolve()
-    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:10]
-    return specdec_home() / "calibration" / f"{resolved.stem}-{digest}.{dtype_name}.layer-skip.json"
-
-
-def load_calibration(model_path: Path | str, dtype_name: str) -> dict | None:
-    path = calibration_path(model_path, dtype_name)
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-        _ = [int(i) for i in data["skip_layers"]]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SpecdecError(f"calibration file {path} is unreadable ({exc}); run `specdec calibrate-skip` again") from None
-    return data
 
 
 @dataclass

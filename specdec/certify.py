@@ -21,7 +21,8 @@ import torch
 
 from specdec.backends.torch_backend import TorchBackend
 from specdec.config import SpecConfig
-from specdec.drafters.base import DRAFTERS, get_drafter_factory
+from specdec.drafters.base import DrafterResources
+from specdec.drafters.registry import method_info, method_names
 from specdec.engine import generate_ids
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import Decoder
@@ -106,8 +107,10 @@ def distribution_check(method: str, config_name: str, params: SamplingParams, sa
     for _ in range(samples):
         drafter = None
         if spec.method is not None:
-            drafter = get_drafter_factory(spec.method)(target_backend=target, draft_backend=draft, spec=spec,
-                                                       params=run_params, generator=generator, max_seq_len=len(prompt) + length + gamma + 2)
+            info = method_info(spec.method)
+            drafter = info.factory(DrafterResources(
+                target_backend=target, spec=spec, params=run_params, generator=generator,
+                max_seq_len=len(prompt) + length + gamma + 2, draft_backend=draft if info.needs_draft_model else None))
         out = generate_ids(target, prompt, run_params, drafter, spec, None, generator)
         key = tuple(out.token_ids)
         counts[key] = counts.get(key, 0) + 1
@@ -140,9 +143,7 @@ def greedy_identity_check(method: str, run_plain: Callable, run_spec: Callable, 
 
 
 def registered_methods() -> list[str]:
-    import specdec.drafters  # noqa: F401
-
-    return sorted(DRAFTERS)
+    return method_names()
 
 
 def format_table(results: list[CheckResult]) -> str:

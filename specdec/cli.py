@@ -34,18 +34,26 @@ def gamma_value(text: str) -> int | str:
     return positive_int(text)
 
 
+def methods_help() -> str:
+    """Every registered method with its summary and requirements, for --help (from the registry)."""
+    from specdec.drafters.registry import all_methods
+
+    parts = []
+    for info in all_methods():
+        needs = [w for w, on in (("needs --draft-model", info.needs_draft_model),
+                                 ("needs --datastore", "datastore" in info.options)) if on]
+        aliases = f" (or {', '.join(info.aliases)})" if info.aliases else ""
+        parts.append(f"{info.name}{aliases}: {info.summary}" + (f" [{'; '.join(needs)}]" if needs else ""))
+    return "; ".join(parts)
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_TARGET,
                         help=f"target model: a built-in name (see `specdec models`), a .gguf file or an HF directory (default: {DEFAULT_TARGET})")
     parser.add_argument("--draft-model", default=None,
                         help="draft model for speculative decoding (built-in name, .gguf or HF dir); implies --method draft_model")
-    parser.add_argument("--method", default=None,
-                        help="speculative method: draft_model (needs --draft-model), ngram (prompt lookup), suffix "
-                             "(suffix decoding over this prompt+output and earlier outputs), draft_suffix (the draft model, "
-                             "except where the suffix table is sure of the continuation: those tokens cost no draft step; "
-                             "needs --draft-model), retrieval (needs --datastore), "
-                             "layer-skip / early-exit (self-speculation with the target's own layers: no draft model, "
-                             "no extra memory); omit for plain decoding unless --draft-model is given")
+    parser.add_argument("--method", default=None, help="speculative method: " + methods_help()
+                        + "; omit for plain decoding unless --draft-model is given")
     parser.add_argument("--skip-layers", default=None, metavar="LIST|auto",
                         help="layer-skip: layers the draft skips, e.g. 14,16,18-20; 'auto' = the set saved by "
                              "`specdec calibrate-skip` (default: that set if saved, else every other layer of the upper half)")
@@ -219,7 +227,11 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     from specdec.config import DEFAULT_NUM_SPECULATIVE_TOKENS, SpecConfig
 
     gamma = args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS
-    method = args.method or ("draft_model" if args.draft_model else None)
+    from specdec.drafters.registry import needs_draft_model, resolve_method
+
+    method = resolve_method(args.method) if args.method else ("draft_model" if args.draft_model else None)
+    if needs_draft_model(method) and not args.draft_model:
+        raise SpecdecError(f"method {method!r} needs a draft model: add --draft-model NAME_OR_PATH")
     return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model,
                       prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
                       datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer,
@@ -337,7 +349,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import specdec
     from specdec.bench.datasets import load_prompts
     from specdec.bench.report import write_results
-    from specdec.bench.runner import DRAFT_MODEL_METHODS, METHOD_ALIASES, PEER_METHODS, BenchConfig, run_benchmark
+    from specdec.bench.runner import PEER_METHODS, BenchConfig, method_needs_draft, run_benchmark
 
     rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
@@ -353,7 +365,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.num_speculative_tokens if args.num_speculative_tokens is not None else 4]
     params = sampling_from_args(args)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
-    needs_draft = any(METHOD_ALIASES.get(m) in DRAFT_MODEL_METHODS or m in ("hf-assisted", "llamacpp-draft") for m in methods)
+    needs_draft = any(method_needs_draft(m) for m in methods)
     draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
                                quantize=draft_quantize(args)) if needs_draft else None
     if draft is not None:

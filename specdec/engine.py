@@ -151,7 +151,7 @@ def generate_stream(
         dtype=target.dtype_name,
         prompt_tokens=len(prompt_ids),
         weight_bytes=target.weight_bytes,
-        draft_weight_bytes=getattr(getattr(drafter, "backend", None), "weight_bytes", 0),
+        draft_weight_bytes=drafter.weight_bytes if drafter is not None else 0,
     )
     gamma = GammaController(max_k) if spec.adaptive and drafter is not None else None
     verify_costs = gamma.verify if gamma is not None else VerifyCosts()  # for drafts with prefix_accept
@@ -165,8 +165,7 @@ def generate_stream(
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - start
     decode_start = time.perf_counter()
     if drafter is not None:
-        if hasattr(drafter, "bind_target_state"):  # self-speculation drafts inside the target's cache
-            drafter.bind_target_state(state)
+        drafter.bind_target_state(state)  # self-speculation drafts inside the target's cache
         drafter.start(list(prompt_ids))
     try:
         if out.finish_reason is None:
@@ -181,7 +180,7 @@ def generate_stream(
 
             t0 = time.perf_counter()
             # a drafter with free tokens (a suffix table) is asked even when γ is 0 for its model
-            asked = drafter is not None and (k > 0 or (room > 0 and getattr(drafter, "has_free_tokens", False)))
+            asked = drafter is not None and (k > 0 or (room > 0 and drafter.has_free_tokens))
             draft = drafter.propose(context, k) if asked else Draft(tokens=[])
             if draft.prefix_accept is not None and len(draft):
                 # the drafter estimated its own acceptance: the cost model picks the length, up to
@@ -217,7 +216,7 @@ def generate_stream(
         stats.generated_tokens = len(out.token_ids)
         stats.decode_time_s = time.perf_counter() - decode_start
         stats.total_time_s = time.perf_counter() - start
-        stats.draft_forwards = getattr(drafter, "model_forwards", None)
+        stats.draft_forwards = drafter.model_forwards if drafter is not None else None
         yield StreamChunk(committed, out.new_text(), finish_reason=out.finish_reason, stats=stats)
     finally:
         if drafter is not None:

@@ -208,6 +208,11 @@ def _gguf_chat_template(path: Path) -> str | None:
     return bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
 
 
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
+    """A short digest of the vocabulary: two tokenizers with the same one share caches and datastores."""
+    return hashlib.sha256("\x00".join(tokenizer.tokens()).encode()).hexdigest()[:32]
+
+
 class IncrementalDetokenizer:
     """Streams text for generated ids without splitting a UTF-8 character and without re-decoding
     the whole output each step (vLLM/TGI style).

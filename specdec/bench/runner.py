@@ -17,15 +17,10 @@ import specdec
 from specdec.api import LoadedModel, encode_prompt
 from specdec.bench.datasets import PromptRow
 from specdec.config import SpecConfig
+from specdec.drafters.registry import needs_draft_model, resolve_method
 from specdec.drafters.suffix import clear_global_caches
 from specdec.sampling import SamplingParams
 
-#: user-facing method names → SpecConfig.method (None = plain autoregressive decoding)
-METHOD_ALIASES = {"ar": None, "plain": None, "draft": "draft_model", "draft_model": "draft_model", "ngram": "ngram",
-                  "suffix": "suffix", "retrieval": "retrieval", "layer-skip": "layer_skip", "layer_skip": "layer_skip",
-                  "early-exit": "early_exit", "early_exit": "early_exit", "draft-suffix": "draft_suffix", "draft_suffix": "draft_suffix"}
-#: SpecConfig.method values that run the draft model
-DRAFT_MODEL_METHODS = frozenset({"draft_model", "draft_suffix"})
 PEER_METHODS = {"hf": ["hf", "hf-assisted", "hf-pld"], "llamacpp": ["llamacpp", "llamacpp-draft"]}
 
 
@@ -60,10 +55,15 @@ class BenchConfig:
     extra: dict = field(default_factory=dict)
 
 
+def method_needs_draft(method: str) -> bool:
+    """Does this bench method name (ours or a peer's) run the draft model?"""
+    if is_peer(method):
+        return method in ("hf-assisted", "llamacpp-draft")
+    return needs_draft_model(resolve_method(method))
+
+
 def spec_for(method: str, config: BenchConfig, gamma: int | str) -> SpecConfig:
-    if method not in METHOD_ALIASES:
-        raise specdec.SpecdecError(f"unknown method {method!r}; available: {', '.join(METHOD_ALIASES)} (and peers: hf)")
-    return SpecConfig(method=METHOD_ALIASES[method], num_speculative_tokens=gamma, datastore=config.datastore,
+    return SpecConfig(method=resolve_method(method), num_speculative_tokens=gamma, datastore=config.datastore,
                       skip_layers=config.skip_layers, exit_layer=config.exit_layer, draft_vocab_size=config.draft_vocab_size)
 
 
@@ -89,7 +89,7 @@ def ours(target: LoadedModel, draft: LoadedModel | None, method: str, config: Be
     spec = spec_for(method, config, gamma)
 
     def generate_one(ids: list[int]) -> tuple[list[int], dict, str]:
-        out = specdec.generate(target, ids, config.params, draft=draft if spec.method in DRAFT_MODEL_METHODS else None, spec=spec)
+        out = specdec.generate(target, ids, config.params, draft=draft if needs_draft_model(spec.method) else None, spec=spec)
         return out.token_ids, out.stats.to_dict(), out.text
 
     return generate_one
@@ -103,7 +103,7 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
     for method in config.methods:
         if peers and method in peers:
             runners[method] = peers[method]
-        elif METHOD_ALIASES.get(method, "?") is None:
+        elif resolve_method(method) is None:
             runners[method] = ours(target, draft, method, config)
         else:
             for gamma in config.gammas:

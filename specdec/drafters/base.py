@@ -1,4 +1,5 @@
-"""The one interface every drafting method implements, and the name registry.
+"""The one interface every drafting method implements: the proposal, the drafter base class, the
+resources a factory gets and the metadata a method registers with (:mod:`specdec.drafters.registry`).
 
 A drafter only *proposes*; it never decides acceptance (that is :mod:`specdec.verify`) and never
 drives the loop (that is :mod:`specdec.engine`). The engine tells it what was accepted so it can roll
@@ -8,11 +9,16 @@ its own state (a draft KV cache, an n-gram index …) forward or back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from specdec.errors import SpecdecError
+if TYPE_CHECKING:  # annotations only: drafters/base.py sits below every module it names here
+    from specdec.backends.base import Backend, SequenceState
+    from specdec.config import SpecConfig
+    from specdec.sampling import SamplingParams
+    from specdec.tokenizer import Tokenizer
 
 
 @dataclass
@@ -53,15 +59,56 @@ class Draft:
                      None if self.prefix_accept is None else self.prefix_accept[:keep])
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    name: str
+@dataclass(frozen=True)
+class DrafterResources:
+    """Everything a drafter factory may use to build one request's drafter.
+
+    The engine side (:func:`specdec.api.make_drafter`) fills it once; each factory reads the fields
+    its method needs. ``draft_backend`` is set only for methods whose :class:`MethodInfo` says
+    ``needs_draft_model`` (and then never None).
+    """
+
+    target_backend: "Backend"
+    spec: "SpecConfig"
+    params: "SamplingParams"
+    generator: torch.Generator
+    max_seq_len: int  # prompt + max_tokens + γ max + 1: the longest sequence a draft cache must hold
+    tokenizer: "Tokenizer | None" = None  # the target's; None in tokenizer-free tests
+    target_path: Path | None = None  # the target's weights file (per-model calibration files key on it)
+    draft_backend: "Backend | None" = None
+
+
+class Drafter:
+    """One request's proposer. Subclasses implement :meth:`propose`; every other method has an
+    explicit default here, so the engine calls each of them unconditionally (no optional hooks).
+
+    Lifecycle (as llama.cpp's ``common/speculative.h``): :meth:`bind_target_state` (after the
+    target's prefill) → :meth:`start` → repeated :meth:`propose` / :meth:`accepted` → :meth:`finish`.
+    """
+
+    name: str = "drafter"
+    #: True when :meth:`propose` may return tokens that cost no model step (a suffix table): the
+    #: engine then asks even when the γ controller chose k = 0 for the drafter's model (it does
+    #: not pay), and the drafter returns either a draft with ``prefix_accept`` or nothing.
+    has_free_tokens: bool = False
+    #: draft-model forwards so far this request (GB/s counts their bytes); None: no model runs
+    model_forwards: int | None = None
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of draft weights read per draft-model forward (0 for table-based drafters)."""
+        return 0
+
+    def bind_target_state(self, state: "SequenceState") -> None:
+        """Called after prefill with the target's cache of this request. Drafters that run inside
+        it (self-speculation) keep it and must leave it at the length they found it; others ignore it."""
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new request begins with these prompt tokens."""
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         """Propose up to ``k`` tokens to follow ``context_ids`` (all committed tokens). May return fewer."""
+        raise NotImplementedError
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
         """The target accepted the first ``num_accepted`` proposed tokens, then committed ``next_token``."""
@@ -69,30 +116,23 @@ class Drafter(Protocol):
     def finish(self) -> None:
         """The request is over (free per-request memory; global caches may learn from it)."""
 
-    # Optional: ``bind_target_state(state)`` — called after prefill with the target's cache of the
-    # request, for drafters that run inside it (self-speculation, layers.py). The drafter must leave
-    # the cache at the length it found it.
-    # Optional: ``has_free_tokens = True`` — the engine asks propose() even when the γ controller
-    # chose k = 0 (its model does not pay): the drafter may still return a draft with
-    # ``prefix_accept`` that costs no model step (draft_suffix's table rounds), or nothing.
-    # Optional: ``model_forwards`` — draft-model forwards so far this request (GB/s counts them).
+
+DrafterFactory = Callable[[DrafterResources], Drafter]
 
 
-#: name → factory(target, spec_config, sampling_params, generator, **resources) -> Drafter
-DRAFTERS: dict[str, Callable[..., Drafter]] = {}
+@dataclass(frozen=True)
+class MethodInfo:
+    """What the CLI, the benchmark runner and the server need to know about a method, in one place.
 
+    ``options`` names the :class:`specdec.config.SpecConfig` fields the method reads (so a front end
+    can say when a flag has no effect); ``aliases`` are extra names users may type (``-`` and ``_``
+    are interchangeable everywhere).
+    """
 
-def register_drafter(name: str) -> Callable[[Callable[..., Drafter]], Callable[..., Drafter]]:
-    def decorate(factory: Callable[..., Drafter]) -> Callable[..., Drafter]:
-        DRAFTERS[name] = factory
-        return factory
-
-    return decorate
-
-
-def get_drafter_factory(name: str) -> Callable[..., Drafter]:
-    import specdec.drafters  # noqa: F401 - populates the registry
-
-    if name not in DRAFTERS:
-        raise SpecdecError(f"unknown speculative method {name!r}; available: {', '.join(sorted(DRAFTERS))}")
-    return DRAFTERS[name]
+    name: str
+    factory: DrafterFactory
+    summary: str
+    aliases: tuple[str, ...] = ()
+    needs_draft_model: bool = False
+    needs_torch_backend: bool = False
+    options: tuple[str, ...] = ("num_speculative_tokens",)

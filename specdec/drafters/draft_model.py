@@ -13,7 +13,8 @@ from typing import Callable
 import torch
 
 from specdec.backends.base import Backend
-from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
+from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
 
 
@@ -91,7 +92,7 @@ def usable_vocab_limit(vocab_limit: int | None, vocab_size: int) -> int | None:
     return vocab_limit if vocab_limit and vocab_limit < vocab_size else None
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     name = "draft_model"
 
     def __init__(
@@ -117,6 +118,10 @@ class DraftModelDrafter:
         self.cached: list[int] = []  # tokens whose keys/values are in the draft cache
         self.context_len = 0
         self.model_forwards = 0  # draft forwards this request (each reads the draft's weights once)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.backend.weight_bytes
 
     def start(self, prompt_ids: list[int]) -> None:
         self.state.truncate(0)
@@ -168,11 +173,15 @@ class DraftModelDrafter:
         self.state.truncate(0)
 
 
-@register_drafter("draft_model")
-def make_draft_model_drafter(*, draft_backend: Backend | None = None, params, generator, max_seq_len, spec, **_) -> DraftModelDrafter:
-    from specdec.errors import SpecdecError
-
-    if draft_backend is None:
-        raise SpecdecError("method 'draft_model' needs a draft model (--draft-model NAME_OR_PATH)")
+def make_draft_model_drafter(res: DrafterResources) -> DraftModelDrafter:
+    if res.draft_backend is None:
+        raise SpecdecError(f"method {res.spec.method!r} needs a draft model (--draft-model NAME_OR_PATH)")
+    spec = res.spec
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
-    return DraftModelDrafter(draft_backend, params, generator, max_seq_len, threshold, spec.draft_vocab_size or None)
+    return DraftModelDrafter(res.draft_backend, res.params, res.generator, res.max_seq_len, threshold,
+                             spec.draft_vocab_size or None)
+
+
+DRAFT_MODEL_OPTIONS = ("num_speculative_tokens", "draft_model", "draft_confidence_threshold", "draft_vocab_size")
+METHODS = (MethodInfo("draft_model", make_draft_model_drafter, "a small model of the same tokenizer drafts autoregressively",
+                      aliases=("draft",), needs_draft_model=True, options=DRAFT_MODEL_OPTIONS),)

@@ -19,8 +19,8 @@ as far as it is likely right, however many draft-model tokens would pay.
 
 from __future__ import annotations
 
-from specdec.drafters.base import Draft, register_drafter
-from specdec.drafters.draft_model import DraftModelDrafter, make_draft_model_drafter
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
+from specdec.drafters.draft_model import DRAFT_MODEL_OPTIONS, DraftModelDrafter, make_draft_model_drafter
 from specdec.drafters.suffix import SuffixDrafter, make_suffix_drafter
 
 #: Suffix proposals whose first token is estimated at least this likely are used without the draft
@@ -31,7 +31,7 @@ from specdec.drafters.suffix import SuffixDrafter, make_suffix_drafter
 DEFAULT_SUFFIX_TRUST = 0.5
 
 
-class SuffixAssistedDrafter:
+class SuffixAssistedDrafter(Drafter):
     name = "draft_suffix"
     #: the engine asks even when the γ controller gives the draft model k = 0 (it does not pay):
     #: a trusted suffix proposal still does, and the draft model is not run for k = 0
@@ -51,11 +51,11 @@ class SuffixAssistedDrafter:
         draft.take_over = self._take_over
 
     @property
-    def backend(self):  # noqa: ANN201 - the draft model's (its weight bytes go into GB/s)
-        return self.draft.backend
+    def weight_bytes(self) -> int:
+        return self.draft.weight_bytes
 
     @property
-    def model_forwards(self) -> int:
+    def model_forwards(self) -> int:  # type: ignore[override] - the draft model's count
         return self.draft.model_forwards
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -98,13 +98,13 @@ class SuffixAssistedDrafter:
         self.draft.finish()
 
 
-@register_drafter("draft_suffix")
-def make_suffix_assisted_drafter(*, spec, **resources) -> SuffixAssistedDrafter:  # noqa: ANN001, ANN003
+def make_suffix_assisted_drafter(res: DrafterResources) -> SuffixAssistedDrafter:
     """Needs a draft model (``--draft-model``) like ``draft_model``; the suffix table is the shared one."""
-    if resources.get("draft_backend") is None:
-        from specdec.errors import SpecdecError
+    draft = make_draft_model_drafter(res)
+    suffix = make_suffix_drafter(res)
+    return SuffixAssistedDrafter(draft, suffix, res.spec.max_speculative_tokens, DEFAULT_SUFFIX_TRUST)
 
-        raise SpecdecError("method 'draft_suffix' needs a draft model (--draft-model NAME_OR_PATH)")
-    draft = make_draft_model_drafter(spec=spec, **resources)
-    suffix = make_suffix_drafter(**resources)
-    return SuffixAssistedDrafter(draft, suffix, spec.max_speculative_tokens, DEFAULT_SUFFIX_TRUST)
+
+METHODS = (MethodInfo("draft_suffix", make_suffix_assisted_drafter,
+                      "the draft model, except where the suffix table is sure of the continuation",
+                      needs_draft_model=True, options=DRAFT_MODEL_OPTIONS),)

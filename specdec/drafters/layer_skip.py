@@ -23,15 +23,19 @@ attention reads it, and never reads beyond its chunk. What it buys:
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from specdec.backends.base import SequenceState
 from specdec.backends.torch_backend import TorchBackend
-from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
 from specdec.drafters.draft_model import draft_autoregressively, next_token_logits, usable_vocab_limit
 from specdec.errors import SpecdecError
-from specdec.models.kv_cache import KVCache
+from specdec.paths import specdec_home
 from specdec.sampling import SamplingParams
 
 
@@ -72,26 +76,27 @@ class LayerSubset:
         return [i for i in range(self.config.num_layers) if i not in self.layers]
 
 
-class LayerSkipDrafter:
+class LayerSkipDrafter(Drafter):
     """Drafts with a subset of the target's layers, in the target's own KV cache (see module doc)."""
 
     name = "layer_skip"
 
     def __init__(self, subset: LayerSubset, params: SamplingParams, generator: torch.Generator,
                  confidence_threshold: float = 0.0, vocab_limit: int | None = None) -> None:
-        self.backend = subset  # read by the engine's stats for the draft's bytes per step
+        self.backend = subset
         self.vocab_limit = usable_vocab_limit(vocab_limit, subset.config.vocab_size)
         self.params = params
         self.generator = generator
         self.confidence_threshold = confidence_threshold
-        self.state: KVCache | None = None
+        self.state: SequenceState | None = None
 
-    def bind_target_state(self, state: KVCache) -> None:
+    @property
+    def weight_bytes(self) -> int:
+        return self.backend.weight_bytes
+
+    def bind_target_state(self, state: SequenceState) -> None:
         """The engine hands over the target's cache of this request after prefill."""
         self.state = state
-
-    def start(self, prompt_ids: list[int]) -> None:
-        pass
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         state = self.state
@@ -113,9 +118,6 @@ class LayerSkipDrafter:
         finally:
             state.truncate(committed)  # the verification pass rewrites these slots for all layers
 
-    def accepted(self, num_accepted: int, next_token: int) -> None:
-        pass  # nothing of ours to roll back: the engine truncates the shared cache
-
     def finish(self) -> None:
         self.state = None
 
@@ -124,6 +126,26 @@ class LayerSkipDrafter:
         ours = {t.data_ptr() for t in self.backend.backend.decoder.state_dict().values()}
         theirs = {t.data_ptr() for t in target.decoder.state_dict().values()}
         return ours <= theirs
+
+
+def calibration_path(model_path: Path | str, dtype_name: str) -> Path:
+    """One file per (model file, execution dtype): timings of int8 and float32 differ. Written by
+    ``specdec calibrate-skip`` (:mod:`specdec.calibrate`), read here by ``--skip-layers auto``."""
+    resolved = Path(model_path).expanduser().resolve()
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:10]
+    return specdec_home() / "calibration" / f"{resolved.stem}-{digest}.{dtype_name}.layer-skip.json"
+
+
+def load_calibration(model_path: Path | str, dtype_name: str) -> dict | None:
+    path = calibration_path(model_path, dtype_name)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        _ = [int(i) for i in data["skip_layers"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SpecdecError(f"calibration file {path} is unreadable ({exc}); run `specdec calibrate-skip` again") from None
+    return data
 
 
 def _require_torch_backend(backend, method: str) -> TorchBackend:  # noqa: ANN001
@@ -141,8 +163,6 @@ def resolve_skip_layers(value: str | Sequence[int] | None, backend: TorchBackend
     """``--skip-layers``: explicit indices ("3,5,7-12"); "auto" = the saved calibration (required);
     None = the saved calibration when there is one, else :func:`default_skip_layers`."""
     if value is None or value == "auto":
-        from specdec.calibrate import calibration_path, load_calibration
-
         saved = load_calibration(model_path, backend.dtype_name) if model_path is not None else None
         if saved is not None:
             return [int(i) for i in saved["skip_layers"]]
@@ -177,26 +197,34 @@ def _threshold(spec) -> float:  # noqa: ANN001
     return spec.draft_confidence_threshold if spec.adaptive else 0.0
 
 
-@register_drafter("layer_skip")
-def make_layer_skip_drafter(*, target_backend, spec, params, generator, target_path=None, **_) -> LayerSkipDrafter:  # noqa: ANN001
-    backend = _require_torch_backend(target_backend, "layer_skip")
-    skip = resolve_skip_layers(spec.skip_layers, backend, target_path)
+def make_layer_skip_drafter(res: DrafterResources) -> LayerSkipDrafter:
+    backend, spec = _require_torch_backend(res.target_backend, "layer_skip"), res.spec
+    skip = resolve_skip_layers(spec.skip_layers, backend, res.target_path)
     num_layers = backend.config.num_layers
     bad = [i for i in skip if not 0 <= i < num_layers]
     if bad:
         raise SpecdecError(f"--skip-layers {bad} are outside 0..{num_layers - 1} for this model")
     run = [i for i in range(num_layers) if i not in set(skip)]
-    return LayerSkipDrafter(LayerSubset(backend, run), params, generator, _threshold(spec), spec.draft_vocab_size or None)
+    return LayerSkipDrafter(LayerSubset(backend, run), res.params, res.generator, _threshold(spec),
+                            spec.draft_vocab_size or None)
 
 
-@register_drafter("early_exit")
-def make_early_exit_drafter(*, target_backend, spec, params, generator, **_) -> LayerSkipDrafter:  # noqa: ANN001
-    backend = _require_torch_backend(target_backend, "early_exit")
+def make_early_exit_drafter(res: DrafterResources) -> LayerSkipDrafter:
+    backend, spec = _require_torch_backend(res.target_backend, "early_exit"), res.spec
     num_layers = backend.config.num_layers
     exit_layer = spec.exit_layer if spec.exit_layer is not None else num_layers // 2
     if not 1 <= exit_layer <= num_layers:
         raise SpecdecError(f"--exit-layer must be in 1..{num_layers} for this model, got {exit_layer}")
-    drafter = LayerSkipDrafter(LayerSubset(backend, range(exit_layer)), params, generator, _threshold(spec),
+    drafter = LayerSkipDrafter(LayerSubset(backend, range(exit_layer)), res.params, res.generator, _threshold(spec),
                                spec.draft_vocab_size or None)
     drafter.name = "early_exit"
     return drafter
+
+
+SELF_OPTIONS = ("num_speculative_tokens", "draft_confidence_threshold", "draft_vocab_size")
+METHODS = (
+    MethodInfo("layer_skip", make_layer_skip_drafter, "self-speculation: the target drafts with a subset of its layers",
+               needs_torch_backend=True, options=(*SELF_OPTIONS, "skip_layers")),
+    MethodInfo("early_exit", make_early_exit_drafter, "self-speculation: the target's first L layers and its LM head draft",
+               needs_torch_backend=True, options=(*SELF_OPTIONS, "exit_layer")),
+)

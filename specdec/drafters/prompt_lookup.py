@@ -9,10 +9,10 @@ per lookup). Proposals are deterministic: q is a point mass, verified exactly by
 
 from __future__ import annotations
 
-from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     name = "ngram"
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
@@ -45,14 +45,14 @@ class PromptLookupDrafter:
                 return Draft(tokens=self.tokens[position : position + k])
         return Draft(tokens=[])
 
-    def accepted(self, num_accepted: int, next_token: int) -> None:
-        pass  # committed tokens arrive with the next propose(); nothing to roll back
-
     def finish(self) -> None:
         self.tokens = []
         self.index = {}
 
 
-@register_drafter("ngram")
-def make_prompt_lookup_drafter(*, spec, **_) -> PromptLookupDrafter:  # noqa: ANN001
-    return PromptLookupDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
+def make_prompt_lookup_drafter(res: DrafterResources) -> PromptLookupDrafter:
+    return PromptLookupDrafter(res.spec.prompt_lookup_min, res.spec.prompt_lookup_max)
+
+
+METHODS = (MethodInfo("ngram", make_prompt_lookup_drafter, "prompt lookup: what followed the last n tokens earlier in the context",
+                      aliases=("prompt_lookup",), options=("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")),)

@@ -8,7 +8,6 @@ fingerprint of the tokenizer so a datastore built with another vocabulary is ref
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -16,15 +15,12 @@ from typing import Iterable
 
 import numpy as np
 
-from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
 from specdec.errors import SpecdecError
+from specdec.tokenizer import tokenizer_fingerprint
 
 FORMAT_VERSION = 1
 SEPARATOR = -1  # between documents: never matches a real token
-
-
-def tokenizer_fingerprint(tokenizer) -> str:  # noqa: ANN001 - specdec.tokenizer.Tokenizer
-    return hashlib.sha256("\x00".join(tokenizer.tokens()).encode()).hexdigest()[:32]
 
 
 def build_datastore(tokenizer, texts: Iterable[str], output: Path, window: int = 16, progress: bool = False) -> dict:  # noqa: ANN001
@@ -112,7 +108,7 @@ class Datastore:
         return first, lo
 
 
-class RetrievalDrafter:
+class RetrievalDrafter(Drafter):
     name = "retrieval"
 
     def __init__(self, datastore: Datastore, max_match: int = 12, min_match: int = 2, max_candidates: int = 256) -> None:
@@ -120,9 +116,6 @@ class RetrievalDrafter:
         self.max_match = min(max_match, datastore.window)
         self.min_match = min_match
         self.max_candidates = max_candidates
-
-    def start(self, prompt_ids: list[int]) -> None:
-        pass
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         store = self.datastore
@@ -143,18 +136,12 @@ class RetrievalDrafter:
             return Draft(tokens=proposal)
         return Draft(tokens=[])
 
-    def accepted(self, num_accepted: int, next_token: int) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
 
 _OPEN: dict[str, Datastore] = {}
 
 
-@register_drafter("retrieval")
-def make_retrieval_drafter(*, spec, tokenizer=None, **_) -> RetrievalDrafter:  # noqa: ANN001
+def make_retrieval_drafter(res: DrafterResources) -> RetrievalDrafter:
+    spec, tokenizer = res.spec, res.tokenizer
     if not spec.datastore:
         raise SpecdecError("method 'retrieval' needs a datastore (--datastore PATH, built with `specdec datastore build`)")
     key = str(Path(spec.datastore).resolve())
@@ -163,3 +150,7 @@ def make_retrieval_drafter(*, spec, tokenizer=None, **_) -> RetrievalDrafter:  #
     if tokenizer is not None:
         _OPEN[key].check_tokenizer(tokenizer)
     return RetrievalDrafter(_OPEN[key])
+
+
+METHODS = (MethodInfo("retrieval", make_retrieval_drafter, "REST: continuations of the context's longest match in a datastore",
+                      options=("num_speculative_tokens", "datastore")),)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 
-from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
+from specdec.tokenizer import tokenizer_fingerprint
 
 
 class FrequencyTable:
@@ -108,7 +109,7 @@ MATCH_PRIOR = (0.3, 0.5, 0.65, 0.72, 0.75, 0.85, 0.87, 0.92)
 PRIOR_WEIGHT = 8.0
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     name = "suffix"
 
     def __init__(self, cache: GlobalSuffixCache | None = None, max_depth: int = 8, min_confidence: float = 0.1) -> None:
@@ -201,13 +202,14 @@ def clear_global_caches() -> None:
         GLOBAL_CACHES.clear()
 
 
-@register_drafter("suffix")
-def make_suffix_drafter(*, target_backend=None, tokenizer=None, **_) -> SuffixDrafter:  # noqa: ANN001
+def make_suffix_drafter(res: DrafterResources) -> SuffixDrafter:
     """The shared cache is chosen by vocabulary: the tokenizer's fingerprint, else the target's vocab size."""
-    from specdec.drafters.retrieval import tokenizer_fingerprint
-
-    if tokenizer is not None:
-        key = f"tokenizer:{tokenizer_fingerprint(tokenizer)}"
+    if res.tokenizer is not None:
+        key = f"tokenizer:{tokenizer_fingerprint(res.tokenizer)}"
     else:
-        key = f"vocab:{target_backend.config.vocab_size if target_backend is not None else 'unknown'}"
+        key = f"vocab:{res.target_backend.config.vocab_size}"
     return SuffixDrafter(cache=global_cache_for(key))
+
+
+METHODS = (MethodInfo("suffix", make_suffix_drafter,
+                      "suffix decoding over this request and a process-wide cache of earlier outputs"),)

@@ -10,6 +10,7 @@ next step and frees its slot. Bad input gets an OpenAI-style error object and th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -24,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from specdec.api import LoadedModel, encode_prompt, prepare
 from specdec.config import SpecConfig
+from specdec.drafters.registry import method_info, needs_draft_model, resolve_method
 from specdec.engine import check_context, generate_stream
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.sampling import SamplingParams
@@ -61,17 +63,25 @@ class ServerState:
 def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionRequest, raw: dict) -> SpecConfig:
     if "speculative" in raw and raw["speculative"] is None:
         return SpecConfig()
+    """The server's configuration with the request's override on top: every server flag
+    (``--draft-vocab-size``, ``--skip-layers`` …) applies per request unless the request changes it."""
     override = req.speculative
-    method = override.method if override and override.method else state.spec.method
-    gamma = override.num_speculative_tokens if override and override.num_speculative_tokens is not None else state.spec.num_speculative_tokens
-    if method == "draft_model" and state.draft is None:
-        raise APIError(400, "method 'draft_model' is not available: the server was started without --draft-model", param="speculative")
+    changes: dict[str, Any] = {}
     try:
-        return SpecConfig(method=method, num_speculative_tokens=gamma, prompt_lookup_min=state.spec.prompt_lookup_min,
-                          prompt_lookup_max=state.spec.prompt_lookup_max, datastore=state.spec.datastore,
-                          draft_confidence_threshold=state.spec.draft_confidence_threshold)
+        if override is not None and override.method:
+            changes["method"] = resolve_method(override.method)
+        if override is not None and override.num_speculative_tokens is not None:
+            changes["num_speculative_tokens"] = override.num_speculative_tokens
+        spec = dataclasses.replace(state.spec, **changes)  # __post_init__ validates the result
     except SpecdecError as exc:
         raise APIError(400, str(exc), param="speculative") from None
+    if spec.method is not None and method_info(spec.method).needs_draft_model and state.draft is None:
+        raise APIError(400, f"method {spec.method!r} is not available: the server was started without --draft-model",
+                       param="speculative")
+    if spec.method == "retrieval" and not spec.datastore:
+        raise APIError(400, "method 'retrieval' is not available: the server was started without --datastore",
+                       param="speculative")
+    return spec
 
 
 def _sampling(req: CompletionRequest | ChatCompletionRequest, context_len: int, prompt_len: int) -> SamplingParams:
@@ -273,7 +283,7 @@ class Job:
 
     def _open(self):  # noqa: ANN202 - a generate_stream generator
         state = self.state
-        draft = state.draft if self.spec.method == "draft_model" else None
+        draft = state.draft if needs_draft_model(self.spec.method) else None
         return generate_stream(*prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
                                speculate=state.speculation_allowed)
 

@@ -1,0 +1,76 @@
+"""The method registry: every built-in drafter's :class:`MethodInfo`, looked up by name or alias.
+
+The CLI, ``specdec bench``, the server and ``specdec verify`` all ask here which methods exist, what
+users may call them, and whether one needs a draft model or specdec's torch backend — one copy of
+each fact (the server once had its own list and refused ``draft_suffix`` requests). Built-ins are
+listed explicitly below (no import side effects); :func:`register_method` adds a user's own.
+"""
+
+from __future__ import annotations
+
+from specdec.drafters import draft_model, draft_suffix, layer_skip, prompt_lookup, retrieval, suffix
+from specdec.drafters.base import MethodInfo
+from specdec.errors import SpecdecError
+
+#: names that mean "no drafter": plain autoregressive decoding
+PLAIN_NAMES = ("ar", "plain", "none")
+
+_METHODS: dict[str, MethodInfo] = {}
+
+
+def register_method(info: MethodInfo, *, replace: bool = False) -> MethodInfo:
+    """Make ``info`` available under its name and aliases (``replace=True`` to override one)."""
+    for name in (info.name, *info.aliases):
+        key = _key(name)
+        existing = _find(key)
+        if existing is not None and existing.name != info.name and not replace:
+            raise SpecdecError(f"method name {name!r} is already taken by {existing.name!r}")
+        if key in PLAIN_NAMES:
+            raise SpecdecError(f"{name!r} means plain decoding; choose another method name")
+    if info.name in _METHODS and not replace:
+        raise SpecdecError(f"method {info.name!r} is already registered (pass replace=True to override it)")
+    _METHODS[info.name] = info
+    return info
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+def _find(key: str) -> MethodInfo | None:
+    for info in _METHODS.values():
+        if key == _key(info.name) or key in (_key(a) for a in info.aliases):
+            return info
+    return None
+
+
+def method_info(name: str) -> MethodInfo:
+    """The method called ``name`` (a name or an alias; ``-`` and ``_`` alike), or a clear error."""
+    info = _find(_key(name))
+    if info is None:
+        raise SpecdecError(f"unknown speculative method {name!r}; available: {', '.join(method_names())}")
+    return info
+
+
+def resolve_method(name: str | None) -> str | None:
+    """A user-typed method name → the registered name; None for plain decoding (``ar``, ``plain``)."""
+    if name is None or _key(name) in PLAIN_NAMES:
+        return None
+    return method_info(name).name
+
+
+def method_names() -> list[str]:
+    return sorted(_METHODS)
+
+
+def all_methods() -> list[MethodInfo]:
+    return [_METHODS[name] for name in method_names()]
+
+
+def needs_draft_model(method: str | None) -> bool:
+    return method is not None and method_info(method).needs_draft_model
+
+
+for _module in (draft_model, draft_suffix, prompt_lookup, suffix, retrieval, layer_skip):
+    for _info in _module.METHODS:
+        register_method(_info)
