@@ -165,32 +165,33 @@ def test_shared_suffix_cache_is_per_vocabulary(tiny_target):
     model's embedding could not index. Caches are keyed by vocabulary; the engine also clips."""
     from types import SimpleNamespace
 
+    from specdec.config import SpecConfig
+    from specdec.drafters.base import DrafterResources
     from specdec.drafters.suffix import make_suffix_drafter
+    from specdec.sampling import SamplingParams, make_generator
+
+    def cache_of(backend, tokenizer=None):  # noqa: ANN001, ANN202
+        resources = DrafterResources(target_backend=backend, spec=SpecConfig(method="suffix"), params=SamplingParams(),
+                                     generator=make_generator(0), max_seq_len=64, tokenizer=tokenizer)
+        return make_suffix_drafter(resources).cache
 
     small = SimpleNamespace(config=SimpleNamespace(vocab_size=8))
     large = SimpleNamespace(config=SimpleNamespace(vocab_size=50_000))
-    assert make_suffix_drafter(target_backend=small).cache is make_suffix_drafter(target_backend=small).cache
-    assert make_suffix_drafter(target_backend=small).cache is not make_suffix_drafter(target_backend=large).cache
-    assert make_suffix_drafter(tokenizer=tiny_target.tokenizer).cache is not make_suffix_drafter(target_backend=small).cache
+    assert cache_of(small) is cache_of(small)
+    assert cache_of(small) is not cache_of(large)
+    assert cache_of(small, tiny_target.tokenizer) is not cache_of(small)
 
 
 def test_engine_clips_out_of_vocabulary_drafts(tiny_target):
-    from specdec.drafters.base import Draft
+    from specdec.drafters.base import Draft, Drafter
 
-    class Rogue:
+    class Rogue(Drafter):
         name = "rogue"
-
-        def start(self, prompt_ids):
-            pass
 
         def propose(self, context_ids, k):
             return Draft(tokens=[1, 10**6, 2][:k] + [3] * 10)  # too long and out of vocabulary
 
-        def accepted(self, num_accepted, next_token):
-            pass
 
-        def finish(self):
-            pass
 
     assert Draft([1, 2, 10**6, 3]).clipped(10, 100).tokens == [1, 2]
     assert Draft([1, 2, 3]).clipped(2, 100).tokens == [1, 2]

@@ -8,6 +8,7 @@ import torch
 import specdec
 from specdec.api import make_drafter
 from specdec.config import SpecConfig
+from specdec.drafters.base import Drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine import generate_ids
 from specdec.errors import ContextLengthError, SpecdecError
@@ -232,20 +233,11 @@ def test_engine_verifies_only_the_length_the_cost_model_picks(tiny_target, monke
             picked.append(list(prefix_accept))
             return 1
 
-    class Sure:
+    class Sure(Drafter):
         name = "sure"
-
-        def start(self, prompt_ids):
-            pass
 
         def propose(self, context_ids, k):
             return Draft(tokens=[5] * k, prefix_accept=[0.9 ** (j + 1) for j in range(k)])
-
-        def accepted(self, num_accepted, next_token):
-            pass
-
-        def finish(self):
-            pass
 
     monkeypatch.setattr(specdec.engine, "VerifyCosts", KeepOne)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

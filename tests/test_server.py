@@ -22,12 +22,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(tiny_dirs, *extra: str):
+def launch(*args: str):
+    """Start `specdec serve ARGS` on a free loopback port; return (process, base URL) once healthy."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec.cli", "serve", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
-         "--dtype", "float32", "--quantize", "none", "--port", str(port), "--served-model-name", "tiny",
-         "--num-speculative-tokens", "3", *extra],
+        [sys.executable, "-m", "specdec.cli", "serve", "--port", str(port), *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     base = f"http://127.0.0.1:{port}"
@@ -41,6 +40,11 @@ def start_server(tiny_dirs, *extra: str):
         if proc.poll() is not None:
             raise RuntimeError(proc.stderr.read())
     return proc, base
+
+
+def start_server(tiny_dirs, *extra: str):
+    return launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--dtype", "float32",
+                  "--quantize", "none", "--served-model-name", "tiny", "--num-speculative-tokens", "3", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +156,55 @@ def test_full_queue_is_429_and_server_recovers(tiny_dirs):
                 break
             time.sleep(0.2)
         assert ok.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_server_flags_apply_to_every_method_per_request(tiny_dirs, tiny_target):
+    """`serve --method draft_suffix --draft-vocab-size N` (make run's configuration) answers with
+    draft_suffix, the server's --draft-vocab-size reaches each request (its counts are the
+    library's with that setting, not without it), and a request may switch method by alias."""
+    from specdec.drafters.suffix import clear_global_caches
+
+    draft = specdec.load_model(tiny_dirs["draft"], dtype="float32", device="cpu")
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = "def fibonacci(n):"
+
+    def library(vocab: int):  # noqa: ANN202
+        clear_global_caches()  # the fresh server's suffix cache is empty too
+        spec = specdec.SpecConfig(method="draft_suffix", num_speculative_tokens=3, draft_vocab_size=vocab)
+        return specdec.generate(tiny_target, prompt, params, draft=draft, spec=spec)
+
+    with_limit, without_limit = library(40), library(0)
+    assert (with_limit.stats.proposed_tokens, with_limit.stats.accepted_tokens) != (
+        without_limit.stats.proposed_tokens, without_limit.stats.accepted_tokens)  # the flag is observable
+    proc, base = start_server(tiny_dirs, "--method", "draft_suffix", "--draft-vocab-size", "40")
+    try:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        usage = answer.json()["usage"]["speculative"]
+        assert answer.json()["choices"][0]["text"] == with_limit.text
+        assert usage["method"] == "draft_suffix"
+        assert (usage["draft_tokens"], usage["accepted_tokens"]) == (with_limit.stats.proposed_tokens,
+                                                                     with_limit.stats.accepted_tokens)
+        switched = httpx.post(f"{base}/v1/completions", json={**body, "speculative": {"method": "prompt-lookup"}}, timeout=60)
+        assert switched.status_code == 200 and switched.json()["usage"]["speculative"]["method"] == "ngram"
+        unknown = httpx.post(f"{base}/v1/completions", json={**body, "speculative": {"method": "telepathy"}}, timeout=60)
+        assert unknown.status_code == 400 and "unknown speculative method" in unknown.json()["error"]["message"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_server_without_draft_model_refuses_draft_methods_per_request(tiny_dirs):
+    proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none", "--method", "ngram")
+    try:
+        body = {"prompt": "x = ", "max_tokens": 4, "speculative": {"method": "draft_suffix"}}
+        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
+        assert answer.status_code == 400 and "--draft-model" in answer.json()["error"]["message"]
+        assert httpx.post(f"{base}/v1/completions", json={**body, "speculative": None}, timeout=60).status_code == 200
     finally:
         proc.terminate()
         proc.wait(timeout=30)
