@@ -11,6 +11,8 @@ QUANTIZE_MODES = ("auto", "none", "int8", "int4", "int4-all")
 
 #: γ used when the user gives a drafter but no ``num_speculative_tokens``.
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
+#: Prompt tokens a draft model reads (see drafters/draft_model.py); measured in benchmarks/draft_window.py
+DEFAULT_DRAFT_CONTEXT_WINDOW = 512
 #: Largest γ ``auto`` will try; beyond this verification cost on CPU grows faster than acceptance.
 AUTO_MAX_SPECULATIVE_TOKENS = 8
 
@@ -38,6 +40,9 @@ class SpecConfig:
     exit_layer: int | None = None  # early_exit: run the first L layers (None = half)
     #: draft_model: score only the first N token ids in the draft (FR-Spec); 0 = the whole vocabulary
     draft_vocab_size: int = 0
+    #: draft_model / draft_suffix: the draft model reads at most the last N prompt tokens (0 = all);
+    #: its prompt pass is paid inside decoding, so on long prompts a short window is what pays
+    draft_context_window: int = DEFAULT_DRAFT_CONTEXT_WINDOW
 
     def __post_init__(self) -> None:
         if self.method is not None:
@@ -61,6 +66,8 @@ class SpecConfig:
             raise SpecdecError("draft_confidence_threshold must be in [0, 1)")
         if not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size < 0:
             raise SpecdecError(f"draft_vocab_size must be an integer >= 0 (0 = whole vocabulary), got {self.draft_vocab_size!r}")
+        if not isinstance(self.draft_context_window, int) or self.draft_context_window < 0:
+            raise SpecdecError(f"draft_context_window must be an integer >= 0 (0 = the whole prompt), got {self.draft_context_window!r}")
         if self.exit_layer is not None and (not isinstance(self.exit_layer, int) or self.exit_layer < 1):
             raise SpecdecError(f"exit_layer must be a positive integer, got {self.exit_layer!r}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:

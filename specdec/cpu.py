@@ -1,0 +1,50 @@
+"""What this CPU can do, for choosing kernels and for keying measurements made on it.
+
+CPUs differ between machines of the same kind (some are AVX2-only, others have AVX-512 VNNI or
+AVX-VNNI), and a configuration measured fastest on one lost on the other; so results files record
+:func:`cpu_flags`, and cached step-cost measurements are keyed by :func:`cpu_signature`. Sits at
+the bottom of the package: imports nothing of specdec.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+from pathlib import Path
+
+#: the instruction-set flags that change which int8/int4 kernels are fastest here
+RELEVANT_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    model, flags = platform.processor() or platform.machine(), frozenset()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = frozenset(value.split())
+            break
+    return model, flags
+
+
+def cpu_flags() -> list[str]:
+    """The relevant instruction-set flags this CPU reports (``/proc/cpuinfo``), in a fixed order."""
+    flags = _cpuinfo()[1]
+    return [f for f in RELEVANT_FLAGS if f in flags]
+
+
+def cpu_description() -> str:
+    """``model name [flags]``, for result files and ``--explain`` output."""
+    return f"{_cpuinfo()[0]} [{' '.join(cpu_flags()) or 'no AVX2'}]"
+
+
+def cpu_signature() -> str:
+    """A short key for measurements that hold only on this kind of CPU (model name + flags)."""
+    return hashlib.sha256(cpu_description().encode()).hexdigest()[:12]
