@@ -40,7 +40,8 @@ def test_bad_input_is_one_clear_line(args, message):
 
 
 def test_draft_confidence_threshold_flag_reaches_the_spec():
-    from specdec.cli import build_parser, spec_from_args
+    from specdec.cli import build_parser
+    from specdec.cli.common import spec_from_args
 
     args = build_parser().parse_args(["generate", "hi", "--draft-model", "x", "--num-speculative-tokens", "auto",
                                       "--draft-confidence-threshold", "0.1"])

@@ -263,7 +263,7 @@ def test_datastore_bad_inputs_are_clear(tmp_path, capsys):
 
 
 def test_malformed_corpus_line_names_file_and_line(tmp_path):
-    from specdec.cli import read_corpus
+    from specdec.cli.datastore import read_corpus
     from specdec.errors import SpecdecError
 
     bad = tmp_path / "bad.jsonl"

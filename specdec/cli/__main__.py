@@ -4,4 +4,5 @@ import sys
 
 from specdec.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing this module (tests import every module) must not run the CLI
+    sys.exit(main())

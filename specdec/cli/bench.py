@@ -1,0 +1,112 @@
+"""``specdec bench``: a Spec-Bench-style benchmark. Every method (and optional peers: transformers,
+llama.cpp) runs on the same prompts, interleaved per prompt after a warm-up, median of ``--repeats``;
+greedy outputs are checked against plain decoding; results.json, report.md and PNG plots go to
+``--out``. ``--compare DIR1 DIR2`` prints the difference between two runs. The work is
+:mod:`specdec.bench`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, gamma_value,
+                                positive_int, sampling_from_args)
+from specdec.errors import SpecdecError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    bench = subparsers.add_parser("bench", help="Spec-Bench-style benchmark of methods (and peers) on a dataset, with report and plots",
+                                  description="Run every method on the same prompts (interleaved per prompt, warm-up first, median "
+                                              "of --repeats), check greedy outputs against plain decoding, and write results.json, "
+                                              "report.md and PNG plots to --out. `specdec bench --compare DIR1 DIR2` prints the "
+                                              "difference between two runs.")
+    bench.add_argument("--dataset", default="humaneval", help="spec_bench, humaneval, gsm8k, or a JSONL file with 'prompt' or 'turns' (default: humaneval)")
+    bench.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data beside the project, or $SPECDEC_DATA_DIR)")
+    bench.add_argument("--categories", default=None, help="comma-separated task groups / categories (e.g. summarization,rag,mt_bench)")
+    bench.add_argument("--limit", type=positive_int, default=None, help="first N prompts per category")
+    bench.add_argument("--methods", default="ar,draft,ngram,suffix", help="comma-separated: ar, draft, ngram, suffix, draft-suffix, retrieval, layer-skip, early-exit (default: ar,draft,ngram,suffix)")
+    bench.add_argument("--gammas", default=None, help="several γ to sweep, e.g. 2,4,6,auto (overrides --num-speculative-tokens)")
+    bench.add_argument("--repeats", type=positive_int, default=3, help="repeats per prompt and method; medians are reported (default: 3)")
+    bench.add_argument("--peers", default="", help="comma-separated peers to run in the same run: hf (= transformers plain, assisted, prompt lookup), "
+                            "llamacpp (= llama.cpp's llama-server plain and with the draft model; needs --llama-bin); "
+                            "or name some of them in --methods: hf, hf-assisted, hf-pld, llamacpp, llamacpp-draft")
+    bench.add_argument("--llama-bin", default="/tmp/llamacpp-build/bin", metavar="DIR",
+                       help="directory holding llama.cpp's llama-server, for the llamacpp peers (build: see specdec/bench/llamacpp.py)")
+    bench.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
+    bench.add_argument("--compare", nargs=2, metavar=("DIR1", "DIR2"), help="print the difference between two bench runs and exit")
+    add_model_args(bench)
+    add_sampling_args(bench)
+    bench.set_defaults(draft_model="qwen2.5-coder-0.5b")
+    add_debug_flag(bench)
+    bench.set_defaults(func=run)
+    return bench
+
+
+def run(args: argparse.Namespace) -> int:
+    import platform
+    from pathlib import Path
+
+    from specdec.bench.report import compare_runs
+
+    if args.compare:
+        print(compare_runs(Path(args.compare[0]), Path(args.compare[1])))
+        return 0
+    import specdec
+    from specdec.bench.datasets import load_prompts
+    from specdec.bench.report import write_results
+    from specdec.bench.runner import PEER_METHODS, BenchConfig, method_needs_draft, run_benchmark
+
+    rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
+                        Path(args.data_dir) if args.data_dir else None)
+    if not rows:
+        raise SpecdecError(f"no prompts selected from {args.dataset}")
+    methods = ["ar" if m.strip() == "plain" else m.strip() for m in args.methods.split(",") if m.strip()]
+    peers_wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for peer in peers_wanted:
+        if peer not in PEER_METHODS:
+            raise SpecdecError(f"unknown peer {peer!r}; available: {', '.join(PEER_METHODS)}")
+        methods += PEER_METHODS[peer]
+    gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")] if args.gammas else [
+        args.num_speculative_tokens if args.num_speculative_tokens is not None else 4]
+    params = sampling_from_args(args)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    needs_draft = any(method_needs_draft(m) for m in methods)
+    draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
+                               quantize=draft_quantize(args)) if needs_draft else None
+    if draft is not None:
+        from specdec.compat import check_pair
+
+        check_pair(target, draft)
+    peers: dict = {}
+    close_peers = None
+    peer_gamma = gammas[0] if isinstance(gammas[0], int) else 4
+    if any(m in PEER_METHODS["hf"] for m in methods):  # peers may also be named one by one in --methods
+        from specdec.bench.peers import hf_peers
+
+        peers.update(hf_peers(target, draft, params, num_tokens=peer_gamma))
+    if any(m in PEER_METHODS["llamacpp"] for m in methods):
+        from specdec.bench.llamacpp import llamacpp_peers
+
+        wants_draft = "llamacpp-draft" in methods
+        llama, close_peers = llamacpp_peers(args.llama_bin, target.path, draft.path if wants_draft and draft else None,
+                                            params, peer_gamma, detokenize=target.tokenizer.decode)
+        peers.update(llama)
+    config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, datastore=args.datastore,
+                         skip_layers=args.skip_layers, exit_layer=args.exit_layer, draft_vocab_size=args.draft_vocab_size)
+    try:
+        results = run_benchmark(target, draft, rows, config, peers=peers)
+    finally:
+        if close_peers is not None:
+            close_peers()
+    meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]), "machine": f"{platform.machine()}, "
+            f"{__import__('os').cpu_count()} cores, torch {__import__('torch').__version__}", "model": args.model,
+            "draft_model": args.draft_model if draft else None, "execution": target.backend.dtype_name,
+            "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": args.temperature,
+            "max_tokens": args.max_tokens, "repeats": args.repeats}
+    summary = write_results(Path(args.out), results, meta)
+    print((Path(args.out) / "report.md").read_text())
+    bad = sum(m["mismatches"] for m in summary["overall"].values())
+    if bad:
+        print(f"error: {bad} greedy outputs differ from plain decoding (see {args.out}/results.json)", file=sys.stderr)
+        return 3
+    return 0

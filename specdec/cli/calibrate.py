@@ -1,0 +1,57 @@
+"""``specdec calibrate-skip``: find which layers ``--method layer-skip`` should skip on this machine,
+by measured tokens/s — plain decoding and up to ``--budget`` skip sets (structured seeds, then a local
+search) on a few greedy calibration prompts; the fastest set is saved beside the model for
+``--skip-layers auto``. The search is :mod:`specdec.calibrate`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.cli.common import add_debug_flag, add_model_args, positive_int
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    cal = subparsers.add_parser("calibrate-skip", help="search which layers --method layer-skip should skip, by measured tokens/s",
+                                description="Time plain decoding and up to --budget skip sets (structured seeds, then a local "
+                                            "search) on calibration prompts, greedy, and save the fastest set for --skip-layers auto.")
+    add_model_args(cal)
+    cal.add_argument("--dataset", default="humaneval", help="calibration prompts: spec_bench, humaneval, gsm8k or a JSONL (default: humaneval)")
+    cal.add_argument("--categories", default=None, help="comma-separated categories of the dataset (e.g. mt_bench)")
+    cal.add_argument("--prompts", type=positive_int, default=2, help="calibration prompts (default: 2)")
+    cal.add_argument("--max-tokens", type=positive_int, default=48, help="tokens generated per prompt and trial (default: 48)")
+    cal.add_argument("--budget", type=positive_int, default=16, help="skip sets to measure (default: 16)")
+    cal.add_argument("--seed", type=int, default=0, help="seed of the local search (default: 0)")
+    add_debug_flag(cal)
+    cal.set_defaults(func=run)
+    return cal
+
+
+def run(args: argparse.Namespace) -> int:
+    import specdec
+    from specdec.api import encode_prompt
+    from specdec.bench.datasets import load_prompts
+    from specdec.calibrate import calibrate_skip, save_calibration
+
+    gamma = args.num_speculative_tokens if isinstance(args.num_speculative_tokens, int) else 4
+    categories = args.categories.split(",") if args.categories else None
+    rows = load_prompts(args.dataset, categories=categories, limit=args.prompts)[: args.prompts]
+    print(f"loading {args.model} …", file=sys.stderr)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    prompts = [encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
+    layers = target.config.num_layers
+    print(f"{target.backend.dtype_name}, {layers} layers, {len(prompts)} prompts × {args.max_tokens} tokens, γ={gamma}, budget {args.budget}",
+          file=sys.stderr)
+
+    def report(trial, index: int) -> None:  # noqa: ANN001
+        print(f"[{index}/{args.budget}] skip {trial.skip_layers}: {trial.tokens_per_s:.2f} tok/s, α={trial.acceptance_rate:.2f}, "
+              f"τ={trial.mean_accepted_len:.2f}, draft cost ratio {trial.draft_cost_ratio:.2f}", file=sys.stderr)
+
+    result = calibrate_skip(target, prompts, args.max_tokens, gamma, args.budget, args.seed, report)
+    path = save_calibration(result, target.path, target.backend.dtype_name,
+                            {"dataset": args.dataset, "prompts": len(prompts), "max_tokens": args.max_tokens, "gamma": gamma})
+    best = result.to_dict()
+    print(f"plain {best['plain_tokens_per_s']:.2f} tok/s; best skip {best['skip_layers']}: {best['tokens_per_s']:.2f} tok/s "
+          f"({best['speedup']:.2f}×, α={best['acceptance_rate']:.2f}, cost ratio {best['draft_cost_ratio']:.2f})")
+    print(f"saved {path}  (use: --method layer-skip --skip-layers auto)")
+    return 0

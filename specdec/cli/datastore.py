@@ -1,0 +1,65 @@
+"""``specdec datastore build``: turn a corpus (.txt files, or .jsonl rows with 'text', 'prompt'
+[+ 'canonical_solution'] or 'turns') into the token suffix-array datastore that ``--method
+retrieval`` (REST) drafts from, tokenized with the target model's tokenizer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+
+from specdec.cli.common import DEFAULT_TARGET, add_debug_flag, positive_int
+from specdec.errors import SpecdecError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    store = subparsers.add_parser("datastore", help="build a retrieval datastore (for --method retrieval)",
+                                  description="Tokenize a corpus with a model's tokenizer and build a suffix-array datastore "
+                                              "for retrieval drafting (REST). Inputs: .txt files (one document each) or .jsonl "
+                                              "(field 'text', else 'prompt' [+ 'canonical_solution'], else 'turns').")
+    store.add_argument("action", choices=["build"], help="build")
+    store.add_argument("--tokenizer", default=DEFAULT_TARGET, help=f"model whose tokenizer to use (default: {DEFAULT_TARGET})")
+    store.add_argument("--input", nargs="+", required=True, metavar="FILE", help="corpus files (.txt or .jsonl)")
+    store.add_argument("--output", required=True, metavar="DIR", help="datastore directory to write")
+    store.add_argument("--window", type=positive_int, default=16, help="longest match length indexed (default: 16)")
+    store.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model")
+    add_debug_flag(store)
+    store.set_defaults(func=run)
+    return store
+
+
+def read_corpus(files: list[str]) -> Iterator[str]:
+    """The documents of ``files``, one string each (a .txt file is one document, a .jsonl row another)."""
+    from pathlib import Path
+
+    from specdec.bench.datasets import read_jsonl
+
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise SpecdecError(f"corpus file not found: {path}")
+        if path.suffix != ".jsonl":
+            yield path.read_text(encoding="utf-8", errors="replace")
+            continue
+        for row in read_jsonl(path):
+            if isinstance(row.get("text"), str):
+                yield row["text"]
+            elif isinstance(row.get("prompt"), str):
+                yield row["prompt"] + str(row.get("canonical_solution", ""))
+            elif isinstance(row.get("turns"), list):
+                yield "\n".join(map(str, row["turns"]))
+            else:
+                raise SpecdecError(f"{path}:{row['_line']}: needs a 'text', 'prompt' or 'turns' field")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specdec.drafters.retrieval import build_datastore
+    from specdec.models.registry import resolve_model
+    from specdec.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(resolve_model(args.tokenizer, auto_pull=not args.no_pull))
+    meta = build_datastore(tokenizer, read_corpus(args.input), Path(args.output), window=args.window, progress=True)
+    print(f"datastore {args.output}: {meta['documents']} documents, {meta['tokens']} tokens", file=sys.stderr)
+    return 0

@@ -1,0 +1,69 @@
+"""``specdec generate``: one completion from the command line — the text streams to stdout, the
+speculative statistics (acceptance, tokens/s) go to stderr; ``--compare-plain`` also times plain
+decoding on the same prompt and checks, under greedy, that the texts are identical."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize,
+                                sampling_from_args, spec_from_args)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    gen = subparsers.add_parser("generate", help="generate a completion, streaming text to stdout and stats to stderr",
+                                description="Generate a completion. Text streams to stdout; statistics go to stderr.")
+    gen.add_argument("prompt", help="prompt text, or - to read it from stdin")
+    add_model_args(gen)
+    add_sampling_args(gen)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
+    gen.add_argument("--compare-plain", action="store_true",
+                     help="also run plain decoding on the same prompt and report the speedup (and, under greedy, whether the texts are identical)")
+    gen.add_argument("--json", action="store_true", help="print the statistics as one JSON object on stderr")
+    add_debug_flag(gen)
+    gen.set_defaults(func=run)
+    return gen
+
+
+def run(args: argparse.Namespace) -> int:
+    import specdec
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    params = sampling_from_args(args)
+    spec = spec_from_args(args)
+    print(f"loading {args.model} …", file=sys.stderr)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    draft = None
+    if args.draft_model:
+        print(f"loading draft {args.draft_model} …", file=sys.stderr)
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_quantize(args))
+    note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
+    print(f"execution: {target.backend.dtype_name} on {target.backend.device}{note}", file=sys.stderr)
+    stats = None
+    text_parts = []
+    for chunk in specdec.stream(target, prompt, params, draft=draft, spec=spec, chat=args.chat):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        text_parts.append(chunk.text)
+        stats = chunk.stats or stats
+    sys.stdout.write("\n")
+    assert stats is not None
+    report = {"stats": stats.to_dict()}
+    print(stats.summary_line(), file=sys.stderr)
+    if args.compare_plain and spec.method is not None:
+        plain = specdec.generate(target, prompt, params, chat=args.chat)
+        speedup = stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
+        identical = plain.text == "".join(text_parts)
+        print(f"plain decoding: {plain.stats.summary_line()}", file=sys.stderr)
+        line = f"speedup vs plain: {speedup:.2f}x"
+        if params.is_greedy:
+            line += f" | identical text: {'yes' if identical else 'NO — this is a bug, please report it'}"
+        print(line, file=sys.stderr)
+        report.update(plain=plain.stats.to_dict(), speedup=round(speedup, 3), identical=identical)
+        if params.is_greedy and not identical:
+            return 3
+    if args.json:
+        print(json.dumps(report), file=sys.stderr)
+    return 0

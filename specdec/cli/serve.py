@@ -1,0 +1,61 @@
+"""``specdec serve``: an OpenAI-compatible HTTP server (completions and chat, SSE streaming,
+/v1/models, /health, Prometheus /metrics) that decodes speculatively. The flags set the server's
+default method and γ; a request may override them with a ``speculative`` field. Models load on the
+thread that will run them (:class:`specdec.server.executor.ModelExecutor`); the app is
+:mod:`specdec.server.app`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.cli.common import add_debug_flag, add_model_args, draft_quantize, positive_int, spec_from_args
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server with speculative decoding",
+                                  description="Serve /v1/completions and /v1/chat/completions (streaming with SSE), /v1/models, "
+                                              "/health and /metrics (Prometheus). Every response carries its speculative stats in "
+                                              "usage.speculative; requests may override the method or γ with a 'speculative' field "
+                                              "(or disable it with \"speculative\": null).")
+    add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    serve.add_argument("--max-concurrency", type=positive_int, default=1, help="requests generated at once; the rest wait (default: 1)")
+    serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before HTTP 429 (default: 64)")
+    serve.add_argument("--disable-speculation-above", type=int, default=None, metavar="N",
+                       help="switch speculation off (per step) while more than N requests are active: drafting costs throughput under load")
+    serve.add_argument("--served-model-name", default=None, help="model id clients use (default: the --model value)")
+    add_debug_flag(serve)
+    serve.set_defaults(func=run)
+    return serve
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    import specdec
+    from specdec.server.app import ServerState, create_app
+    from specdec.server.executor import ModelExecutor
+
+    spec = spec_from_args(args)
+    executor = ModelExecutor()  # loads on the thread that will run the model (server/executor.py)
+
+    def load(name: str, quantize: str) -> "specdec.LoadedModel":
+        return executor.call(lambda: specdec.load_model(name, args.dtype, args.device, auto_pull=not args.no_pull,
+                                                        progress=True, quantize=quantize))
+
+    target = load(args.model, args.quantize)
+    draft = None
+    if args.draft_model:
+        draft = load(args.draft_model, draft_quantize(args))
+        from specdec.compat import check_pair
+
+        check_pair(target, draft)
+    state = ServerState(target=target, model_name=args.served_model_name or args.model, draft=draft, spec=spec,
+                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
+                        disable_speculation_above=args.disable_speculation_above, executor=executor)
+    print(f"serving {state.model_name} ({target.backend.dtype_name}, speculative: {spec.method or 'off'}) on http://{args.host}:{args.port}",
+          file=sys.stderr, flush=True)
+    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
+    return 0
