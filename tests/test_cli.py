@@ -95,3 +95,70 @@ def test_models_lists_builtins():
     proc = run_cli("models")
     assert proc.returncode == 0
     assert "qwen2.5-coder-1.5b" in proc.stdout and "target" in proc.stdout
+
+
+COMMANDS = ("generate", "verify", "bench", "serve", "datastore", "calibrate-skip", "models", "methods")
+
+
+def test_help_lists_every_command_and_the_docstring_documents_each():
+    import specdec.cli
+
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for command in COMMANDS:
+        assert f"\n    {command}" in proc.stdout, f"`specdec --help` does not list {command}"
+        assert f"``{command}" in specdec.cli.__doc__, f"specdec/cli/__init__.py's docstring does not document {command}"
+
+
+def test_every_flag_of_every_command_has_help():
+    import argparse
+
+    from specdec.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert sorted(commands) == sorted(COMMANDS)
+    missing = [f"{name} {action.option_strings or action.dest}" for name, parser in commands.items()
+               for action in parser._actions if not action.help]
+    assert not missing, f"flags without help: {missing}"
+
+
+def test_methods_lists_every_method_with_its_needs(capsys):
+    import re
+
+    from specdec.drafters.registry import method_names
+
+    assert main(["methods"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = re.split(r"\s{2,}", lines[0])
+    rows = {cells[0]: dict(zip(header, cells)) for cells in (re.split(r"\s{2,}", line) for line in lines[1:]) if len(cells) == len(header)}
+    assert sorted(rows) == method_names()
+    assert rows["draft_suffix"]["draft model"] == "yes" and rows["draft_model"]["draft model"] == "yes"
+    assert rows["ngram"]["draft model"] == "no" and rows["ngram"]["aliases"] == "prompt_lookup"
+    assert rows["layer_skip"]["torch backend"] == "yes" and "skip_layers" in rows["layer_skip"]["options read"]
+    assert "datastore" in rows["retrieval"]["options read"]
+
+
+def parse_spec(*argv: str):
+    from specdec.cli import build_parser
+    from specdec.cli.common import spec_from_args
+
+    return spec_from_args(build_parser().parse_args(["generate", "hi", *argv]))
+
+
+def test_a_flag_the_method_does_not_read_warns_on_one_line(capsys):
+    spec = parse_spec("--method", "ngram", "--datastore", "X")
+    assert spec.method == "ngram" and spec.datastore == "X"  # a warning, not an error
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--datastore" in err[0] and "ngram" in err[0] and "retrieval" in err[0]
+
+    parse_spec("--method", "layer-skip", "--exit-layer", "3", "--prompt-lookup-max", "6")
+    err = capsys.readouterr().err
+    assert "--exit-layer" in err and "early_exit" in err and "--prompt-lookup-max" in err and len(err.splitlines()) == 2
+
+
+@pytest.mark.parametrize("argv", [["--method", "retrieval", "--datastore", "X"], ["--method", "ngram", "--prompt-lookup-min", "2"],
+                                  ["--method", "early_exit", "--exit-layer", "2", "--draft-vocab-size", "100"],
+                                  ["--draft-model", "x", "--draft-vocab-size", "100"], ["--method", "suffix"], []])
+def test_flags_the_method_reads_do_not_warn(capsys, argv):
+    parse_spec(*argv)
+    assert capsys.readouterr().err == ""

@@ -10,6 +10,7 @@ Commands:
 - ``datastore build`` build the corpus datastore ``--method retrieval`` drafts from (``cli/datastore.py``)
 - ``calibrate-skip``  measure which layers ``--method layer-skip`` should skip, save the fastest set (``cli/calibrate.py``)
 - ``models``          list the built-in models, or pull one (``cli/models.py``)
+- ``methods``         list the speculative methods: aliases, needs, options read (``cli/methods.py``)
 
 Every user mistake is one clear line on stderr and a non-zero exit; ``--debug`` shows the traceback.
 Nothing below this package prints to the screen.
@@ -22,11 +23,11 @@ import logging
 import sys
 from typing import Callable
 
-from specdec.cli import bench, calibrate, datastore, generate, models, serve, verify
+from specdec.cli import bench, calibrate, datastore, generate, methods, models, serve, verify
 from specdec.errors import SpecdecError
 
 #: in the order ``specdec --help`` lists them
-COMMANDS = (generate, verify, bench, serve, datastore, calibrate, models)
+COMMANDS = (generate, verify, bench, serve, datastore, calibrate, models, methods)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,11 +8,24 @@ Method facts (names, aliases, which need a draft model, which options each reads
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 
 from specdec.config import QUANTIZE_MODES
 from specdec.errors import SpecdecError
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+
+#: method-specific flags → the SpecConfig field each sets (spec_from_args warns when the chosen
+#: method does not read one the user changed)
+METHOD_FLAGS = {
+    "--datastore": "datastore",
+    "--skip-layers": "skip_layers",
+    "--exit-layer": "exit_layer",
+    "--draft-vocab-size": "draft_vocab_size",
+    "--prompt-lookup-min": "prompt_lookup_min",
+    "--prompt-lookup-max": "prompt_lookup_max",
+}
 
 
 def positive_int(text: str) -> int:
@@ -123,9 +136,31 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     method = resolve_method(args.method) if args.method else ("draft_model" if args.draft_model else None)
     if needs_draft_model(method) and not args.draft_model:
         raise SpecdecError(f"method {method!r} needs a draft model: add --draft-model NAME_OR_PATH")
+    warn_unread_flags(args, method)
     return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model,
                       prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
                       datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer,
                       draft_vocab_size=args.draft_vocab_size,
                       **({} if args.draft_confidence_threshold is None else {"draft_confidence_threshold": args.draft_confidence_threshold}))
 
+
+def unread_flags(args: argparse.Namespace, method: str | None) -> list[tuple[str, list[str]]]:
+    """Method-specific flags set away from their default that ``method`` (a registered name, or None
+    for plain decoding) does not read, each with the methods that do (from ``MethodInfo.options``)."""
+    from specdec.config import SpecConfig
+    from specdec.drafters.registry import all_methods, method_info
+
+    defaults = {f.name: f.default for f in dataclasses.fields(SpecConfig)}
+    read = set(method_info(method).options) if method is not None else set()
+    found = []
+    for flag, option in METHOD_FLAGS.items():
+        if getattr(args, option) != defaults[option] and option not in read:
+            found.append((flag, [info.name for info in all_methods() if option in info.options]))
+    return found
+
+
+def warn_unread_flags(args: argparse.Namespace, method: str | None) -> None:
+    """One warning line on stderr per flag the chosen method ignores (not an error: the run goes on)."""
+    chosen = f"--method {method}" if method is not None else "plain decoding (no --method)"
+    for flag, readers in unread_flags(args, method):
+        print(f"warning: {chosen} does not read {flag} (read by: {', '.join(readers) or 'no method'})", file=sys.stderr)
