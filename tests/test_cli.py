@@ -120,6 +120,13 @@ def test_every_flag_of_every_command_has_help():
     missing = [f"{name} {action.option_strings or action.dest}" for name, parser in commands.items()
                for action in parser._actions if not action.help]
     assert not missing, f"flags without help: {missing}"
+    # a shared flag a command ignores says so in that command's help
+    def help_of(command: str, flag: str) -> str:
+        return next(a.help for a in commands[command]._actions if flag in a.option_strings)
+
+    assert help_of("calibrate-skip", "--draft-model") == "not used by `specdec calibrate-skip`"
+    assert help_of("verify", "--method") == "not used by `specdec verify`"
+    assert "not used" not in help_of("generate", "--method") + help_of("serve", "--datastore")
 
 
 def test_methods_lists_every_method_with_its_needs(capsys):

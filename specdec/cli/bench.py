@@ -22,21 +22,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                               "difference between two runs.")
     bench.add_argument("--dataset", default="humaneval", help="spec_bench, humaneval, gsm8k, or a JSONL file with 'prompt' or 'turns' (default: humaneval)")
     bench.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data beside the project, or $SPECDEC_DATA_DIR)")
-    bench.add_argument("--categories", default=None, help="comma-separated task groups / categories (e.g. summarization,rag,mt_bench)")
-    bench.add_argument("--limit", type=positive_int, default=None, help="first N prompts per category")
-    bench.add_argument("--methods", default="ar,draft,ngram,suffix", help="comma-separated: ar, draft, ngram, suffix, draft-suffix, retrieval, layer-skip, early-exit (default: ar,draft,ngram,suffix)")
+    bench.add_argument("--categories", default=None, help="comma-separated task groups / categories (e.g. summarization,rag,mt_bench; default: all)")
+    bench.add_argument("--limit", type=positive_int, default=None, help="first N prompts per category (default: all)")
+    bench.add_argument("--methods", default="ar,draft,ngram,suffix", help="comma-separated methods to compare: ar (plain decoding) and any name or alias "
+                            "from `specdec methods`, e.g. draft, ngram, suffix, draft-suffix, retrieval, layer-skip, early-exit; "
+                            "peers as in --peers (default: ar,draft,ngram,suffix)")
     bench.add_argument("--gammas", default=None, help="several γ to sweep, e.g. 2,4,6,auto (overrides --num-speculative-tokens)")
     bench.add_argument("--repeats", type=positive_int, default=3, help="repeats per prompt and method; medians are reported (default: 3)")
     bench.add_argument("--peers", default="", help="comma-separated peers to run in the same run: hf (= transformers plain, assisted, prompt lookup), "
                             "llamacpp (= llama.cpp's llama-server plain and with the draft model; needs --llama-bin); "
-                            "or name some of them in --methods: hf, hf-assisted, hf-pld, llamacpp, llamacpp-draft")
+                            "or name some of them in --methods: hf, hf-assisted, hf-pld, llamacpp, llamacpp-draft (default: none)")
     bench.add_argument("--llama-bin", default="/tmp/llamacpp-build/bin", metavar="DIR",
                        help="directory holding llama.cpp's llama-server, for the llamacpp peers (build: see specdec/bench/llamacpp.py)")
     bench.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
     bench.add_argument("--compare", nargs=2, metavar=("DIR1", "DIR2"), help="print the difference between two bench runs and exit")
-    add_model_args(bench)
+    flags = add_model_args(bench, unused=("--method", "--prompt-lookup-min", "--prompt-lookup-max", "--draft-confidence-threshold"))
     add_sampling_args(bench)
     bench.set_defaults(draft_model="qwen2.5-coder-0.5b")
+    flags["--method"].help = "not used by `specdec bench`: name the methods to run in --methods"
+    flags["--draft-model"].help = ("draft model of the methods that run one (draft, draft-suffix, hf-assisted, llamacpp-draft), "
+                                   "loaded only if one of them runs (default: qwen2.5-coder-0.5b)")
+    flags["--num-speculative-tokens"].help = "γ of every method, or 'auto' (default: 4); --gammas sweeps several"
     add_debug_flag(bench)
     bench.set_defaults(func=run)
     return bench

@@ -15,9 +15,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cal = subparsers.add_parser("calibrate-skip", help="search which layers --method layer-skip should skip, by measured tokens/s",
                                 description="Time plain decoding and up to --budget skip sets (structured seeds, then a local "
                                             "search) on calibration prompts, greedy, and save the fastest set for --skip-layers auto.")
-    add_model_args(cal)
+    flags = add_model_args(cal, unused=("--draft-model", "--method", "--skip-layers", "--exit-layer", "--draft-vocab-size",
+                                        "--datastore", "--prompt-lookup-min", "--prompt-lookup-max",
+                                        "--draft-confidence-threshold", "--draft-quantize"))
+    flags["--num-speculative-tokens"].help = "γ of every trial (default: 4; 'auto' is measured as 4)"
     cal.add_argument("--dataset", default="humaneval", help="calibration prompts: spec_bench, humaneval, gsm8k or a JSONL (default: humaneval)")
-    cal.add_argument("--categories", default=None, help="comma-separated categories of the dataset (e.g. mt_bench)")
+    cal.add_argument("--categories", default=None, help="comma-separated categories of the dataset (e.g. mt_bench; default: all)")
     cal.add_argument("--prompts", type=positive_int, default=2, help="calibration prompts (default: 2)")
     cal.add_argument("--max-tokens", type=positive_int, default=48, help="tokens generated per prompt and trial (default: 48)")
     cal.add_argument("--budget", type=positive_int, default=16, help="skip sets to measure (default: 16)")

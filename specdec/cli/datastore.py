@@ -17,11 +17,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                   description="Tokenize a corpus with a model's tokenizer and build a suffix-array datastore "
                                               "for retrieval drafting (REST). Inputs: .txt files (one document each) or .jsonl "
                                               "(field 'text', else 'prompt' [+ 'canonical_solution'], else 'turns').")
-    store.add_argument("action", choices=["build"], help="build")
-    store.add_argument("--tokenizer", default=DEFAULT_TARGET, help=f"model whose tokenizer to use (default: {DEFAULT_TARGET})")
+    store.add_argument("action", choices=["build"], help="build: tokenize the --input files and write the datastore to --output (the only action)")
+    store.add_argument("--tokenizer", default=DEFAULT_TARGET,
+                       help=f"model whose tokenizer to use: the target's, which --method retrieval will run with (default: {DEFAULT_TARGET})")
     store.add_argument("--input", nargs="+", required=True, metavar="FILE", help="corpus files (.txt or .jsonl)")
     store.add_argument("--output", required=True, metavar="DIR", help="datastore directory to write")
-    store.add_argument("--window", type=positive_int, default=16, help="longest match length indexed (default: 16)")
+    store.add_argument("--window", type=positive_int, default=16, help="longest match length indexed, in tokens (default: 16)")
     store.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model")
     add_debug_flag(store)
     store.set_defaults(func=run)

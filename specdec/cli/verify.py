@@ -19,8 +19,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                             "(b) on a tiny random model, the distribution of the first generated tokens under "
                                             "speculative sampling (T=1, top-k, top-p) equals the exact target distribution "
                                             "(chi-square test, false-alarm rate --alpha per row). Exits 1 on any FAIL.")
-    add_model_args(ver)
+    flags = add_model_args(ver, unused=("--method", "--skip-layers", "--exit-layer", "--draft-vocab-size", "--datastore",
+                                        "--prompt-lookup-min", "--prompt-lookup-max", "--draft-confidence-threshold"))
     ver.set_defaults(draft_model="qwen2.5-coder-0.5b", dtype="float32", quantize="none")
+    flags["--draft-model"].help = ("the pair's draft model, for the methods that need one (built-in name, .gguf or HF dir; "
+                                   "default: qwen2.5-coder-0.5b)")
+    flags["--dtype"].help = "dtype of both models: float32, bfloat16, float16, auto (default here: float32)"
+    flags["--quantize"].help = ("the target's execution: none (run in --dtype; the default here), int8, int4, int4-all, "
+                                "auto (int8 on CPU, none on CUDA)")
+    flags["--num-speculative-tokens"].help = "γ of every certified method (default: 4; 'auto' is certified as 4)"
     ver.add_argument("--methods", default="all", help="comma-separated drafters to certify, or 'all' (default: all registered)")
     ver.add_argument("--prompts", type=positive_int, default=6, help="real prompts for the greedy check (half HumanEval, half MT-Bench; default: 6)")
     ver.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per prompt in the greedy check (default: 64)")
