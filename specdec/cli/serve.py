@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.cli.common import add_debug_flag, add_model_args, draft_quantize, positive_int, spec_from_args
+from specdec.cli.common import add_debug_flag, add_model_args, execution_modes, positive_int, spec_from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -45,10 +45,11 @@ def run(args: argparse.Namespace) -> int:
         return executor.call(lambda: specdec.load_model(name, args.dtype, args.device, auto_pull=not args.no_pull,
                                                         progress=True, quantize=quantize))
 
-    target = load(args.model, args.quantize)
+    target_mode, draft_mode, _ = execution_modes(args, spec.method)
+    target = load(args.model, target_mode)
     draft = None
     if args.draft_model:
-        draft = load(args.draft_model, draft_quantize(args))
+        draft = load(args.draft_model, draft_mode)
         from specdec.compat import check_pair
 
         check_pair(target, draft)

@@ -1,0 +1,246 @@
+"""Measured step-cost curves, and the execution mode ``--quantize auto`` picks from them.
+
+Which CPU execution mode is fastest depends on the machine, not only on the model: on an AVX2 CPU
+our int4 kernel decodes fastest but its verification cost grows ~10 ms per extra token (AVX2 has
+no int8 dot product), while fbgemm's int8 stays nearly flat; on an AVX-512 VNNI CPU the same
+int4-target + draft configuration ran at 0.96× plain decoding and an int8 target paid more. So
+``auto`` decides by measurement: for each candidate mode it times a *probe* — two decoder layers of
+the model's own shape with random weights (step time is shapes, not values) and a small LM head —
+at chunk sizes T = 1, 2, 4, 8, scales it to the full depth and vocabulary, and caches the curve
+per (CPU, shape, mode) under ``specdec_home()/step_costs``: a few seconds once per machine.
+
+The choice then maximises expected tokens per second (:func:`specdec.adaptive.expected_tokens`):
+plain decoding takes the cheapest single step; a drafter with prior acceptance α and draft cost D
+per token takes the mode with the best ``E(α, γ) / (V(γ + 1) + γ·D)`` over γ. Every candidate is
+exact (batch-invariant), so the choice moves speed only, never the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.adaptive import expected_tokens
+from specdec.cpu import cpu_description, cpu_signature
+from specdec.models.config import ModelConfig
+from specdec.paths import specdec_home
+
+#: verification chunk sizes the curve is measured at (others are interpolated)
+CHUNK_SIZES = (1, 2, 4, 8)
+PROBE_LAYERS = 2
+PROBE_VOCAB = 4096
+PROBE_CONTEXT = 128
+#: bump when kernels change enough to invalidate cached curves
+CURVE_VERSION = 1
+#: acceptance assumed before a request has been seen: the 0.5B/1.5B Qwen pair measures 0.69-0.73
+#: on code on both machine kinds; draft-free methods (suffix, n-gram) propose far less often
+PRIOR_ALPHA = {"draft": 0.7, "free": 0.5}
+
+
+@dataclass
+class Curve:
+    """Seconds of one forward of T tokens (T → s) for a model shape in one execution mode."""
+
+    mode: str
+    seconds: dict[int, float]
+
+    def cost(self, tokens: int) -> float:
+        known = sorted(self.seconds.items())
+        if tokens <= known[0][0]:
+            return known[0][1]
+        for (t0, s0), (t1, s1) in zip(known, known[1:]):
+            if tokens <= t1:
+                return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
+        (t0, s0), (t1, s1) = known[-2], known[-1]  # beyond the last size: the last slope
+        return s1 + (s1 - s0) / (t1 - t0) * (tokens - t1)
+
+
+@dataclass
+class ModeChoice:
+    """What ``auto`` chose and why (``specdec generate --explain`` prints :meth:`explain`)."""
+
+    mode: str
+    curves: dict[str, Curve]
+    rates: dict[str, float]  # expected tokens/s per candidate mode
+    gammas: dict[str, int]  # the γ that rate assumes
+    alpha: float | None = None
+    draft_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def explain(self) -> str:
+        lines = [f"CPU: {cpu_description()}"]
+        sizes = sorted({t for c in self.curves.values() for t in c.seconds})
+        lines.append("step cost (ms) | " + " | ".join(f"T={t}" for t in sizes) + " | expected tok/s | γ")
+        for mode, curve in self.curves.items():
+            cells = " | ".join(f"{curve.cost(t) * 1e3:.1f}" for t in sizes)
+            lines.append(f"{mode:>14} | {cells} | {self.rates.get(mode, 0):.1f} | {self.gammas.get(mode, 0)}")
+        if self.alpha is not None:
+            lines.append(f"assumed acceptance α={self.alpha:.2f}, draft step {self.draft_seconds * 1e3:.1f} ms")
+        lines.extend(self.notes)
+        lines.append(f"chosen: {self.mode}")
+        return "\n".join(lines)
+
+
+def probe_config(cfg: ModelConfig) -> ModelConfig:
+    return dataclasses.replace(cfg, num_layers=PROBE_LAYERS, vocab_size=PROBE_VOCAB, max_position_embeddings=1024)
+
+
+def _layer_params(cfg: ModelConfig) -> int:
+    attention = cfg.hidden_size * (2 * cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim)
+    return attention + 3 * cfg.hidden_size * cfg.intermediate_size
+
+
+def _convert(decoder: torch.nn.Module, mode: str) -> torch.nn.Module:
+    from specdec.kernels.convert import quantize_decoder, quantize_decoder_q4
+
+    if mode == "int8":
+        return quantize_decoder(decoder)
+    if mode in ("int4", "int4-all"):
+        return quantize_decoder_q4(decoder, every_layer=mode == "int4-all")
+    raise ValueError(f"no step-cost probe for mode {mode!r}")
+
+
+def _probe_backend(cfg: ModelConfig, mode: str):  # noqa: ANN202 - a TorchBackend
+    from specdec.backends.torch_backend import TorchBackend
+    from specdec.models.transformer import Decoder
+
+    generator = torch.Generator().manual_seed(0)
+    decoder = Decoder(probe_config(cfg))
+    with torch.no_grad():
+        for name, param in decoder.named_parameters():
+            param.copy_(torch.ones_like(param) if "norm" in name else 0.02 * torch.randn(param.shape, generator=generator))
+    return TorchBackend(_convert(decoder.eval(), mode))
+
+
+def measure_curves(cfg: ModelConfig, modes: tuple[str, ...], repeats: int = 7) -> dict[str, Curve]:
+    """Time the probe model in every mode — interleaved (mode by mode within each repeat, so a
+    busy moment costs every mode alike), the minimum of ``repeats`` (other load only adds time) —
+    and scale it to ``cfg``'s depth and vocabulary."""
+    backends = {mode: _probe_backend(cfg, mode) for mode in modes}
+    tokens = torch.randint(0, PROBE_VOCAB, (PROBE_CONTEXT + max(CHUNK_SIZES),),
+                           generator=torch.Generator().manual_seed(1)).tolist()
+    states = {}
+    for mode, backend in backends.items():
+        states[mode] = backend.new_state(len(tokens) + 1)
+        backend.forward(states[mode], tokens[:PROBE_CONTEXT], num_logits=1)
+    layer, head = _layer_params(cfg), cfg.vocab_size * cfg.hidden_size
+    scale = (cfg.num_layers * layer + head) / (PROBE_LAYERS * layer + PROBE_VOCAB * cfg.hidden_size)
+    best: dict[str, dict[int, float]] = {mode: {} for mode in modes}
+    for repeat in range(repeats + 1):  # the first round is a warm-up
+        for size in CHUNK_SIZES:
+            chunk = tokens[PROBE_CONTEXT : PROBE_CONTEXT + size]
+            for mode, backend in backends.items():
+                states[mode].truncate(PROBE_CONTEXT)
+                start = time.perf_counter()
+                backend.forward(states[mode], chunk)
+                seconds = (time.perf_counter() - start) * scale
+                if repeat:
+                    best[mode][size] = min(best[mode].get(size, seconds), seconds)
+    return {mode: Curve(mode, best[mode]) for mode in modes}
+
+
+def _shape_key(cfg: ModelConfig) -> str:
+    return (f"{cfg.arch}-h{cfg.hidden_size}-i{cfg.intermediate_size}-l{cfg.num_layers}-a{cfg.num_heads}x{cfg.head_dim}"
+            f"-kv{cfg.num_kv_heads}-v{cfg.vocab_size}")
+
+
+def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = None) -> dict[str, Curve]:
+    """Cached curves of ``cfg``'s shape for ``modes`` on this CPU (measured and saved when missing)."""
+    threads = threads or torch.get_num_threads()
+    path = specdec_home() / "step_costs" / f"{cpu_signature()}-t{threads}-v{CURVE_VERSION}.json"
+    try:
+        saved = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        saved = {}  # unreadable: measure again and overwrite
+    entry = saved.setdefault(_shape_key(cfg), {})
+    missing = tuple(mode for mode in modes if mode not in entry)
+    if missing:  # measured together, so the modes being compared share the same moment of the machine
+        for mode, curve in measure_curves(cfg, missing).items():
+            entry[mode] = {str(t): s for t, s in curve.seconds.items()}
+    curves = {mode: Curve(mode, {int(t): float(s) for t, s in entry[mode].items()}) for mode in modes}
+    if missing:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(saved, indent=1))
+        tmp.replace(path)
+    return curves
+
+
+def best_rate(curve: Curve, alpha: float | None, draft_seconds: float, max_gamma: int) -> tuple[float, int]:
+    """(expected tokens/s, γ) of the best γ in 0..max_gamma; α None = plain decoding (γ = 0)."""
+    best = (1.0 / curve.cost(1), 0)
+    if alpha is None:
+        return best
+    for gamma in range(1, max_gamma + 1):
+        rate = expected_tokens(alpha, gamma) / (curve.cost(gamma + 1) + gamma * draft_seconds)
+        best = max(best, (rate, gamma))
+    return best
+
+
+def choose_mode(curves: dict[str, Curve], alpha: float | None = None, draft_seconds: float = 0.0,
+                max_gamma: int = 8) -> ModeChoice:
+    """The candidate with the highest expected tokens/s (ties: the first given)."""
+    rates, gammas = {}, {}
+    for mode, curve in curves.items():
+        rates[mode], gammas[mode] = best_rate(curve, alpha, draft_seconds, max_gamma)
+    mode = max(curves, key=lambda m: rates[m])
+    return ModeChoice(mode, curves, rates, gammas, alpha, draft_seconds)
+
+
+@dataclass
+class ExecutionPlan:
+    """The execution modes ``--quantize auto`` picked for a target (and its draft model)."""
+
+    target_mode: str
+    draft_mode: str | None = None
+    choice: ModeChoice | None = None
+    draft_curves: dict[str, Curve] = field(default_factory=dict)
+
+    def explain(self) -> str:
+        if self.choice is None:
+            return f"execution: {self.target_mode} (no choice to measure: one candidate)"
+        text = self.choice.explain()
+        if self.draft_curves:
+            costs = ", ".join(f"{m} {c.cost(1) * 1e3:.1f} ms" for m, c in self.draft_curves.items())
+            text += f"\ndraft step (T=1): {costs}; chosen: {self.draft_mode}"
+        return text
+
+
+def cpu_candidates(cfg: ModelConfig, modes: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``modes`` that run here for this shape (int8 needs fbgemm; int4 our kernels and
+    layer input sizes that are multiples of 64)."""
+    from specdec.kernels.build import available
+    from specdec.kernels.int8 import int8_available
+    from specdec.kernels.q4 import PAIR
+
+    int4_ok = all(size % PAIR == 0 for size in (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim))
+    runnable = {"int8": int8_available(), "int4": int4_ok and available(), "int4-all": int4_ok and available()}
+    return tuple(mode for mode in modes if runnable.get(mode, False))
+
+
+def plan_execution(target_cfg: ModelConfig, draft_cfg: ModelConfig | None = None, drafting: str | None = None,
+                   max_gamma: int = 8) -> ExecutionPlan:
+    """CPU modes for a target (and draft) by measured step costs. ``drafting``: None (plain
+    decoding), ``"draft"`` (a draft model proposes: its step cost counts) or ``"free"`` (a table
+    proposes at no model cost)."""
+    targets = cpu_candidates(target_cfg, ("int8", "int4"))
+    if not targets:
+        return ExecutionPlan("none")
+    draft_mode, draft_seconds, draft_curves = None, 0.0, {}
+    if draft_cfg is not None:
+        drafts = cpu_candidates(draft_cfg, ("int8", "int4-all"))
+        if drafts:
+            draft_curves = curves_for(draft_cfg, drafts)
+            draft_mode = min(drafts, key=lambda m: draft_curves[m].cost(1))  # drafting is single steps
+            draft_seconds = draft_curves[draft_mode].cost(1) if drafting == "draft" else 0.0
+        else:
+            draft_mode = "none"
+    if len(targets) == 1:
+        return ExecutionPlan(targets[0], draft_mode, None, draft_curves)
+    alpha = None if drafting is None else PRIOR_ALPHA["draft" if drafting == "draft" else "free"]
+    choice = choose_mode(curves_for(target_cfg, targets), alpha, draft_seconds, max_gamma)
+    return ExecutionPlan(choice.mode, draft_mode, choice, draft_curves)

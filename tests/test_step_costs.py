@@ -1,0 +1,70 @@
+"""``--quantize auto``: the choice from step-cost curves (synthetic curves: the machine kinds we
+have seen), and the measured, cached curves of a tiny shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.models.config import ModelConfig
+from specdec.step_costs import Curve, choose_mode, curves_for, plan_execution
+
+# per-step seconds at T = 1, 2, 4, 8, as measured for the 1.5B target (benchmarks/step_cost.py)
+AVX2 = {"int8": Curve("int8", {1: 0.067, 2: 0.068, 4: 0.070, 8: 0.075}),
+        "int4": Curve("int4", {1: 0.046, 2: 0.056, 4: 0.076, 8: 0.116})}
+AVX512_VNNI = {"int8": Curve("int8", {1: 0.0399, 2: 0.0476, 4: 0.0440, 8: 0.0514}),
+               "int4": Curve("int4", {1: 0.0269, 2: 0.0338, 4: 0.0515, 8: 0.0883})}
+
+TINY = ModelConfig(arch="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+                   num_kv_heads=2, head_dim=16, max_position_embeddings=256)
+
+
+def test_plain_decoding_takes_the_cheapest_single_step():
+    assert choose_mode(AVX2).mode == "int4"
+    assert choose_mode(AVX512_VNNI).mode == "int4"
+
+
+def test_a_cheap_well_aligned_draft_moves_the_target_to_the_flat_mode():
+    """With acceptance 0.8 and a 3 ms draft step, long drafts pay: the flat int8 verification beats
+    int4's cheaper single step, whose chunks grow ~8 ms per token on the VNNI machine."""
+    choice = choose_mode(AVX512_VNNI, alpha=0.8, draft_seconds=0.003)
+    assert choice.mode == "int8"
+    assert choice.rates["int8"] > choice.rates["int4"] and choice.gammas["int8"] >= 3
+    assert "chosen: int8" in choice.explain()
+
+
+def test_a_dear_poorly_aligned_draft_keeps_the_fast_single_step():
+    choice = choose_mode(AVX512_VNNI, alpha=0.5, draft_seconds=0.02)
+    assert choice.mode == "int4" and choice.gammas["int4"] <= 1
+
+
+def test_curve_interpolates_and_extends_the_last_slope():
+    curve = Curve("x", {1: 1.0, 2: 2.0, 4: 3.0})
+    assert curve.cost(3) == pytest.approx(2.5)
+    assert curve.cost(6) == pytest.approx(4.0)
+    assert curve.cost(1) == 1.0
+
+
+def test_curves_are_measured_once_and_cached_per_cpu(tmp_path, monkeypatch, int4_kernel):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    first = curves_for(TINY, ("int8", "int4"))
+    assert set(first) == {"int8", "int4"}
+    assert all(seconds > 0 for curve in first.values() for seconds in curve.seconds.values())
+    (saved,) = (tmp_path / "step_costs").glob("*.json")
+    assert "int4" in next(iter(json.loads(saved.read_text()).values()))
+
+    def must_not_measure(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a cached curve was measured again")
+
+    monkeypatch.setattr("specdec.step_costs.measure_curves", must_not_measure)
+    again = curves_for(TINY, ("int8", "int4"))
+    assert {m: c.seconds for m, c in again.items()} == {m: c.seconds for m, c in first.items()}
+
+
+def test_plan_names_a_mode_for_target_and_draft(tmp_path, monkeypatch, int4_kernel):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    plan = plan_execution(TINY, TINY, "draft")
+    assert plan.target_mode in ("int8", "int4") and plan.draft_mode in ("int8", "int4-all")
+    assert "chosen:" in plan.explain() and "draft step" in plan.explain()
+    assert plan_execution(TINY).target_mode in ("int8", "int4")
