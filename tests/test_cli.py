@@ -80,7 +80,18 @@ def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method, r
     assert "acceptance_rate=" in captured.err
     assert f"method={method[1] if method else 'draft_model'}" in captured.err
     if method:
-        assert "execution: int4 on cpu" in captured.err
+        assert "execution: int4, draft int4 on cpu" in captured.err
+
+
+def test_quantize_auto_measures_and_explains_its_choice(tiny_dirs, capsys, tmp_path, monkeypatch, int4_kernel):
+    """`--quantize auto` (the default) times both CPU modes on this machine and says what it chose."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    code = main(["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
+                 "--max-tokens", "8", "--explain", "--compare-plain", "--ignore-eos"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "step cost (ms)" in captured.err and "chosen: int" in captured.err
+    assert "chosen by --quantize auto" in captured.err and "identical text: yes" in captured.err
 
 
 def test_corrupt_gguf_is_clear(tmp_path):

@@ -96,7 +96,7 @@ def test_cli_generate_on_cuda(tiny_dirs, capsys):
                  "--device", "cuda", "--dtype", "float32", "--max-tokens", "12", "--compare-plain"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "execution: float32 on cuda" in captured.err
+    assert "execution: float32, draft float32 on cuda" in captured.err
 
 
 def test_cuda_graphs_replay_what_eager_steps_compute(tiny_dirs):
