@@ -22,7 +22,7 @@ models: setup
 	$(SPECDEC) models pull smollm2-135m
 
 run: models
-	$(SPECDEC) generate --quantize int4 --method draft_suffix --draft-model qwen2.5-coder-0.5b --draft-quantize int4-all --draft-vocab-size 32768 --num-speculative-tokens auto --compare-plain --max-tokens 128 "$$(printf '$(PROMPT)')"
+	$(SPECDEC) generate --method draft_suffix --draft-model qwen2.5-coder-0.5b --draft-vocab-size 32768 --num-speculative-tokens auto --explain --compare-plain --max-tokens 128 "$$(printf '$(PROMPT)')"
 
 test: models
 	$(PY) -m pytest

@@ -64,11 +64,23 @@ def run(args: argparse.Namespace) -> int:
     report = {"stats": stats.to_dict()}
     print(stats.summary_line(), file=sys.stderr)
     if args.compare_plain and spec.method is not None:
-        plain = specdec.generate(target, prompt, params, chat=args.chat)
+        plain_target = target
+        if plan is not None and args.quantize == "auto":
+            # against our best plain decoding, which may run in another mode than the speculative target
+            plain_mode = specdec.api.plan_execution(args.model, auto_pull=not args.no_pull).target_mode
+            if plain_mode != target.backend.dtype_name:
+                print(f"loading {args.model} in {plain_mode}, the mode auto picks for plain decoding …", file=sys.stderr)
+                plain_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull,
+                                                  progress=True, quantize=plain_mode)
+        plain = specdec.generate(plain_target, prompt, params, chat=args.chat)
         speedup = stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
-        identical = plain.text == "".join(text_parts)
+        # one mode's text is another's only up to quantization: identity is checked within one mode
+        identical = plain.text == "".join(text_parts) if plain_target is target else None
         print(f"plain decoding: {plain.stats.summary_line()}", file=sys.stderr)
-        line = f"speedup vs plain: {speedup:.2f}x"
+        line = f"speedup vs plain ({plain_target.backend.dtype_name}): {speedup:.2f}x"
+        if params.is_greedy and identical is None:
+            check = specdec.generate(target, prompt, params, chat=args.chat)  # same mode, for the identity check
+            identical = check.text == "".join(text_parts)
         if params.is_greedy:
             line += f" | identical text: {'yes' if identical else 'NO — this is a bug, please report it'}"
         print(line, file=sys.stderr)
