@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import sys
 
-from specdec.config import QUANTIZE_MODES
+from specdec.config import DEFAULT_DRAFT_CONTEXT_WINDOW, QUANTIZE_MODES
 from specdec.errors import SpecdecError
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -23,6 +23,7 @@ METHOD_FLAGS = {
     "--skip-layers": "skip_layers",
     "--exit-layer": "exit_layer",
     "--draft-vocab-size": "draft_vocab_size",
+    "--draft-context-window": "draft_context_window",
     "--prompt-lookup-min": "prompt_lookup_min",
     "--prompt-lookup-max": "prompt_lookup_max",
 }
@@ -81,6 +82,10 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
              "`specdec calibrate-skip` (default: that set if saved, else every other layer of the upper half)")
     add("--exit-layer", type=positive_int, default=None, metavar="L",
         help="early-exit: the draft runs the first L layers, then the final norm and LM head (default: half)")
+    add("--draft-context-window", type=int, default=DEFAULT_DRAFT_CONTEXT_WINDOW, metavar="N",
+        help="draft_model, draft_suffix: the draft model reads at most the last N prompt tokens — its prompt pass "
+             "is paid inside decoding, so on long prompts a short window pays; output unchanged; 0 = the whole "
+             f"prompt (default: {DEFAULT_DRAFT_CONTEXT_WINDOW})")
     add("--draft-vocab-size", type=int, default=0, metavar="N",
         help="draft_model, layer-skip, early-exit: the draft scores only the first N token ids (BPE ids "
              "are ordered by frequency; FR-Spec) — a cheaper draft LM head, output unchanged; 0 = all (default: 0)")
@@ -168,7 +173,7 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model,
                       prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
                       datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer,
-                      draft_vocab_size=args.draft_vocab_size,
+                      draft_vocab_size=args.draft_vocab_size, draft_context_window=args.draft_context_window,
                       **({} if args.draft_confidence_threshold is None else {"draft_confidence_threshold": args.draft_confidence_threshold}))
 
 
