@@ -26,6 +26,7 @@ import specdec  # noqa: E402
 from specdec.api import encode_prompt  # noqa: E402
 from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.bench.llamacpp import llamacpp_peers  # noqa: E402
+from specdec.drafters.registry import needs_draft_model, resolve_method  # noqa: E402
 from specdec.drafters.suffix import clear_global_caches  # noqa: E402
 
 
@@ -51,14 +52,13 @@ def main() -> int:
     llama, close = llamacpp_peers(args.llama_bin, target.path, draft.path, params, args.gamma, args.threads)
     rows = load_prompts("humaneval", limit=args.prompts)
     rows += load_prompts("spec_bench", categories=["summarization", "rag"], limit=args.prompts)
-    method_names = {"draft": "draft_model", "ngram": "ngram", "suffix": "suffix"}
     ours: dict[str, tuple[str, specdec.SpecConfig]] = {}
     for mode in modes:
         ours[f"ours plain ({mode})"] = (mode, specdec.SpecConfig())
         for method in args.methods.split(","):
             method, _, vocab = method.partition(":")  # draft:32768 = a reduced draft vocabulary
             label = f"ours {method} γ={args.gamma}{f' vocab {vocab}' if vocab else ''} ({mode})"
-            ours[label] = (mode, specdec.SpecConfig(method=method_names[method], num_speculative_tokens=args.gamma,
+            ours[label] = (mode, specdec.SpecConfig(method=resolve_method(method), num_speculative_tokens=args.gamma,
                                                      draft_vocab_size=int(vocab or 0)))
     llama_names = {"llama.cpp plain": "llamacpp", f"llama.cpp draft γ={args.gamma}": "llamacpp-draft"}
     plain_names = [f"ours plain ({mode})" for mode in modes]
@@ -86,7 +86,7 @@ def main() -> int:
                         mode, spec = ours[name]
                         clear_global_caches()  # suffix: never draft from an earlier run of this prompt
                         out = specdec.generate(targets[mode], ids, params, spec=spec,
-                                               draft=draft if spec.method == "draft_model" else None)
+                                               draft=draft if needs_draft_model(spec.method) else None)
                         tokens, rate = out.token_ids, out.stats.tokens_per_s
                         alpha = out.stats.acceptance_rate if spec.method else None
                         if spec.method is None:

@@ -45,10 +45,9 @@ def test_models_live_on_the_gpu_and_match_the_cpu(cuda_pair, tiny_target):
 def test_greedy_speculative_equals_plain_on_cuda(cuda_pair, method, gamma):
     target, draft = cuda_pair
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    uses_draft = method in ("draft_model", "draft_suffix")
     for prompt in PROMPTS:
         plain = specdec.generate(target, prompt, params)
-        spec = specdec.generate(target, prompt, params, draft=draft if uses_draft else None,
+        spec = specdec.generate(target, prompt, params, draft=draft,  # used only by the methods that need it
                                 spec=SpecConfig(method=method, num_speculative_tokens=gamma))
         assert spec.token_ids == plain.token_ids, (method, gamma, prompt)
         assert len(spec.token_ids) == 32
