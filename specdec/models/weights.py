@@ -184,7 +184,7 @@ def hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 def converted_cache_path(gguf_path: Path, dtype: torch.dtype | str) -> Path:
     """Where the converted weights of ``gguf_path`` are cached (a float dtype, or a quantized format
-    name): beside it, or under SPECDEC_HOME."""
+    name): beside it, or under specdec_home()."""
     gguf_path = Path(gguf_path).resolve()
     dtype_name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     name = f"{gguf_path.stem}.{dtype_name}.v{CACHE_FORMAT_VERSION}.safetensors"
