@@ -23,7 +23,7 @@ TINY_QWEN2 = dict(
     rms_norm_eps=1e-6,
     tie_word_embeddings=False,
 )
-#: layer sizes that are whole 256-blocks, for the batch-invariant int4 kernel (models/q4.py)
+#: layer sizes that are whole 256-blocks, for the batch-invariant int4 kernel (kernels/q4.py)
 TINY_QWEN2_Q4 = dict(TINY_QWEN2, hidden_size=256, intermediate_size=512, num_hidden_layers=2)
 TINY_LLAMA = dict(
     model_type="llama",
