@@ -68,3 +68,16 @@ def test_plan_names_a_mode_for_target_and_draft(tmp_path, monkeypatch, int4_kern
     assert plan.target_mode in ("int8", "int4") and plan.draft_mode in ("int8", "int4-all")
     assert "chosen:" in plan.explain() and "draft step" in plan.explain()
     assert plan_execution(TINY).target_mode in ("int8", "int4")
+
+
+def test_a_curve_timed_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch):
+    """A probe timed while other processes held the cores reads far below memory bandwidth: it is
+    used for this run but measured again next time, never cached as this machine's truth."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    slow = {"int8": Curve("int8", {1: 1.2, 2: 1.3, 4: 1.5, 8: 1.6}, gb_per_s=1.3, weight_gb=1.6),
+            "int4": Curve("int4", {1: 1.1, 2: 1.2, 4: 1.4, 8: 1.5}, gb_per_s=0.9, weight_gb=1.0)}
+    calls = []
+    monkeypatch.setattr("specdec.step_costs.measure_curves", lambda cfg, modes: calls.append(modes) or slow)
+    assert curves_for(TINY, ("int8", "int4"))["int4"].cost(1) == 1.1
+    curves_for(TINY, ("int8", "int4"))
+    assert len(calls) == 2 and not (tmp_path / "step_costs").exists()
