@@ -175,7 +175,7 @@ def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = N
     trusted = all(curve.plausible for curve in fresh.values())
     for mode, curve in fresh.items():
         entry[mode] = {str(t): s for t, s in curve.seconds.items()}
-    curves = {mode: Curve(mode, {int(t): float(s) for t, s in entry[mode].items()}) for mode in modes}
+    curves = {mode: fresh.get(mode) or Curve(mode, {int(t): float(s) for t, s in entry[mode].items()}) for mode in modes}
     if missing and trusted:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
