@@ -36,7 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="directory holding llama.cpp's llama-server, for the llamacpp peers (build: see specdec/bench/llamacpp.py)")
     bench.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
     bench.add_argument("--compare", nargs=2, metavar=("DIR1", "DIR2"), help="print the difference between two bench runs and exit")
-    flags = add_model_args(bench, unused=("--method", "--prompt-lookup-min", "--prompt-lookup-max", "--draft-confidence-threshold"))
+    flags = add_model_args(bench, unused=("--method", "--prompt-lookup-min", "--prompt-lookup-max", "--draft-confidence-threshold",
+                                            "--draft-context-window"))
     add_sampling_args(bench)
     bench.set_defaults(draft_model="qwen2.5-coder-0.5b")
     flags["--method"].help = "not used by `specdec bench`: name the methods to run in --methods"

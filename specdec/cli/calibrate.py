@@ -16,7 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                 description="Time plain decoding and up to --budget skip sets (structured seeds, then a local "
                                             "search) on calibration prompts, greedy, and save the fastest set for --skip-layers auto.")
     flags = add_model_args(cal, unused=("--draft-model", "--method", "--skip-layers", "--exit-layer", "--draft-vocab-size",
-                                        "--datastore", "--prompt-lookup-min", "--prompt-lookup-max",
+                                        "--draft-context-window", "--datastore", "--prompt-lookup-min", "--prompt-lookup-max",
                                         "--draft-confidence-threshold", "--draft-quantize"))
     flags["--num-speculative-tokens"].help = "γ of every trial (default: 4; 'auto' is measured as 4)"
     cal.add_argument("--dataset", default="humaneval", help="calibration prompts: spec_bench, humaneval, gsm8k or a JSONL (default: humaneval)")

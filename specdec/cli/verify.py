@@ -19,8 +19,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                             "(b) on a tiny random model, the distribution of the first generated tokens under "
                                             "speculative sampling (T=1, top-k, top-p) equals the exact target distribution "
                                             "(chi-square test, false-alarm rate --alpha per row). Exits 1 on any FAIL.")
-    flags = add_model_args(ver, unused=("--method", "--skip-layers", "--exit-layer", "--draft-vocab-size", "--datastore",
-                                        "--prompt-lookup-min", "--prompt-lookup-max", "--draft-confidence-threshold"))
+    flags = add_model_args(ver, unused=("--method", "--skip-layers", "--exit-layer", "--draft-vocab-size", "--draft-context-window",
+                                        "--datastore", "--prompt-lookup-min", "--prompt-lookup-max",
+                                        "--draft-confidence-threshold"))
     ver.set_defaults(draft_model="qwen2.5-coder-0.5b", dtype="float32", quantize="none")
     flags["--draft-model"].help = ("the pair's draft model, for the methods that need one (built-in name, .gguf or HF dir; "
                                    "default: qwen2.5-coder-0.5b)")
