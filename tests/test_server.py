@@ -167,7 +167,7 @@ def test_server_flags_apply_to_every_method_per_request(tiny_dirs, tiny_target):
     library's with that setting, not without it), and a request may switch method by alias."""
     from specdec.drafters.suffix import clear_global_caches
 
-    draft = specdec.load_model(tiny_dirs["draft"], dtype="float32", device="cpu")
+    draft = tiny_target  # the target as its own draft: every token accepted, unless the draft vocabulary is cut
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompt = "def fibonacci(n):"
 
@@ -179,7 +179,9 @@ def test_server_flags_apply_to_every_method_per_request(tiny_dirs, tiny_target):
     with_limit, without_limit = library(40), library(0)
     assert (with_limit.stats.proposed_tokens, with_limit.stats.accepted_tokens) != (
         without_limit.stats.proposed_tokens, without_limit.stats.accepted_tokens)  # the flag is observable
-    proc, base = start_server(tiny_dirs, "--method", "draft_suffix", "--draft-vocab-size", "40")
+    proc, base = launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["target"]), "--dtype", "float32",
+                        "--quantize", "none", "--served-model-name", "tiny", "--num-speculative-tokens", "3",
+                        "--method", "draft_suffix", "--draft-vocab-size", "40")
     try:
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
         answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
