@@ -11,7 +11,8 @@ QUANTIZE_MODES = ("auto", "none", "int8", "int4", "int4-all")
 
 #: γ used when the user gives a drafter but no ``num_speculative_tokens``.
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
-#: Prompt tokens a draft model reads (see drafters/draft_model.py); measured in benchmarks/draft_window.py
+#: Prompt tokens a draft model reads (see drafters/draft_model.py). A first guess, not yet measured on
+#: long prompts: benchmarks/draft_window.py compares windows
 DEFAULT_DRAFT_CONTEXT_WINDOW = 512
 #: Largest γ ``auto`` will try; beyond this verification cost on CPU grows faster than acceptance.
 AUTO_MAX_SPECULATIVE_TOKENS = 8
