@@ -26,9 +26,8 @@ from specdec.drafters.base import Drafter, DrafterResources
 from specdec.drafters.registry import method_info, needs_draft_model
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
 from specdec.errors import SpecdecError
-from specdec.models.config import ModelConfig
 from specdec.models.registry import resolve_model
-from specdec.models.weights import gguf_config, load_decoder, load_int4_decoder, load_int8_decoder, open_gguf
+from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_decoder, read_config
 from specdec.sampling import SamplingParams, make_generator
 from specdec.step_costs import ExecutionPlan
 from specdec.tokenizer import Tokenizer
@@ -94,19 +93,12 @@ def resolve_quantize(quantize: str, device: str) -> str:
     return quantize
 
 
-def model_config(path: Path) -> ModelConfig:
-    """A model's shape without loading its weights (a GGUF's metadata or an HF config.json)."""
-    if path.is_dir():
-        return ModelConfig.from_hf_dir(path)
-    return gguf_config(open_gguf(path))
-
-
 def plan_execution(model: str | Path, draft_model: str | Path | None = None, method: str | None = None,
                    auto_pull: bool = True) -> ExecutionPlan:
     """What ``--quantize auto`` runs on this CPU for this target (and draft) and method, chosen from
     step-cost curves measured here (:mod:`specdec.step_costs`; cached per CPU and shape)."""
-    target_cfg = model_config(resolve_model(str(model), auto_pull=auto_pull))
-    draft_cfg = model_config(resolve_model(str(draft_model), auto_pull=auto_pull)) if draft_model is not None else None
+    target_cfg = read_config(resolve_model(str(model), auto_pull=auto_pull))
+    draft_cfg = read_config(resolve_model(str(draft_model), auto_pull=auto_pull)) if draft_model is not None else None
     drafting = None if method is None else ("draft" if needs_draft_model(method) else "free")
     return step_costs.plan_execution(target_cfg, draft_cfg if drafting == "draft" else None, drafting)
 
@@ -130,7 +122,7 @@ def load_model(
     device = resolve_device(device)
     mode = resolve_quantize(quantize, device)
     if mode == "auto":  # plain decoding's choice; speculative front ends call plan_execution first
-        mode = step_costs.plan_execution(model_config(path)).target_mode
+        mode = step_costs.plan_execution(read_config(path)).target_mode
     if mode == "int8":
         decoder = load_int8_decoder(path, device, progress=progress)
     elif mode in ("int4", "int4-all"):

@@ -214,6 +214,11 @@ class ExecutionPlan:
     choice: ModeChoice | None = None
     draft_curves: dict[str, Curve] = field(default_factory=dict)
 
+    @property
+    def plain_mode(self) -> str:
+        """The mode auto picks for plain decoding of this target, from the same measured curves."""
+        return self.target_mode if self.choice is None else choose_mode(self.choice.curves).mode
+
     def explain(self) -> str:
         if self.choice is None:
             return f"execution: {self.target_mode} (no choice to measure: one candidate)"

@@ -81,3 +81,14 @@ def test_a_curve_timed_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch):
     assert curves_for(TINY, ("int8", "int4"))["int4"].cost(1) == 1.1
     curves_for(TINY, ("int8", "int4"))
     assert len(calls) == 2 and not (tmp_path / "step_costs").exists()
+
+
+def test_plan_knows_the_plain_choice_from_the_same_curves():
+    """--compare-plain times our best plain decoding: the mode auto picks for plain decoding can differ
+    from the one it picks for a speculative target, and comes from the same measured curves."""
+    from specdec.step_costs import ExecutionPlan
+
+    choice = choose_mode(AVX512_VNNI, alpha=0.8, draft_seconds=0.003)
+    plan = ExecutionPlan(choice.mode, "int4-all", choice)
+    assert (plan.target_mode, plan.plain_mode) == ("int8", "int4")
+    assert ExecutionPlan("int8").plain_mode == "int8"  # one candidate: nothing else to pick

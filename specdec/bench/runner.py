@@ -17,7 +17,7 @@ import specdec
 from specdec.api import LoadedModel, encode_prompt
 from specdec.bench.datasets import PromptRow
 from specdec.config import SpecConfig
-from specdec.drafters.registry import PLAIN_NAMES, needs_draft_model, resolve_method
+from specdec.drafters.registry import is_plain, needs_draft_model, resolve_method
 from specdec.drafters.suffix import clear_global_caches
 from specdec.sampling import SamplingParams
 
@@ -103,7 +103,7 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
     for method in config.methods:
         if peers and method in peers:
             runners[method] = peers[method]
-        elif method.strip().lower() in PLAIN_NAMES:
+        elif is_plain(method):
             runners[method] = ours(target, draft, method, config)
         else:
             for gamma in config.gammas:

@@ -8,10 +8,9 @@ import argparse
 import json
 import sys
 
-from specdec.cpu import cpu_description
-
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, execution_modes,
                                 sampling_from_args, spec_from_args)
+from specdec.cpu import cpu_description
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         plain_target = target
         if plan is not None and args.quantize == "auto":
             # against our best plain decoding, which may run in another mode than the speculative target
-            plain_mode = specdec.api.plan_execution(args.model, auto_pull=not args.no_pull).target_mode
+            plain_mode = plan.plain_mode
             if plain_mode != target.backend.dtype_name:
                 print(f"loading {args.model} in {plain_mode}, the mode auto picks for plain decoding …", file=sys.stderr)
                 plain_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull,

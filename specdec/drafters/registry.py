@@ -25,7 +25,7 @@ def register_method(info: MethodInfo, *, replace: bool = False) -> MethodInfo:
         existing = _find(key)
         if existing is not None and existing.name != info.name and not replace:
             raise SpecdecError(f"method name {name!r} is already taken by {existing.name!r}")
-        if key in PLAIN_NAMES:
+        if is_plain(key):
             raise SpecdecError(f"{name!r} means plain decoding; choose another method name")
     if info.name in _METHODS and not replace:
         raise SpecdecError(f"method {info.name!r} is already registered (pass replace=True to override it)")
@@ -52,9 +52,14 @@ def method_info(name: str) -> MethodInfo:
     return info
 
 
+def is_plain(name: str) -> bool:
+    """Does this user-typed method name mean plain decoding (``ar``, ``plain``, ``none``)?"""
+    return _key(name) in PLAIN_NAMES
+
+
 def resolve_method(name: str | None) -> str | None:
     """A user-typed method name → the registered name; None for plain decoding (``ar``, ``plain``)."""
-    if name is None or _key(name) in PLAIN_NAMES:
+    if name is None or is_plain(name):
         return None
     return method_info(name).name
 

@@ -157,6 +157,11 @@ def gguf_int4_sources(reader: Any, cfg: ModelConfig) -> tuple[dict[str, np.ndarr
     return kinds[gguf.GGMLQuantizationType.Q4_K], low_bit, kinds[gguf.GGMLQuantizationType.Q6_K]
 
 
+def read_config(path: Path) -> ModelConfig:
+    """A model's shape without loading its weights (an HF directory's config.json or a GGUF's metadata)."""
+    return ModelConfig.from_hf_dir(path) if path.is_dir() else gguf_config(open_gguf(path))
+
+
 def gguf_state_dict(path: Path, dtype: torch.dtype, progress: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     reader = open_gguf(path)
     cfg = gguf_config(reader)
@@ -294,7 +299,7 @@ def load_int4_decoder(path: str | Path, device: str = "cpu", progress: bool = Fa
     if device != "cpu":
         raise WeightsError("int4 execution is a CPU path; use --quantize none on CUDA")
     path = Path(path)
-    cfg = ModelConfig.from_hf_dir(path) if path.is_dir() else gguf_config(open_gguf(path))
+    cfg = read_config(path)
     sizes = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim)
     if any(size % PAIR for size in sizes):
         raise WeightsError(f"int4 needs layer input sizes that are multiples of {PAIR}; {path.name} has "
