@@ -94,13 +94,15 @@ def resolve_quantize(quantize: str, device: str) -> str:
 
 
 def plan_execution(model: str | Path, draft_model: str | Path | None = None, method: str | None = None,
-                   auto_pull: bool = True) -> ExecutionPlan:
+                   auto_pull: bool = True, draft_vocab_size: int | None = None) -> ExecutionPlan:
     """What ``--quantize auto`` runs on this CPU for this target (and draft) and method, chosen from
-    step-cost curves measured here (:mod:`specdec.step_costs`; cached per CPU and shape)."""
+    step-cost curves measured here (:mod:`specdec.step_costs`; cached per CPU and shape).
+    ``draft_vocab_size``: the draft's reduced vocabulary (SpecConfig.draft_vocab_size), if any."""
     target_cfg = read_config(resolve_model(str(model), auto_pull=auto_pull))
     draft_cfg = read_config(resolve_model(str(draft_model), auto_pull=auto_pull)) if draft_model is not None else None
     drafting = None if method is None else ("draft" if needs_draft_model(method) else "free")
-    return step_costs.plan_execution(target_cfg, draft_cfg if drafting == "draft" else None, drafting)
+    return step_costs.plan_execution(target_cfg, draft_cfg if drafting == "draft" else None, drafting,
+                                     draft_vocab=draft_vocab_size)
 
 
 def load_model(

@@ -92,3 +92,29 @@ def test_plan_knows_the_plain_choice_from_the_same_curves():
     plan = ExecutionPlan(choice.mode, "int4-all", choice)
     assert (plan.target_mode, plan.plain_mode) == ("int8", "int4")
     assert ExecutionPlan("int8").plain_mode == "int8"  # one candidate: nothing else to pick
+
+
+def test_the_draft_step_is_timed_with_the_vocabulary_it_scores(tmp_path, monkeypatch):
+    """--draft-vocab-size cuts the draft's LM head (a quarter of a 0.5B model's bytes at 152k
+    tokens): its step is measured for that head, not the full one."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    seen = []
+
+    def fake(cfg, modes):  # noqa: ANN001, ANN202
+        seen.append(cfg.vocab_size)
+        return {m: Curve(m, {1: 0.01, 2: 0.011, 4: 0.012, 8: 0.02}, gb_per_s=20, weight_gb=0.05) for m in modes}
+
+    monkeypatch.setattr("specdec.step_costs.measure_curves", fake)
+    monkeypatch.setattr("specdec.step_costs.cpu_candidates", lambda cfg, modes: modes)
+    plan_execution(TINY, TINY, "draft", draft_vocab=128)
+    assert 128 in seen and seen.count(TINY.vocab_size) == 1  # the target keeps its own vocabulary
+
+
+def test_the_probe_scales_layers_and_head_apart(int4_kernel):
+    """The probe times a step without layers, the layers and the head apart: a deeper model costs
+    more per added layer, and a bigger vocabulary adds head time, never the fixed per-step cost."""
+    from specdec.step_costs import measure_curves
+
+    shallow = measure_curves(TINY, ("int4",), repeats=3)["int4"]
+    deep = measure_curves(ModelConfig(**{**TINY.__dict__, "num_layers": 40}), ("int4",), repeats=3)["int4"]
+    assert deep.cost(1) > shallow.cost(1) and deep.weight_gb > 5 * shallow.weight_gb

@@ -154,7 +154,8 @@ def execution_modes(args: argparse.Namespace, method: str | None):  # noqa: ANN2
     if "auto" not in (target_mode, draft_mode) or resolve_device(args.device) != "cpu":
         return target_mode, draft_mode, None
     draft = args.draft_model if needs_draft_model(method) else None
-    plan = plan_execution(args.model, draft, method, auto_pull=not args.no_pull)
+    plan = plan_execution(args.model, draft, method, auto_pull=not args.no_pull,
+                          draft_vocab_size=args.draft_vocab_size)
     target_mode = plan.target_mode if target_mode == "auto" else target_mode
     draft_mode = (plan.draft_mode or target_mode) if draft_mode == "auto" else draft_mode
     return target_mode, draft_mode, plan

@@ -30,6 +30,12 @@
 #include <cstring>
 #include <vector>
 
+// Software prefetch distance (bytes ahead in the weight stream of the current thread's rows): a
+// single-token step streams ~1 GB of weights and the hardware prefetcher alone left it at ~60 % of
+// the 2-thread read bandwidth; 2 KB ahead took 5-15 % off a 1.5B int4 step and the 0.5B draft step
+// on an AVX2 EPYC (chunks of 4+ rows are compute-bound and unchanged). Addresses past the end are
+// harmless: a prefetch never faults.
+constexpr int64_t kPrefetch = 2048;
 namespace {
 
 // How a kernel wants a quantized activation row: in order (int8 weights), or in the vector order
@@ -104,6 +110,8 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
   for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); min_acc[r] = _mm256_setzero_ps(); }
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i isum[R];
+    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch + 64), _MM_HINT_T0);
     if (b < full) {
       __m256i w[8];
       for (int i = 0; i < 4; ++i) {
@@ -235,6 +243,7 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, int32_t* result) 
   __m256i acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
   for (int64_t k = 0; k < K; k += 32) {
+    if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k + kPrefetch), _MM_HINT_T0);
     const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k));
     for (int r = 0; r < R; ++r) {
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + k));
@@ -289,6 +298,9 @@ void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const f
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
+    _mm_prefetch(reinterpret_cast<const char*>(ql + b * 128 + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(ql + b * 128 + kPrefetch + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(qh + b * 64 + kPrefetch / 2), _MM_HINT_T0);
     __m256i w[8];
     for (int i = 0; i < 4; ++i) {
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + b * 128 + 32 * i));
