@@ -93,6 +93,21 @@ class GammaController:
     _trials: float = 2.0  # ratio is α (a ratio of sums: averaging per-round ratios biases it low)
     _last_k: int = 0  # the request starts like a catch-up: the drafter has not seen the prompt yet
 
+    @classmethod
+    def from_measured(cls, max_k: int, verify_seconds: dict[int, float] | None,
+                      draft_seconds: float | None) -> "GammaController":
+        """A controller that starts from this machine's measured costs (specdec.step_costs:
+        ``verify_seconds`` maps a chunk of T tokens to its forward seconds, ``draft_seconds`` is one
+        draft token) instead of from nothing. Unseeded, the first rounds draft ``max_k`` tokens and
+        take every unmeasured chunk as costing what the longest one did — on a CPU, where a 9-token
+        chunk costs ~3 single steps, the first dozen rounds of a request paid for that. The
+        running averages replace the prior as rounds are measured."""
+        controller = cls(max_k)
+        if verify_seconds:
+            controller.verify.seconds = {k: verify_seconds[k + 1] for k in range(max_k + 1) if k + 1 in verify_seconds}
+        controller.draft_s_per_token = draft_seconds
+        return controller
+
     def _ema(self, old: float | None, new: float) -> float:
         return ema(old, new, self.smoothing)
 
@@ -124,7 +139,9 @@ class GammaController:
 
     def choose(self) -> int:
         if self.draft_s_per_token is None:
-            return self.max_k  # nothing measured yet: draft fully once
+            # nothing measured yet: draft fully once — or, when verification costs are known
+            # (seeded), draft one token: the cheapest round that measures the draft's step
+            return min(1, self.max_k) if self.verify.seconds else self.max_k
         best_k = max(range(self.max_k + 1), key=self.expected_rate)
         if best_k == 0:
             self._explore_wait = self._explore_wait or self.explore_every

@@ -21,7 +21,7 @@ import torch
 from specdec import step_costs
 from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
-from specdec.config import QUANTIZE_MODES, SpecConfig
+from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
 from specdec.drafters.registry import method_info, needs_draft_model
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
@@ -133,7 +133,10 @@ def load_model(
         decoder = load_decoder(path, resolve_dtype(dtype, device), device, progress=progress)
     tokenizer = Tokenizer.load(path)
     name = str(model) if not Path(str(model)).exists() else path.name
-    return LoadedModel(name, path, TorchBackend(decoder), tokenizer, time.perf_counter() - start)
+    backend = TorchBackend(decoder)
+    if mode in CPU_QUANTIZE_MODES:  # measured here by --quantize auto (or an earlier run): the γ prior
+        backend.step_seconds = step_costs.cached_seconds(decoder.config, mode, AUTO_MAX_SPECULATIVE_TOKENS + 1)
+    return LoadedModel(name, path, backend, tokenizer, time.perf_counter() - start)
 
 
 def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool = False) -> list[int]:

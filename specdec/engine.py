@@ -153,7 +153,9 @@ def generate_stream(
         weight_bytes=target.weight_bytes,
         draft_weight_bytes=drafter.weight_bytes if drafter is not None else 0,
     )
-    gamma = GammaController(max_k) if spec.adaptive and drafter is not None else None
+    gamma = None
+    if spec.adaptive and drafter is not None:
+        gamma = GammaController.from_measured(max_k, target.step_seconds, drafter.step_seconds)
     verify_costs = gamma.verify if gamma is not None else VerifyCosts()  # for drafts with prefix_accept
 
     start = time.perf_counter()

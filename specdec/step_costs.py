@@ -21,6 +21,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -189,14 +190,33 @@ def _shape_key(cfg: ModelConfig) -> str:
             f"-kv{cfg.num_kv_heads}-v{cfg.vocab_size}")
 
 
+def _cache_path(threads: int | None) -> Path:
+    threads = threads or torch.get_num_threads()
+    return specdec_home() / "step_costs" / f"{cpu_signature()}-t{threads}-v{CURVE_VERSION}.json"
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        return {}  # unreadable: measure again and overwrite
+
+
+def cached_seconds(cfg: ModelConfig, mode: str, max_tokens: int = 9) -> dict[int, float] | None:
+    """Forward seconds for T = 1 .. ``max_tokens`` tokens of ``cfg``'s shape in ``mode``, from the
+    curves already cached on this CPU (never measures: None when there is none) — the prior the γ
+    cost model starts a request from (``TorchBackend.step_seconds``)."""
+    entry = _read_cache(_cache_path(None)).get(_shape_key(cfg), {}).get(mode)
+    if not entry:
+        return None
+    curve = Curve(mode, {int(t): float(s) for t, s in entry.items()})
+    return {tokens: curve.cost(tokens) for tokens in range(1, max_tokens + 1)}
+
+
 def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = None) -> dict[str, Curve]:
     """Cached curves of ``cfg``'s shape for ``modes`` on this CPU (measured and saved when missing)."""
-    threads = threads or torch.get_num_threads()
-    path = specdec_home() / "step_costs" / f"{cpu_signature()}-t{threads}-v{CURVE_VERSION}.json"
-    try:
-        saved = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError):
-        saved = {}  # unreadable: measure again and overwrite
+    path = _cache_path(threads)
+    saved = _read_cache(path)
     entry = saved.setdefault(_shape_key(cfg), {})
     missing = tuple(mode for mode in modes if mode not in entry)
     fresh = measure_curves(cfg, missing) if missing else {}  # together: the modes share one moment of the machine

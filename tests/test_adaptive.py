@@ -73,3 +73,28 @@ def test_hopeless_drafter_falls_back_to_plain_decoding():
     rate = simulate(controller.choose, 0.05, 0.050, CPU_VERIFY, 0.060, controller=controller)
     assert rate >= 0.9 / CPU_VERIFY(0)
     assert expected_tokens(1.0, 3) == 4.0
+
+
+# the int4 1.5B target on an AVX2 CPU: cheap single step, ~12 ms per extra verified token
+AVX2_INT4_VERIFY = lambda k: 0.039 + (0.009 if k == 1 else 0.012 * k)  # noqa: E731
+
+
+def test_a_controller_seeded_with_measured_costs_chooses_right_from_the_first_round():
+    """Seeded from the step-cost curve (specdec.step_costs) and the draft's measured step, the first
+    choice is already the best fixed γ's — unseeded, the first rounds draft 8 tokens at ~3 steps'
+    cost each, which a 32-token request never earns back."""
+    verify = {t: AVX2_INT4_VERIFY(t - 1) for t in range(1, 10)}
+    draft_s = 0.011
+    best_k = max(range(9), key=lambda k: expected_tokens(0.7, k) / (k * draft_s + AVX2_INT4_VERIFY(k)))
+    seeded = GammaController.from_measured(8, verify, draft_s)
+    assert seeded.choose() == best_k and best_k <= 2
+    short = []
+    for controller in (GammaController.from_measured(8, verify, draft_s), GammaController(max_k=8)):
+        short.append(simulate(controller.choose, 0.7, draft_s, AVX2_INT4_VERIFY, 0.02, steps=12, controller=controller))
+    assert short[0] > 1.1 * short[1], short
+
+
+def test_seeded_verify_costs_without_a_draft_cost_start_with_one_token():
+    controller = GammaController.from_measured(8, {t: 0.04 * t for t in range(1, 10)}, None)
+    assert controller.choose() == 1
+    assert GammaController.from_measured(8, None, None).choose() == 8  # nothing known: as before

@@ -31,6 +31,8 @@ class Backend(Protocol):
     config: ModelConfig
     device: torch.device
     dtype_name: str  # execution dtype as users read it: "float32", "bfloat16", "int8" …
+    #: forward seconds per chunk size T measured on this machine, or None (the γ cost model's prior)
+    step_seconds: dict[int, float] | None
 
     def new_state(self, max_seq_len: int) -> SequenceState: ...
 

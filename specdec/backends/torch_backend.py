@@ -27,6 +27,9 @@ class TorchBackend:
         weight = decoder.model.embed_tokens.weight
         self.device = weight.device
         self.dtype_name = decoder.quantization or str(weight.dtype).removeprefix("torch.")
+        #: seconds of a forward of T tokens (T → s) measured on this machine for this model's shape
+        #: and execution mode (specdec.step_costs), when known: the γ cost model starts from it
+        self.step_seconds: dict[int, float] | None = None
         use_graphs = cuda_graphs_enabled() if cuda_graphs is None else cuda_graphs
         self.graphs: CudaGraphRunner | None = None
         if use_graphs and self.device.type == "cuda" and decoder.layer_runner is None and decoder.quantization is None:

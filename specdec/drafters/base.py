@@ -99,6 +99,12 @@ class Drafter:
         """Bytes of draft weights read per draft-model forward (0 for table-based drafters)."""
         return 0
 
+    @property
+    def step_seconds(self) -> float | None:
+        """Seconds of one draft token as measured on this machine before the request (the γ cost
+        model's prior), or None when unknown; 0.0 for drafters that run no model."""
+        return None
+
     def bind_target_state(self, state: "SequenceState") -> None:
         """Called after prefill with the target's cache of this request. Drafters that run inside
         it (self-speculation) keep it and must leave it at the length they found it; others ignore it."""

@@ -132,6 +132,13 @@ class DraftModelDrafter(Drafter):
     def weight_bytes(self) -> int:
         return self.backend.weight_bytes
 
+    @property
+    def step_seconds(self) -> float | None:
+        """The draft model's measured single-token step (with its whole vocabulary: an upper bound
+        when ``vocab_limit`` cuts the head; the controller's running average corrects it)."""
+        measured = self.backend.step_seconds
+        return None if measured is None else measured.get(1)
+
     def start(self, prompt_ids: list[int]) -> None:
         self.state.truncate(0)
         self.cached = []

@@ -55,6 +55,10 @@ class SuffixAssistedDrafter(Drafter):
         return self.draft.weight_bytes
 
     @property
+    def step_seconds(self) -> float | None:
+        return self.draft.step_seconds
+
+    @property
     def model_forwards(self) -> int:  # type: ignore[override] - the draft model's count
         return self.draft.model_forwards
 
