@@ -22,12 +22,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(*args: str):
-    """Start `specdec serve ARGS` on a free loopback port; return (process, base URL) once healthy."""
+def launch(*args: str, env: dict[str, str] | None = None):
+    """Start `specdec serve ARGS` on a free loopback port (``env``: extra environment variables);
+    return (process, base URL) once healthy."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "specdec.cli", "serve", "--port", str(port), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120

@@ -32,6 +32,12 @@ from specdec.sampling import SamplingParams
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
+from specdec.server.security import AccessMiddleware, AccessPolicy
+
+#: at most this many stop strings per request, each at most MAX_STOP_CHARS long: every step checks
+#: them against the new text, so an unbounded list is a per-token cost a client could impose
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
 
 
 class APIError(Exception):
@@ -49,6 +55,11 @@ class ServerState:
     max_concurrency: int = 1
     max_queue: int = 64
     disable_speculation_above: int | None = None
+    #: request limits (None: only the context window bounds them): prompt tokens, max_tokens
+    max_prompt_tokens: int | None = None
+    max_tokens_limit: int | None = None
+    #: API keys and the body size limit, enforced before routing (server/security.py)
+    access: AccessPolicy = field(default_factory=AccessPolicy)
     metrics: Metrics = field(default_factory=Metrics)
     active: int = 0
     waiting: int = 0
@@ -84,11 +95,21 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
     return spec
 
 
-def _sampling(req: CompletionRequest | ChatCompletionRequest, context_len: int, prompt_len: int) -> SamplingParams:
+def _sampling(req: CompletionRequest | ChatCompletionRequest, context_len: int, prompt_len: int,
+              max_tokens_limit: int | None = None) -> SamplingParams:
     if req.n != 1:
         raise APIError(400, "only n=1 is supported", param="n")
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported by this server", param="logit_bias")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    max_tokens = req.max_completion_tokens or req.max_tokens or min(256, max(1, context_len - prompt_len))
+    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters "
+                            f"(got {len(stop)}, longest {max((len(s) for s in stop), default=0)})", param="stop")
+    default = min(256, max(1, context_len - prompt_len), max_tokens_limit or 256)
+    max_tokens = req.max_completion_tokens or req.max_tokens or default
+    if max_tokens_limit is not None and max_tokens > max_tokens_limit:
+        raise APIError(400, f"max_tokens {max_tokens} exceeds this server's limit of {max_tokens_limit} (--max-tokens-limit)",
+                       param="max_tokens")
     try:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                               seed=req.seed, max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos)
@@ -161,8 +182,15 @@ def create_app(state: ServerState) -> FastAPI:
             prompt_ids = encode_prompt(state.target, prompt, chat=False)
         except SpecdecError as exc:
             raise APIError(400, str(exc)) from None
+        vocab = state.target.config.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"prompt token ids must be in 0..{vocab - 1}; got {bad[:5]}", param="prompt")
+        if state.max_prompt_tokens is not None and len(prompt_ids) > state.max_prompt_tokens:
+            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server's limit is {state.max_prompt_tokens} "
+                                "(--max-prompt-tokens)", param="prompt", code="context_length_exceeded")
         context_len = state.target.config.max_position_embeddings
-        params = _sampling(req, context_len, len(prompt_ids))
+        params = _sampling(req, context_len, len(prompt_ids), state.max_tokens_limit)
         try:
             check_context(len(prompt_ids), params.max_tokens, context_len)
         except (ContextLengthError, SpecdecError) as exc:
@@ -229,6 +257,9 @@ def create_app(state: ServerState) -> FastAPI:
             release_slot()
 
     app.state.handle = handle
+    reasons = {401: "invalid_api_key", 413: "body_too_large"}
+    app.add_middleware(AccessMiddleware, policy=state.access,
+                       on_refused=lambda status: state.metrics.refused.labels(reasons[status]).inc())
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -22,6 +22,8 @@ class Metrics:
         self.accepted_tokens = Counter("specdec_spec_decode_num_accepted_tokens_total", "Draft tokens accepted", ["method"], registry=r)
         self.acceptance_rate = Gauge("specdec_spec_decode_acceptance_rate", "Acceptance rate of the last request, per method", ["method"], registry=r)
         self.active = Gauge("specdec_active_requests", "Requests being generated", registry=r)
+        self.refused = Counter("specdec_refused_requests_total", "Requests refused before routing (missing or wrong API key, body too large)",
+                               ["reason"], registry=r)
         self.waiting = Gauge("specdec_waiting_requests", "Requests waiting for a slot", registry=r)
 
     def observe(self, stats) -> None:  # noqa: ANN001 - specdec.stats.Stats

@@ -31,6 +31,9 @@ class _SamplingFields(BaseModel):
     ignore_eos: bool = False
     # absent = the server's default drafter; null = plain decoding; an object = override
     speculative: Optional[SpeculativeOverride] = Field(default_factory=lambda: SpeculativeOverride())
+    #: accepted so OpenAI clients that send ``{}`` work; a non-empty map is refused (not supported:
+    #: ignoring it would silently change what the client asked for)
+    logit_bias: Optional[dict[str, float]] = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -38,7 +41,7 @@ class CompletionRequest(_SamplingFields):
 
 
 class ChatMessage(BaseModel):
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str
 
 
