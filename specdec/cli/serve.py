@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from specdec.cli.common import add_debug_flag, add_model_args, execution_modes, positive_int, spec_from_args
+from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
 
 
@@ -27,6 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     serve.add_argument("--disable-speculation-above", type=int, default=None, metavar="N",
                        help="switch speculation off (per step) while more than N requests are active: drafting costs throughput under load (default: never)")
     serve.add_argument("--served-model-name", default=None, help="model id clients use (default: the --model value)")
+    serve.add_argument("--audit-fraction", type=float, default=0.0, metavar="F",
+                       help="re-decode this fraction of finished greedy requests plainly while the server is idle and "
+                            "compare token ids (/metrics: specdec_audit_total; a mismatch is logged). Default: 0")
     serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
                        help="require 'Authorization: Bearer KEY' on every /v1/ route (repeat for several keys; also "
                             "$SPECDEC_API_KEY and --api-key-file). /health stays open. Default: no key (bind 127.0.0.1 only)")
@@ -53,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.server.security import AccessPolicy, load_api_keys
 
     spec = spec_from_args(args)
+    if not 0.0 <= args.audit_fraction <= 1.0:
+        raise SpecdecError(f"--audit-fraction must be between 0 and 1, got {args.audit_fraction}")
     access = AccessPolicy(load_api_keys(args.api_key, args.api_key_file), args.max_body_bytes, args.metrics_require_key)
     executor = ModelExecutor()  # loads on the thread that will run the model (server/executor.py)
 
@@ -71,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     state = ServerState(target=target, model_name=args.served_model_name or args.model, draft=draft, spec=spec,
                         max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                         disable_speculation_above=args.disable_speculation_above, executor=executor,
-                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access)
+                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
+                        audit_fraction=args.audit_fraction)
     keys = f"{len(access.api_keys)} API key(s)" if access.api_keys else "no API key"
     print(f"serving {state.model_name} ({target.backend.dtype_name}, speculative: {spec.method or 'off'}, {keys}) "
           f"on http://{args.host}:{args.port}",

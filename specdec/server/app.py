@@ -29,6 +29,7 @@ from specdec.drafters.registry import method_info, needs_draft_model, resolve_me
 from specdec.engine import check_context, generate_stream
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.sampling import SamplingParams
+from specdec.server.audit import AuditCase, Auditor, auditable
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
@@ -60,6 +61,9 @@ class ServerState:
     max_tokens_limit: int | None = None
     #: API keys and the body size limit, enforced before routing (server/security.py)
     access: AccessPolicy = field(default_factory=AccessPolicy)
+    #: fraction of finished greedy requests re-decoded plainly when idle (server/audit.py)
+    audit_fraction: float = 0.0
+    auditor: Auditor | None = None  # made by create_app
     metrics: Metrics = field(default_factory=Metrics)
     active: int = 0
     waiting: int = 0
@@ -131,6 +135,8 @@ def _usage(stats) -> dict[str, Any]:  # noqa: ANN001
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
     app.state.specdec = state
+    state.auditor = Auditor(state.target, state.executor, state.metrics, state.audit_fraction,
+                            busy=lambda: state.active > 0 or state.waiting > 0)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -196,9 +202,12 @@ def create_app(state: ServerState) -> FastAPI:
         except (ContextLengthError, SpecdecError) as exc:
             raise APIError(400, str(exc), code="context_length_exceeded") from None
         spec = _request_spec(state, req, raw)
+        audit = req.speculative is not None and req.speculative.audit
+        if audit and not auditable(params):
+            raise APIError(400, "an audit compares token ids with plain decoding: it needs temperature 0", param="speculative")
         await acquire_slot()
         endpoint = "chat" if chat else "completions"
-        job = Job(state, prompt_ids, params, spec)
+        job = Job(state, prompt_ids, params, spec, audit)
         try:
             await job.open()
         except SpecdecError as exc:
@@ -211,6 +220,7 @@ def create_app(state: ServerState) -> FastAPI:
             return StreamingResponse(stream_events(job, chat, endpoint), media_type="text/event-stream")
         try:
             await job.run_to_end()
+            await job.run_audit()
         except SpecdecError as exc:
             raise APIError(400, str(exc)) from None
         finally:
@@ -248,7 +258,8 @@ def create_app(state: ServerState) -> FastAPI:
                     delta = {"content": chunk.text} if chat else chunk.text
                     body = chunk_body(job, chat, delta, chunk.finish_reason)
                     if chunk.stats is not None:
-                        body["usage"] = _usage(chunk.stats)
+                        await job.run_audit()
+                        body["usage"] = job.usage()
                     yield sse(body)
             yield "data: [DONE]\n\n"
             state.metrics.requests.labels(endpoint, "200").inc()
@@ -290,14 +301,18 @@ def full_response(job: "Job", chat: bool) -> dict[str, Any]:
     else:
         choice.update(text=job.text, logprobs=None)
     return {"id": job.id, "object": "chat.completion" if chat else "text_completion", "created": job.created,
-            "model": job.state.model_name, "choices": [choice], "usage": _usage(job.stats)}
+            "model": job.state.model_name, "choices": [choice], "usage": job.usage()}
 
 
 class Job:
     """One request's generation: set up and stepped on the model thread, consumed by the event loop."""
 
-    def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig) -> None:
+    def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,
+                 audit: bool = False) -> None:
         self.state = state
+        self.audit = audit  # the client asked for its own audit (else the server may sample one)
+        self.audit_result: str | None = None
+        self.token_ids: list[int] = []
         self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.text = ""
@@ -334,10 +349,13 @@ class Job:
                 if isinstance(item, BaseException):
                     raise item
                 self.text += item.text
+                self.token_ids.extend(item.token_ids)
                 if item.stats is not None:
                     self.stats, self.finish_reason = item.stats, item.finish_reason
                     self.state.metrics.observe(item.stats)
                     self.state.metrics.latency.observe(time.perf_counter() - self._start)
+                    if not self.audit and self.state.auditor is not None:
+                        self.state.auditor.finished(self._audit_case())
                 yield item
         finally:
             self._cancel.set()  # nobody reads on (done, client gone, task cancelled): stop stepping it
@@ -345,3 +363,17 @@ class Job:
     async def run_to_end(self) -> None:
         async for _ in self.chunks():
             pass
+
+    def _audit_case(self) -> AuditCase:
+        return AuditCase(self.id, self.prompt_ids, self.params, list(self.token_ids))
+
+    async def run_audit(self) -> None:
+        """The request's own audit, if it asked for one (after its last chunk, before its usage)."""
+        if self.audit and self.audit_result is None and self.state.auditor is not None:
+            self.audit_result = await self.state.auditor.audit_now(self._audit_case())
+
+    def usage(self) -> dict[str, Any]:
+        usage = _usage(self.stats)
+        if self.audit_result is not None:
+            usage["speculative"]["audit"] = self.audit_result
+        return usage

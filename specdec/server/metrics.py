@@ -24,6 +24,8 @@ class Metrics:
         self.active = Gauge("specdec_active_requests", "Requests being generated", registry=r)
         self.refused = Counter("specdec_refused_requests_total", "Requests refused before routing (missing or wrong API key, body too large)",
                                ["reason"], registry=r)
+        self.audits = Counter("specdec_audit_total", "Greedy requests re-decoded plainly to check losslessness, by result "
+                              "(identical, mismatch, skipped)", ["result"], registry=r)
         self.waiting = Gauge("specdec_waiting_requests", "Requests waiting for a slot", registry=r)
 
     def observe(self, stats) -> None:  # noqa: ANN001 - specdec.stats.Stats

@@ -13,6 +13,8 @@ class SpeculativeOverride(BaseModel):
     model_config = ConfigDict(extra="forbid")
     method: Optional[str] = None
     num_speculative_tokens: Optional[Union[int, Literal["auto"]]] = None
+    #: re-decode this (greedy) request plainly and answer usage.speculative.audit (server/audit.py)
+    audit: bool = False
 
 
 class _SamplingFields(BaseModel):
