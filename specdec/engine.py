@@ -24,7 +24,7 @@ from specdec.backends.base import Backend
 from specdec.config import SpecConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import ContextLengthError, SpecdecError
-from specdec.sampling import SamplingParams, make_generator
+from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
 from specdec.stats import Stats
 from specdec.verify import verify
 
@@ -37,6 +37,8 @@ class StreamChunk:
     text: str
     finish_reason: str | None = None  # "stop" | "length" on the last chunk
     stats: Stats | None = None  # on the last chunk
+    #: one per token of ``token_ids`` when ``params.logprobs`` is set (the target's log-probabilities)
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -46,6 +48,7 @@ class GenerationResult:
     finish_reason: str
     stats: Stats
     prompt_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # one per token when params.logprobs was set
 
 
 class _OutputTracker:
@@ -164,6 +167,7 @@ def generate_stream(
     _, first = verify([], None, logits, params, generator)
     context = list(prompt_ids) + [first]
     committed = out.add([first])
+    scores = logprobs_of(logits, committed, params)  # None unless params.logprobs is set
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - start
     decode_start = time.perf_counter()
     if drafter is not None:
@@ -171,8 +175,8 @@ def generate_stream(
         drafter.start(list(prompt_ids))
     try:
         if out.finish_reason is None:
-            yield StreamChunk(committed, out.new_text())
-            committed = []
+            yield StreamChunk(committed, out.new_text(), logprobs=scores)
+            committed, scores = [], logprobs_of(logits, [], params)
         while out.finish_reason is None:
             remaining = params.max_tokens - len(out.token_ids)
             room = max(0, min(max_k, remaining - 1, context_len - len(context)))
@@ -209,20 +213,29 @@ def generate_stream(
             new_tokens = [*draft.tokens[:num_accepted], next_token]
             context.extend(new_tokens)
             committed = out.add(new_tokens)
+            scores = logprobs_of(logits, committed, params)  # rows 0..: the tokens committed this step
             stats.generated_tokens = len(out.token_ids)
             stats.decode_time_s = time.perf_counter() - decode_start
             if out.finish_reason is not None:
                 break
-            yield StreamChunk(committed, out.new_text())
-            committed = []
+            yield StreamChunk(committed, out.new_text(), logprobs=scores)
+            committed, scores = [], logprobs_of(logits, [], params)
         stats.generated_tokens = len(out.token_ids)
         stats.decode_time_s = time.perf_counter() - decode_start
         stats.total_time_s = time.perf_counter() - start
         stats.draft_forwards = drafter.model_forwards if drafter is not None else None
-        yield StreamChunk(committed, out.new_text(), finish_reason=out.finish_reason, stats=stats)
+        yield StreamChunk(committed, out.new_text(), finish_reason=out.finish_reason, stats=stats, logprobs=scores)
     finally:
         if drafter is not None:
             drafter.finish()
+
+
+def logprobs_of(logits: torch.Tensor, committed: list[int], params: SamplingParams) -> list[TokenLogprob] | None:
+    """The target's log-probabilities of this step's committed tokens (``logits`` row i scored
+    committed token i: the verification rows), or None when the request did not ask for them."""
+    if params.logprobs is None:
+        return None
+    return token_logprobs(logits, committed, params.logprobs) if committed else []
 
 
 def generate_ids(
@@ -237,10 +250,13 @@ def generate_ids(
     """Run :func:`generate_stream` to the end and collect the result."""
     token_ids: list[int] = []
     text: list[str] = []
+    logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
     last = None
     for chunk in generate_stream(target, prompt_ids, params, drafter, spec, tokenizer, generator):
         token_ids.extend(chunk.token_ids)
         text.append(chunk.text)
+        if logprobs is not None and chunk.logprobs is not None:
+            logprobs.extend(chunk.logprobs)
         last = chunk
     assert last is not None and last.stats is not None and last.finish_reason is not None
-    return GenerationResult(token_ids, "".join(text), last.finish_reason, last.stats, list(prompt_ids))
+    return GenerationResult(token_ids, "".join(text), last.finish_reason, last.stats, list(prompt_ids), logprobs)

@@ -30,6 +30,34 @@ import torch
 from specdec.errors import SpecdecError
 
 
+#: the most alternatives per token ``logprobs`` may ask for (OpenAI's limit for top_logprobs)
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class TokenLogprob:
+    """One emitted token's log-probability under the target's raw distribution (log-softmax of
+    its logits, before temperature / top-k / top-p: what the model believes, as vLLM reports by
+    default) and the ``top`` most likely tokens as ``(token id, log-probability)``. Speculation
+    does not change it: the row comes from the verification forward, whose logits are the plain
+    step's (bit-identical in the int4/int8 modes)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], top: int) -> list[TokenLogprob]:
+    """``logits [>= len(token_ids), V]`` (row i scored token i) → one :class:`TokenLogprob` per token."""
+    rows = torch.log_softmax(logits[: len(token_ids)].float(), dim=-1)
+    result = []
+    for row, token in zip(rows, token_ids):
+        best = torch.topk(row, top) if top else None
+        alternatives = [] if best is None else list(zip(best.indices.tolist(), best.values.tolist()))
+        result.append(TokenLogprob(token, float(row[token]), alternatives))
+    return result
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0  # 0 => greedy (exact argmax path)
@@ -41,6 +69,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings (handled by the engine)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    #: None: no log-probabilities; N (0..MAX_LOGPROBS): each emitted token's log-probability under
+    #: the target's raw distribution, plus its N most likely alternatives (OpenAI ``logprobs``)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string, as the OpenAI API allows
@@ -59,6 +90,8 @@ class SamplingParams:
             raise SpecdecError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise SpecdecError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise SpecdecError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise SpecdecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
 

@@ -28,7 +28,7 @@ from specdec.config import SpecConfig
 from specdec.drafters.registry import method_info, needs_draft_model, resolve_method
 from specdec.engine import check_context, generate_stream
 from specdec.errors import ContextLengthError, SpecdecError
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase, Auditor, auditable
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
@@ -109,6 +109,7 @@ def _sampling(req: CompletionRequest | ChatCompletionRequest, context_len: int, 
     if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
         raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters "
                             f"(got {len(stop)}, longest {max((len(s) for s in stop), default=0)})", param="stop")
+    logprobs = _logprobs_asked(req)
     default = min(256, max(1, context_len - prompt_len), max_tokens_limit or 256)
     max_tokens = req.max_completion_tokens or req.max_tokens or default
     if max_tokens_limit is not None and max_tokens > max_tokens_limit:
@@ -116,9 +117,38 @@ def _sampling(req: CompletionRequest | ChatCompletionRequest, context_len: int, 
                        param="max_tokens")
     try:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
-                              seed=req.seed, max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos)
+                              seed=req.seed, max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos, logprobs=logprobs)
     except SpecdecError as exc:
         raise APIError(400, str(exc)) from None
+
+
+def _logprobs_asked(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """SamplingParams.logprobs from the request: completions name the number of alternatives in
+    ``logprobs``; chat sets ``logprobs: true`` and the number in ``top_logprobs`` (OpenAI's shapes)."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
+
+
+def _logprobs_body(scores: list[TokenLogprob], decode: Any, chat: bool, text_start: int = 0) -> dict[str, Any]:
+    """OpenAI's logprobs object: chat ``{"content": [{token, logprob, bytes, top_logprobs}]}``,
+    completions ``{tokens, token_logprobs, top_logprobs, text_offset}``."""
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        text = decode([token_id])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    if chat:
+        return {"content": [{**entry(s.token_id, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
+                            for s in scores]}
+    tokens = [decode([s.token_id]) for s in scores]
+    offsets, position = [], text_start
+    for text in tokens:
+        offsets.append(position)
+        position += len(text)
+    return {"tokens": tokens, "token_logprobs": [s.logprob for s in scores],
+            "top_logprobs": [{decode([t]): lp for t, lp in s.top} for s in scores], "text_offset": offsets}
 
 
 def _usage(stats) -> dict[str, Any]:  # noqa: ANN001
@@ -254,9 +284,11 @@ def create_app(state: ServerState) -> FastAPI:
             if chat:
                 yield sse(chunk_body(job, chat, {"role": "assistant", "content": ""}, None))
             async for chunk in job.chunks():
-                if chunk.text or chunk.finish_reason:
+                if chunk.text or chunk.finish_reason or chunk.logprobs:
                     delta = {"content": chunk.text} if chat else chunk.text
                     body = chunk_body(job, chat, delta, chunk.finish_reason)
+                    if chunk.logprobs is not None:
+                        body["choices"][0]["logprobs"] = job.logprobs_body(chunk.logprobs, chat)
                     if chunk.stats is not None:
                         await job.run_audit()
                         body["usage"] = job.usage()
@@ -296,10 +328,12 @@ def chunk_body(job: "Job", chat: bool, delta: Any, finish_reason: str | None) ->
 
 def full_response(job: "Job", chat: bool) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": job.finish_reason}
+    logprobs = None if job.logprobs is None else job.logprobs_body(job.logprobs, chat, start=0)
     if chat:
         choice["message"] = {"role": "assistant", "content": job.text}
+        choice["logprobs"] = logprobs
     else:
-        choice.update(text=job.text, logprobs=None)
+        choice.update(text=job.text, logprobs=logprobs)
     return {"id": job.id, "object": "chat.completion" if chat else "text_completion", "created": job.created,
             "model": job.state.model_name, "choices": [choice], "usage": job.usage()}
 
@@ -313,6 +347,9 @@ class Job:
         self.audit = audit  # the client asked for its own audit (else the server may sample one)
         self.audit_result: str | None = None
         self.token_ids: list[int] = []
+        #: the target's log-probabilities of the emitted tokens, when the request asked for them
+        self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+        self._logprob_chars = 0  # characters of token text already given offsets (completions)
         self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.text = ""
@@ -350,6 +387,8 @@ class Job:
                     raise item
                 self.text += item.text
                 self.token_ids.extend(item.token_ids)
+                if self.logprobs is not None and item.logprobs:
+                    self.logprobs.extend(item.logprobs)
                 if item.stats is not None:
                     self.stats, self.finish_reason = item.stats, item.finish_reason
                     self.state.metrics.observe(item.stats)
@@ -371,6 +410,13 @@ class Job:
         """The request's own audit, if it asked for one (after its last chunk, before its usage)."""
         if self.audit and self.audit_result is None and self.state.auditor is not None:
             self.audit_result = await self.state.auditor.audit_now(self._audit_case())
+
+    def logprobs_body(self, scores: list[TokenLogprob], chat: bool, start: int | None = None) -> dict[str, Any]:
+        """OpenAI's logprobs object for ``scores``; streamed chunks continue the text offsets."""
+        body = _logprobs_body(scores, self.state.target.tokenizer.decode, chat, self._logprob_chars if start is None else start)
+        if start is None and not chat:
+            self._logprob_chars += sum(len(t) for t in body["tokens"])
+        return body
 
     def usage(self) -> dict[str, Any]:
         usage = _usage(self.stats)

@@ -40,6 +40,8 @@ class _SamplingFields(BaseModel):
 
 class CompletionRequest(_SamplingFields):
     prompt: Union[str, list[int]]
+    #: the target's log-probability of each emitted token and of this many alternatives
+    logprobs: Optional[int] = None
 
 
 class ChatMessage(BaseModel):
@@ -49,6 +51,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage]
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,115 @@
+"""``logprobs``: the target's log-probabilities of the emitted tokens, the same with and without
+speculation — to the bit in the int4 mode (batch-invariant kernels), to rounding in float32."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import specdec
+from specdec.errors import SpecdecError
+from specdec.sampling import SamplingParams
+
+GREEDY = dict(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def run(target, draft, prompt: str, method: str | None, **params):  # noqa: ANN001, ANN201
+    spec = specdec.SpecConfig(method=method, num_speculative_tokens=3) if method else None
+    return specdec.generate(target, prompt, SamplingParams(**{**GREEDY, **params}), draft=draft, spec=spec)
+
+
+@pytest.fixture(scope="module")
+def q4_pair(tmp_path_factory, int4_kernel):
+    from tests.conftest import make_tiny_model_dir
+    from tests.model_fixtures import TINY_QWEN2_Q4
+
+    root = tmp_path_factory.mktemp("lp")
+    load = lambda d: specdec.load_model(d, dtype="float32", device="cpu", quantize="int4")  # noqa: E731
+    return (load(make_tiny_model_dir(root / "t", TINY_QWEN2_Q4, seed=3)),
+            load(make_tiny_model_dir(root / "d", TINY_QWEN2_Q4, seed=4)))
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_int4_logprobs_are_bit_identical_with_and_without_speculation(q4_pair, method):
+    target, draft = q4_pair
+    plain = run(target, None, "def fibonacci(n):", None, logprobs=3)
+    spec = run(target, draft, "def fibonacci(n):", method, logprobs=3)
+    assert spec.token_ids == plain.token_ids and len(plain.logprobs) == len(plain.token_ids) == 12
+    assert [(t.token_id, t.logprob, t.top) for t in spec.logprobs] == [(t.token_id, t.logprob, t.top) for t in plain.logprobs]
+    if method == "draft_model":
+        assert spec.stats.accepted_tokens > 0 or spec.stats.proposed_tokens > 0
+
+
+def test_logprobs_are_the_target_distribution(tiny_target, tiny_draft):
+    """Greedy: the emitted token is the most likely one, its logprob the top alternative's; float
+    speculation agrees with plain decoding to rounding."""
+    plain = run(tiny_target, None, "for i in", None, logprobs=2)
+    spec = run(tiny_target, tiny_draft, "for i in", "draft_model", logprobs=2)
+    assert spec.token_ids == plain.token_ids
+    for a, b in zip(plain.logprobs, spec.logprobs):
+        assert a.token_id == b.token_id and a.logprob <= 0 and math.isclose(a.logprob, b.logprob, abs_tol=1e-4)
+        assert a.top[0][0] == a.token_id and a.top[0][1] == a.logprob and len(a.top) == 2
+    ids = tiny_target.tokenizer.encode("for i in")
+    logits = tiny_target.backend.forward(tiny_target.backend.new_state(64), ids, num_logits=1)
+    assert math.isclose(plain.logprobs[0].logprob, float(torch.log_softmax(logits[0], -1).max()), abs_tol=1e-5)
+
+
+def test_no_logprobs_unless_asked_and_bad_values_refused(tiny_target):
+    assert run(tiny_target, None, "x", None).logprobs is None
+    assert run(tiny_target, None, "x", None, logprobs=0).logprobs[0].top == []
+    for bad in (-1, 21, 1.5):
+        with pytest.raises(SpecdecError, match="logprobs"):
+            SamplingParams(logprobs=bad)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dirs):
+    from tests.test_server import start_server
+
+    proc, base = start_server(tiny_dirs)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_completion_logprobs_over_http_match_plain_decoding(server):
+    import httpx
+
+    body = {"model": "tiny", "prompt": "def fibonacci(n):", "max_tokens": 10, "temperature": 0, "ignore_eos": True,
+            "logprobs": 2}
+    spec = httpx.post(f"{server}/v1/completions", json=body, timeout=60).json()
+    plain = httpx.post(f"{server}/v1/completions", json={**body, "speculative": None}, timeout=60).json()
+    assert spec["usage"]["speculative"]["draft_tokens"] > 0 and plain["usage"]["speculative"]["draft_tokens"] == 0
+    a, b = spec["choices"][0]["logprobs"], plain["choices"][0]["logprobs"]
+    assert a["tokens"] == b["tokens"] and len(a["tokens"]) == 10 and "".join(a["tokens"]) == spec["choices"][0]["text"]
+    assert all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(a["token_logprobs"], b["token_logprobs"]))
+    assert a["text_offset"][0] == 0 and a["text_offset"] == sorted(a["text_offset"])
+    assert all(len(top) <= 2 for top in a["top_logprobs"])
+
+
+def test_chat_logprobs_streamed_and_through_the_openai_client(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    kwargs = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0,
+                  logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**kwargs)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
+    streamed = [c for chunk in client.chat.completions.create(**kwargs, stream=True)
+                if chunk.choices and chunk.choices[0].logprobs for c in chunk.choices[0].logprobs.content]
+    assert [c.token for c in streamed] == [c.token for c in content]
+    assert all(math.isclose(x.logprob, y.logprob, abs_tol=1e-4) for x, y in zip(streamed, content))
+
+
+def test_bad_logprob_requests_get_400(server):
+    import httpx
+
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for body, path in (({**chat, "top_logprobs": 2}, "/v1/chat/completions"),
+                       ({**chat, "logprobs": True, "top_logprobs": 50}, "/v1/chat/completions"),
+                       ({"model": "tiny", "prompt": "x", "max_tokens": 4, "logprobs": -1}, "/v1/completions")):
+        response = httpx.post(f"{server}{path}", json=body, timeout=30)
+        assert response.status_code == 400 and "logprobs" in response.json()["error"]["message"]
