@@ -35,6 +35,9 @@ DISTRIBUTION_CONFIGS: dict[str, SamplingParams] = {
     "T=0.7,top-k=4": SamplingParams(temperature=0.7, top_k=4),
     "T=1,top-p=0.8": SamplingParams(temperature=1.0, top_p=0.8),
 }
+#: the default (quick) run's one configuration: top-k keeps 64 outcomes of 3 tokens, so each cell
+#: gets ~15 of the default 1000 samples — a real test in seconds; ``--thorough`` runs all three at 10000
+QUICK_CONFIGS = ("T=0.7,top-k=4",)
 
 
 @dataclass
@@ -94,7 +97,18 @@ def _tiny_datastore() -> str:
 def distribution_check(method: str, config_name: str, params: SamplingParams, samples: int, gamma: int = 2,
                        length: int = 3, alpha: float = 1e-3, seed: int = 0, spec_options: dict | None = None,
                        device: str = "cpu") -> CheckResult:
-    """χ² of the joint distribution of the first ``length`` tokens, speculative vs exact."""
+    """χ² of the joint distribution of the first ``length`` tokens, speculative vs exact. Runs on
+    one thread: the tiny model's ops are too small to share, and a second OpenMP thread only spins."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _distribution_check(method, config_name, params, samples, gamma, length, alpha, seed, spec_options, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _distribution_check(method: str, config_name: str, params: SamplingParams, samples: int, gamma: int,
+                        length: int, alpha: float, seed: int, spec_options: dict | None, device: str) -> CheckResult:
     start = time.perf_counter()
     target, draft = tiny_model(seed=seed, device=device), tiny_model(seed=seed + 1, device=device)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so n-gram style drafters propose something too
@@ -123,7 +137,8 @@ def distribution_check(method: str, config_name: str, params: SamplingParams, sa
 
 
 def greedy_identity_check(method: str, run_plain: Callable, run_spec: Callable, prompts: Iterable[tuple[str, list[int]]], dtype: str) -> CheckResult:
-    """Token identity of speculative vs plain greedy decoding on real prompts."""
+    """Token identity of speculative vs plain greedy decoding on real prompts (``run_plain`` may
+    return a cached result: plain decoding does not depend on the method)."""
     start = time.perf_counter()
     total, mismatches, first_bad = 0, 0, ""
     accepted = proposed = 0
@@ -179,14 +194,19 @@ def real_prompts(target, count: int) -> list[tuple[str, list[int]]]:  # noqa: AN
 
 def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens: int, samples: int,  # noqa: ANN001
                     alpha: float = 1e-3, gamma: int = 4, greedy: bool = True, distribution: bool = True,
-                    progress: Callable[[str], None] | None = None) -> list[CheckResult]:
-    """Run both checks for every method; ``target``/``draft`` are LoadedModels (draft may be None)."""
+                    progress: Callable[[str], None] | None = None,
+                    configs: Iterable[str] = tuple(DISTRIBUTION_CONFIGS)) -> list[CheckResult]:
+    """Run both checks for every method; ``target``/``draft`` are LoadedModels (draft may be None).
+    ``progress(message)`` is called before each check; ``configs`` names the distribution test's
+    sampling configurations (keys of :data:`DISTRIBUTION_CONFIGS`)."""
     from specdec.api import make_drafter
 
     results: list[CheckResult] = []
     say = progress or (lambda _msg: None)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     prompt_ids = real_prompts(target, prompts) if greedy else []
+    plain_results: dict[tuple[int, ...], object] = {}  # plain decoding once per prompt, not per method
+    configs = [c for c in configs if c in DISTRIBUTION_CONFIGS]
     for method in methods:
         if greedy:
             say(f"greedy identity: {method} on {len(prompt_ids)} prompts")
@@ -199,11 +219,15 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
                 return generate_ids(target.backend, ids, params, drafter, spec, target.tokenizer, generator)
 
             def run_plain(ids: list[int]) -> object:
-                return generate_ids(target.backend, ids, params, None, SpecConfig(), target.tokenizer, make_generator(0))
+                key = tuple(ids)
+                if key not in plain_results:
+                    plain_results[key] = generate_ids(target.backend, ids, params, None, SpecConfig(), target.tokenizer,
+                                                      make_generator(0))
+                return plain_results[key]
 
             results.append(greedy_identity_check(method, run_plain, run_spec, prompt_ids, target.backend.dtype_name))
         if distribution:
-            for name, config in DISTRIBUTION_CONFIGS.items():
+            for name in configs:
                 say(f"distribution: {method} {name}, {samples} samples")
-                results.append(distribution_check(method, name, config, samples, alpha=alpha))
+                results.append(distribution_check(method, name, DISTRIBUTION_CONFIGS[name], samples, alpha=alpha))
     return results

@@ -35,6 +35,18 @@ def test_cli_verify_distribution_only(capsys):
     assert "PASS" in out and "FAIL" not in out.replace("0 failed", "")
 
 
+def test_the_quick_default_runs_one_configuration_and_thorough_all(capsys):
+    """The default certificate is the quick one (minutes); --thorough adds the other configurations."""
+    from specdec.certify import DISTRIBUTION_CONFIGS, QUICK_CONFIGS
+
+    assert main(["verify", "--skip-greedy", "--samples", "300", "--methods", "ngram"]) == 0
+    quick = [line for line in capsys.readouterr().out.splitlines() if line.startswith("distribution")]
+    assert [line.split()[2] for line in quick] == list(QUICK_CONFIGS)
+    assert main(["verify", "--skip-greedy", "--samples", "300", "--methods", "ngram", "--thorough"]) == 0
+    thorough = [line for line in capsys.readouterr().out.splitlines() if line.startswith("distribution")]
+    assert len(thorough) == len(DISTRIBUTION_CONFIGS)
+
+
 def test_format_table_marks_failures():
     from specdec.certify import CheckResult
 

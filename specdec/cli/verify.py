@@ -22,17 +22,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags = add_model_args(ver, unused=("--method", "--skip-layers", "--exit-layer", "--draft-vocab-size", "--draft-context-window",
                                         "--datastore", "--prompt-lookup-min", "--prompt-lookup-max",
                                         "--draft-confidence-threshold"))
-    ver.set_defaults(draft_model="qwen2.5-coder-0.5b", dtype="float32", quantize="none")
+    ver.set_defaults(draft_model="qwen2.5-coder-0.5b", dtype="float32", quantize="auto")
     flags["--draft-model"].help = ("the pair's draft model, for the methods that need one (built-in name, .gguf or HF dir; "
                                    "default: qwen2.5-coder-0.5b)")
-    flags["--dtype"].help = "dtype of both models: float32, bfloat16, float16, auto (default here: float32)"
-    flags["--quantize"].help = ("the target's execution: none (run in --dtype; the default here), int8, int4, int4-all, "
-                                "auto (int8 on CPU, none on CUDA)")
+    flags["--dtype"].help = "dtype of both models with --quantize none: float32, bfloat16, float16, auto (default here: float32)"
+    flags["--quantize"].help = ("the execution to certify: auto (the default: the modes `generate --draft-model` picks on this "
+                                "machine, where chunked and single-token logits are bit-identical), none (--dtype), int8, "
+                                "int4, int4-all")
     flags["--num-speculative-tokens"].help = "γ of every certified method (default: 4; 'auto' is certified as 4)"
     ver.add_argument("--methods", default="all", help="comma-separated drafters to certify, or 'all' (default: all registered)")
-    ver.add_argument("--prompts", type=positive_int, default=6, help="real prompts for the greedy check (half HumanEval, half MT-Bench; default: 6)")
-    ver.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per prompt in the greedy check (default: 64)")
-    ver.add_argument("--samples", type=positive_int, default=10_000, help="samples per distribution test (default: 10000)")
+    ver.add_argument("--thorough", action="store_true",
+                     help="the long certificate: 6 prompts × 64 tokens, three sampling configurations × 10000 samples "
+                          "(the default run: 3 prompts × 32 tokens, one configuration × 1000 samples: ~3 min on 2 cores, loading included)")
+    ver.add_argument("--prompts", type=positive_int, default=None,
+                     help="real prompts for the greedy check (HumanEval and MT-Bench; default: 3, --thorough 6)")
+    ver.add_argument("--max-tokens", type=positive_int, default=None, help="tokens per prompt in the greedy check (default: 32, --thorough 64)")
+    ver.add_argument("--samples", type=positive_int, default=None, help="samples per distribution test (default: 1000, --thorough 10000)")
     ver.add_argument("--alpha", type=float, default=1e-3, help="significance of each chi-square test (default: 1e-3)")
     ver.add_argument("--skip-greedy", action="store_true", help="only run the distribution tests (no real models needed)")
     ver.add_argument("--skip-distribution", action="store_true", help="only run the greedy identity check")
@@ -44,24 +49,41 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec import certify
+    from specdec.cli.common import execution_modes
 
     known = certify.registered_methods()
     methods = known if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in known]
     if unknown:
         raise SpecdecError(f"unknown methods {unknown}; registered: {', '.join(known)}")
+    prompts = args.prompts or (6 if args.thorough else 3)
+    max_tokens = args.max_tokens or (64 if args.thorough else 32)
+    samples = args.samples or (10_000 if args.thorough else 1000)
+    configs = tuple(certify.DISTRIBUTION_CONFIGS) if args.thorough else certify.QUICK_CONFIGS
     gamma = args.num_speculative_tokens if isinstance(args.num_speculative_tokens, int) else 4
     target = draft = None
     if not args.skip_greedy:
-        print(f"loading {args.model} and {args.draft_model} ({args.dtype}) …", file=sys.stderr)
-        target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
-        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_quantize(args))
-    results = certify.run_certificate(
-        target, draft, methods, args.prompts, args.max_tokens, args.samples, args.alpha, gamma,
-        greedy=not args.skip_greedy, distribution=not args.skip_distribution,
-        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
-    )
+        target_mode, draft_mode, _ = execution_modes(args, "draft_model")  # what generate would run
+        print(f"loading {args.model} ({target_mode}) and {args.draft_model} ({draft_mode}) …", file=sys.stderr)
+        target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=target_mode)
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_mode)
+    checks = len(methods) * ((not args.skip_greedy) + (0 if args.skip_distribution else len(configs)))
+    from tqdm import tqdm
+
+    with tqdm(total=checks, desc="verify", unit="check", file=sys.stderr) as bar:
+        begun = 0
+
+        def progress(message: str) -> None:  # called as each check begins: the previous one is done
+            nonlocal begun
+            bar.update(1 if begun else 0)
+            begun += 1
+            bar.set_postfix_str(message)
+
+        results = certify.run_certificate(
+            target, draft, methods, prompts, max_tokens, samples, args.alpha, gamma,
+            greedy=not args.skip_greedy, distribution=not args.skip_distribution, configs=configs, progress=progress)
+        bar.update(checks - bar.n)
     print(certify.format_table(results))
     failed = [r for r in results if not r.passed]
-    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed ({sum(r.seconds for r in results):.0f} s of checks)")
     return 1 if failed else 0
