@@ -33,6 +33,7 @@ from specdec.server.audit import AuditCase, Auditor, auditable
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
+from specdec.server.responses import logprobs_body, sse, usage_body
 from specdec.server.security import AccessMiddleware, AccessPolicy
 
 #: at most this many stop strings per request, each at most MAX_STOP_CHARS long: every step checks
@@ -130,36 +131,6 @@ def _logprobs_asked(req: CompletionRequest | ChatCompletionRequest) -> int | Non
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs
-
-
-def _logprobs_body(scores: list[TokenLogprob], decode: Any, chat: bool, text_start: int = 0) -> dict[str, Any]:
-    """OpenAI's logprobs object: chat ``{"content": [{token, logprob, bytes, top_logprobs}]}``,
-    completions ``{tokens, token_logprobs, top_logprobs, text_offset}``."""
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = decode([token_id])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-    if chat:
-        return {"content": [{**entry(s.token_id, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
-                            for s in scores]}
-    tokens = [decode([s.token_id]) for s in scores]
-    offsets, position = [], text_start
-    for text in tokens:
-        offsets.append(position)
-        position += len(text)
-    return {"tokens": tokens, "token_logprobs": [s.logprob for s in scores],
-            "top_logprobs": [{decode([t]): lp for t, lp in s.top} for s in scores], "text_offset": offsets}
-
-
-def _usage(stats) -> dict[str, Any]:  # noqa: ANN001
-    return {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.generated_tokens,
-        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
-        "speculative": {"method": stats.method, "draft_tokens": stats.proposed_tokens, "accepted_tokens": stats.accepted_tokens,
-                        "acceptance_rate": round(stats.acceptance_rate, 4), "mean_accepted_len": round(stats.mean_accepted_len, 4),
-                        "tokens_per_s": round(stats.tokens_per_s, 3), "ttft_s": round(stats.ttft_s, 4)},
-    }
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -288,7 +259,7 @@ def create_app(state: ServerState) -> FastAPI:
                     delta = {"content": chunk.text} if chat else chunk.text
                     body = chunk_body(job, chat, delta, chunk.finish_reason)
                     if chunk.logprobs is not None:
-                        body["choices"][0]["logprobs"] = job.logprobs_body(chunk.logprobs, chat)
+                        body["choices"][0]["logprobs"] = job.logprobs_object(chunk.logprobs, chat)
                     if chunk.stats is not None:
                         await job.run_audit()
                         body["usage"] = job.usage()
@@ -315,10 +286,6 @@ def create_app(state: ServerState) -> FastAPI:
     return app
 
 
-def sse(body: dict) -> str:
-    return f"data: {json.dumps(body)}\n\n"
-
-
 def chunk_body(job: "Job", chat: bool, delta: Any, finish_reason: str | None) -> dict[str, Any]:
     choice = {"index": 0, "finish_reason": finish_reason}
     choice.update({"delta": delta} if chat else {"text": delta, "logprobs": None})
@@ -328,7 +295,7 @@ def chunk_body(job: "Job", chat: bool, delta: Any, finish_reason: str | None) ->
 
 def full_response(job: "Job", chat: bool) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": job.finish_reason}
-    logprobs = None if job.logprobs is None else job.logprobs_body(job.logprobs, chat, start=0)
+    logprobs = None if job.logprobs is None else job.logprobs_object(job.logprobs, chat, start=0)
     if chat:
         choice["message"] = {"role": "assistant", "content": job.text}
         choice["logprobs"] = logprobs
@@ -411,15 +378,15 @@ class Job:
         if self.audit and self.audit_result is None and self.state.auditor is not None:
             self.audit_result = await self.state.auditor.audit_now(self._audit_case())
 
-    def logprobs_body(self, scores: list[TokenLogprob], chat: bool, start: int | None = None) -> dict[str, Any]:
+    def logprobs_object(self, scores: list[TokenLogprob], chat: bool, start: int | None = None) -> dict[str, Any]:
         """OpenAI's logprobs object for ``scores``; streamed chunks continue the text offsets."""
-        body = _logprobs_body(scores, self.state.target.tokenizer.decode, chat, self._logprob_chars if start is None else start)
+        body = logprobs_body(scores, self.state.target.tokenizer.decode, chat, self._logprob_chars if start is None else start)
         if start is None and not chat:
             self._logprob_chars += sum(len(t) for t in body["tokens"])
         return body
 
     def usage(self) -> dict[str, Any]:
-        usage = _usage(self.stats)
+        usage = usage_body(self.stats)
         if self.audit_result is not None:
             usage["speculative"]["audit"] = self.audit_result
         return usage
