@@ -148,7 +148,12 @@ def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool = False) -> lis
         return model.tokenizer.encode(prompt)
     if prompt and isinstance(prompt[0], dict):
         return model.tokenizer.apply_chat_template(prompt)  # type: ignore[arg-type]
-    return [int(t) for t in prompt]  # type: ignore[union-attr]
+    ids = [int(t) for t in prompt]  # type: ignore[union-attr]
+    vocab = model.config.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:  # else an IndexError deep in the embedding
+        raise SpecdecError(f"prompt token ids must be in 0..{vocab - 1}; got {bad[:5]}")
+    return ids
 
 
 def make_drafter(

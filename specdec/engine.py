@@ -167,7 +167,6 @@ def generate_stream(
     _, first = verify([], None, logits, params, generator)
     context = list(prompt_ids) + [first]
     committed = out.add([first])
-    scores = logprobs_of(logits, committed, params)  # None unless params.logprobs is set
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - start
     decode_start = time.perf_counter()
     if drafter is not None:
@@ -175,8 +174,8 @@ def generate_stream(
         drafter.start(list(prompt_ids))
     try:
         if out.finish_reason is None:
-            yield StreamChunk(committed, out.new_text(), logprobs=scores)
-            committed, scores = [], logprobs_of(logits, [], params)
+            yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params))
+            committed = []
         while out.finish_reason is None:
             remaining = params.max_tokens - len(out.token_ids)
             room = max(0, min(max_k, remaining - 1, context_len - len(context)))
@@ -213,18 +212,18 @@ def generate_stream(
             new_tokens = [*draft.tokens[:num_accepted], next_token]
             context.extend(new_tokens)
             committed = out.add(new_tokens)
-            scores = logprobs_of(logits, committed, params)  # rows 0..: the tokens committed this step
             stats.generated_tokens = len(out.token_ids)
             stats.decode_time_s = time.perf_counter() - decode_start
             if out.finish_reason is not None:
                 break
-            yield StreamChunk(committed, out.new_text(), logprobs=scores)
-            committed, scores = [], logprobs_of(logits, [], params)
+            yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params))
+            committed = []
         stats.generated_tokens = len(out.token_ids)
         stats.decode_time_s = time.perf_counter() - decode_start
         stats.total_time_s = time.perf_counter() - start
         stats.draft_forwards = drafter.model_forwards if drafter is not None else None
-        yield StreamChunk(committed, out.new_text(), finish_reason=out.finish_reason, stats=stats, logprobs=scores)
+        yield StreamChunk(committed, out.new_text(), finish_reason=out.finish_reason, stats=stats,
+                          logprobs=logprobs_of(logits, committed, params))
     finally:
         if drafter is not None:
             drafter.finish()
@@ -232,7 +231,9 @@ def generate_stream(
 
 def logprobs_of(logits: torch.Tensor, committed: list[int], params: SamplingParams) -> list[TokenLogprob] | None:
     """The target's log-probabilities of this step's committed tokens (``logits`` row i scored
-    committed token i: the verification rows), or None when the request did not ask for them."""
+    committed token i: the verification rows, or the prefill's last row), or None when the request
+    did not ask for them. Called where a chunk is yielded: ``logits`` and ``committed`` are then
+    always the same step's (a request finishes only in the step that committed its last tokens)."""
     if params.logprobs is None:
         return None
     return token_logprobs(logits, committed, params.logprobs) if committed else []

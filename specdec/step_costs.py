@@ -209,8 +209,13 @@ def cached_seconds(cfg: ModelConfig, mode: str, max_tokens: int = 9) -> dict[int
     entry = _read_cache(_cache_path(None)).get(_shape_key(cfg), {}).get(mode)
     if not entry:
         return None
-    curve = Curve(mode, {int(t): float(s) for t, s in entry.items()})
+    curve = _cached_curve(mode, entry)
     return {tokens: curve.cost(tokens) for tokens in range(1, max_tokens + 1)}
+
+
+def _cached_curve(mode: str, entry: dict[str, float]) -> Curve:
+    """A curve as the cache file stores it (JSON keys are strings) → a :class:`Curve`."""
+    return Curve(mode, {int(t): float(s) for t, s in entry.items()})
 
 
 def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = None) -> dict[str, Curve]:
@@ -223,7 +228,7 @@ def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = N
     trusted = all(curve.plausible for curve in fresh.values())
     for mode, curve in fresh.items():
         entry[mode] = {str(t): s for t, s in curve.seconds.items()}
-    curves = {mode: fresh.get(mode) or Curve(mode, {int(t): float(s) for t, s in entry[mode].items()}) for mode in modes}
+    curves = {mode: fresh.get(mode) or _cached_curve(mode, entry[mode]) for mode in modes}
     if missing and trusted:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -167,6 +167,11 @@ def test_empty_prompt_is_a_clear_error(tiny_target):
         specdec.generate(tiny_target, [], SamplingParams(max_tokens=4))
 
 
+def test_out_of_vocabulary_prompt_ids_are_a_clear_error(tiny_target):
+    with pytest.raises(SpecdecError, match="prompt token ids must be in"):
+        specdec.generate(tiny_target, [1, 10_000_000, -5], SamplingParams(max_tokens=2))
+
+
 def test_gamma_must_be_positive():
     with pytest.raises(SpecdecError, match=">= 1"):
         SpecConfig(method="draft_model", num_speculative_tokens=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.cli.common import add_debug_flag, add_model_args, draft_quantize, positive_int
+from specdec.cli.common import add_debug_flag, add_model_args, positive_int
 from specdec.errors import SpecdecError
 
 

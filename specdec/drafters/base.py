@@ -102,7 +102,7 @@ class Drafter:
     @property
     def step_seconds(self) -> float | None:
         """Seconds of one draft token as measured on this machine before the request (the γ cost
-        model's prior), or None when unknown; 0.0 for drafters that run no model."""
+        model's prior), or None when unknown (then the controller measures it in the first rounds)."""
         return None
 
     def bind_target_state(self, state: "SequenceState") -> None:

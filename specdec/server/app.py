@@ -189,10 +189,6 @@ def create_app(state: ServerState) -> FastAPI:
             prompt_ids = encode_prompt(state.target, prompt, chat=False)
         except SpecdecError as exc:
             raise APIError(400, str(exc)) from None
-        vocab = state.target.config.vocab_size
-        bad = [t for t in prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise APIError(400, f"prompt token ids must be in 0..{vocab - 1}; got {bad[:5]}", param="prompt")
         if state.max_prompt_tokens is not None and len(prompt_ids) > state.max_prompt_tokens:
             raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server's limit is {state.max_prompt_tokens} "
                                 "(--max-prompt-tokens)", param="prompt", code="context_length_exceeded")
@@ -259,7 +255,7 @@ def create_app(state: ServerState) -> FastAPI:
                     delta = {"content": chunk.text} if chat else chunk.text
                     body = chunk_body(job, chat, delta, chunk.finish_reason)
                     if chunk.logprobs is not None:
-                        body["choices"][0]["logprobs"] = job.logprobs_object(chunk.logprobs, chat)
+                        body["choices"][0]["logprobs"] = job.streamed_logprobs(chunk.logprobs, chat)
                     if chunk.stats is not None:
                         await job.run_audit()
                         body["usage"] = job.usage()
@@ -295,7 +291,7 @@ def chunk_body(job: "Job", chat: bool, delta: Any, finish_reason: str | None) ->
 
 def full_response(job: "Job", chat: bool) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": job.finish_reason}
-    logprobs = None if job.logprobs is None else job.logprobs_object(job.logprobs, chat, start=0)
+    logprobs = None if job.logprobs is None else logprobs_body(job.logprobs, job.state.target.tokenizer.decode, chat)
     if chat:
         choice["message"] = {"role": "assistant", "content": job.text}
         choice["logprobs"] = logprobs
@@ -378,10 +374,11 @@ class Job:
         if self.audit and self.audit_result is None and self.state.auditor is not None:
             self.audit_result = await self.state.auditor.audit_now(self._audit_case())
 
-    def logprobs_object(self, scores: list[TokenLogprob], chat: bool, start: int | None = None) -> dict[str, Any]:
-        """OpenAI's logprobs object for ``scores``; streamed chunks continue the text offsets."""
-        body = logprobs_body(scores, self.state.target.tokenizer.decode, chat, self._logprob_chars if start is None else start)
-        if start is None and not chat:
+    def streamed_logprobs(self, scores: list[TokenLogprob], chat: bool) -> dict[str, Any]:
+        """OpenAI's logprobs object for one streamed chunk's tokens, text offsets continuing the
+        chunks before it."""
+        body = logprobs_body(scores, self.state.target.tokenizer.decode, chat, self._logprob_chars)
+        if not chat:
             self._logprob_chars += sum(len(t) for t in body["tokens"])
         return body
 
