@@ -1,7 +1,7 @@
 """specdec: lossless speculative decoding for LLMs.
 
 Public API: :func:`load_model`, :func:`generate`, :func:`stream`, :class:`SamplingParams`,
-:class:`SpecConfig`, :class:`Stats`. Imported lazily so ``import specdec.errors`` (and the CLI's
+:class:`SpecConfig`, :class:`Stats`, :class:`StructuredOutput`. Imported lazily so ``import specdec.errors`` (and the CLI's
 ``--help``) does not pay for torch and transformers.
 """
 
@@ -20,6 +20,7 @@ _EXPORTS = {
     "SpecdecError": "specdec.errors",
     "SamplingParams": "specdec.sampling",
     "Stats": "specdec.stats",
+    "StructuredOutput": "specdec.structured",
 }
 __all__ = [*_EXPORTS, "__version__"]
 

@@ -30,6 +30,7 @@ from specdec.models.registry import resolve_model
 from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_decoder, read_config
 from specdec.sampling import SamplingParams, make_generator
 from specdec.step_costs import ExecutionPlan
+from specdec.structured import GrammarConstraint
 from specdec.tokenizer import Tokenizer
 
 Prompt = Union[str, list[int], list[dict[str, str]]]
@@ -163,6 +164,7 @@ def make_drafter(
     generator: torch.Generator,
     max_seq_len: int,
     draft: LoadedModel | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> Drafter | None:
     """Build the per-request drafter named by ``spec.method`` (None for plain decoding).
 
@@ -178,14 +180,16 @@ def make_drafter(
         check_draft_context(draft, max_seq_len)
     resources = DrafterResources(target_backend=target.backend, spec=spec, params=params, generator=generator,
                                  max_seq_len=max_seq_len, tokenizer=target.tokenizer, target_path=target.path,
-                                 draft_backend=draft.backend if info.needs_draft_model and draft is not None else None)
+                                 draft_backend=draft.backend if info.needs_draft_model and draft is not None else None,
+                                 constraint=constraint)
     return info.factory(resources)
 
 
 def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, draft: LoadedModel | None,
-             spec: SpecConfig | None, chat: bool) -> tuple:
-    """The arguments of :func:`specdec.engine.generate_stream` (shared by :func:`stream`,
-    :func:`generate` and the server): ids, params, spec, generator and this request's drafter."""
+             spec: SpecConfig | None, chat: bool) -> dict:
+    """The keyword arguments of :func:`specdec.engine.generate_stream` (shared by :func:`stream`,
+    :func:`generate` and the server): ids, params, spec, generator, this request's drafter and,
+    for structured output, its grammar state (the drafter masks its distribution with the same one)."""
     params = params or SamplingParams()
     spec = spec or SpecConfig()
     if draft is not None and spec.method is None:  # a draft model given without a method: use it
@@ -193,8 +197,12 @@ def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, 
     prompt_ids = encode_prompt(target, prompt, chat)
     generator = make_generator(params.seed, target.backend.device)
     max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
-    drafter = make_drafter(target, spec, params, generator, max_seq_len, draft)
-    return target.backend, prompt_ids, params, drafter, spec, target.tokenizer, generator
+    constraint = None
+    if params.structured is not None:
+        constraint = GrammarConstraint.build(params.structured, target.tokenizer, target.config.vocab_size)
+    drafter = make_drafter(target, spec, params, generator, max_seq_len, draft, constraint)
+    return dict(target=target.backend, prompt_ids=prompt_ids, params=params, drafter=drafter, spec=spec,
+                tokenizer=target.tokenizer, generator=generator, constraint=constraint)
 
 
 def stream(
@@ -207,7 +215,7 @@ def stream(
     chat: bool = False,
 ) -> Iterator[StreamChunk]:
     """Yield :class:`StreamChunk` s as tokens are committed; the last one carries ``stats``."""
-    return generate_stream(*prepare(target, prompt, params, draft, spec, chat))
+    return generate_stream(**prepare(target, prompt, params, draft, spec, chat))
 
 
 def generate(
@@ -221,4 +229,4 @@ def generate(
 ) -> GenerationResult:
     """Generate a completion; speculative when ``draft`` or ``spec.method`` is given. Always exact:
     greedy output equals plain decoding's, sampled output has the target's distribution."""
-    return generate_ids(*prepare(target, prompt, params, draft, spec, chat))
+    return generate_ids(**prepare(target, prompt, params, draft, spec, chat))

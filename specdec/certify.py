@@ -28,13 +28,20 @@ from specdec.models.config import ModelConfig
 from specdec.models.transformer import Decoder
 from specdec.sampling import SamplingParams, logits_to_probs, make_generator
 from specdec.stats_tests import chi_square_pvalue
+from specdec.structured import INSTALL_HINT, GrammarConstraint, StructuredOutput, compile_for_vocab
+from specdec.structured import available as structured_available
 
 #: sampling configurations of the distribution test (greedy is exercised by check (a))
 DISTRIBUTION_CONFIGS: dict[str, SamplingParams] = {
     "T=1": SamplingParams(temperature=1.0),
     "T=0.7,top-k=4": SamplingParams(temperature=0.7, top_k=4),
     "T=1,top-p=0.8": SamplingParams(temperature=1.0, top_p=0.8),
+    # structured output: a regex over the tiny vocabulary (token i is the letter "abcdefgh"[i]) whose
+    # mask changes at every position, so drafts are often refused and p, q are masked differently
+    "T=1,regex": SamplingParams(temperature=1.0, structured=StructuredOutput(regex="[bcd](a|[e-h])[aceg]")),
 }
+#: the tiny model's vocabulary as text, for grammars (see the "regex" configuration)
+TINY_VOCAB = list("abcdefgh")
 #: the default (quick) run's one configuration: top-k keeps 64 outcomes of 3 tokens, so each cell
 #: gets ~15 of the default 1000 samples — a real test in seconds; ``--thorough`` runs all three at 10000
 QUICK_CONFIGS = ("T=0.7,top-k=4",)
@@ -64,8 +71,10 @@ def tiny_model(vocab: int = 8, seed: int = 0, scale: float = 0.2, device: str = 
     return TorchBackend(decoder.eval().to(device))
 
 
-def exact_joint(target: TorchBackend, prompt: list[int], params: SamplingParams, length: int) -> dict[tuple[int, ...], float]:
-    """P(first ``length`` tokens) under plain sampling, by enumerating every prefix."""
+def exact_joint(target: TorchBackend, prompt: list[int], params: SamplingParams, length: int,
+                constraint: GrammarConstraint | None = None) -> dict[tuple[int, ...], float]:
+    """P(first ``length`` tokens) under plain sampling, by enumerating every prefix (each prefix's
+    logits masked by ``constraint``'s grammar after it, when given)."""
     result: dict[tuple[int, ...], float] = {}
     frontier: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
     for _ in range(length):
@@ -73,6 +82,8 @@ def exact_joint(target: TorchBackend, prompt: list[int], params: SamplingParams,
         for prefix, mass in frontier:
             state = target.new_state(len(prompt) + length + 1)
             logits = target.forward(state, prompt + list(prefix), num_logits=1)[-1]
+            if constraint is not None:
+                logits = constraint.mask_logits(logits, list(prefix))
             probs = logits_to_probs(logits, params)
             for token in probs.nonzero().flatten().tolist():
                 next_frontier.append((prefix + (token,), mass * float(probs[token])))
@@ -112,20 +123,23 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     start = time.perf_counter()
     target, draft = tiny_model(seed=seed, device=device), tiny_model(seed=seed + 1, device=device)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so n-gram style drafters propose something too
-    exact = exact_joint(target, prompt, params, length)
+    grammar = None if params.structured is None else compile_for_vocab(params.structured, TINY_VOCAB, [])
+    new_constraint = (lambda: None) if grammar is None else (lambda: GrammarConstraint(grammar, len(TINY_VOCAB)))
+    exact = exact_joint(target, prompt, params, length, new_constraint())
     spec = SpecConfig(method=None if method == "ar" else method, num_speculative_tokens=gamma,
                       datastore=_tiny_datastore() if method == "retrieval" else None, **(spec_options or {}))
     run_params = SamplingParams(**{**params.__dict__, "max_tokens": length, "ignore_eos": True})
     generator = make_generator(seed, device)
     counts: dict[tuple[int, ...], int] = {}
     for _ in range(samples):
-        drafter = None
+        drafter, constraint = None, new_constraint()
         if spec.method is not None:
             info = method_info(spec.method)
             drafter = info.factory(DrafterResources(
                 target_backend=target, spec=spec, params=run_params, generator=generator,
-                max_seq_len=len(prompt) + length + gamma + 2, draft_backend=draft if info.needs_draft_model else None))
-        out = generate_ids(target, prompt, run_params, drafter, spec, None, generator)
+                max_seq_len=len(prompt) + length + gamma + 2, draft_backend=draft if info.needs_draft_model else None,
+                constraint=constraint))
+        out = generate_ids(target, prompt, run_params, drafter, spec, None, generator, constraint)
         key = tuple(out.token_ids)
         counts[key] = counts.get(key, 0) + 1
     outside = sum(c for k, c in counts.items() if k not in exact)
@@ -207,6 +221,11 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
     prompt_ids = real_prompts(target, prompts) if greedy else []
     plain_results: dict[tuple[int, ...], object] = {}  # plain decoding once per prompt, not per method
     configs = [c for c in configs if c in DISTRIBUTION_CONFIGS]
+    if not structured_available():  # the structured extra is not installed: say so, certify the rest
+        skipped = [c for c in configs if DISTRIBUTION_CONFIGS[c].structured is not None]
+        configs = [c for c in configs if c not in skipped]
+        if skipped:
+            say(f"skipping {', '.join(skipped)}: {INSTALL_HINT}")
     for method in methods:
         if greedy:
             say(f"greedy identity: {method} on {len(prompt_ids)} prompts")

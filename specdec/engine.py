@@ -26,6 +26,7 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
 from specdec.stats import Stats
+from specdec.structured import GrammarConstraint
 from specdec.verify import verify
 
 
@@ -91,6 +92,11 @@ class _OutputTracker:
                 break
         return taken
 
+    def end_with_grammar(self, grammar_finished: bool) -> None:
+        """A completed grammar ends the request even when its stop token does not (``ignore_eos``)."""
+        if grammar_finished and self.finish_reason is None:
+            self.finish_reason = "stop"
+
     def _cut_at_stop_string(self, before: int) -> bool:
         window_start = max(0, before - self.holdback)
         hits = [i for s in self.params.stop if (i := self.text.find(s, window_start)) >= 0]
@@ -130,11 +136,16 @@ def generate_stream(
     tokenizer=None,  # noqa: ANN001 - specdec.tokenizer.Tokenizer; needed for text and stop strings
     generator: torch.Generator | None = None,
     speculate: Callable[[], bool] | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> Iterator[StreamChunk]:
     """Generate from ``prompt_ids``; yields one :class:`StreamChunk` per target forward.
 
     ``speculate`` is asked before every step; when it returns False the step drafts nothing (a
-    server switches speculation off under load, where drafting costs throughput)."""
+    server switches speculation off under load, where drafting costs throughput).
+    ``constraint``: this request's grammar state when ``params.structured`` is set — the one the
+    drafter masks its own distribution with (:func:`specdec.api.prepare` builds both); built here
+    when not given, and then only the target's rows are masked (still exact, see
+    :mod:`specdec.structured`)."""
     spec = spec or SpecConfig()
     context_len = target.config.max_position_embeddings
     vocab_size = target.config.vocab_size  # drafted ids outside it are cut (Draft.clipped)
@@ -149,6 +160,10 @@ def generate_stream(
     if params.stop and tokenizer is None:
         raise SpecdecError("stop strings need a tokenizer")
     out = _OutputTracker(params, stop_ids, tokenizer)
+    if params.structured is not None and constraint is None:
+        if tokenizer is None:
+            raise SpecdecError("structured output needs a tokenizer")
+        constraint = GrammarConstraint.build(params.structured, tokenizer, vocab_size)
     stats = Stats(
         method=drafter.name if drafter is not None else "ar",
         dtype=target.dtype_name,
@@ -164,9 +179,13 @@ def generate_stream(
     start = time.perf_counter()
     state = target.new_state(cache_len)
     logits = target.forward(state, prompt_ids, num_logits=1)
-    _, first = verify([], None, logits, params, generator)
+    scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
+    _, first = verify([], None, scored, params, generator)
     context = list(prompt_ids) + [first]
     committed = out.add([first])
+    if constraint is not None:
+        constraint.commit([first])
+        out.end_with_grammar(constraint.finished)
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - start
     decode_start = time.perf_counter()
     if drafter is not None:
@@ -194,9 +213,14 @@ def generate_stream(
                 draft = draft.clipped(verify_costs.best_length(draft.prefix_accept), vocab_size)
             else:
                 draft = draft.clipped(k, vocab_size)
+            grammatical = len(draft)
+            if constraint is not None:  # cut at the first token the grammar refuses (specdec.structured)
+                verified, grammatical = constraint.draft_cut(draft.tokens, sampled=draft.probs is not None)
+                draft = draft.clipped(verified, vocab_size)
             t1 = time.perf_counter()
             logits = target.forward(state, [context[-1], *draft.tokens])
-            num_accepted, next_token = verify(draft.tokens, draft.probs, logits, params, generator)
+            scored = constraint.mask_rows(logits, grammatical) if constraint is not None else logits
+            num_accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
             state.truncate(len(context) + num_accepted)
             if drafter is not None and len(draft):
                 drafter.accepted(num_accepted, next_token)
@@ -211,7 +235,11 @@ def generate_stream(
                 verify_costs.update(len(draft), t2 - t1)
             new_tokens = [*draft.tokens[:num_accepted], next_token]
             context.extend(new_tokens)
+            if constraint is not None:  # nothing after the token that completes the grammar
+                new_tokens = new_tokens[: constraint.commit(new_tokens)]
             committed = out.add(new_tokens)
+            if constraint is not None:
+                out.end_with_grammar(constraint.finished)
             stats.generated_tokens = len(out.token_ids)
             stats.decode_time_s = time.perf_counter() - decode_start
             if out.finish_reason is not None:
@@ -247,13 +275,14 @@ def generate_ids(
     spec: SpecConfig | None = None,
     tokenizer=None,  # noqa: ANN001
     generator: torch.Generator | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> GenerationResult:
     """Run :func:`generate_stream` to the end and collect the result."""
     token_ids: list[int] = []
     text: list[str] = []
     logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
     last = None
-    for chunk in generate_stream(target, prompt_ids, params, drafter, spec, tokenizer, generator):
+    for chunk in generate_stream(target, prompt_ids, params, drafter, spec, tokenizer, generator, constraint=constraint):
         token_ids.extend(chunk.token_ids)
         text.append(chunk.text)
         if logprobs is not None and chunk.logprobs is not None:

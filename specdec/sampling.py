@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.structured import StructuredOutput
 
 
 #: the most alternatives per token ``logprobs`` may ask for (OpenAI's limit for top_logprobs)
@@ -72,6 +73,9 @@ class SamplingParams:
     #: None: no log-probabilities; N (0..MAX_LOGPROBS): each emitted token's log-probability under
     #: the target's raw distribution, plus its N most likely alternatives (OpenAI ``logprobs``)
     logprobs: int | None = None
+    #: constrain the output to a JSON schema / JSON object / regex / choice / grammar
+    #: (:mod:`specdec.structured`); exact under speculation: the same mask reaches p and q
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string, as the OpenAI API allows
@@ -92,6 +96,8 @@ class SamplingParams:
             raise SpecdecError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise SpecdecError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise SpecdecError(f"structured must be a specdec.StructuredOutput, got {type(self.structured).__name__}")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise SpecdecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
 

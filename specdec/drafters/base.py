@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # annotations only: drafters/base.py sits below every module 
     from specdec.backends.base import Backend, SequenceState
     from specdec.config import SpecConfig
     from specdec.sampling import SamplingParams
+    from specdec.structured import GrammarConstraint
     from specdec.tokenizer import Tokenizer
 
 
@@ -76,6 +77,9 @@ class DrafterResources:
     tokenizer: "Tokenizer | None" = None  # the target's; None in tokenizer-free tests
     target_path: Path | None = None  # the target's weights file (per-model calibration files key on it)
     draft_backend: "Backend | None" = None
+    #: structured output: the request's grammar state, shared with the engine; model drafters mask
+    #: their distribution with it (see :mod:`specdec.structured`)
+    constraint: "GrammarConstraint | None" = None
 
 
 class Drafter:

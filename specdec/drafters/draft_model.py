@@ -21,6 +21,7 @@ from specdec.backends.base import Backend
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
+from specdec.structured import GrammarConstraint
 
 
 def draft_autoregressively(
@@ -31,6 +32,7 @@ def draft_autoregressively(
     generator: torch.Generator,
     confidence_threshold: float = 0.0,
     take_over: Callable[[list[int], int], list[int]] | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> Draft:
     """Up to ``k`` tokens, one model step each: ``logits`` follow the context, ``step(token)`` feeds a
     drafted token and returns the next logits. Shared by every drafter that runs a model.
@@ -42,11 +44,19 @@ def draft_autoregressively(
     step is already paid, and one more verified token costs far less than a draft step — but no
     further step is drafted on it. ``take_over(drafted, room)``, asked before each further step,
     may return tokens that end the draft instead (a suffix table that is sure of the continuation:
-    no step is paid for them); under sampling their q rows are point masses.
+    no step is paid for them); under sampling their q rows are point masses. ``constraint``
+    (structured output) masks each step's logits with the grammar's mask after the tokens drafted
+    so far — the mask the target's row gets — so q is the constrained draft distribution; drafting
+    stops where the grammar allows nothing the draft can score.
     """
     tokens: list[int] = []
     probs: list[torch.Tensor] = []
     for i in range(k):
+        if constraint is not None:
+            masked = constraint.mask_logits(logits, tokens)
+            if masked is None:
+                break
+            logits = masked
         if params.is_greedy:
             token = int(torch.argmax(logits))
             top_prob = float(torch.softmax(logits, -1).max()) if confidence_threshold else 1.0
@@ -109,6 +119,7 @@ class DraftModelDrafter(Drafter):
         confidence_threshold: float = 0.0,
         vocab_limit: int | None = None,
         context_window: int = 0,
+        constraint: GrammarConstraint | None = None,
     ) -> None:
         self.backend = backend
         #: read at most the last N tokens of a prompt (0 = all of it; see the module docstring)
@@ -123,6 +134,7 @@ class DraftModelDrafter(Drafter):
         self.confidence_threshold = confidence_threshold
         #: optional ``(drafted, room) -> tokens`` asked before each draft step (see draft_autoregressively)
         self.take_over: Callable[[list[int], int], list[int]] | None = None
+        self.constraint = constraint  # structured output: the request's grammar (masks q like p)
         self.state = backend.new_state(max_seq_len)
         self.cached: list[int] = []  # tokens whose keys/values are in the draft cache
         self.context_len = 0
@@ -180,7 +192,8 @@ class DraftModelDrafter(Drafter):
             self.cached.append(token)
             return self._forward([token])
 
-        return draft_autoregressively(logits, step, k, self.params, self.generator, self.confidence_threshold, self.take_over)
+        return draft_autoregressively(logits, step, k, self.params, self.generator, self.confidence_threshold,
+                                      self.take_over, self.constraint)
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
         # keep the context and the accepted part of the proposal; next_token is fed next round
@@ -200,7 +213,7 @@ def make_draft_model_drafter(res: DrafterResources) -> DraftModelDrafter:
     spec = res.spec
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
     return DraftModelDrafter(res.draft_backend, res.params, res.generator, res.max_seq_len, threshold,
-                             spec.draft_vocab_size or None, spec.draft_context_window)
+                             spec.draft_vocab_size or None, spec.draft_context_window, res.constraint)
 
 
 DRAFT_MODEL_OPTIONS = ("num_speculative_tokens", "draft_model", "draft_confidence_threshold", "draft_vocab_size",

@@ -37,6 +37,7 @@ from specdec.drafters.draft_model import draft_autoregressively, next_token_logi
 from specdec.errors import SpecdecError
 from specdec.paths import specdec_home
 from specdec.sampling import SamplingParams
+from specdec.structured import GrammarConstraint
 
 
 def _module_bytes(module: torch.nn.Module) -> int:
@@ -82,8 +83,10 @@ class LayerSkipDrafter(Drafter):
     name = "layer_skip"
 
     def __init__(self, subset: LayerSubset, params: SamplingParams, generator: torch.Generator,
-                 confidence_threshold: float = 0.0, vocab_limit: int | None = None) -> None:
+                 confidence_threshold: float = 0.0, vocab_limit: int | None = None,
+                 constraint: GrammarConstraint | None = None) -> None:
         self.backend = subset
+        self.constraint = constraint  # structured output: masks q like p (see draft_autoregressively)
         self.vocab_limit = usable_vocab_limit(vocab_limit, subset.config.vocab_size)
         self.params = params
         self.generator = generator
@@ -113,7 +116,7 @@ class LayerSkipDrafter(Drafter):
             logits = next_token_logits(self.backend, state, context_ids[-1:], self.vocab_limit, greedy)
             return draft_autoregressively(
                 logits, lambda token: next_token_logits(self.backend, state, [token], self.vocab_limit, greedy),
-                k, self.params, self.generator, self.confidence_threshold,
+                k, self.params, self.generator, self.confidence_threshold, constraint=self.constraint,
             )
         finally:
             state.truncate(committed)  # the verification pass rewrites these slots for all layers
@@ -206,7 +209,7 @@ def make_layer_skip_drafter(res: DrafterResources) -> LayerSkipDrafter:
         raise SpecdecError(f"--skip-layers {bad} are outside 0..{num_layers - 1} for this model")
     run = [i for i in range(num_layers) if i not in set(skip)]
     return LayerSkipDrafter(LayerSubset(backend, run), res.params, res.generator, _threshold(spec),
-                            spec.draft_vocab_size or None)
+                            spec.draft_vocab_size or None, res.constraint)
 
 
 def make_early_exit_drafter(res: DrafterResources) -> LayerSkipDrafter:
@@ -216,7 +219,7 @@ def make_early_exit_drafter(res: DrafterResources) -> LayerSkipDrafter:
     if not 1 <= exit_layer <= num_layers:
         raise SpecdecError(f"--exit-layer must be in 1..{num_layers} for this model, got {exit_layer}")
     drafter = LayerSkipDrafter(LayerSubset(backend, range(exit_layer)), res.params, res.generator, _threshold(spec),
-                               spec.draft_vocab_size or None)
+                               spec.draft_vocab_size or None, res.constraint)
     drafter.name = "early_exit"
     return drafter
 

@@ -330,7 +330,7 @@ class Job:
     def _open(self):  # noqa: ANN202 - a generate_stream generator
         state = self.state
         draft = state.draft if needs_draft_model(self.spec.method) else None
-        return generate_stream(*prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
+        return generate_stream(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
                                speculate=state.speculation_allowed)
 
     def cancel(self) -> None:

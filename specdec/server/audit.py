@@ -123,7 +123,7 @@ class Auditor:
         turn with the requests (dropped at its next step when ``interruptible`` and a request is
         active)."""
         chunks = await self.executor.run(lambda: generate_stream(
-            *prepare(self.target, case.prompt_ids, case.params, None, SpecConfig(), chat=False)))
+            **prepare(self.target, case.prompt_ids, case.params, None, SpecConfig(), chat=False)))
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
         interrupted = False
