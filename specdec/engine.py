@@ -213,27 +213,35 @@ def generate_stream(
                 draft = draft.clipped(verify_costs.best_length(draft.prefix_accept), vocab_size)
             else:
                 draft = draft.clipped(k, vocab_size)
-            grammatical = len(draft)
+            grammatical = drafted = len(draft)
             if constraint is not None:  # cut at the first token the grammar refuses (specdec.structured)
                 verified, grammatical = constraint.draft_cut(draft.tokens, sampled=draft.probs is not None)
                 draft = draft.clipped(verified, vocab_size)
+                drafted = len(draft)
+                if drafter is not None and grammatical == drafted and room > drafted:
+                    forced = constraint.forced_tokens(draft.tokens, room - drafted)
+                    draft = draft.extended(forced, vocab_size)  # certain: accepted whatever the logits
+                    grammatical += len(forced)
             t1 = time.perf_counter()
             logits = target.forward(state, [context[-1], *draft.tokens])
             scored = constraint.mask_rows(logits, grammatical) if constraint is not None else logits
             num_accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
             state.truncate(len(context) + num_accepted)
-            if drafter is not None and len(draft):
-                drafter.accepted(num_accepted, next_token)
+            new_tokens = [*draft.tokens[:num_accepted], next_token]
+            # the drafter's own part of the round (grammar-forced tokens after it are the engine's)
+            drafter_accepted = min(num_accepted, drafted)
+            if drafter is not None and drafted:
+                drafter.accepted(drafter_accepted, new_tokens[drafter_accepted])
             t2 = time.perf_counter()
 
-            stats.record_step(len(draft), num_accepted, t1 - t0, t2 - t1)
+            stats.record_step(drafted, drafter_accepted, t1 - t0, t2 - t1)
+            stats.grammar_forced_tokens += num_accepted - drafter_accepted
             if gamma is not None and draft.prefix_accept is None:
-                gamma.update(len(draft), num_accepted, t1 - t0, t2 - t1)
+                gamma.update(drafted, drafter_accepted, t1 - t0, t2 - t1)
             elif gamma is not None:
-                gamma.update_free_round(len(draft), t2 - t1)
+                gamma.update_free_round(drafted, t2 - t1)
             else:
                 verify_costs.update(len(draft), t2 - t1)
-            new_tokens = [*draft.tokens[:num_accepted], next_token]
             context.extend(new_tokens)
             if constraint is not None:  # nothing after the token that completes the grammar
                 new_tokens = new_tokens[: constraint.commit(new_tokens)]

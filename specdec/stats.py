@@ -32,6 +32,9 @@ class Stats:
     #: one); None = one per proposed token
     draft_forwards: int | None = None
     gamma_history: list[int] = field(default_factory=list)
+    #: structured output: tokens the grammar alone decided, appended to drafts and verified in the
+    #: same forward (always accepted; not counted in proposed/accepted, so α stays the drafter's)
+    grammar_forced_tokens: int = 0
 
     def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.target_forwards += 1
@@ -112,6 +115,7 @@ class Stats:
             "overhead_time_s": round(self.overhead_time_s, 4),
             "draft_cost_ratio": round(self.draft_cost_ratio, 4),
             "total_time_s": round(self.total_time_s, 4),
+            "grammar_forced_tokens": self.grammar_forced_tokens,
         }
 
     def summary_line(self) -> str:

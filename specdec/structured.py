@@ -200,6 +200,30 @@ class GrammarConstraint:
         grammatical = self._goto(tokens)
         return (grammatical + 1 if sampled and grammatical < len(tokens) else grammatical), grammatical
 
+    def forced_tokens(self, drafted: Sequence[int], limit: int) -> list[int]:
+        """Up to ``limit`` tokens after ``drafted`` (all grammatical) that the grammar alone decides:
+        while its mask allows exactly one token, that token. The target's masked distribution is then
+        a point mass, so verification accepts it whatever the logits — appended to a draft it is a
+        free, certain token (jump-forward decoding, verified in the same forward)."""
+        if self._goto(drafted) != len(drafted):
+            return []
+        forced: list[int] = []
+        while len(forced) < limit and not self.matcher.is_terminated():
+            words = self.rows[-1].nonzero()
+            if words.numel() != 1:
+                break
+            index = int(words[0, 0])
+            word = int(self.rows[-1][index]) & 0xFFFFFFFF
+            if word & (word - 1):  # more than one bit: a choice
+                break
+            token = index * 32 + word.bit_length() - 1
+            if token >= self.vocab_size or not self.matcher.accept_token(token):
+                break
+            self.pushed.append(token)
+            self.rows.append(self._fill())
+            forced.append(token)
+        return forced
+
     def mask_logits(self, logits: torch.Tensor, drafted: Sequence[int]) -> torch.Tensor | None:
         """``logits [V']`` (``V' <= V``: a draft may score a vocabulary prefix) after the committed
         tokens and ``drafted`` → a masked copy; None when ``drafted`` already left the grammar or

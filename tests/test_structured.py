@@ -145,3 +145,20 @@ def test_missing_grammar_engine_is_a_clear_error(tiny_target, monkeypatch):
         run(tiny_target, None, "x", None, StructuredOutput(json_object=True))
     monkeypatch.undo()
     structured_module._compiler.cache_clear()
+
+
+def test_cli_generate_with_a_schema_file_and_a_regex(tiny_dirs, tmp_path, capsys):
+    from specdec.cli import main
+
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(SCHEMA))
+    base = ["--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--dtype", "float32",
+            "--quantize", "none", "--max-tokens", "64", "--compare-plain"]
+    assert main(["generate", "data:", *base, "--json-schema", str(schema_file)]) == 0
+    captured = capsys.readouterr()
+    jsonschema.validate(json.loads(captured.out), SCHEMA)
+    assert "identical text: yes" in captured.err
+    assert main(["generate", "n:", *base, "--regex", r"\d{2}-\d{2}"]) == 0
+    assert re.fullmatch(r"\d{2}-\d{2}", capsys.readouterr().out.strip())
+    assert main(["generate", "n:", *base, "--regex", "(", "--max-tokens", "4"]) != 0
+    assert "invalid regex" in capsys.readouterr().err

@@ -129,6 +129,34 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: random)")
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop generating when this text appears (repeatable; default: none)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    structured = parser.add_argument_group(
+        "structured output", "constrain the output (one of these; exact under speculation; needs pip install 'specdec[structured]')")
+    only_one = structured.add_mutually_exclusive_group()
+    only_one.add_argument("--json-schema", metavar="FILE_OR_JSON", help="the output is JSON matching this JSON Schema (a file, or the schema inline)")
+    only_one.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    only_one.add_argument("--regex", metavar="REGEX", help="the whole output matches this regular expression")
+    only_one.add_argument("--choice", action="append", metavar="TEXT", help="the output is one of these strings (repeatable)")
+    only_one.add_argument("--grammar", metavar="FILE_OR_EBNF", help="the output follows this EBNF grammar (xgrammar's dialect, root rule 'root'; a file or inline)")
+
+
+def _file_or_text(value: str) -> str:
+    """A flag that takes a file or the text itself: an existing file is read."""
+    from pathlib import Path
+
+    path = Path(value).expanduser()
+    return path.read_text() if len(value) < 4096 and path.is_file() else value
+
+
+def structured_from_args(args: argparse.Namespace):  # noqa: ANN201 - StructuredOutput | None
+    from specdec.structured import StructuredOutput
+
+    if args.json_schema is not None:
+        return StructuredOutput(json_schema=_file_or_text(args.json_schema))
+    if args.json_object or args.regex is not None or args.choice or args.grammar is not None:
+        return StructuredOutput(json_object=args.json_object, regex=args.regex,
+                                choice=tuple(args.choice) if args.choice else None,
+                                grammar=None if args.grammar is None else _file_or_text(args.grammar))
+    return None
 
 
 def sampling_from_args(args: argparse.Namespace):  # noqa: ANN201
@@ -136,7 +164,7 @@ def sampling_from_args(args: argparse.Namespace):  # noqa: ANN201
 
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-        max_tokens=args.max_tokens, stop=list(args.stop), ignore_eos=args.ignore_eos,
+        max_tokens=args.max_tokens, stop=list(args.stop), ignore_eos=args.ignore_eos, structured=structured_from_args(args),
     )
 
 

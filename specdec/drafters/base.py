@@ -43,6 +43,17 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def extended(self, tokens: list[int], vocab_size: int) -> "Draft":
+        """This draft followed by ``tokens`` proposed with certainty (q a point mass on each)."""
+        if not tokens:
+            return self
+        probs = self.probs
+        if probs is not None:
+            certain = torch.nn.functional.one_hot(torch.tensor(tokens, device=probs.device), vocab_size).to(probs.dtype)
+            probs = torch.cat([probs, certain])
+        accept = None if self.prefix_accept is None else self.prefix_accept + [self.prefix_accept[-1] if self.prefix_accept else 1.0] * len(tokens)
+        return Draft(self.tokens + tokens, probs, accept)
+
     def clipped(self, max_len: int, vocab_size: int) -> "Draft":
         """At most ``max_len`` tokens, cut before the first id outside the target's vocabulary.
 

@@ -32,21 +32,10 @@ from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase, Auditor, auditable
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
+from specdec.server.params import APIError, sampling_params
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 from specdec.server.responses import logprobs_body, sse, usage_body
 from specdec.server.security import AccessMiddleware, AccessPolicy
-
-#: at most this many stop strings per request, each at most MAX_STOP_CHARS long: every step checks
-#: them against the new text, so an unbounded list is a per-token cost a client could impose
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 1024
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-
 
 @dataclass
 class ServerState:
@@ -77,10 +66,11 @@ class ServerState:
 
 
 def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionRequest, raw: dict) -> SpecConfig:
+    """The server's configuration with the request's override on top: every server flag
+    (``--draft-vocab-size``, ``--skip-layers`` …) applies per request unless the request changes it;
+    ``"speculative": null`` asks for plain decoding."""
     if "speculative" in raw and raw["speculative"] is None:
         return SpecConfig()
-    """The server's configuration with the request's override on top: every server flag
-    (``--draft-vocab-size``, ``--skip-layers`` …) applies per request unless the request changes it."""
     override = req.speculative
     changes: dict[str, Any] = {}
     try:
@@ -98,39 +88,6 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
         raise APIError(400, "method 'retrieval' is not available: the server was started without --datastore",
                        param="speculative")
     return spec
-
-
-def _sampling(req: CompletionRequest | ChatCompletionRequest, context_len: int, prompt_len: int,
-              max_tokens_limit: int | None = None) -> SamplingParams:
-    if req.n != 1:
-        raise APIError(400, "only n=1 is supported", param="n")
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported by this server", param="logit_bias")
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
-        raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters "
-                            f"(got {len(stop)}, longest {max((len(s) for s in stop), default=0)})", param="stop")
-    logprobs = _logprobs_asked(req)
-    default = min(256, max(1, context_len - prompt_len), max_tokens_limit or 256)
-    max_tokens = req.max_completion_tokens or req.max_tokens or default
-    if max_tokens_limit is not None and max_tokens > max_tokens_limit:
-        raise APIError(400, f"max_tokens {max_tokens} exceeds this server's limit of {max_tokens_limit} (--max-tokens-limit)",
-                       param="max_tokens")
-    try:
-        return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
-                              seed=req.seed, max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos, logprobs=logprobs)
-    except SpecdecError as exc:
-        raise APIError(400, str(exc)) from None
-
-
-def _logprobs_asked(req: CompletionRequest | ChatCompletionRequest) -> int | None:
-    """SamplingParams.logprobs from the request: completions name the number of alternatives in
-    ``logprobs``; chat sets ``logprobs: true`` and the number in ``top_logprobs`` (OpenAI's shapes)."""
-    if isinstance(req, ChatCompletionRequest):
-        if req.top_logprobs is not None and not req.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        return (req.top_logprobs or 0) if req.logprobs else None
-    return req.logprobs
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -193,7 +150,7 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server's limit is {state.max_prompt_tokens} "
                                 "(--max-prompt-tokens)", param="prompt", code="context_length_exceeded")
         context_len = state.target.config.max_position_embeddings
-        params = _sampling(req, context_len, len(prompt_ids), state.max_tokens_limit)
+        params = sampling_params(req, context_len, len(prompt_ids), state.max_tokens_limit)
         try:
             check_context(len(prompt_ids), params.max_tokens, context_len)
         except (ContextLengthError, SpecdecError) as exc:

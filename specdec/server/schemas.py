@@ -17,6 +17,37 @@ class SpeculativeOverride(BaseModel):
     audit: bool = False
 
 
+class JsonSchemaSpec(BaseModel):
+    """OpenAI's ``response_format.json_schema``: the schema under ``schema`` (``strict`` is accepted;
+    the output always follows the schema)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: Optional[str] = None
+    description: Optional[str] = None
+    json_schema: Union[dict[str, Any], bool] = Field(alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object`` or ``json_schema``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaSpec] = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs`` extension: exactly one of a JSON schema, any JSON object, a
+    regex, a list of choices or an EBNF grammar."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_schema: Optional[Union[dict[str, Any], str]] = Field(default=None, alias="json")
+    json_object: Optional[bool] = None
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+
+
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
@@ -36,6 +67,8 @@ class _SamplingFields(BaseModel):
     #: accepted so OpenAI clients that send ``{}`` work; a non-empty map is refused (not supported:
     #: ignoring it would silently change what the client asked for)
     logit_bias: Optional[dict[str, float]] = None
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[StructuredOutputs] = None
 
 
 class CompletionRequest(_SamplingFields):

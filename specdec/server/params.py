@@ -1,0 +1,79 @@
+"""Request bodies → :class:`specdec.sampling.SamplingParams`: limits, logprobs and output
+constraints, each refused with a 400 that names the field (OpenAI's error object)."""
+
+from __future__ import annotations
+
+from specdec.errors import SpecdecError
+from specdec.sampling import SamplingParams
+from specdec.server.schemas import ChatCompletionRequest, CompletionRequest
+from specdec.structured import StructuredOutput
+
+#: at most this many stop strings per request, each at most MAX_STOP_CHARS long: every step checks
+#: them against the new text, so an unbounded list is a per-token cost a client could impose
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+
+
+class APIError(Exception):
+    """Answered as OpenAI's error object with this HTTP status (see ``create_app``)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+
+def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len: int, prompt_len: int,
+                    max_tokens_limit: int | None = None) -> SamplingParams:
+    """The request's sampling fields → :class:`SamplingParams`, or a 400 that names the field."""
+    if req.n != 1:
+        raise APIError(400, "only n=1 is supported", param="n")
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported by this server", param="logit_bias")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters "
+                            f"(got {len(stop)}, longest {max((len(s) for s in stop), default=0)})", param="stop")
+    logprobs = _logprobs_asked(req)
+    default = min(256, max(1, context_len - prompt_len), max_tokens_limit or 256)
+    max_tokens = req.max_completion_tokens or req.max_tokens or default
+    if max_tokens_limit is not None and max_tokens > max_tokens_limit:
+        raise APIError(400, f"max_tokens {max_tokens} exceeds this server's limit of {max_tokens_limit} (--max-tokens-limit)",
+                       param="max_tokens")
+    try:
+        return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                              seed=req.seed, max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos, logprobs=logprobs,
+                              structured=_structured(req))
+    except SpecdecError as exc:
+        raise APIError(400, str(exc)) from None
+
+
+def _structured(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutput | None:
+    """The request's output constraint: OpenAI's ``response_format`` or vLLM's ``structured_outputs``."""
+    fmt, extension = req.response_format, req.structured_outputs
+    if fmt is not None and fmt.type != "text" and extension is not None:
+        raise APIError(400, "give response_format or structured_outputs, not both", param="response_format")
+    if fmt is not None and fmt.type == "json_object":
+        return StructuredOutput(json_object=True)
+    if fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise APIError(400, "response_format of type json_schema needs a json_schema object", param="response_format")
+        return StructuredOutput.from_schema(fmt.json_schema.json_schema)
+    if extension is None:
+        return None
+    choice = tuple(extension.choice) if extension.choice is not None else None
+    schema = None if extension.json_schema is None else StructuredOutput.from_schema(extension.json_schema).json_schema
+    try:
+        return StructuredOutput(json_schema=schema, json_object=bool(extension.json_object), regex=extension.regex,
+                                choice=choice, grammar=extension.grammar)
+    except SpecdecError as exc:
+        raise APIError(400, f"structured_outputs: {exc}", param="structured_outputs") from None
+
+
+def _logprobs_asked(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """SamplingParams.logprobs from the request: completions name the number of alternatives in
+    ``logprobs``; chat sets ``logprobs: true`` and the number in ``top_logprobs`` (OpenAI's shapes)."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
