@@ -12,7 +12,7 @@ import pytest
 
 import specdec
 import specdec.structured as structured_module
-from specdec.certify import DISTRIBUTION_CONFIGS, distribution_check
+from specdec.certify import distribution_check
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint, StructuredOutput
@@ -79,10 +79,8 @@ def test_a_completed_grammar_ends_the_request_even_with_ignore_eos(tiny_target, 
     assert out.text in ("alpha", "beta") and out.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("method", ["draft_model", "suffix"])
-def test_constrained_sampling_distribution_is_the_constrained_targets(method):
-    result = distribution_check(method, "T=1,regex", DISTRIBUTION_CONFIGS["T=1,regex"], samples=2500)
-    assert result.passed, result.detail
+# The χ² certificate of constrained sampling for every drafter is tests/test_certify.py's "T=1,regex"
+# configuration (DISTRIBUTION_CONFIGS); here, that the test has the power to catch a wrong rule.
 
 
 def test_a_sampled_draft_cut_before_the_refused_token_fails_the_certificate(monkeypatch):

@@ -32,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags["--num-speculative-tokens"].help = "γ of every certified method (default: 4; 'auto' is certified as 4)"
     ver.add_argument("--methods", default="all", help="comma-separated drafters to certify, or 'all' (default: all registered)")
     ver.add_argument("--thorough", action="store_true",
-                     help="the long certificate: 6 prompts × 64 tokens, three sampling configurations × 10000 samples "
+                     help="the long certificate: 6 prompts × 64 tokens, three sampling configurations and a grammar-constrained one (a regex mask) × 10000 samples "
                           "(the default run: 3 prompts × 32 tokens, one configuration × 1000 samples: ~3 min on 2 cores, loading included)")
     ver.add_argument("--prompts", type=positive_int, default=None,
                      help="real prompts for the greedy check (HumanEval and MT-Bench; default: 3, --thorough 6)")
