@@ -6,7 +6,7 @@ SPECDEC := $(VENV)/bin/specdec
 TORCH_PIN ?= torch==2.13.0
 PROMPT ?= def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n
 
-.PHONY: setup models run test test-quick bench clean-venv
+.PHONY: setup models browser run test test-quick bench clean-venv
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,12 @@ $(VENV)/.installed: pyproject.toml
 models: setup
 	$(SPECDEC) models pull defaults
 	$(SPECDEC) models pull smollm2-135m
+
+# Debian's chromium, for the one test that renders the acceptance view (`generate --html`) in a real
+# headless browser; without it that test is skipped (CI installs it and refuses the skip).
+browser:
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { $$(command -v sudo) apt-get update -qq && $$(command -v sudo) apt-get install -y -qq --no-install-recommends chromium; }
 
 run: models
 	$(SPECDEC) generate --method draft_suffix --draft-model qwen2.5-coder-0.5b --draft-vocab-size 32768 --num-speculative-tokens auto --explain --compare-plain --max-tokens 128 "$$(printf '$(PROMPT)')"

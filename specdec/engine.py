@@ -25,7 +25,7 @@ from specdec.config import SpecConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
-from specdec.stats import Stats
+from specdec.stats import Round, Stats
 from specdec.structured import GrammarConstraint
 from specdec.verify import verify
 
@@ -236,6 +236,7 @@ def generate_stream(
 
             stats.record_step(drafted, drafter_accepted, t1 - t0, t2 - t1)
             stats.grammar_forced_tokens += num_accepted - drafter_accepted
+            stats.rounds.append(Round(draft.tokens[:drafted], drafter_accepted, num_accepted - drafter_accepted, new_tokens))
             if gamma is not None and draft.prefix_accept is None:
                 gamma.update(drafted, drafter_accepted, t1 - t0, t2 - t1)
             elif gamma is not None:

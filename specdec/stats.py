@@ -11,6 +11,19 @@ from typing import Any, Iterable
 
 
 @dataclass
+class Round:
+    """One target forward of the decode phase, as the acceptance view draws it: the drafter's
+    proposal, how much of it the target accepted, grammar-forced tokens accepted after it
+    (structured output), and the tokens the round committed (the accepted ones, then the
+    correction — or the bonus token when everything was accepted)."""
+
+    drafted: list[int]
+    accepted: int
+    forced: int
+    committed: list[int]
+
+
+@dataclass
 class Stats:
     method: str = "ar"
     dtype: str = "float32"
@@ -35,6 +48,8 @@ class Stats:
     #: structured output: tokens the grammar alone decided, appended to drafts and verified in the
     #: same forward (always accepted; not counted in proposed/accepted, so α stays the drafter's)
     grammar_forced_tokens: int = 0
+    #: every decode round in order (a few ints each; :mod:`specdec.acceptance_view` draws them)
+    rounds: list[Round] = field(default_factory=list)
 
     def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.target_forwards += 1

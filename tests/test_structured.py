@@ -160,3 +160,16 @@ def test_cli_generate_with_a_schema_file_and_a_regex(tiny_dirs, tmp_path, capsys
     assert re.fullmatch(r"\d{2}-\d{2}", capsys.readouterr().out.strip())
     assert main(["generate", "n:", *base, "--regex", "(", "--max-tokens", "4"]) != 0
     assert "invalid regex" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_reduced_draft_vocabulary_under_a_grammar(tiny_target, tiny_draft, temperature):
+    """A draft scoring only ids < 256 masks its shorter logits row with the same grammar; greedy output
+    is still plain decoding's, and sampled output is valid."""
+    constraint = StructuredOutput.from_schema(SCHEMA)
+    sampling = SamplingParams(temperature=temperature, seed=3, max_tokens=64, structured=constraint)
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=4, draft_vocab_size=256)
+    out = specdec.generate(tiny_target, "data:", sampling, draft=tiny_draft, spec=spec)
+    jsonschema.validate(json.loads(out.text), SCHEMA)
+    if temperature == 0.0:
+        assert out.token_ids == specdec.generate(tiny_target, "data:", sampling).token_ids

@@ -23,6 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     gen.add_argument("--compare-plain", action="store_true",
                      help="also run plain decoding on the same prompt and report the speedup (and, under greedy, whether the texts are identical)")
     gen.add_argument("--json", action="store_true", help="print the statistics as one JSON object on stderr")
+    gen.add_argument("--html", metavar="FILE", default=None,
+                     help="write the acceptance view: a self-contained page with every token colored as accepted draft / "
+                          "correction / bonus, each round's draft on hover, the accepted-length histogram and α per position")
     gen.add_argument("--explain", action="store_true",
                      help="print how --quantize auto chose: the step-cost curves measured on this CPU and the "
                           "expected tokens/s of each mode")
@@ -53,15 +56,19 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     stats = None
     text_parts = []
+    token_ids: list[int] = []
     for chunk in specdec.stream(target, prompt, params, draft=draft, spec=spec, chat=args.chat):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         text_parts.append(chunk.text)
+        token_ids.extend(chunk.token_ids)
         stats = chunk.stats or stats
     sys.stdout.write("\n")
     assert stats is not None
     report = {"stats": stats.to_dict()}
     print(stats.summary_line(), file=sys.stderr)
+    if args.html:
+        write_view(args.html, target, prompt, args.chat, token_ids, stats)
     if args.compare_plain and spec.method is not None:
         plain_target = target
         if plan is not None and args.quantize == "auto":
@@ -89,3 +96,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report), file=sys.stderr)
     return 0
+
+
+def write_view(path: str, target, prompt: str, chat: bool, token_ids: list[int], stats) -> None:  # noqa: ANN001
+    """``--html``: the acceptance view of this generation (the prompt shown as the model saw it)."""
+    from pathlib import Path
+
+    from specdec.acceptance_view import render
+
+    shown = target.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
+    Path(path).write_text(render(target.tokenizer, shown, token_ids, stats, title=f"specdec · {target.name}"), encoding="utf-8")
+    print(f"acceptance view: {path}", file=sys.stderr)
