@@ -28,6 +28,18 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="module")
+def server(tiny_dirs):
+    """A real `specdec serve` of the tiny pair with the default flags, one per test module (a module
+    that needs other flags defines its own ``server``)."""
+    from tests.test_server import start_server
+
+    proc, base = start_server(tiny_dirs)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="session")
 def tiny_target(tiny_dirs):
     import specdec

@@ -64,16 +64,6 @@ def test_no_logprobs_unless_asked_and_bad_values_refused(tiny_target):
             SamplingParams(logprobs=bad)
 
 
-@pytest.fixture(scope="module")
-def server(tiny_dirs):
-    from tests.test_server import start_server
-
-    proc, base = start_server(tiny_dirs)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
-
-
 def test_completion_logprobs_over_http_match_plain_decoding(server):
     import httpx
 

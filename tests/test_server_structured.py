@@ -11,8 +11,6 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.test_server import start_server
-
 pytest.importorskip("xgrammar")
 
 SCHEMA = {
@@ -21,14 +19,6 @@ SCHEMA = {
     "required": ["color", "count"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def server(tiny_dirs):
-    proc, base = start_server(tiny_dirs)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
 
 
 def chat(base: str, **body) -> httpx.Response:  # noqa: ANN003
