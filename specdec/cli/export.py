@@ -1,0 +1,49 @@
+"""``specdec export``: the speculative configuration specdec runs, as the command line of vLLM, SGLang
+or llama.cpp's server (:mod:`specdec.exports`), for users who scale out on those engines."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specdec.cli.common import add_debug_flag, gamma_value, positive_int
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    export = subparsers.add_parser(
+        "export", help="write a speculative configuration as vLLM / SGLang / llama.cpp flags",
+        description="Write the speculative configuration (target, method, draft model, γ) as the command line of "
+                    "another engine: vLLM's --speculative-config JSON, SGLang's --speculative-* flags or llama-server's "
+                    "-md/--draft-* flags. Where the engine lacks the method, a note says so and names the nearest one.")
+    export.add_argument("--engine", required=True, choices=("vllm", "sglang", "llamacpp"), help="the engine to write for")
+    export.add_argument("--model", default="qwen2.5-coder-1.5b", help="target: a built-in name or a path (default: qwen2.5-coder-1.5b)")
+    export.add_argument("--draft-model", default=None, help="draft model: a built-in name or a path")
+    export.add_argument("--method", default=None, help="speculative method (default: draft_model when --draft-model is given)")
+    export.add_argument("--num-speculative-tokens", type=gamma_value, default=4, metavar="N|auto",
+                        help="γ, drafted tokens per round; auto is written as a fixed 4 (default: 4)")
+    export.add_argument("--prompt-lookup-min", type=positive_int, default=1, help="n-gram: shortest match (default: 1)")
+    export.add_argument("--prompt-lookup-max", type=positive_int, default=4, help="n-gram: longest match (default: 4)")
+    export.add_argument("--draft-confidence-threshold", type=float, default=0.3,
+                        help="end a round below this draft probability (llama.cpp --draft-p-min; default: 0.3)")
+    export.add_argument("--out", type=Path, default=None, help="write the command to this file (default: stdout)")
+    add_debug_flag(export)
+    export.set_defaults(func=run)
+    return export
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec.config import SpecConfig
+    from specdec.drafters.registry import resolve_method
+    from specdec.exports import export
+
+    spec = SpecConfig(method=resolve_method(args.method) if args.method else None,
+                      num_speculative_tokens=args.num_speculative_tokens, prompt_lookup_min=args.prompt_lookup_min,
+                      prompt_lookup_max=args.prompt_lookup_max, draft_confidence_threshold=args.draft_confidence_threshold)
+    text = export(args.engine, args.model, spec, args.draft_model).render()
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,136 @@
+"""Carry a speculative configuration to the engine a user scales on: vLLM, SGLang or llama.cpp.
+
+The same choice — method, draft model, γ — written in each engine's own terms (flag names checked
+against their documentation, 2026-11): vLLM's ``--speculative-config`` JSON (``method``, ``model``,
+``num_speculative_tokens``, ``prompt_lookup_min/max``), SGLang's ``--speculative-*`` flags
+(``STANDALONE`` for a draft model, ``NGRAM``), llama-server's ``-md`` / ``--draft-max`` /
+``--spec-draft-n-max`` / ``--spec-draft-n-min`` / ``--spec-draft-p-min`` / ``--spec-type`` (checked against
+``llama-server --help`` of a 2026-11 build, which refuses the older ``--draft-max`` / ``--draft-min``). Where an engine lacks our method the export
+says so and writes its nearest equivalent, never silently something else.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.config import SpecConfig
+from specdec.errors import SpecdecError
+
+ENGINES = ("vllm", "sglang", "llamacpp")
+#: a fixed γ for engines that take no "auto": specdec adapts γ per round; these take one number
+FIXED_GAMMA_FOR_AUTO = 4
+
+
+@dataclass
+class Export:
+    """A command line for the engine and what the user must know about it."""
+
+    engine: str
+    command: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        lines = [f"# {self.engine}: the speculative configuration specdec ran, in {self.engine}'s terms"]
+        lines += [f"# note: {note}" for note in self.notes]
+        lines.append(shlex.join(self.command))
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """How each engine names a model: vLLM / SGLang load a Hugging Face repository (or directory),
+    llama.cpp a GGUF file."""
+
+    hf: str  # repository id or local directory
+    gguf: str  # a .gguf path, or "" when there is none
+
+
+def model_ref(name_or_path: str) -> ModelRef:
+    """A built-in name → its upstream repository and the GGUF specdec pulled; a path is kept as is."""
+    from specdec.models.registry import BUILTIN_MODELS, model_file
+
+    if name_or_path in BUILTIN_MODELS:
+        builtin = BUILTIN_MODELS[name_or_path]
+        return ModelRef(builtin.upstream or name_or_path, str(model_file(name_or_path)))
+    path = Path(name_or_path).expanduser()
+    return ModelRef(str(path), str(path) if path.suffix == ".gguf" else "")
+
+
+def export(engine: str, model: str, spec: SpecConfig, draft_model: str | None = None) -> Export:
+    """``spec`` (what ``specdec generate`` / ``serve`` ran with ``model`` and ``draft_model``) for ``engine``."""
+    if engine not in ENGINES:
+        raise SpecdecError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    method = spec.method or ("draft_model" if draft_model else None)
+    if method is None:
+        raise SpecdecError("nothing to export: give a speculative method (--method, or --draft-model)")
+    if method in ("draft_model", "draft_suffix") and not draft_model:
+        raise SpecdecError(f"method {method!r} needs --draft-model to export")
+    notes: list[str] = []
+    gamma = spec.num_speculative_tokens
+    if gamma == "auto":
+        gamma = FIXED_GAMMA_FOR_AUTO
+        notes.append(f"specdec chose γ per round (auto); {engine} takes one number: {gamma} (try 3-6 on your traffic)")
+    if method == "draft_suffix":
+        notes.append(f"{engine} has no draft-model + suffix-table hybrid: exported as its draft-model method")
+        method = "draft_model"
+    target = model_ref(model)
+    draft = model_ref(draft_model) if draft_model else None
+    build = {"vllm": _vllm, "sglang": _sglang, "llamacpp": _llamacpp}[engine]
+    return build(method, target, draft, int(gamma), spec, notes)
+
+
+def _vllm(method: str, target: ModelRef, draft: ModelRef | None, gamma: int, spec: SpecConfig, notes: list[str]) -> Export:
+    config: dict[str, object] = {"num_speculative_tokens": gamma}
+    if method == "draft_model":
+        assert draft is not None
+        config.update(method="draft_model", model=draft.hf)
+    elif method == "ngram":
+        config.update(method="ngram", prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max)
+    elif method == "suffix":
+        config.update(method="suffix")
+        notes.append("vLLM's suffix decoding needs `pip install arctic-inference`")
+    else:
+        config.update(method="ngram", prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max)
+        notes.append(f"vLLM has no {method!r} method: exported its draft-free n-gram method instead")
+    return Export("vllm", ["vllm", "serve", target.hf, "--speculative-config", json.dumps(config)], notes)
+
+
+def _sglang(method: str, target: ModelRef, draft: ModelRef | None, gamma: int, spec: SpecConfig, notes: list[str]) -> Export:
+    command = ["python", "-m", "sglang.launch_server", "--model-path", target.hf]
+    if method == "draft_model":
+        assert draft is not None
+        # a chain of γ drafted tokens: top-k 1, and the verified tokens count the root as well
+        command += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", draft.hf,
+                    "--speculative-num-steps", str(gamma), "--speculative-eagle-topk", "1",
+                    "--speculative-num-draft-tokens", str(gamma + 1)]
+    else:
+        if method != "ngram":
+            notes.append(f"SGLang has no {method!r} method: exported its n-gram method (NGRAM) instead")
+        notes.append("SGLang's NGRAM runs on CUDA only")
+        command += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(gamma + 1)]
+    return Export("sglang", command, notes)
+
+
+def _llamacpp(method: str, target: ModelRef, draft: ModelRef | None, gamma: int, spec: SpecConfig, notes: list[str]) -> Export:
+    if not target.gguf:
+        raise SpecdecError("llama.cpp loads GGUF files: give the target as a built-in name or a .gguf path")
+    command = ["llama-server", "-m", target.gguf]
+    if method == "draft_model":
+        assert draft is not None
+        if not draft.gguf:
+            raise SpecdecError("llama.cpp loads GGUF files: give the draft model as a built-in name or a .gguf path")
+        command += ["-md", draft.gguf, "--spec-draft-n-max", str(gamma), "--spec-draft-n-min", "0",
+                    "--spec-draft-p-min", f"{spec.draft_confidence_threshold:g}"]
+        notes.append("--spec-draft-p-min ends a round when the draft's top probability falls below it, "
+                     "as specdec's --draft-confidence-threshold does (llama.cpp before 2026 spelled these --draft-max, "
+                     "--draft-min, --draft-p-min)")
+    else:
+        if method != "ngram":
+            notes.append(f"llama.cpp has no {method!r} method: exported its n-gram method (ngram-simple) instead")
+        # lookup n-gram of prompt_lookup_max tokens, drafts of γ tokens
+        command += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(spec.prompt_lookup_max),
+                    "--spec-ngram-simple-size-m", str(gamma)]
+    return Export("llamacpp", command, notes)

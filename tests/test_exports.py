@@ -1,0 +1,68 @@
+"""`specdec export`: the configuration in vLLM / SGLang / llama.cpp terms, with notes where they lack the method."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from specdec.cli import main
+from specdec.config import SpecConfig
+from specdec.errors import SpecdecError
+from specdec.exports import export
+
+
+def flags(command: list[str]) -> dict[str, str]:
+    return {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("-")}
+
+
+def test_vllm_speculative_config_json():
+    out = export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="draft_model", num_speculative_tokens=5), "qwen2.5-coder-0.5b")
+    assert out.command[:3] == ["vllm", "serve", "Qwen/Qwen2.5-Coder-1.5B-Instruct"]
+    config = json.loads(flags(out.command)["--speculative-config"])
+    assert config == {"method": "draft_model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "num_speculative_tokens": 5}
+    ngram = json.loads(flags(export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="ngram", prompt_lookup_max=3)).command)
+                       ["--speculative-config"])
+    assert ngram == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+def test_sglang_standalone_chain_and_llamacpp_gguf_flags():
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=3)
+    sglang = flags(export("sglang", "qwen2.5-coder-1.5b", spec, "qwen2.5-coder-0.5b").command)
+    assert sglang["--speculative-algorithm"] == "STANDALONE" and sglang["--speculative-num-steps"] == "3"
+    assert sglang["--speculative-eagle-topk"] == "1" and sglang["--speculative-num-draft-tokens"] == "4"
+    llama = export("llamacpp", "qwen2.5-coder-1.5b", spec, "qwen2.5-coder-0.5b")
+    given = flags(llama.command)
+    assert given["-m"].endswith("qwen2.5-coder-1.5b.gguf") and given["-md"].endswith("qwen2.5-coder-0.5b.gguf")
+    assert given["--spec-draft-n-max"] == "3" and given["--spec-draft-p-min"] == "0.3"
+
+
+def test_missing_methods_and_auto_gamma_are_said_not_hidden():
+    out = export("llamacpp", "qwen2.5-coder-1.5b", SpecConfig(method="layer_skip", num_speculative_tokens="auto"))
+    assert any("no 'layer_skip'" in note for note in out.notes) and any("auto" in note for note in out.notes)
+    assert flags(out.command)["--spec-type"] == "ngram-simple"
+    hybrid = export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="draft_suffix"), "qwen2.5-coder-0.5b")
+    assert json.loads(flags(hybrid.command)["--speculative-config"])["method"] == "draft_model"
+    assert any("hybrid" in note for note in hybrid.notes)
+    text = hybrid.render()
+    assert text.splitlines()[-1] == shlex.join(hybrid.command) and text.count("# note:") == 1
+
+
+def test_bad_exports_are_clear_errors(tmp_path):
+    with pytest.raises(SpecdecError, match="unknown engine"):
+        export("tgi", "qwen2.5-coder-1.5b", SpecConfig(method="ngram"))
+    with pytest.raises(SpecdecError, match="nothing to export"):
+        export("vllm", "qwen2.5-coder-1.5b", SpecConfig())
+    with pytest.raises(SpecdecError, match="needs --draft-model"):
+        export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="draft_model"))
+    with pytest.raises(SpecdecError, match="GGUF"):
+        export("llamacpp", str(tmp_path), SpecConfig(method="ngram"))
+
+
+def test_cli_writes_the_command(tmp_path, capsys):
+    out = tmp_path / "serve.sh"
+    assert main(["export", "--engine", "sglang", "--draft-model", "qwen2.5-coder-0.5b", "--out", str(out)]) == 0
+    assert "--speculative-algorithm STANDALONE" in out.read_text()
+    assert main(["export", "--engine", "vllm"]) == 1
+    assert "nothing to export" in capsys.readouterr().err
