@@ -97,8 +97,9 @@ def ours(target: LoadedModel, draft: LoadedModel | None, method: str, config: Be
 
 def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRow], config: BenchConfig,
                   peers: dict[str, Callable] | None = None, progress: bool = True,
-                  method_runner: Callable | None = None) -> list[RequestResult]:
-    """All methods × rows × repeats, interleaved per prompt. ``method_runner`` (tests) overrides ``ours``."""
+                  method_runner: Callable | None = None, warm_up: bool = True) -> list[RequestResult]:
+    """All methods × rows × repeats, interleaved per prompt. ``method_runner`` (tests) overrides ``ours``;
+    ``warm_up=False`` when the caller already warmed up (``specdec tune`` runs one row at a time)."""
     runners: dict[str, Callable] = {}
     for method in config.methods:
         if peers and method in peers:
@@ -111,7 +112,7 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
                 runners[name] = (method_runner or ours)(target, draft, method, config, gamma)
     if "ar" not in runners:  # speedups and the identity check need the plain run of the same prompts
         runners = {"ar": ours(target, draft, "ar", config), **runners}
-    if rows:  # warm-up: first calls pay one-time costs (allocator, kernels) that are not the method's
+    if rows and warm_up:  # warm-up: first calls pay one-time costs (allocator, kernels) that are not the method's
         runners["ar"](encode_prompt(target, rows[0].turns[0], chat=rows[0].chat)[:32])
     results: list[RequestResult] = []
     bar = None

