@@ -71,3 +71,10 @@ def test_bad_config_files_are_clear_errors(tmp_path, capsys):
     (tmp_path / "odd.json").write_text(json.dumps({"settings": {"warp_drive": 9}}))
     assert main(["generate", "x", "--config", str(tmp_path / "odd.json")]) == 1
     assert "'warp_drive' is not a setting" in capsys.readouterr().err
+
+
+def test_a_typed_flag_equal_to_its_default_still_wins(tmp_path):
+    from specdec.cli import typed_flags
+
+    assert {"draft_model", "method"} <= typed_flags(["bench", "--draft-model", "qwen2.5-coder-0.5b", "--method", "ngram"])
+    assert "draft_model" not in typed_flags(["bench"])

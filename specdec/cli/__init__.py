@@ -42,6 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def typed_flags(argv: list[str] | None) -> set[str]:
+    """The destinations the command line gave explicitly (a value equal to the default included):
+    the same parser with every default suppressed leaves only those in the namespace."""
+    parser = build_parser()
+    stack = [parser]
+    while stack:
+        current = stack.pop()
+        current._defaults.clear()  # set_defaults(...) values (bench's draft model) are defaults too
+        for action in current._actions:
+            action.default = argparse.SUPPRESS
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
+    return set(vars(parser.parse_args(argv)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -52,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         if getattr(args, "config", None):
-            commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-            apply_config(args, commands[args.command])
+            apply_config(args, typed_flags(argv))
         return func(args)
     except SpecdecError as exc:
         if args.debug:

@@ -142,16 +142,16 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     only_one.add_argument("--grammar", metavar="FILE_OR_EBNF", help="the output follows this EBNF grammar (xgrammar's dialect, root rule 'root'; a file or inline)")
 
 
-def apply_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """``--config FILE``: each setting of the file replaces its flag's default; a flag the user typed
-    keeps the typed value (as vLLM's ``--config`` YAML does)."""
+def apply_config(args: argparse.Namespace, typed: set[str]) -> None:
+    """``--config FILE``: each setting of the file replaces its flag's value unless the user typed that
+    flag (``typed``: the destinations given on the command line) — as vLLM's ``--config`` YAML does."""
     from specdec.errors import SpecdecError
     from specdec.tune import read_settings
 
     for key, value in read_settings(args.config).items():
         if not hasattr(args, key):
             raise SpecdecError(f"--config {args.config}: {key!r} is not a setting of `specdec {args.command}`")
-        if getattr(args, key) == parser.get_default(key):
+        if key not in typed:
             setattr(args, key, value)
 
 
