@@ -182,10 +182,7 @@ def generate_stream(
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
     _, first = verify([], None, scored, params, generator)
     context = list(prompt_ids) + [first]
-    committed = out.add([first])
-    if constraint is not None:
-        constraint.commit([first])
-        out.end_with_grammar(constraint.finished)
+    committed = commit_tokens(out, constraint, [first])
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - start
     decode_start = time.perf_counter()
     if drafter is not None:
@@ -244,11 +241,7 @@ def generate_stream(
             else:
                 verify_costs.update(len(draft), t2 - t1)
             context.extend(new_tokens)
-            if constraint is not None:  # nothing after the token that completes the grammar
-                new_tokens = new_tokens[: constraint.commit(new_tokens)]
-            committed = out.add(new_tokens)
-            if constraint is not None:
-                out.end_with_grammar(constraint.finished)
+            committed = commit_tokens(out, constraint, new_tokens)
             stats.generated_tokens = len(out.token_ids)
             stats.decode_time_s = time.perf_counter() - decode_start
             if out.finish_reason is not None:
@@ -264,6 +257,16 @@ def generate_stream(
     finally:
         if drafter is not None:
             drafter.finish()
+
+
+def commit_tokens(out: _OutputTracker, constraint: GrammarConstraint | None, tokens: list[int]) -> list[int]:
+    """Commit one step's tokens to the output (stop rules applied) and to the grammar, if any: nothing
+    after the token that completes the grammar is output, and a completed grammar ends the request."""
+    if constraint is None:
+        return out.add(tokens)
+    committed = out.add(tokens[: constraint.commit(tokens)])
+    out.end_with_grammar(constraint.finished)
+    return committed
 
 
 def logprobs_of(logits: torch.Tensor, committed: list[int], params: SamplingParams) -> list[TokenLogprob] | None:

@@ -3,10 +3,11 @@
 The same choice — method, draft model, γ — written in each engine's own terms (flag names checked
 against their documentation, 2026-11): vLLM's ``--speculative-config`` JSON (``method``, ``model``,
 ``num_speculative_tokens``, ``prompt_lookup_min/max``), SGLang's ``--speculative-*`` flags
-(``STANDALONE`` for a draft model, ``NGRAM``), llama-server's ``-md`` / ``--draft-max`` /
-``--spec-draft-n-max`` / ``--spec-draft-n-min`` / ``--spec-draft-p-min`` / ``--spec-type`` (checked against
-``llama-server --help`` of a 2026-11 build, which refuses the older ``--draft-max`` / ``--draft-min``). Where an engine lacks our method the export
-says so and writes its nearest equivalent, never silently something else.
+(``STANDALONE`` for a draft model, ``NGRAM``), llama-server's ``-md`` / ``--spec-draft-n-max`` /
+``--spec-draft-n-min`` / ``--spec-draft-p-min`` / ``--spec-type`` (checked against ``llama-server
+--help`` of a 2026-11 build, which refuses the older ``--draft-max`` / ``--draft-min``). Where an
+engine lacks our method the export says so and writes its nearest equivalent, never silently
+something else.
 """
 
 from __future__ import annotations

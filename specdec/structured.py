@@ -46,6 +46,11 @@ def available() -> bool:
     return importlib.util.find_spec("xgrammar") is not None
 
 
+def schema_text(schema: dict[str, Any] | bool | str) -> str:
+    """A JSON Schema given as an object (or ``true``/``false``) or already as JSON text → JSON text."""
+    return schema if isinstance(schema, str) else json.dumps(schema)
+
+
 @dataclass(frozen=True)
 class StructuredOutput:
     """What the output must match; exactly one field is set.
@@ -82,8 +87,8 @@ class StructuredOutput:
                 raise SpecdecError(f"{name} must be a non-empty string")
 
     @classmethod
-    def from_schema(cls, schema: dict[str, Any] | str) -> "StructuredOutput":
-        return cls(json_schema=schema if isinstance(schema, str) else json.dumps(schema))
+    def from_schema(cls, schema: dict[str, Any] | bool | str) -> "StructuredOutput":
+        return cls(json_schema=schema_text(schema))
 
     @property
     def kind(self) -> str:
@@ -92,14 +97,20 @@ class StructuredOutput:
             name for name in ("json_schema", "regex", "choice", "grammar") if getattr(self, name) is not None)
 
 
-@lru_cache(maxsize=8)
-def _compiler(tokenizer: "Tokenizer", vocab_size: int) -> Any:
-    """One xgrammar compiler per (tokenizer, model vocabulary): building its token table takes ~0.7 s
-    for a 151k vocabulary, and the compiler caches every grammar it compiled."""
+def _xgrammar() -> Any:
+    """The grammar engine module, or the install hint as a :class:`SpecdecError`."""
     try:
         import xgrammar
     except ImportError:
         raise SpecdecError(INSTALL_HINT) from None
+    return xgrammar
+
+
+@lru_cache(maxsize=8)
+def _compiler(tokenizer: "Tokenizer", vocab_size: int) -> Any:
+    """One xgrammar compiler per (tokenizer, model vocabulary): building its token table takes ~0.7 s
+    for a 151k vocabulary, and the compiler caches every grammar it compiled."""
+    xgrammar = _xgrammar()
     info = xgrammar.TokenizerInfo.from_huggingface(tokenizer.hf, vocab_size=vocab_size,
                                                    stop_token_ids=sorted(tokenizer.stop_token_ids))
     return xgrammar.GrammarCompiler(info, max_threads=1)
@@ -108,10 +119,7 @@ def _compiler(tokenizer: "Tokenizer", vocab_size: int) -> Any:
 def compile_for_vocab(spec: StructuredOutput, tokens: list[str], stop_token_ids: list[int]) -> Any:
     """Compile against a raw vocabulary (token i is the string ``tokens[i]``): the tiny-model
     certificate (:mod:`specdec.certify`) constrains an 8-token model this way."""
-    try:
-        import xgrammar
-    except ImportError:
-        raise SpecdecError(INSTALL_HINT) from None
+    xgrammar = _xgrammar()
     info = xgrammar.TokenizerInfo(tokens, vocab_type=xgrammar.VocabType.RAW, vocab_size=len(tokens),
                                   stop_token_ids=stop_token_ids)
     return _compile(xgrammar.GrammarCompiler(info, max_threads=1), spec)

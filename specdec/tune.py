@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from specdec.api import LoadedModel, encode_prompt
+from specdec.api import LoadedModel
 from specdec.bench.datasets import PromptRow
 from specdec.bench.runner import BenchConfig, RequestResult, run_benchmark, summarize
 from specdec.errors import SpecdecError
@@ -64,10 +64,9 @@ def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRo
         else:
             if measured >= 2 and time.perf_counter() - start > budget_s:
                 return results, len(rows) - index
-            if not warmed:  # one warm-up for the whole run, not one per prompt
-                warm_up(target, row)
-                warmed = True
-            row_results = run_benchmark(target, draft, [row], config, progress=False, warm_up=False)
+            # the bench runner's warm-up, once for the whole run rather than once per prompt
+            row_results = run_benchmark(target, draft, [row], config, progress=False, warm_up=not warmed)
+            warmed = True
             with store.open("a") as handle:
                 handle.write(json.dumps({"setup": setup, "prompt": row.id, "results": [asdict(r) for r in row_results]}) + "\n")
             results.extend(row_results)
@@ -75,14 +74,6 @@ def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRo
         if on_row is not None:
             on_row(row.id)
     return results, 0
-
-
-def warm_up(target: LoadedModel, row: PromptRow) -> None:
-    """First calls pay one-time costs (allocator, kernels) that belong to no method."""
-    import specdec
-
-    ids = encode_prompt(target, row.turns[0], chat=row.chat)[:32]
-    specdec.generate(target, ids, specdec.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
 
 
 def _stored(store: Path, setup: dict[str, Any]) -> dict[str, list[RequestResult]]:
@@ -111,8 +102,9 @@ def choose(results: list[RequestResult]) -> tuple[str | None, int | str | None, 
             best_name, best = name, figures
     if best_name is None:
         return None, None, best
-    method, _, gamma = best_name.partition("@")
-    return method, (gamma if gamma in ("", "auto") else int(gamma)) or None, best
+    method, _, gamma_text = best_name.partition("@")  # "method@γ" when several γ were measured
+    gamma = None if not gamma_text else gamma_text if gamma_text == "auto" else int(gamma_text)
+    return method, gamma, best
 
 
 def config_file(method: str | None, gamma: int | str | None, default_gamma: int | str, settings: dict[str, Any],

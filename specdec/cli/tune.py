@@ -59,11 +59,10 @@ def run(args: argparse.Namespace) -> int:
     methods = ([m.strip() for m in args.methods.split(",") if m.strip()] if args.methods
                else candidate_methods(args.draft_model is not None, args.datastore is not None))
     gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")]
-    plan = None
     target_mode, draft_mode = args.quantize, draft_quantize(args)
-    if args.quantize == "auto" and args.device in ("auto", "cpu"):
+    if args.quantize == "auto" and args.device in ("auto", "cpu"):  # the modes measured fastest here
         plan = plan_execution(args.model, args.draft_model, "draft_model" if args.draft_model else "ngram",
-                                          auto_pull=not args.no_pull)
+                              auto_pull=not args.no_pull)
         target_mode, draft_mode = plan.target_mode, plan.draft_mode or draft_mode
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=target_mode)
     draft = None
@@ -90,10 +89,8 @@ def run(args: argparse.Namespace) -> int:
             "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": 0.0, "max_tokens": args.max_tokens,
             "repeats": 1}
     summary = write_results(args.out, results, meta)
-    settings = {"model": args.model, "draft_model": args.draft_model, "quantize": target.backend.dtype_name
-                if target.backend.dtype_name in ("int8", "int4", "int4-all") else args.quantize,
-                "draft_quantize": draft.backend.dtype_name if draft is not None and draft.backend.dtype_name
-                in ("int8", "int4", "int4-all") else args.draft_quantize, "draft_vocab_size": args.draft_vocab_size}
+    settings = {"model": args.model, "draft_model": args.draft_model, "quantize": target_mode,
+                "draft_quantize": draft_mode, "draft_vocab_size": args.draft_vocab_size}
     measured = {"prompts": len({r.prompt_id for r in results}), "left_out_for_budget": left_out,
                 "seconds": round(time.perf_counter() - start, 1), "cpu": cpu_description(), "dataset": args.prompts}
     chosen = config_file(method, gamma, gammas[0], settings, figures, summary, measured)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest
-from specdec.structured import StructuredOutput
+from specdec.structured import StructuredOutput, schema_text
 
 #: at most this many stop strings per request, each at most MAX_STOP_CHARS long: every step checks
 #: them against the new text, so an unbounded list is a per-token cost a client could impose
@@ -61,7 +61,7 @@ def _structured(req: CompletionRequest | ChatCompletionRequest) -> StructuredOut
     if extension is None:
         return None
     choice = tuple(extension.choice) if extension.choice is not None else None
-    schema = None if extension.json_schema is None else StructuredOutput.from_schema(extension.json_schema).json_schema
+    schema = None if extension.json_schema is None else schema_text(extension.json_schema)
     try:
         return StructuredOutput(json_schema=schema, json_object=bool(extension.json_object), regex=extension.regex,
                                 choice=choice, grammar=extension.grammar)
