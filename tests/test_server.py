@@ -22,7 +22,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(*args: str, env: dict[str, str] | None = None):
+def launch(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120):
     """Start `specdec serve ARGS` on a free loopback port (``env``: extra environment variables);
     return (process, base URL) once healthy."""
     port = free_port()
@@ -31,7 +31,7 @@ def launch(*args: str, env: dict[str, str] | None = None):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         try:
             if httpx.get(f"{base}/health", timeout=1).status_code == 200:

@@ -7,11 +7,16 @@ thread that will run them (:class:`specdec.server.executor.ModelExecutor`); the 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 from specdec.cli.common import add_debug_flag, add_model_args, execution_modes, positive_int, spec_from_args
 from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
+
+if TYPE_CHECKING:
+    from specdec.server.app import ServerState
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -43,16 +48,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="refuse prompts over N tokens with HTTP 400 (default: only the context window limits them)")
     serve.add_argument("--max-tokens-limit", type=positive_int, default=None, metavar="N",
                        help="refuse max_tokens over N with HTTP 400; also caps the default max_tokens (default: no limit)")
+    scale = serve.add_argument_group("scale-out on Ray Serve (needs `pip install 'specdec[ray]'`)")
+    scale.add_argument("--ray", action="store_true",
+                       help="serve the same app as a Ray Serve deployment: --replicas processes, each with its own models "
+                            "and model thread, behind Ray's HTTP proxy on --host:--port (which routes each request to the "
+                            "least busy replica)")
+    scale.add_argument("--replicas", type=positive_int, default=1, metavar="N", help="with --ray: replicas (default: 1)")
+    scale.add_argument("--ray-address", default=None, metavar="ADDR",
+                       help="with --ray: join this Ray cluster ('auto' = the one `ray start --head` started on this machine; "
+                            "host:6379 = a remote head). Default: start a private local cluster that ends with this command")
+    scale.add_argument("--ray-cpus-per-replica", type=float, default=1.0, metavar="C",
+                       help="with --ray: CPUs Ray reserves for each replica; also its torch threads (default: 1). On one "
+                            "machine, replicas x C should not exceed its cores")
     add_debug_flag(serve)
     serve.set_defaults(func=run)
     return serve
 
 
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
+def build_state(args: argparse.Namespace, threads: int | None = None) -> "ServerState":
+    """Load the models (on the thread that will run them) and make the server's state from the flags.
 
+    ``threads``: torch intra-op threads for this process (a Ray Serve replica sets it to the CPUs it
+    was given, so replicas sharing a machine do not oversubscribe its cores)."""
     import specdec
-    from specdec.server.app import ServerState, create_app
+    from specdec.server.app import ServerState
     from specdec.server.executor import ModelExecutor
     from specdec.server.security import AccessPolicy, load_api_keys
 
@@ -61,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError(f"--audit-fraction must be between 0 and 1, got {args.audit_fraction}")
     access = AccessPolicy(load_api_keys(args.api_key, args.api_key_file), args.max_body_bytes, args.metrics_require_key)
     executor = ModelExecutor()  # loads on the thread that will run the model (server/executor.py)
+    if threads is not None:
+        import torch
+
+        executor.call(lambda: torch.set_num_threads(threads))
 
     def load(name: str, quantize: str) -> "specdec.LoadedModel":
         return executor.call(lambda: specdec.load_model(name, args.dtype, args.device, auto_pull=not args.no_pull,
@@ -74,14 +97,69 @@ def run(args: argparse.Namespace) -> int:
         from specdec.compat import check_pair
 
         check_pair(target, draft)
-    state = ServerState(target=target, model_name=args.served_model_name or args.model, draft=draft, spec=spec,
-                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
-                        disable_speculation_above=args.disable_speculation_above, executor=executor,
-                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
-                        audit_fraction=args.audit_fraction)
-    keys = f"{len(access.api_keys)} API key(s)" if access.api_keys else "no API key"
-    print(f"serving {state.model_name} ({target.backend.dtype_name}, speculative: {spec.method or 'off'}, {keys}) "
+    return ServerState(target=target, model_name=args.served_model_name or args.model, draft=draft, spec=spec,
+                       max_concurrency=args.max_concurrency, max_queue=args.max_queue,
+                       disable_speculation_above=args.disable_speculation_above, executor=executor,
+                       max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
+                       audit_fraction=args.audit_fraction)
+
+
+def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
+    """The OpenAI app with its models loaded: what one process (or one Ray Serve replica) serves."""
+    from specdec.server.app import create_app
+
+    return create_app(build_state(args, threads))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ray:
+        return run_on_ray(args)
+    if args.replicas != 1 or args.ray_address is not None:
+        raise SpecdecError("--replicas and --ray-address need --ray (one process serves without it)")
+    import uvicorn
+
+    from specdec.server.app import create_app
+
+    state = build_state(args)
+    keys = f"{len(state.access.api_keys)} API key(s)" if state.access.api_keys else "no API key"
+    print(f"serving {state.model_name} ({state.target.backend.dtype_name}, speculative: {state.spec.method or 'off'}, {keys}) "
           f"on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
+    return 0
+
+
+def run_on_ray(args: argparse.Namespace) -> int:
+    """``--ray``: the same app as a Ray Serve deployment of ``--replicas`` processes (server/ray_app.py)."""
+    from specdec.server.ray_app import RaySettings, ray_serve, serve_on_ray
+
+    ray_serve()  # not installed: say so before loading anything
+    if args.port == 0:
+        raise SpecdecError("--ray needs a fixed --port (Ray Serve's proxy binds it on every node)")
+    settings = RaySettings(replicas=args.replicas, cpus_per_replica=args.ray_cpus_per_replica, address=args.ray_address,
+                           host=args.host, port=args.port,
+                           max_ongoing_requests=args.max_concurrency + args.max_queue)
+    cores = os.cpu_count() or 1
+    if settings.address is None and settings.replicas * settings.cpus_per_replica > cores:
+        # Ray would start what fits and leave the rest pending for ever, with serve.run waiting on them
+        raise SpecdecError(f"--replicas {settings.replicas} x --ray-cpus-per-replica {settings.cpus_per_replica:g} needs "
+                           f"more CPUs than this machine's {cores}: lower either, or join a larger cluster with --ray-address")
+    import copy
+
+    import torch
+
+    # A bad flag should fail here, once, not in every replica; and `--quantize auto` is resolved here,
+    # once, at the replicas' thread count (its step-cost curves are timed and cached per thread count),
+    # so replicas starting together do not time their curves against each other.
+    spec = spec_from_args(args)
+    threads = max(1, int(args.ray_cpus_per_replica))
+    driver_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        target_mode, draft_mode, _ = execution_modes(args, spec.method)
+    finally:
+        torch.set_num_threads(driver_threads)
+    args = copy.copy(args)
+    args.quantize, args.draft_quantize = target_mode, draft_mode
+    serve_on_ray(lambda: build_app(args, threads), settings, name=args.served_model_name or args.model)
     return 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import socket
 import threading
 import time
 import uuid
@@ -60,6 +62,8 @@ class ServerState:
     slots: asyncio.Semaphore | None = None
     #: the thread that loaded the models and runs every step (see server/executor.py)
     executor: ModelExecutor = field(default_factory=ModelExecutor)
+    #: which process answered (header ``x-specdec-instance``, /health): tells replicas apart behind a proxy
+    instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     def speculation_allowed(self) -> bool:
         return self.disable_speculation_above is None or self.active <= self.disable_speculation_above
@@ -109,7 +113,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "active": state.active, "waiting": state.waiting}
+        return {"status": "ok", "active": state.active, "waiting": state.waiting, "instance": state.instance}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -171,7 +175,8 @@ def create_app(state: ServerState) -> FastAPI:
             release_slot()
             raise
         if req.stream:
-            return StreamingResponse(stream_events(job, chat, endpoint), media_type="text/event-stream")
+            return StreamingResponse(stream_events(job, chat, endpoint), media_type="text/event-stream",
+                                     headers={"x-specdec-instance": state.instance})
         try:
             await job.run_to_end()
             await job.run_audit()
@@ -180,7 +185,7 @@ def create_app(state: ServerState) -> FastAPI:
         finally:
             release_slot()
         state.metrics.requests.labels(endpoint, "200").inc()
-        return JSONResponse(full_response(job, chat))
+        return JSONResponse(full_response(job, chat), headers={"x-specdec-instance": state.instance})
 
     async def acquire_slot() -> None:
         if state.slots is None:

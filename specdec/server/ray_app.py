@@ -1,0 +1,103 @@
+"""Scale-out on Ray Serve: the same OpenAI app (server/app.py) as a Ray Serve deployment of N
+replicas, each a separate process with its own models, its own model thread and its own slots.
+
+Why Ray Serve and not cluster code of our own: it already has what a replica set needs, and has it
+tested — an HTTP proxy on every node that routes each request to the less busy of two sampled
+replicas, health checks and restarts, streaming responses, and clusters of several machines
+(``ray start --head`` on one, ``ray start --address HEAD:6379`` on the others). We hand it one
+builder that loads the models inside each replica; nothing in the app knows it runs under Ray.
+
+Used by ``specdec serve --ray --replicas N``; from Python::
+
+    from ray import serve
+    from specdec.server.ray_app import RaySettings, deployment
+    serve.run(deployment(my_builder, RaySettings(replicas=2)), route_prefix="/")
+
+Each replica is a Ray actor reserving ``cpus_per_replica`` CPUs, and runs torch with that many
+threads. On one machine replicas share its memory bus: decoding is memory-bound, so two replicas on
+two cores do not double a single replica's tokens/s (results/ says what was measured).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from specdec.errors import SpecdecError
+
+#: the app's name in Ray Serve (``serve status``, ``serve.delete``)
+APP_NAME = "specdec"
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    replicas: int = 1
+    #: CPUs Ray reserves per replica (a replica that cannot get them waits, Ray says so in its log)
+    cpus_per_replica: float = 1.0
+    #: None: start a private local cluster; "auto": the local one `ray start` made; "host:port": a remote head
+    address: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    #: requests Ray's proxy hands one replica at once; the replica's own slots and queue (429) apply inside
+    max_ongoing_requests: int = 65
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise SpecdecError(f"--replicas must be at least 1, got {self.replicas}")
+        if self.cpus_per_replica <= 0:
+            raise SpecdecError(f"--ray-cpus-per-replica must be positive, got {self.cpus_per_replica}")
+
+
+def ray_serve() -> Any:  # noqa: ANN401 - the ray.serve module
+    try:
+        from ray import serve
+    except ImportError:
+        raise SpecdecError("--ray needs Ray Serve: pip install 'specdec[ray]' (or 'ray[serve]')") from None
+    return serve
+
+
+def deployment(build: Callable[[], Any], settings: RaySettings) -> Any:  # noqa: ANN401 - a ray.serve.Application
+    """A Ray Serve application whose replicas each call ``build()`` (returns the ASGI app, models
+    loaded) once, at replica start. ``build`` must be a plain function or lambda: Ray pickles it
+    to every node, where specdec must be installed too."""
+    serve = ray_serve()
+
+    class SpecdecReplica:
+        """One replica: Ray's ASGI wrapper calls ``build`` after this constructor."""
+
+    ingress = serve.ingress(build)(SpecdecReplica)
+    return serve.deployment(ingress, name="SpecdecReplica", num_replicas=settings.replicas,
+                            max_ongoing_requests=settings.max_ongoing_requests,
+                            ray_actor_options={"num_cpus": settings.cpus_per_replica}).bind()
+
+
+def serve_on_ray(build: Callable[[], Any], settings: RaySettings, name: str) -> None:
+    """Connect to (or start) a Ray cluster, run the deployment behind Ray's proxy on
+    ``settings.host:settings.port`` and block until SIGINT/SIGTERM; then delete the app and, for a
+    private cluster, stop it."""
+    serve = ray_serve()
+    import ray
+
+    ray.init(address=settings.address, include_dashboard=False, logging_level="WARNING",
+             log_to_driver=False, configure_logging=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": settings.host, "port": settings.port})
+        print(f"starting {settings.replicas} Ray Serve replica(s) of {name} "
+              f"({settings.cpus_per_replica:g} CPU each) …", file=sys.stderr, flush=True)
+        serve.run(deployment(build, settings), name=APP_NAME, route_prefix="/", blocking=False)
+        print(f"serving {name} on http://{settings.host}:{settings.port} with {settings.replicas} Ray Serve replica(s); "
+              "Ctrl-C stops", file=sys.stderr, flush=True)
+        stop.wait()
+    finally:
+        try:
+            serve.delete(APP_NAME)
+            if settings.address is None:
+                serve.shutdown()
+        finally:
+            ray.shutdown()
