@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from specdec.stats import Round, Stats
+from specdec.stats import Round, Stats, position_counts
 from specdec.tokenizer import IncrementalDetokenizer, Tokenizer
 
 #: token kind → (CSS color, legend text)
@@ -61,12 +61,8 @@ def classify(token_ids: Sequence[int], rounds: Sequence[Round]) -> list[tuple[in
 
 def alpha_per_position(rounds: Sequence[Round]) -> list[float]:
     """α_j: of the rounds that drafted a j-th token, the fraction that accepted it (j = 1, 2, …)."""
-    longest = max((len(r.drafted) for r in rounds), default=0)
-    result = []
-    for position in range(1, longest + 1):
-        tried = [r for r in rounds if len(r.drafted) >= position]
-        result.append(sum(r.accepted >= position for r in tried) / len(tried))
-    return result
+    drafted, accepted = position_counts(list(rounds))
+    return [a / d for a, d in zip(accepted, drafted)]
 
 
 def _bars(values: Sequence[float], labels: Sequence[str], title: str, fmt: str) -> str:

@@ -23,6 +23,15 @@ class Round:
     committed: list[int]
 
 
+def position_counts(rounds: "list[Round]") -> tuple[list[int], list[int]]:
+    """(drafted, accepted) per draft position j = 1, 2, …: how many rounds drafted a j-th token and
+    how many of those accepted it. α_j = accepted[j] / drafted[j]; counts (not ratios) so runs add up."""
+    longest = max((len(r.drafted) for r in rounds), default=0)
+    drafted = [sum(len(r.drafted) > j for r in rounds) for j in range(longest)]
+    accepted = [sum(r.accepted > j for r in rounds) for j in range(longest)]
+    return drafted, accepted
+
+
 @dataclass
 class Stats:
     method: str = "ar"
@@ -131,6 +140,7 @@ class Stats:
             "draft_cost_ratio": round(self.draft_cost_ratio, 4),
             "total_time_s": round(self.total_time_s, 4),
             "grammar_forced_tokens": self.grammar_forced_tokens,
+            **dict(zip(("drafted_at_position", "accepted_at_position"), position_counts(self.rounds))),
         }
 
     def summary_line(self) -> str:

@@ -10,8 +10,11 @@ the exact configuration with the best end-to-end speedup; plain decoding when no
 It stops starting new prompts when ``budget_s`` is spent (at least two are always measured), and
 each finished prompt is appended to ``measurements.jsonl`` in the output folder, so an interrupted
 run resumes where it stopped (measurements from another setup in that file are ignored).
-Execution modes are not searched here: ``--quantize auto`` already picks them from step-cost
-curves measured on this machine, and tune measures methods within that choice.
+Execution modes: the methods are measured in the modes ``--quantize auto`` picks from step-cost
+curves timed on this machine (with a prior α). Once α is measured, :func:`mode_rates` puts it into
+the same curves, per target mode; when another mode is expected to be faster by
+:data:`MIN_SPEEDUP`, the CLI measures the chosen method again in that mode on the same prompts and
+keeps the mode that measured faster.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from specdec.api import LoadedModel
 from specdec.bench.datasets import PromptRow
 from specdec.bench.runner import BenchConfig, RequestResult, run_benchmark, summarize
 from specdec.errors import SpecdecError
+from specdec.step_costs import ExecutionPlan, ModeChoice, choose_mode
 
 #: the selected configuration must beat plain decoding by this factor, or tune picks plain decoding
 #: (a 2 % "win" on a handful of prompts is inside the noise of these machines)
@@ -105,6 +109,27 @@ def choose(results: list[RequestResult]) -> tuple[str | None, int | str | None, 
     method, _, gamma_text = best_name.partition("@")  # "method@γ" when several γ were measured
     gamma = None if not gamma_text else gamma_text if gamma_text == "auto" else int(gamma_text)
     return method, gamma, best
+
+
+def mode_rates(plan: ExecutionPlan, method: str | None, acceptance_rate: float) -> ModeChoice | None:
+    """Expected tokens/s per target execution mode with the *measured* α of ``method`` (plain
+    decoding when None) and its drafting cost (the draft model's measured step for model drafters,
+    nothing for table drafters); None when there was no choice of mode to make."""
+    if plan.choice is None:
+        return None
+    from specdec.drafters.registry import needs_draft_model
+
+    draft_seconds = 0.0
+    if method is not None and needs_draft_model(method) and plan.draft_mode in plan.draft_curves:
+        draft_seconds = plan.draft_curves[plan.draft_mode].cost(1)
+    return choose_mode(plan.choice.curves, None if method is None else acceptance_rate, draft_seconds)
+
+
+def faster_mode(choice: ModeChoice | None, measured_mode: str) -> str | None:
+    """The mode worth measuring too: expected at least :data:`MIN_SPEEDUP` times the measured one's rate."""
+    if choice is None or choice.mode == measured_mode or measured_mode not in choice.rates:
+        return None
+    return choice.mode if choice.rates[choice.mode] >= MIN_SPEEDUP * choice.rates[measured_mode] else None
 
 
 def config_file(method: str | None, gamma: int | str | None, default_gamma: int | str, settings: dict[str, Any],

@@ -78,3 +78,37 @@ def test_a_typed_flag_equal_to_its_default_still_wins(tmp_path):
 
     assert {"draft_model", "method"} <= typed_flags(["bench", "--draft-model", "qwen2.5-coder-0.5b", "--method", "ngram"])
     assert "draft_model" not in typed_flags(["bench"])
+
+
+def test_measured_alpha_decides_the_execution_mode_worth_measuring():
+    """int8's verification is flat (1 and 5 tokens cost about the same), int4's plain step is
+    cheaper: with a high measured α int8 is expected faster, with none int4 is."""
+    from specdec.step_costs import Curve, ExecutionPlan, ModeChoice
+    from specdec.tune import faster_mode, mode_rates
+
+    curves = {"int8": Curve("int8", {1: 0.040, 5: 0.046, 9: 0.060}), "int4": Curve("int4", {1: 0.025, 5: 0.060, 9: 0.100})}
+    plan = ExecutionPlan("int4", "int4-all", ModeChoice("int4", curves, {}, {}),
+                         {"int4-all": Curve("int4-all", {1: 0.004, 5: 0.010})})
+    high = mode_rates(plan, "suffix", 0.9)
+    assert high.mode == "int8" and faster_mode(high, "int4") == "int8"
+    plain = mode_rates(plan, None, 0.0)
+    assert plain.mode == "int4" and faster_mode(plain, "int4") is None
+    # a model drafter pays its measured draft step per token: a costly draft favours the cheaper plain step
+    assert mode_rates(plan, "draft_model", 0.9).draft_seconds == 0.004
+    assert mode_rates(plan, "suffix", 0.9).draft_seconds == 0.0
+    assert mode_rates(ExecutionPlan("int8"), "suffix", 0.9) is None  # one candidate: nothing to choose
+
+
+def test_tune_writes_the_acceptance_view_of_its_choice(tiny_dirs, tiny_target, tmp_path):
+    import argparse
+
+    from specdec.bench.datasets import PromptRow
+    from specdec.cli.tune import _acceptance_views
+    from specdec.sampling import SamplingParams
+
+    args = argparse.Namespace(out=tmp_path, datastore=None, draft_vocab_size=0)
+    rows = [PromptRow("humaneval/1", "code", ["def add(a, b):\n    return a + b\n\ndef add(a, b):"], False)]
+    settings = {"method": "ngram", "num_speculative_tokens": 3, "draft_model": None}
+    _acceptance_views(args, tiny_target, None, rows, settings, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    page = (tmp_path / "acceptance" / "humaneval_1.html").read_text()
+    assert "<html" in page and "def add" in page

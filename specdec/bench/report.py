@@ -46,7 +46,8 @@ def markdown_report(summary: dict, meta: dict[str, Any]) -> str:
     lines += ["", "tokens/s and speedup are end to end (prefill included, as a user waits); decode speedup compares "
               "time per output token after the first (prefill excluded)."]
     lines += ["", "Plots: `speedup.png` (speedup per category and method), `accepted_len.png` (accepted-length "
-              "histograms), `speedup_vs_gamma.png` (when several γ were run)."]
+              "histograms), `alpha_per_position.png` (α at each draft position: where drafts go wrong), "
+              "`speedup_vs_gamma.png` (when several γ were run)."]
     return "\n".join(lines) + "\n"
 
 
@@ -106,6 +107,37 @@ def write_plots(out_dir: Path, results: list[RequestResult], summary: dict) -> N
     fig.tight_layout()
     fig.savefig(out_dir / "accepted_len.png", dpi=100)
     plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, alphas in alpha_per_position(results, methods).items():
+        ax.plot(range(1, len(alphas) + 1), alphas, marker="o", label=method)
+    ax.set_xlabel("draft position j")
+    ax.set_ylabel("α_j (accepted / drafted at j)")
+    ax.set_ylim(0, 1.05)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "alpha_per_position.png", dpi=100)
+    plt.close(fig)
+
+
+def alpha_per_position(results: list[RequestResult], methods: list[str]) -> dict[str, list[float]]:
+    """α at each draft position per method, over every request (counts summed, then divided, so
+    a long generation weighs by its rounds)."""
+    alphas: dict[str, list[float]] = {}
+    for method in methods:
+        drafted: list[int] = []
+        accepted: list[int] = []
+        for r in results:
+            if r.method != method:
+                continue
+            for total, counts in ((drafted, r.stats.get("drafted_at_position") or []),
+                                  (accepted, r.stats.get("accepted_at_position") or [])):
+                total.extend([0] * (len(counts) - len(total)))
+                for j, count in enumerate(counts):
+                    total[j] += count
+        if drafted:
+            alphas[method] = [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
+    return alphas
 
 
 def compare_runs(first: Path, second: Path) -> str:

@@ -33,6 +33,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tune.add_argument("--budget-minutes", type=float, default=10.0,
                       help="stop starting new prompts after this long (at least 2 are measured; default: 10)")
     tune.add_argument("--out", type=Path, default=Path("tune-out"), help="output folder (default: tune-out)")
+    tune.add_argument("--html-prompts", type=int, default=2, metavar="N",
+                      help="write the acceptance view (tokens colored accepted / correction / bonus) of the chosen "
+                           "configuration on the first N prompts to OUT/acceptance/ (0: none; default: 2)")
     tune.add_argument("--export", action="append", default=[], choices=("vllm", "sglang", "llamacpp"),
                       help="also write the chosen configuration for this engine to OUT/ENGINE.sh (repeatable)")
     add_model_args(tune, unused=("--num-speculative-tokens", "--method"))
@@ -60,9 +63,10 @@ def run(args: argparse.Namespace) -> int:
                else candidate_methods(args.draft_model is not None, args.datastore is not None))
     gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")]
     target_mode, draft_mode = args.quantize, draft_quantize(args)
+    plan = None
     if args.quantize == "auto" and args.device in ("auto", "cpu"):  # the modes measured fastest here
         plan = plan_execution(args.model, args.draft_model, "draft_model" if args.draft_model else "ngram",
-                              auto_pull=not args.no_pull)
+                              auto_pull=not args.no_pull, draft_vocab_size=args.draft_vocab_size or None)
         target_mode, draft_mode = plan.target_mode, plan.draft_mode or draft_mode
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=target_mode)
     draft = None
@@ -84,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         results, left_out = run_tune(target, draft, rows, config, args.out, args.budget_minutes * 60, setup,
                                      on_row=lambda _: bar.update(1))
     method, gamma, figures = choose(results)
+    modes = None
+    if plan is not None:
+        modes, target = _check_modes(args, plan, target, draft, rows, results, method, gamma or gammas[0], params, start)
+        target_mode = modes["chosen"]
     meta = {"dataset": args.prompts, "command": "specdec " + " ".join(sys.argv[1:]), "machine": cpu_description(),
             "model": args.model, "draft_model": args.draft_model, "execution": target.backend.dtype_name,
             "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": 0.0, "max_tokens": args.max_tokens,
@@ -94,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     measured = {"prompts": len({r.prompt_id for r in results}), "left_out_for_budget": left_out,
                 "seconds": round(time.perf_counter() - start, 1), "cpu": cpu_description(), "dataset": args.prompts}
     chosen = config_file(method, gamma, gammas[0], settings, figures, summary, measured)
+    if modes is not None:
+        chosen["measured"]["execution_modes"] = modes
+    if args.html_prompts > 0:
+        _acceptance_views(args, target, draft, rows[:min(args.html_prompts, measured["prompts"])], chosen["settings"], params)
     (args.out / "tune.json").write_text(json.dumps(chosen, indent=1))
     print((args.out / "report.md").read_text())
     verdict = (f"plain decoding (no method beat it by 3% here)" if method is None else
@@ -105,6 +117,61 @@ def run(args: argparse.Namespace) -> int:
     for engine in args.export:
         _export(engine, args, chosen["settings"])
     return 0
+
+
+def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, method, gamma, params, start: float):  # noqa: ANN001, ANN202
+    """Expected tokens/s per target mode with the measured α (:func:`specdec.tune.mode_rates`); when
+    another mode is expected faster, measure the chosen configuration there too, on the same
+    prompts, and keep whichever measured faster. Returns (a record for tune.json, the target to use)."""
+    import specdec
+    from specdec.bench.runner import BenchConfig, run_benchmark, summarize
+    from specdec.tune import MIN_SPEEDUP, faster_mode, mode_rates
+
+    overall = summarize(results)["overall"]
+    name = "ar" if method is None else method if method in overall else f"{method}@{gamma}"  # method@γ: several γ measured
+    measured_mode = target.backend.dtype_name
+    rates = mode_rates(plan, method, overall[name]["acceptance_rate"])
+    record = {"measured_in": measured_mode, "expected_tok_s": {m: round(r, 2) for m, r in (rates.rates if rates else {}).items()},
+              "measured_tok_s": {measured_mode: round(overall[name]["tokens_per_s"], 2)}, "chosen": measured_mode}
+    other = faster_mode(rates, measured_mode)
+    if other is None:
+        return record, target
+    if time.perf_counter() - start > args.budget_minutes * 60:
+        record["note"] = f"{other} was expected faster but the budget was spent before measuring it"
+        return record, target
+    print(f"tune: {other} is expected {rates.rates[other] / rates.rates[measured_mode]:.2f}× {measured_mode} with the "
+          f"measured α; measuring it on the same prompts", file=sys.stderr)
+    other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=other)
+    measured_ids = {r.prompt_id for r in results}
+    config = BenchConfig(methods=["ar" if method is None else method], params=params, gammas=[gamma], repeats=1,
+                         datastore=args.datastore, draft_vocab_size=args.draft_vocab_size)
+    other_results = run_benchmark(other_target, draft, [row for row in rows if row.id in measured_ids], config)
+    figures = summarize(other_results)["overall"]["ar" if method is None else method]
+    record["measured_tok_s"][other] = round(figures["tokens_per_s"], 2)
+    if not figures["mismatches"] and figures["tokens_per_s"] >= MIN_SPEEDUP * overall[name]["tokens_per_s"]:
+        record["chosen"] = other
+        return record, other_target
+    return record, target
+
+
+def _acceptance_views(args: argparse.Namespace, target, draft, rows, settings: dict, params) -> None:  # noqa: ANN001
+    """The chosen configuration's acceptance view on the first prompts (``--html-prompts``)."""
+    import specdec
+    from specdec.api import encode_prompt
+    from specdec.cli.generate import write_view
+    from specdec.config import SpecConfig
+
+    if settings["method"] is None:
+        return
+    folder = args.out / "acceptance"
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = SpecConfig(method=settings["method"], num_speculative_tokens=settings["num_speculative_tokens"],
+                      datastore=args.datastore, draft_vocab_size=args.draft_vocab_size)
+    for row in rows:
+        ids = encode_prompt(target, row.turns[0], chat=row.chat)
+        out = specdec.generate(target, ids, params, draft=draft if settings["draft_model"] else None, spec=spec)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in row.id)
+        write_view(str(folder / f"{safe}.html"), target, row.turns[0], row.chat, out.token_ids, out.stats)
 
 
 def _export(engine: str, args: argparse.Namespace, settings: dict) -> None:
