@@ -137,7 +137,24 @@ def load_model(
     backend = TorchBackend(decoder)
     if mode in CPU_QUANTIZE_MODES:  # measured here by --quantize auto (or an earlier run): the γ prior
         backend.step_seconds = step_costs.cached_seconds(decoder.config, mode, AUTO_MAX_SPECULATIVE_TOKENS + 1)
+    _return_freed_memory()
     return LoadedModel(name, path, backend, tokenizer, time.perf_counter() - start)
+
+
+def _return_freed_memory() -> None:
+    """Hand the loader's freed temporaries back to the OS. Conversion and packing free gigabytes in
+    pieces glibc keeps in its heaps (measured: a 1.5B int8 target's process held 0.6 GB more
+    without this — and a server or each Ray replica holds that for its whole life)."""
+    import ctypes
+    import ctypes.util
+
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return
+    try:
+        ctypes.CDLL(libc_name).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
+        pass
 
 
 def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool = False) -> list[int]:
