@@ -56,6 +56,29 @@ class CppLayers:
             pending = down_proj(F.silu(gate).mul_(up))
         return x if pending is None else x.add_(pending)
 
+    def ragged(self, x: torch.Tensor, segments: Sequence[tuple], run: Sequence[int]) -> torch.Tensor:
+        """Several requests' new tokens in one pass: ``x [ΣT_i, hidden]`` holds them back to back;
+        ``segments`` gives each request's ``(first row, end row, cos, sin, cache, start, mask)``.
+
+        Norms and projections run once over all rows (they are row by row: a row's bits do not
+        depend on the others — int32 accumulation, per-token activation scales); attention runs per
+        request against its own cache. So each request's rows are bit-identical to running it alone,
+        and the weights are read once for all of them — what makes a decode step of 8 requests cost
+        little more than one."""
+        ops, eps, plan = self.ops, self.eps, self.plan
+        segments = [(a, b, cos, sin, cache, start, None if mask is None else mask.contiguous())
+                     for a, b, cos, sin, cache, start, mask in segments]
+        pending = None
+        for index in run:
+            input_norm, qkv_proj, heads, kv_heads, o_proj, post_norm, gate_up_proj, down_proj = plan[index]
+            qkv = qkv_proj(ops.rms_norm(x, pending, input_norm, eps))
+            outs = [ops.attention(qkv[a:b], cos, sin, cache.k[index], cache.v[index], start, heads, kv_heads, mask)
+                    for a, b, cos, sin, cache, start, mask in segments]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs)
+            gate, up = gate_up_proj(ops.rms_norm(x, o_proj(out), post_norm, eps)).chunk(2, dim=-1)
+            pending = down_proj(F.silu(gate).mul_(up))
+        return x if pending is None else x.add_(pending)
+
 
 def use_layer_ops(decoder: nn.Module, required: bool = True) -> None:
     """Run ``decoder``'s layers through :class:`CppLayers`. ``required=False`` (int8, whose own
@@ -67,7 +90,8 @@ def use_layer_ops(decoder: nn.Module, required: bool = True) -> None:
     elif not available():
         return
     if cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0:
-        decoder.set_layer_runner(CppLayers(decoder))
+        runner = CppLayers(decoder)
+        decoder.set_layer_runner(runner, runner.ragged)
 
 
 def _direct(layer: nn.Module) -> Projection:
