@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import torch
 
@@ -127,6 +127,18 @@ def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
         )
 
 
+@dataclass
+class TargetCall:
+    """A target forward a request needs before it can go on (yielded by :func:`generate_steps`):
+    ``tokens`` appended to ``state``, logits for the last ``num_logits`` rows (None: all). Whoever
+    drives the steps answers with the logits — one call at a time (:func:`generate_stream`), or many
+    requests' calls in one batched forward (the server's scheduler, ``Backend.forward_batch``)."""
+
+    state: Any
+    tokens: list[int]
+    num_logits: int | None = None
+
+
 def generate_stream(
     target: Backend,
     prompt_ids: list[int],
@@ -138,7 +150,38 @@ def generate_stream(
     speculate: Callable[[], bool] | None = None,
     constraint: GrammarConstraint | None = None,
 ) -> Iterator[StreamChunk]:
-    """Generate from ``prompt_ids``; yields one :class:`StreamChunk` per target forward.
+    """Generate from ``prompt_ids``; yields one :class:`StreamChunk` per target forward (the
+    arguments are :func:`generate_steps`'s, which this drives, running each forward at once)."""
+    steps = generate_steps(target, prompt_ids, params, drafter, spec, tokenizer, generator, speculate, constraint)
+    try:
+        logits = None
+        while True:
+            try:
+                item = steps.send(logits)
+            except StopIteration:
+                return
+            if isinstance(item, TargetCall):
+                logits = target.forward(item.state, item.tokens, num_logits=item.num_logits)
+            else:
+                logits = None
+                yield item
+    finally:
+        steps.close()  # the drafter's cleanup runs even when the consumer stops early
+
+
+def generate_steps(
+    target: Backend,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    drafter: Drafter | None = None,
+    spec: SpecConfig | None = None,
+    tokenizer=None,  # noqa: ANN001 - specdec.tokenizer.Tokenizer; needed for text and stop strings
+    generator: torch.Generator | None = None,
+    speculate: Callable[[], bool] | None = None,
+    constraint: GrammarConstraint | None = None,
+) -> Generator[StreamChunk | TargetCall, torch.Tensor | None, None]:
+    """Generate from ``prompt_ids``: yields a :class:`TargetCall` whenever it needs the target
+    (and must be sent the logits back), and one :class:`StreamChunk` per target forward.
 
     ``speculate`` is asked before every step; when it returns False the step drafts nothing (a
     server switches speculation off under load, where drafting costs throughput).
@@ -178,7 +221,7 @@ def generate_stream(
 
     start = time.perf_counter()
     state = target.new_state(cache_len)
-    logits = target.forward(state, prompt_ids, num_logits=1)
+    logits = yield TargetCall(state, list(prompt_ids), 1)
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
     _, first = verify([], None, scored, params, generator)
     context = list(prompt_ids) + [first]
@@ -220,7 +263,7 @@ def generate_stream(
                     draft = draft.extended(forced, vocab_size)  # certain: accepted whatever the logits
                     grammatical += len(forced)
             t1 = time.perf_counter()
-            logits = target.forward(state, [context[-1], *draft.tokens])
+            logits = yield TargetCall(state, [context[-1], *draft.tokens])
             scored = constraint.mask_rows(logits, grammatical) if constraint is not None else logits
             num_accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
             state.truncate(len(context) + num_accepted)

@@ -41,6 +41,11 @@ class Backend(Protocol):
         ``[len(tokens) or num_logits, vocab]``."""
         ...
 
+    def forward_batch(self, calls: Sequence[tuple[SequenceState, Sequence[int], int | None]]) -> list[torch.Tensor]:
+        """Several requests' ``(state, tokens, num_logits)`` in one forward where the backend can
+        (each result bit-identical to its own :meth:`forward`), else one after another."""
+        ...
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights read per forward (for the achieved-bandwidth figure)."""

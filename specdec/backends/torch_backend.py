@@ -9,7 +9,7 @@ import torch
 
 from specdec.backends.cuda_graphs import CudaGraphRunner
 from specdec.models.kv_cache import KVCache
-from specdec.models.transformer import Decoder
+from specdec.models.transformer import Decoder, RaggedInput
 
 
 def cuda_graphs_enabled() -> bool:
@@ -55,6 +55,18 @@ class TorchBackend:
         positions = torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device)
         return self.decoder(ids, positions, state, num_logits=num_logits, layers=layers, return_hidden=return_hidden,
                             vocab_limit=vocab_limit)
+
+    def forward_batch(self, calls: Sequence[tuple[KVCache, Sequence[int], int | None]]) -> list[torch.Tensor]:
+        """One ``Decoder.forward_ragged`` over the calls (bit-identical per call to :meth:`forward`;
+        it runs them one by one where its layers cannot batch); CUDA graphs replay one call each."""
+        if self.graphs is not None or len(calls) == 1:
+            return [self.forward(state, tokens, num_logits=num_logits) for state, tokens, num_logits in calls]
+        inputs = []
+        for state, tokens, num_logits in calls:
+            ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
+            positions = torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device)
+            inputs.append(RaggedInput(ids, positions, state, num_logits=num_logits))
+        return self.decoder.forward_ragged(inputs)
 
     @property
     def weight_bytes(self) -> int:

@@ -28,7 +28,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
-    serve.add_argument("--max-concurrency", type=positive_int, default=1, help="requests generated at once; the rest wait (default: 1)")
+    serve.add_argument("--max-concurrency", "--max-num-seqs", dest="max_concurrency", type=positive_int, default=8,
+                       help="requests generated at once, their target forwards batched into one (continuous batching: "
+                            "requests join and leave between forwards); the rest wait (default: 8)")
+    serve.add_argument("--max-num-batched-tokens", type=positive_int, default=2048, metavar="N",
+                       help="tokens (prefill chunks, decode tokens, drafts) in one batched target forward; requests over "
+                            "it wait for the next forward, a single larger prompt runs alone (default: 2048)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before HTTP 429 (default: 64)")
     serve.add_argument("--disable-speculation-above", type=int, default=None, metavar="N",
                        help="switch speculation off (per step) while more than N requests are active: drafting costs throughput under load (default: never)")
@@ -79,7 +84,8 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     if not 0.0 <= args.audit_fraction <= 1.0:
         raise SpecdecError(f"--audit-fraction must be between 0 and 1, got {args.audit_fraction}")
     access = AccessPolicy(load_api_keys(args.api_key, args.api_key_file), args.max_body_bytes, args.metrics_require_key)
-    executor = ModelExecutor()  # loads on the thread that will run the model (server/executor.py)
+    # loads on the thread that will run the model (server/executor.py)
+    executor = ModelExecutor(max_num_batched_tokens=args.max_num_batched_tokens)
     if threads is not None:
         import torch
 

@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from specdec.api import LoadedModel, encode_prompt, prepare
 from specdec.config import SpecConfig
 from specdec.drafters.registry import method_info, needs_draft_model, resolve_method
-from specdec.engine import check_context, generate_stream
+from specdec.engine import check_context, generate_steps
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase, Auditor, auditable
@@ -45,7 +45,7 @@ class ServerState:
     model_name: str
     draft: LoadedModel | None = None
     spec: SpecConfig = field(default_factory=SpecConfig)
-    max_concurrency: int = 1
+    max_concurrency: int = 8
     max_queue: int = 64
     disable_speculation_above: int | None = None
     #: request limits (None: only the context window bounds them): prompt tokens, max_tokens
@@ -97,6 +97,7 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
     app.state.specdec = state
+    state.executor.set_target(state.target.backend.forward_batch, on_batch=state.metrics.observe_batch)
     state.auditor = Auditor(state.target, state.executor, state.metrics, state.audit_fraction,
                             busy=lambda: state.active > 0 or state.waiting > 0)
 
@@ -289,10 +290,10 @@ class Job:
         """Build the drafter (it allocates its caches: a torch op, so on the model thread)."""
         self._stream = await self.state.executor.run(self._open)
 
-    def _open(self):  # noqa: ANN202 - a generate_stream generator
+    def _open(self):  # noqa: ANN202 - a generate_steps generator
         state = self.state
         draft = state.draft if needs_draft_model(self.spec.method) else None
-        return generate_stream(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
+        return generate_steps(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
                                speculate=state.speculation_allowed)
 
     def cancel(self) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from specdec.api import LoadedModel, prepare
 from specdec.config import SpecConfig
-from specdec.engine import generate_stream
+from specdec.engine import generate_steps
 from specdec.sampling import SamplingParams
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
@@ -122,7 +122,7 @@ class Auditor:
         """Plain decoding of the case's prompt with its parameters, stepped on the model thread in
         turn with the requests (dropped at its next step when ``interruptible`` and a request is
         active)."""
-        chunks = await self.executor.run(lambda: generate_stream(
+        chunks = await self.executor.run(lambda: generate_steps(
             **prepare(self.target, case.prompt_ids, case.params, None, SpecConfig(), chat=False)))
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60, 120)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2)
 
 
@@ -27,6 +28,15 @@ class Metrics:
         self.audits = Counter("specdec_audit_total", "Greedy requests re-decoded plainly to check losslessness, by result "
                               "(identical, mismatch, skipped)", ["result"], registry=r)
         self.waiting = Gauge("specdec_waiting_requests", "Requests waiting for a slot", registry=r)
+        self.batch_requests = Histogram("specdec_batch_requests", "Requests served by one target forward (continuous batching)",
+                                        buckets=BATCH_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("specdec_batch_tokens", "Tokens (rows) of one target forward",
+                                      buckets=(1, 4, 16, 64, 256, 1024, 4096), registry=r)
+
+    def observe_batch(self, requests: int, tokens: int) -> None:
+        """One batched target forward (called on the model thread; the client is thread-safe)."""
+        self.batch_requests.observe(requests)
+        self.batch_tokens.observe(tokens)
 
     def observe(self, stats) -> None:  # noqa: ANN001 - specdec.stats.Stats
         self.ttft.observe(stats.ttft_s)
