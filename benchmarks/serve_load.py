@@ -69,7 +69,7 @@ def start_server(args: argparse.Namespace, extra: list[str]) -> tuple[subprocess
     port = free_port()
     levels = [int(x) for x in args.levels.split(",")]
     server = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--model", args.model, "--draft-model", args.draft_model,
-                               "--quantize", args.quantize, "--port", str(port), "--max-concurrency", str(max(levels)),
+                               "--quantize", args.quantize, "--draft-quantize", args.draft_quantize, "--port", str(port), "--max-concurrency", str(max(levels)),
                                "--num-speculative-tokens", args.num_speculative_tokens,
                                "--disable-speculation-above", str(args.disable_speculation_above), *extra],
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -93,7 +93,8 @@ def main() -> int:
     parser.add_argument("--levels", default="1,2,4,8")
     parser.add_argument("--requests-per-level", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--disable-speculation-above", type=int, default=1000)
+    parser.add_argument("--draft-quantize", default="int4-all")
+    parser.add_argument("--disable-speculation-above", default="1000", help="the servers' policy (a number, auto or never)")
     parser.add_argument("--num-speculative-tokens", default="4")
     parser.add_argument("--compare-unbatched", action="store_true",
                         help="also run a server with --max-num-batched-tokens 1 (one request per forward, as before "
@@ -110,7 +111,7 @@ def main() -> int:
         prompts = [row.turns[0] for row in load_prompts("humaneval", limit=max(levels))]
         for _, base in servers.values():
             one_request(base, prompts[0], 8, True)  # warm-up
-        print(f"# specdec serve, {args.model} ({args.quantize}) <- {args.draft_model}, γ={args.num_speculative_tokens}, "
+        print(f"# specdec serve, {args.model} ({args.quantize}) <- {args.draft_model} ({args.draft_quantize}), γ={args.num_speculative_tokens}, "
               f"--disable-speculation-above {args.disable_speculation_above}, {args.requests_per_level} requests per level, "
               f"{args.max_tokens} tokens each, greedy, HumanEval prompts, loopback; CPU {cpu_description()} ({' '.join(cpu_flags())})")
         print("| server | concurrency | speculation | requests/s | tokens/s | p50 latency s | p99 latency s | median TTFT s |")

@@ -319,3 +319,33 @@ def plan_execution(target_cfg: ModelConfig, draft_cfg: ModelConfig | None = None
     alpha = None if drafting is None else PRIOR_ALPHA["draft" if drafting == "draft" else "free"]
     choice = choose_mode(curves_for(target_cfg, targets), alpha, draft_seconds, max_gamma)
     return ExecutionPlan(choice.mode, draft_mode, choice, draft_curves)
+
+
+def batch_speculation_limit(step_seconds: dict[int, float] | None, alpha: float, gamma: int | None,
+                            draft_seconds: float, max_requests: int, max_gamma: int = 8) -> int | None:
+    """The most concurrent requests at which speculation is still expected to beat plain decoding
+    when their forwards are batched (the server's ``--disable-speculation-above auto``); None when
+    the target's step costs were never measured (then nothing is switched off).
+
+    N requests stepped together: plain decoding commits N tokens per forward of N rows; speculation
+    commits N·τ(α, γ) per forward of N·(γ+1) rows plus N·γ serial draft steps. On a CPU whose
+    forward cost grows with rows (AVX2 int8: 8 decode rows cost 1.4× one, 40 verification rows 4×+)
+    that pays only for a few requests; where the curve is flat (VNNI, GPU) for more. The curve
+    beyond its largest measured size follows its last slope — an underestimate of many-row
+    forwards (measured: benchmarks/results/2026-11-25/ragged-step-int8.md), so the limit errs toward
+    speculating. ``gamma``: the γ requests draft (None: γ=auto, whose controller picks the best γ
+    for one request alone — it does not know about the batch)."""
+    if not step_seconds:
+        return None
+    curve = Curve("target", dict(step_seconds))
+    if gamma is None:
+        gamma = best_rate(curve, alpha, draft_seconds, max_gamma)[1]
+    limit = 0
+    for requests in range(1, max_requests + 1):
+        plain = requests / curve.cost(requests)
+        speculative = (requests * expected_tokens(alpha, gamma)
+                       / (curve.cost(requests * (gamma + 1)) + requests * gamma * draft_seconds)) if gamma else 0.0
+        if speculative <= plain:
+            break
+        limit = requests
+    return limit

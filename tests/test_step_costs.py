@@ -118,3 +118,15 @@ def test_the_probe_scales_layers_and_head_apart(int4_kernel):
     shallow = measure_curves(TINY, ("int4",), repeats=3)["int4"]
     deep = measure_curves(ModelConfig(**{**TINY.__dict__, "num_layers": 40}), ("int4",), repeats=3)["int4"]
     assert deep.cost(1) > shallow.cost(1) and deep.weight_gb > 5 * shallow.weight_gb
+
+
+def test_batch_speculation_limit_follows_the_measured_curve():
+    from specdec.step_costs import batch_speculation_limit
+
+    steep = {1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105}  # AVX2 int8 1.5B, measured: rows cost beyond 8
+    assert batch_speculation_limit(steep, 0.7, 4, 0.013, 16) == 1  # alone it pays; from 2 requests on it does not
+    assert batch_speculation_limit(steep, 0.7, None, 0.013, 16) == 2  # γ=auto drafts 3 alone: 8 rows still cost little
+    flat = {1: 0.075, 2: 0.075, 4: 0.076, 8: 0.077, 16: 0.080, 32: 0.090, 64: 0.120}  # a flat (GPU-like) curve
+    assert batch_speculation_limit(flat, 0.7, 4, 0.0, 16) == 16
+    assert batch_speculation_limit(steep, 0.0, 4, 0.0, 16) == 0  # nothing is ever accepted: never
+    assert batch_speculation_limit(None, 0.7, 4, 0.0, 16) is None  # unmeasured: nothing switched off

@@ -19,6 +19,19 @@ if TYPE_CHECKING:
     from specdec.server.app import ServerState
 
 
+def speculation_limit_value(text: str) -> int | str | None:
+    """``--disable-speculation-above``: a count, ``auto`` or ``never`` (None)."""
+    if text in ("auto", "never"):
+        return None if text == "never" else text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of requests, 'auto' or 'never', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server with speculative decoding",
                                   description="Serve /v1/completions and /v1/chat/completions (streaming with SSE), /v1/models, "
@@ -35,8 +48,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="tokens (prefill chunks, decode tokens, drafts) in one batched target forward; requests over "
                             "it wait for the next forward, a single larger prompt runs alone (default: 2048)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before HTTP 429 (default: 64)")
-    serve.add_argument("--disable-speculation-above", type=int, default=None, metavar="N",
-                       help="switch speculation off (per step) while more than N requests are active: drafting costs throughput under load (default: never)")
+    serve.add_argument("--disable-speculation-above", type=speculation_limit_value, default="auto", metavar="N|auto|never",
+                       help="switch speculation off (per step) while more than N requests are active: their forwards are "
+                            "batched, and drafts verified together cost rows where plain decoding costs one each. auto "
+                            "(default): the N up to which speculation is expected to beat plain decoding, from the target's "
+                            "step costs measured on this machine (never switched off where they are unmeasured: float "
+                            "weights, CUDA); never: keep speculating")
     serve.add_argument("--served-model-name", default=None, help="model id clients use (default: the --model value)")
     serve.add_argument("--audit-fraction", type=float, default=0.0, metavar="F",
                        help="re-decode this fraction of finished greedy requests plainly while the server is idle and "
@@ -103,11 +120,30 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
         from specdec.compat import check_pair
 
         check_pair(target, draft)
+    limit = args.disable_speculation_above
+    if limit == "auto":
+        limit = measured_speculation_limit(spec, target, draft, args.max_concurrency)
     return ServerState(target=target, model_name=args.served_model_name or args.model, draft=draft, spec=spec,
                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
-                       disable_speculation_above=args.disable_speculation_above, executor=executor,
+                       disable_speculation_above=limit, executor=executor,
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
                        audit_fraction=args.audit_fraction)
+
+
+def measured_speculation_limit(spec, target, draft, max_requests: int) -> int | None:  # noqa: ANN001
+    """``--disable-speculation-above auto``: :func:`specdec.step_costs.batch_speculation_limit` for the
+    server's method with the prior α of its kind (a request that overrides the method is held to
+    the same limit)."""
+    from specdec.drafters.registry import needs_draft_model
+    from specdec.step_costs import PRIOR_ALPHA, batch_speculation_limit
+
+    if spec.method is None:
+        return None
+    model_drafts = needs_draft_model(spec.method)
+    draft_seconds = (draft.backend.step_seconds or {}).get(1, 0.0) if model_drafts and draft is not None else 0.0
+    gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
+    return batch_speculation_limit(target.backend.step_seconds, PRIOR_ALPHA["draft" if model_drafts else "free"], gamma,
+                                   draft_seconds, max_requests, spec.max_speculative_tokens)
 
 
 def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
@@ -128,7 +164,10 @@ def run(args: argparse.Namespace) -> int:
 
     state = build_state(args)
     keys = f"{len(state.access.api_keys)} API key(s)" if state.access.api_keys else "no API key"
-    print(f"serving {state.model_name} ({state.target.backend.dtype_name}, speculative: {state.spec.method or 'off'}, {keys}) "
+    limit = state.disable_speculation_above
+    speculative = (state.spec.method or "off") + ("" if state.spec.method is None or limit is None
+                                                  else f" while at most {limit} request(s) are active")
+    print(f"serving {state.model_name} ({state.target.backend.dtype_name}, speculative: {speculative}, {keys}) "
           f"on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
