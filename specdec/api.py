@@ -146,13 +146,9 @@ def _return_freed_memory() -> None:
     pieces glibc keeps in its heaps (measured: a 1.5B int8 target's process held 0.6 GB more
     without this — and a server or each Ray replica holds that for its whole life)."""
     import ctypes
-    import ctypes.util
 
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return
-    try:
-        ctypes.CDLL(libc_name).malloc_trim(0)
+    try:  # the C library this process already runs on (find_library would start ldconfig per load)
+        ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
         pass
 

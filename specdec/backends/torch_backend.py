@@ -49,24 +49,24 @@ class TorchBackend:
         return_hidden: bool = False,
         vocab_limit: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
+        ids, positions = self._ids_and_positions(state, tokens)
         if self.graphs is not None and self.graphs.can_run(state, ids.numel(), layers, return_hidden, vocab_limit):
             return self.graphs.forward(state, ids, num_logits)
-        positions = torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device)
         return self.decoder(ids, positions, state, num_logits=num_logits, layers=layers, return_hidden=return_hidden,
                             vocab_limit=vocab_limit)
 
     def forward_batch(self, calls: Sequence[tuple[KVCache, Sequence[int], int | None]]) -> list[torch.Tensor]:
         """One ``Decoder.forward_ragged`` over the calls (bit-identical per call to :meth:`forward`;
         it runs them one by one where its layers cannot batch); CUDA graphs replay one call each."""
-        if self.graphs is not None or len(calls) == 1:
+        if self.graphs is not None:
             return [self.forward(state, tokens, num_logits=num_logits) for state, tokens, num_logits in calls]
-        inputs = []
-        for state, tokens, num_logits in calls:
-            ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
-            positions = torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device)
-            inputs.append(RaggedInput(ids, positions, state, num_logits=num_logits))
-        return self.decoder.forward_ragged(inputs)
+        return self.decoder.forward_ragged([RaggedInput(*self._ids_and_positions(state, tokens), state, num_logits=num_logits)
+                                            for state, tokens, num_logits in calls])
+
+    def _ids_and_positions(self, state: KVCache, tokens: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``tokens`` as ids ``[T]`` and the positions they take after ``state``'s ``seq_len``."""
+        ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
+        return ids, torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device)
 
     @property
     def weight_bytes(self) -> int:

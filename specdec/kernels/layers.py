@@ -45,16 +45,8 @@ class CppLayers:
 
     def __call__(self, decoder: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any,
                  start: int, mask: torch.Tensor | None, run: Sequence[int]) -> torch.Tensor:
-        ops, eps, plan = self.ops, self.eps, self.plan
-        mask = None if mask is None else mask.contiguous()
-        pending = None  # the last sub-layer's output, added to the residual stream by the next norm
-        for index in run:
-            input_norm, qkv_proj, heads, kv_heads, o_proj, post_norm, gate_up_proj, down_proj = plan[index]
-            qkv = qkv_proj(ops.rms_norm(x, pending, input_norm, eps))
-            out = ops.attention(qkv, cos, sin, cache.k[index], cache.v[index], start, heads, kv_heads, mask)
-            gate, up = gate_up_proj(ops.rms_norm(x, o_proj(out), post_norm, eps)).chunk(2, dim=-1)
-            pending = down_proj(F.silu(gate).mul_(up))
-        return x if pending is None else x.add_(pending)
+        """One request: :meth:`ragged` with a single segment (the same calls on the same tensors)."""
+        return self.ragged(x, [(0, x.shape[0], cos, sin, cache, start, mask)], run)
 
     def ragged(self, x: torch.Tensor, segments: Sequence[tuple], run: Sequence[int]) -> torch.Tensor:
         """Several requests' new tokens in one pass: ``x [ΣT_i, hidden]`` holds them back to back;
@@ -68,7 +60,7 @@ class CppLayers:
         ops, eps, plan = self.ops, self.eps, self.plan
         segments = [(a, b, cos, sin, cache, start, None if mask is None else mask.contiguous())
                      for a, b, cos, sin, cache, start, mask in segments]
-        pending = None
+        pending = None  # the last sub-layer's output, added to the residual stream by the next norm
         for index in run:
             input_norm, qkv_proj, heads, kv_heads, o_proj, post_norm, gate_up_proj, down_proj = plan[index]
             qkv = qkv_proj(ops.rms_norm(x, pending, input_norm, eps))
