@@ -30,6 +30,10 @@ def test_help_lists_every_generate_flag():
         (["generate", "hi", "--num-speculative-tokens", "0"], "must be >= 1"),
         (["generate", "hi", "--max-tokens", "-3"], "must be >= 1"),
         (["generate", "hi", "--num-speculative-tokens", "lots"], "positive integer"),
+        (["serve", "--disable-speculation-above", "soon"], "'auto' or 'never'"),
+        (["serve", "--replicas", "2"], "need --ray"),
+        (["serve", "--ray", "--replicas", "64"], "more CPUs than this machine's"),
+        (["serve", "--ray", "--port", "0"], "needs a fixed --port"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message):
