@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specdec.tree import ranked_nodes
+
 
 def expected_tokens(alpha: float, k: int) -> float:
     """Expected committed tokens per target forward when drafting k tokens with acceptance α."""
@@ -61,6 +63,14 @@ class VerifyCosts:
             if rate > best_rate:
                 best, best_rate = length, rate
         return best
+
+    def best_tree(self, parents: list[int], estimates: list[float], max_nodes: int) -> list[int]:
+        """Which nodes of a token tree to verify (ascending, a tree): the likeliest first (EAGLE-2's
+        reranking, :func:`specdec.tree.ranked_nodes`), as many as :meth:`best_length` finds worth
+        their verify cost — expected committed tokens are 1 + the sum of the nodes' path
+        probabilities, whatever the tree's shape — and at most ``max_nodes``."""
+        ranked = ranked_nodes(parents, estimates)[:max_nodes]
+        return sorted(ranked[: self.best_length([estimates[node] for node in ranked])])
 
 
 @dataclass

@@ -209,10 +209,11 @@ def real_prompts(target, count: int) -> list[tuple[str, list[int]]]:  # noqa: AN
 def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens: int, samples: int,  # noqa: ANN001
                     alpha: float = 1e-3, gamma: int = 4, greedy: bool = True, distribution: bool = True,
                     progress: Callable[[str], None] | None = None,
-                    configs: Iterable[str] = tuple(DISTRIBUTION_CONFIGS)) -> list[CheckResult]:
+                    configs: Iterable[str] = tuple(DISTRIBUTION_CONFIGS), spec_tree: str | int = "off") -> list[CheckResult]:
     """Run both checks for every method; ``target``/``draft`` are LoadedModels (draft may be None).
     ``progress(message)`` is called before each check; ``configs`` names the distribution test's
-    sampling configurations (keys of :data:`DISTRIBUTION_CONFIGS`)."""
+    sampling configurations (keys of :data:`DISTRIBUTION_CONFIGS`); ``spec_tree`` certifies token
+    trees for the methods that branch (``--spec-tree``)."""
     from specdec.api import make_drafter
 
     results: list[CheckResult] = []
@@ -229,7 +230,7 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
     for method in methods:
         if greedy:
             say(f"greedy identity: {method} on {len(prompt_ids)} prompts")
-            spec = SpecConfig(method=method, num_speculative_tokens=gamma,
+            spec = SpecConfig(method=method, num_speculative_tokens=gamma, spec_tree=spec_tree,
                               datastore=_humaneval_datastore(target) if method == "retrieval" else None)
 
             def run_spec(ids: list[int], spec: SpecConfig = spec) -> object:
@@ -248,5 +249,6 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
         if distribution:
             for name in configs:
                 say(f"distribution: {method} {name}, {samples} samples")
-                results.append(distribution_check(method, name, DISTRIBUTION_CONFIGS[name], samples, alpha=alpha))
+                results.append(distribution_check(method, name, DISTRIBUTION_CONFIGS[name], samples, alpha=alpha,
+                                                  spec_options={"spec_tree": spec_tree}))
     return results

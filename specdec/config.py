@@ -19,6 +19,11 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 DEFAULT_DRAFT_CONTEXT_WINDOW = 128
 #: Largest γ ``auto`` will try; beyond this verification cost on CPU grows faster than acceptance.
 AUTO_MAX_SPECULATIVE_TOKENS = 8
+#: ``spec_tree="auto"``: the most tree nodes a round may verify, per token of γ (the engine verifies
+#: fewer where the measured verify cost says the unlikely ones do not pay) …
+AUTO_TREE_NODES_PER_TOKEN = 2
+#: … and never more than this many
+AUTO_MAX_TREE_NODES = 16
 
 
 @dataclass
@@ -47,6 +52,10 @@ class SpecConfig:
     #: draft_model / draft_suffix: the draft model reads at most the last N prompt tokens (0 = all);
     #: its prompt pass is paid inside decoding, so on long prompts a short window is what pays
     draft_context_window: int = DEFAULT_DRAFT_CONTEXT_WINDOW
+    #: token trees (:mod:`specdec.tree`): "off" = chains; N = drafters that can branch propose
+    #: trees of up to N nodes, verified in one target forward; "auto" = up to
+    #: AUTO_TREE_NODES_PER_TOKEN × γ nodes (≤ AUTO_MAX_TREE_NODES), cut by the measured verify cost
+    spec_tree: str | int = "off"
 
     def __post_init__(self) -> None:
         if self.method is not None:
@@ -74,6 +83,11 @@ class SpecConfig:
             raise SpecdecError(f"draft_context_window must be an integer >= 0 (0 = the whole prompt), got {self.draft_context_window!r}")
         if self.exit_layer is not None and (not isinstance(self.exit_layer, int) or self.exit_layer < 1):
             raise SpecdecError(f"exit_layer must be a positive integer, got {self.exit_layer!r}")
+        tree = self.spec_tree
+        if isinstance(tree, str) and tree.isdigit():
+            self.spec_tree = tree = int(tree)
+        if not (tree in ("off", "auto") or (isinstance(tree, int) and not isinstance(tree, bool) and tree >= 1)):
+            raise SpecdecError(f"spec_tree must be 'off', 'auto' or a number of tree nodes >= 1, got {tree!r}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise SpecdecError(
                 f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, {self.prompt_lookup_max}"
@@ -87,3 +101,12 @@ class SpecConfig:
     def max_speculative_tokens(self) -> int:
         k = self.num_speculative_tokens
         return AUTO_MAX_SPECULATIVE_TOKENS if k == "auto" else int(k)
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """The most nodes a tree round verifies; 0 = chains only."""
+        if self.spec_tree == "off":
+            return 0
+        if self.spec_tree == "auto":
+            return min(AUTO_TREE_NODES_PER_TOKEN * self.max_speculative_tokens, AUTO_MAX_TREE_NODES)
+        return int(self.spec_tree)

@@ -27,7 +27,8 @@ from specdec.errors import ContextLengthError, SpecdecError
 from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
 from specdec.stats import Round, Stats
 from specdec.structured import GrammarConstraint
-from specdec.verify import verify
+from specdec.tree import TreeLayout, depths, subtree
+from specdec.verify import verify, verify_tree
 
 
 @dataclass
@@ -137,6 +138,7 @@ class TargetCall:
     state: Any
     tokens: list[int]
     num_logits: int | None = None
+    tree: TreeLayout | None = None  # a token tree's verification: positions by depth, ancestor mask
 
 
 def generate_stream(
@@ -161,7 +163,7 @@ def generate_stream(
             except StopIteration:
                 return
             if isinstance(item, TargetCall):
-                logits = target.forward(item.state, item.tokens, num_logits=item.num_logits)
+                logits = target.forward(item.state, item.tokens, num_logits=item.num_logits, tree=item.tree)
             else:
                 logits = None
                 yield item
@@ -194,7 +196,8 @@ def generate_steps(
     vocab_size = target.config.vocab_size  # drafted ids outside it are cut (Draft.clipped)
     check_context(len(prompt_ids), params.max_tokens, context_len)
     max_k = spec.max_speculative_tokens if drafter is not None else 0
-    cache_len = min(len(prompt_ids) + params.max_tokens + max_k + 1, context_len)
+    max_nodes = spec.max_tree_nodes if drafter is not None else 0  # 0: chains only
+    cache_len = min(len(prompt_ids) + params.max_tokens + max(max_k, max_nodes) + 1, context_len)
     generator = generator or make_generator(params.seed, target.device)
 
     stop_ids = frozenset(params.stop_token_ids)
@@ -246,7 +249,12 @@ def generate_steps(
             # a drafter with free tokens (a suffix table) is asked even when γ is 0 for its model
             asked = drafter is not None and (k > 0 or (room > 0 and drafter.has_free_tokens))
             draft = drafter.propose(context, k) if asked else Draft(tokens=[])
-            if draft.prefix_accept is not None and len(draft):
+            if draft.is_tree and constraint is not None:
+                draft = draft.as_chain()  # grammar cuts and forced tokens are chain operations
+            if draft.is_tree:  # the drafter's node numbers: kept[i] is node i of the verified tree
+                kept = fit_tree(draft, max_nodes, room, state.max_seq_len - len(context), verify_costs, vocab_size)
+                draft = draft.nodes(kept)
+            elif draft.prefix_accept is not None and len(draft):
                 # the drafter estimated its own acceptance: the cost model picks the length, up to
                 # the room left rather than this round's γ (see Draft)
                 draft = draft.clipped(room, vocab_size)
@@ -263,21 +271,36 @@ def generate_steps(
                     draft = draft.extended(forced, vocab_size)  # certain: accepted whatever the logits
                     grammatical += len(forced)
             t1 = time.perf_counter()
-            logits = yield TargetCall(state, [context[-1], *draft.tokens])
-            scored = constraint.mask_rows(logits, grammatical) if constraint is not None else logits
-            num_accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
-            state.truncate(len(context) + num_accepted)
-            new_tokens = [*draft.tokens[:num_accepted], next_token]
-            # the drafter's own part of the round (grammar-forced tokens after it are the engine's)
-            drafter_accepted = min(num_accepted, drafted)
-            if drafter is not None and drafted:
-                drafter.accepted(drafter_accepted, new_tokens[drafter_accepted])
+            if draft.is_tree:
+                logits = yield TargetCall(state, [context[-1], *draft.tokens],
+                                          tree=TreeLayout(len(context) - 1, [-1, *(p + 1 for p in draft.parents)]))
+                path, next_token = verify_tree(draft.tokens, draft.parents, logits, params, generator)
+                state.keep([0, *(node + 1 for node in path)], len(context) - 1)
+                logits = logits[[0, *(node + 1 for node in path)]]  # the rows of the committed tokens
+                num_accepted = drafter_accepted = len(path)
+                new_tokens = [*(draft.tokens[node] for node in path), next_token]
+                drafter.accepted_path([kept[node] for node in path], next_token)
+                verified_as = tree_round(draft, path, stats)
+            else:
+                logits = yield TargetCall(state, [context[-1], *draft.tokens])
+                scored = constraint.mask_rows(logits, grammatical) if constraint is not None else logits
+                num_accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
+                state.truncate(len(context) + num_accepted)
+                new_tokens = [*draft.tokens[:num_accepted], next_token]
+                # the drafter's own part of the round (grammar-forced tokens after it are the engine's)
+                drafter_accepted = min(num_accepted, drafted)
+                if drafter is not None and drafted:
+                    drafter.accepted(drafter_accepted, new_tokens[drafter_accepted])
+                verified_as = draft.tokens[:drafted]
             t2 = time.perf_counter()
 
             stats.record_step(drafted, drafter_accepted, t1 - t0, t2 - t1)
             stats.grammar_forced_tokens += num_accepted - drafter_accepted
-            stats.rounds.append(Round(draft.tokens[:drafted], drafter_accepted, num_accepted - drafter_accepted, new_tokens))
-            if gamma is not None and draft.prefix_accept is None:
+            stats.rounds.append(Round(verified_as, drafter_accepted, num_accepted - drafter_accepted, new_tokens))
+            if gamma is not None and draft.is_tree and drafter.model_forwards is not None:
+                # a model grew the tree level by level: to the controller, a chain of its depth
+                gamma.update(max(depths(draft.parents), default=0), drafter_accepted, t1 - t0, t2 - t1)
+            elif gamma is not None and draft.prefix_accept is None:
                 gamma.update(drafted, drafter_accepted, t1 - t0, t2 - t1)
             elif gamma is not None:
                 gamma.update_free_round(drafted, t2 - t1)
@@ -300,6 +323,35 @@ def generate_steps(
     finally:
         if drafter is not None:
             drafter.finish()
+
+
+def fit_tree(draft: Draft, max_nodes: int, room: int, slots: int, verify_costs: VerifyCosts, vocab_size: int) -> list[int]:
+    """The nodes of a tree proposal worth verifying (ascending, a tree): no deeper than ``room``
+    (tokens the request may still commit), ids in the vocabulary, at most ``max_nodes`` and
+    ``slots - 1`` (the target cache's free slots, the last committed token included) — the
+    likeliest, as many as the measured verify cost says pay when the drafter estimated its nodes
+    (:meth:`VerifyCosts.best_tree`), else the first ones."""
+    assert draft.parents is not None
+    level = depths(draft.parents)
+    usable: list[int] = []
+    for node, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
+        if level[node] <= room and 0 <= token < vocab_size and (parent < 0 or parent in usable):
+            usable.append(node)
+    limit = max(0, min(max_nodes, slots - 1))
+    if draft.prefix_accept is None:
+        return usable[:limit]
+    chosen = verify_costs.best_tree(subtree(draft.parents, usable), [draft.prefix_accept[n] for n in usable], limit)
+    return [usable[i] for i in chosen]
+
+
+def tree_round(draft: Draft, path: list[int], stats: Stats) -> list[int]:
+    """Record a verified tree in ``stats``; return the round as the acceptance view and the α-per-
+    position counts read it: the accepted path, then the first candidate tried where it stopped."""
+    assert draft.parents is not None
+    stats.record_tree(len(draft), path, draft.parents)
+    node = path[-1] if path else -1
+    tried = next((child for child, parent in enumerate(draft.parents) if parent == node), None)
+    return [draft.tokens[n] for n in path] + ([] if tried is None else [draft.tokens[tried]])
 
 
 def commit_tokens(out: _OutputTracker, constraint: GrammarConstraint | None, tokens: list[int]) -> list[int]:

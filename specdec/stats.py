@@ -59,6 +59,12 @@ class Stats:
     grammar_forced_tokens: int = 0
     #: every decode round in order (a few ints each; :mod:`specdec.acceptance_view` draws them)
     rounds: list[Round] = field(default_factory=list)
+    #: token trees (specdec/tree.py): rounds that verified a tree, their nodes in all, and the
+    #: rounds whose accepted path went through a node that was not its parent's first child (the
+    #: rounds a chain of the first choices would have lost); the path lengths are accepted_len_histogram
+    tree_rounds: int = 0
+    tree_nodes: int = 0
+    tree_branch_wins: int = 0
 
     def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.target_forwards += 1
@@ -68,6 +74,12 @@ class Stats:
         self.draft_time_s += draft_s
         self.verify_time_s += verify_s
         self.gamma_history.append(proposed)
+
+    def record_tree(self, nodes: int, path: list[int], parents: list[int]) -> None:
+        self.tree_rounds += 1
+        self.tree_nodes += nodes
+        first_children = {parents.index(parent) for parent in set(parents)}  # lowest index per parent
+        self.tree_branch_wins += any(node not in first_children for node in path)
 
     # --- derived metrics -------------------------------------------------------------------------
     @property
@@ -141,6 +153,8 @@ class Stats:
             "total_time_s": round(self.total_time_s, 4),
             "grammar_forced_tokens": self.grammar_forced_tokens,
             **dict(zip(("drafted_at_position", "accepted_at_position"), position_counts(self.rounds))),
+            **({"tree_rounds": self.tree_rounds, "tree_nodes_per_round": round(self.tree_nodes / self.tree_rounds, 3),
+                "tree_branch_wins": self.tree_branch_wins} if self.tree_rounds else {}),
         }
 
     def summary_line(self) -> str:
@@ -161,6 +175,9 @@ class Stats:
                 f"draft={self.draft_time_s:.2f}s verify={self.verify_time_s:.2f}s other={self.overhead_time_s:.2f}s",
                 f"draft_cost_ratio={self.draft_cost_ratio:.2f}",
             ]
+        if self.tree_rounds:
+            parts.append(f"tree: {self.tree_nodes / self.tree_rounds:.1f} nodes/round, "
+                         f"{self.tree_branch_wins}/{self.tree_rounds} rounds won by a non-first branch")
         return " | ".join(parts)
 
 
@@ -183,6 +200,9 @@ def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
         total.verify_time_s += s.verify_time_s
         total.total_time_s += s.total_time_s
         total.ttft_s += s.ttft_s
+        total.tree_rounds += s.tree_rounds
+        total.tree_nodes += s.tree_nodes
+        total.tree_branch_wins += s.tree_branch_wins
         total.weight_bytes, total.draft_weight_bytes = s.weight_bytes, s.draft_weight_bytes
         draft_forwards += s.proposed_tokens if s.draft_forwards is None else s.draft_forwards
     total.draft_forwards = draft_forwards

@@ -11,6 +11,16 @@
   same rule with q_i a point mass on d_i: accept with probability p_i(d_i); the residual
   max(p_i − onehot(d_i), 0) is p_i with d_i removed.
 
+* **trees** (:func:`verify_tree`): several candidate tokens per position, each a deterministic
+  proposal (q a point mass). Greedy follows the child equal to the target's argmax. Sampling tries
+  the children in order against a residual r (initially p): accept child x with probability
+  r(x)/Σr, else zero r(x) and try the next sibling; when every child is rejected, emit a sample of
+  r. That is the point-mass case of recursive rejection sampling (SpecInfer; Jeon et al. 2024) and
+  exact for any set of distinct candidates chosen without looking at the target: P(emit y) = p(y)
+  whatever the tree (the first sibling is taken with p(x₁), the second with p(x₂)/(1 − p(x₁)) of
+  the remaining mass, …). Sampled (non-point-mass) tree drafts are not accepted here: a drafter
+  that reranks sampled children by their probability would bias them.
+
 Both p and q must come from :func:`specdec.sampling.logits_to_probs` with the same params.
 
 The batched form (``[B, k]``) is the implementation; the single-sequence functions call it with
@@ -26,6 +36,7 @@ from typing import Sequence
 import torch
 
 from specdec.sampling import SamplingParams, logits_to_probs, sample_rows
+from specdec.tree import check_parents, children
 
 
 def greedy_verify(draft_tokens: Sequence[int] | torch.Tensor, target_argmax: torch.Tensor) -> tuple[int, int]:
@@ -135,3 +146,51 @@ def verify(
     if params.is_greedy:
         return greedy_verify(draft_tokens, target_logits.argmax(dim=-1))
     return rejection_sample(draft_tokens, draft_probs, logits_to_probs(target_logits, params), generator)
+
+
+def verify_tree(
+    draft_tokens: Sequence[int],
+    parents: Sequence[int],
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> tuple[list[int], int]:
+    """Walk a token tree: ``draft_tokens [N]`` with ``parents [N]`` (-1: follows the committed
+    tokens), ``target_logits [N+1, V]`` (row 0: after the last committed token; row i+1: after
+    node i's path). Returns ``(path, next_token)``: the accepted nodes from the root down, then the
+    token the target emits after them (the correction, or the bonus token at a leaf).
+
+    Siblings are point-mass proposals tried in index order (see the module docstring); they must
+    be distinct (a repeated sibling is never accepted: its mass is already gone)."""
+    check_parents(parents, len(draft_tokens))
+    if target_logits.shape[0] != len(draft_tokens) + 1:
+        raise ValueError(f"verify_tree: {len(draft_tokens)} nodes need {len(draft_tokens) + 1} target rows, "
+                         f"got {target_logits.shape[0]}")
+    kids = children(parents)
+    path: list[int] = []
+    node, row = -1, 0
+    if params.is_greedy:
+        best = target_logits.argmax(dim=-1).tolist()
+        while True:
+            match = next((child for child in kids.get(node, []) if draft_tokens[child] == best[row]), None)
+            if match is None:
+                return path, best[row]
+            path.append(match)
+            node, row = match, match + 1
+    probs = logits_to_probs(target_logits, params)
+    while True:
+        residual = probs[row].double()
+        accepted = None
+        for child in kids.get(node, []):
+            token = draft_tokens[child]
+            mass = residual[token] / residual.sum()
+            if float(torch.rand((), generator=generator, dtype=torch.float64, device=residual.device)) < mass:
+                accepted = child
+                break
+            residual[token] = 0.0  # a copy of the row: probs[row].double() above
+        if accepted is None:
+            if not float(residual.sum()) > 0:  # every candidate together held all of p (rounding)
+                residual = probs[row].double()
+            return path, int(sample_rows(residual, generator))
+        path.append(accepted)
+        node, row = accepted, accepted + 1

@@ -113,8 +113,9 @@ def test_prompt_lookup_cost_does_not_grow_with_the_context():
 def test_frequency_table_prediction_and_removal():
     table = FrequencyTable(max_depth=3)
     table.add([1, 2, 3, 1, 2, 3, 1, 2, 4])
-    token, confidence, depth = table.predict([9, 1, 2])
-    assert (token, depth) == (3, 2) and confidence == pytest.approx(2 / 3)
+    ranked, depth = table.predict([9, 1, 2], choices=3)
+    assert depth == 2 and [token for token, _ in ranked] == [3, 4]
+    assert [share for _, share in ranked] == pytest.approx([2 / 3, 1 / 3])
     table.add([1, 2, 3, 1, 2, 3, 1, 2, 4], sign=-1)
     assert table.table == {} and table.entries == 0
 

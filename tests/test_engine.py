@@ -128,9 +128,9 @@ class SpyBackend:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def forward(self, state, tokens, num_logits=None):
+    def forward(self, state, tokens, num_logits=None, tree=None):
         self.calls.append((state.seq_len, list(tokens)))
-        return self.inner.forward(state, tokens, num_logits=num_logits)
+        return self.inner.forward(state, tokens, num_logits=num_logits, tree=tree)
 
 
 @pytest.mark.parametrize("draft_kind", ["other", "same"])

@@ -14,6 +14,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 
 from specdec.models.config import ModelConfig
+from specdec.tree import TreeLayout
 
 
 @runtime_checkable
@@ -24,6 +25,10 @@ class SequenceState(Protocol):
     max_seq_len: int
 
     def truncate(self, length: int) -> None: ...
+
+    def keep(self, indices: list[int], start: int) -> None:
+        """Keep slots ``start + indices`` as the positions right after ``start`` (tree verification)."""
+        ...
 
 
 @runtime_checkable
@@ -36,14 +41,16 @@ class Backend(Protocol):
 
     def new_state(self, max_seq_len: int) -> SequenceState: ...
 
-    def forward(self, state: SequenceState, tokens: Sequence[int], num_logits: int | None = None) -> torch.Tensor:
+    def forward(self, state: SequenceState, tokens: Sequence[int], num_logits: int | None = None,
+                tree: TreeLayout | None = None) -> torch.Tensor:
         """Append ``tokens`` at positions ``state.seq_len ..`` and return float32 logits
-        ``[len(tokens) or num_logits, vocab]``."""
+        ``[len(tokens) or num_logits, vocab]``. ``tree``: the tokens end this tree region of the
+        cache (positions by depth, each token attending to its ancestors: :mod:`specdec.tree`)."""
         ...
 
-    def forward_batch(self, calls: Sequence[tuple[SequenceState, Sequence[int], int | None]]) -> list[torch.Tensor]:
-        """Several requests' ``(state, tokens, num_logits)`` in one forward where the backend can
-        (each result bit-identical to its own :meth:`forward`), else one after another."""
+    def forward_batch(self, calls: Sequence[tuple[SequenceState, Sequence[int], int | None, TreeLayout | None]]) -> list[torch.Tensor]:
+        """Several requests' ``(state, tokens, num_logits, tree)`` in one forward where the backend
+        can (each result bit-identical to its own :meth:`forward`), else one after another."""
         ...
 
     @property

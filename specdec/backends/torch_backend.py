@@ -10,6 +10,10 @@ import torch
 from specdec.backends.cuda_graphs import CudaGraphRunner
 from specdec.models.kv_cache import KVCache
 from specdec.models.transformer import Decoder, RaggedInput
+from specdec.tree import TreeLayout
+
+#: one request's part of :meth:`TorchBackend.forward_batch`: (state, tokens, num_logits, tree)
+BatchCall = tuple[KVCache, Sequence[int], "int | None", "TreeLayout | None"]
 
 
 def cuda_graphs_enabled() -> bool:
@@ -48,25 +52,36 @@ class TorchBackend:
         layers: Sequence[int] | None = None,
         return_hidden: bool = False,
         vocab_limit: int | None = None,
+        tree: TreeLayout | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        ids, positions = self._ids_and_positions(state, tokens)
-        if self.graphs is not None and self.graphs.can_run(state, ids.numel(), layers, return_hidden, vocab_limit):
+        """``tree``: the tokens end this tree region of the cache (tree attention, specdec/tree.py)."""
+        ids, positions, _, mask = self._inputs(state, tokens, tree)
+        if tree is None and self.graphs is not None and self.graphs.can_run(state, ids.numel(), layers, return_hidden, vocab_limit):
             return self.graphs.forward(state, ids, num_logits)
-        return self.decoder(ids, positions, state, num_logits=num_logits, layers=layers, return_hidden=return_hidden,
-                            vocab_limit=vocab_limit)
+        return self.decoder(ids, positions, state, mask, num_logits=num_logits, layers=layers,
+                            return_hidden=return_hidden, vocab_limit=vocab_limit)
 
-    def forward_batch(self, calls: Sequence[tuple[KVCache, Sequence[int], int | None]]) -> list[torch.Tensor]:
-        """One ``Decoder.forward_ragged`` over the calls (bit-identical per call to :meth:`forward`;
-        it runs them one by one where its layers cannot batch); CUDA graphs replay one call each."""
+    def forward_batch(self, calls: Sequence[BatchCall]) -> list[torch.Tensor]:
+        """One ``Decoder.forward_ragged`` over the calls ``(state, tokens, num_logits, tree)``
+        (bit-identical per call to :meth:`forward`; it runs them one by one where its layers cannot
+        batch); CUDA graphs replay one call each."""
         if self.graphs is not None:
-            return [self.forward(state, tokens, num_logits=num_logits) for state, tokens, num_logits in calls]
-        return self.decoder.forward_ragged([RaggedInput(*self._ids_and_positions(state, tokens), state, num_logits=num_logits)
-                                            for state, tokens, num_logits in calls])
+            return [self.forward(state, tokens, num_logits=num_logits, tree=tree) for state, tokens, num_logits, tree in calls]
+        inputs = [(self._inputs(state, tokens, tree), num_logits) for state, tokens, num_logits, tree in calls]
+        return self.decoder.forward_ragged([RaggedInput(ids, positions, state, num_logits, mask)
+                                            for (ids, positions, state, mask), num_logits in inputs])
 
-    def _ids_and_positions(self, state: KVCache, tokens: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``tokens`` as ids ``[T]`` and the positions they take after ``state``'s ``seq_len``."""
+    def _inputs(self, state: KVCache, tokens: Sequence[int] | torch.Tensor,
+                tree: TreeLayout | None) -> tuple[torch.Tensor, torch.Tensor, KVCache, torch.Tensor | None]:
+        """``tokens`` as ids ``[T]``, the positions they take after ``state``'s ``seq_len`` (a
+        tree's: by depth), the state, and the tree's attention mask (None: causal)."""
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
-        return ids, torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device)
+        if tree is None:
+            return ids, torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device), state, None
+        if tree.base + len(tree.parents) != state.seq_len + ids.numel():
+            raise ValueError(f"the tree region ends at slot {tree.base + len(tree.parents)}, "
+                             f"but this forward ends at {state.seq_len + ids.numel()}")
+        return ids, tree.positions(ids.numel(), self.device), state, tree.mask(ids.numel(), self.device)
 
     @property
     def weight_bytes(self) -> int:

@@ -26,7 +26,18 @@ METHOD_FLAGS = {
     "--draft-context-window": "draft_context_window",
     "--prompt-lookup-min": "prompt_lookup_min",
     "--prompt-lookup-max": "prompt_lookup_max",
+    "--spec-tree": "spec_tree",
 }
+
+
+def tree_value(text: str) -> str | int:
+    """--spec-tree: 'off', 'auto' or a positive number of nodes."""
+    if text in ("off", "auto"):
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'off', 'auto' or a number of tree nodes >= 1, got {text!r}") from None
 
 
 def positive_int(text: str) -> int:
@@ -93,6 +104,11 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
         help="retrieval: datastore directory built with `specdec datastore build`")
     add("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
     add("--prompt-lookup-max", type=positive_int, default=4, help="ngram: longest n-gram to match, tried first (default: 4)")
+    add("--spec-tree", type=tree_value, default="off", metavar="off|auto|N",
+        help="draft_model, draft_suffix, suffix, ngram: propose token trees (the draft's 2nd/3rd choices, "
+             "several continuations a table saw) verified in one target pass with tree attention; N = at most N "
+             "nodes per step; 'auto' = up to 2×γ (max 16), the unlikely ones cut where the measured verify "
+             "cost says they do not pay; output unchanged (default: off = chains)")
     add("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
         help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs (default: 4)")
     add("--draft-confidence-threshold", type=float, default=None, metavar="P",
@@ -219,6 +235,7 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
                       prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
                       datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer,
                       draft_vocab_size=args.draft_vocab_size, draft_context_window=args.draft_context_window,
+                      spec_tree=args.spec_tree,
                       **({} if args.draft_confidence_threshold is None else {"draft_confidence_threshold": args.draft_confidence_threshold}))
 
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from specdec.tree import check_parents, first_chain, subtree
+
 if TYPE_CHECKING:  # annotations only: drafters/base.py sits below every module it names here
     from specdec.backends.base import Backend, SequenceState
     from specdec.config import SpecConfig
@@ -34,14 +36,48 @@ class Draft:
     (:meth:`specdec.adaptive.VerifyCosts.best_length`). Such a draft may be longer than the round's
     k, up to the request's γ maximum: k budgets model steps, which it did not take; nor does it
     update the γ controller's α or draft cost.
+
+    ``parents [k]``, optional: the proposal is a token *tree* (:mod:`specdec.tree`): token i follows
+    node ``parents[i]`` (-1: the committed tokens), parents before children, siblings distinct.
+    Tree tokens are point-mass proposals (``probs`` None; :func:`specdec.verify.verify_tree`), and
+    ``prefix_accept[i]`` is then the estimate that node i's whole path is accepted.
     """
 
     tokens: list[int]
     probs: torch.Tensor | None = None
     prefix_accept: list[float] | None = None
+    parents: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.parents is not None:
+            check_parents(self.parents, len(self.tokens))
+            if self.probs is not None:
+                raise ValueError("tree drafts are point-mass proposals: probs must be None")
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    def nodes(self, keep: list[int]) -> "Draft":
+        """The tree of nodes ``keep`` (ascending, closed under parents), renumbered; a chain stays a
+        chain when ``keep`` is a prefix."""
+        if self.parents is None:
+            assert keep == list(range(len(keep))), "a chain keeps a prefix"
+            return Draft(self.tokens[: len(keep)], None if self.probs is None else self.probs[: len(keep)],
+                         None if self.prefix_accept is None else self.prefix_accept[: len(keep)])
+        return Draft([self.tokens[i] for i in keep], None,
+                     None if self.prefix_accept is None else [self.prefix_accept[i] for i in keep],
+                     subtree(self.parents, keep))
+
+    def as_chain(self) -> "Draft":
+        """A tree's first-child path as a chain (what a request with a grammar verifies); a chain as is."""
+        if self.parents is None:
+            return self
+        chain = self.nodes(first_chain(self.parents))
+        return Draft(chain.tokens, None, chain.prefix_accept)
 
     def extended(self, tokens: list[int], vocab_size: int) -> "Draft":
         """This draft followed by ``tokens`` proposed with certainty (q a point mass on each)."""
@@ -58,8 +94,15 @@ class Draft:
         """At most ``max_len`` tokens, cut before the first id outside the target's vocabulary.
 
         The engine applies this to every proposal so a misbehaving drafter (or a cache filled under
-        another tokenizer) costs acceptance, never a crash or a wrong token.
+        another tokenizer) costs acceptance, never a crash or a wrong token. A tree keeps its first
+        ``max_len`` nodes, less those outside the vocabulary and their descendants.
         """
+        if self.parents is not None:
+            kept: set[int] = set()
+            for index, (token, parent) in enumerate(zip(self.tokens[:max_len], self.parents)):
+                if 0 <= token < vocab_size and (parent < 0 or parent in kept):
+                    kept.add(index)
+            return self if len(kept) == len(self.tokens) else self.nodes(sorted(kept))
         keep = 0
         for token in self.tokens[:max_len]:
             if not 0 <= token < vocab_size:
@@ -134,11 +177,24 @@ class Drafter:
     def accepted(self, num_accepted: int, next_token: int) -> None:
         """The target accepted the first ``num_accepted`` proposed tokens, then committed ``next_token``."""
 
+    def accepted_path(self, path: list[int], next_token: int) -> None:
+        """After a tree proposal: the target accepted nodes ``path`` (root to leaf), then committed
+        ``next_token``. The default serves drafters whose trees are chains (``path`` is then a
+        prefix); drafters that branch override it."""
+        self.accepted(len(path), next_token)
+
     def finish(self) -> None:
         """The request is over (free per-request memory; global caches may learn from it)."""
 
 
 DrafterFactory = Callable[[DrafterResources], Drafter]
+
+
+def tree_nodes_for(res: DrafterResources) -> int:
+    """How many nodes a drafter that can branch may put in a tree (0: propose chains): the
+    configuration's budget, except under a grammar (structured output cuts and extends drafts as
+    chains, so the engine would verify only a tree's first path)."""
+    return res.spec.max_tree_nodes if res.constraint is None else 0
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,18 @@ from typing import Callable
 import torch
 
 from specdec.backends.base import Backend
-from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
 from specdec.structured import GrammarConstraint
+from specdec.tree import TreeLayout
+
+#: a draft-model tree: children per branching node (its top choices) …
+DRAFT_TREE_BRANCHES = 3
+#: … nodes forwarded per level to branch again (each level costs one draft forward of this many rows) …
+DRAFT_TREE_WIDTH = 2
+#: … and the least path value (product of draft probabilities) a node needs beyond its parent's best child
+DRAFT_TREE_MIN_VALUE = 0.05
 
 
 def draft_autoregressively(
@@ -120,8 +128,15 @@ class DraftModelDrafter(Drafter):
         vocab_limit: int | None = None,
         context_window: int = 0,
         constraint: GrammarConstraint | None = None,
+        tree_nodes: int = 0,
     ) -> None:
         self.backend = backend
+        #: > 0: grow token trees of up to this many nodes (:meth:`_propose_tree`); 0: chains
+        self.tree_nodes = tree_nodes
+        #: the last tree's nodes that were forwarded, and their slots in its region (from ``tree_base``)
+        self.tree_slots: dict[int, int] = {}
+        self.tree_tokens: list[int] = []
+        self.tree_base = 0
         #: read at most the last N tokens of a prompt (0 = all of it; see the module docstring)
         self.context_window = context_window
         self.offset = 0  # committed tokens before the draft cache's first position
@@ -135,7 +150,9 @@ class DraftModelDrafter(Drafter):
         #: optional ``(drafted, room) -> tokens`` asked before each draft step (see draft_autoregressively)
         self.take_over: Callable[[list[int], int], list[int]] | None = None
         self.constraint = constraint  # structured output: the request's grammar (masks q like p)
-        self.state = backend.new_state(max_seq_len)
+        # a tree's region beyond the chain's room: DRAFT_TREE_WIDTH forwarded nodes per level (a tree
+        # stops growing where its cache is full)
+        self.state = backend.new_state(max_seq_len + DRAFT_TREE_WIDTH * tree_nodes)
         self.cached: list[int] = []  # tokens whose keys/values are in the draft cache
         self.context_len = 0
         self.model_forwards = 0  # draft forwards this request (each reads the draft's weights once)
@@ -187,6 +204,8 @@ class DraftModelDrafter(Drafter):
         k = max(0, min(k, room))
         logits = self._sync(context_ids)
         self.context_len = len(context_ids) - self.offset  # positions in the draft cache
+        if self.tree_nodes:
+            return self._propose_tree(logits, k)
 
         def step(token: int) -> torch.Tensor:
             self.cached.append(token)
@@ -194,6 +213,67 @@ class DraftModelDrafter(Drafter):
 
         return draft_autoregressively(logits, step, k, self.params, self.generator, self.confidence_threshold,
                                       self.take_over, self.constraint)
+
+    def _propose_tree(self, logits: torch.Tensor, depth: int) -> Draft:
+        """A token tree up to ``depth`` deep, one draft forward per level (EAGLE-2's dynamic tree,
+        Li et al. 2024): each node's DRAFT_TREE_BRANCHES likeliest next tokens become its
+        children, valued by the product of the draft's probabilities along their path; the
+        DRAFT_TREE_WIDTH most valuable new nodes are forwarded together (each attending to its
+        own ancestors) to branch at the next level. Leaves cost no draft work, so the tree holds
+        more nodes than a round verifies: the engine keeps the most valuable ones that pay
+        (EAGLE-2's reranking, :meth:`specdec.adaptive.VerifyCosts.best_tree`). Children are the
+        draft's top choices, not samples — point-mass proposals, exact under sampling too
+        (:func:`specdec.verify.verify_tree`)."""
+        self.tree_base = self.state.seq_len
+        self.tree_slots, region = {}, []
+        tokens: list[int] = []
+        parents: list[int] = []
+        estimates: list[float] = []
+        frontier = [(-1, self._ranking_probs(logits))]
+        for level in range(depth):
+            added = []
+            for node, probs in frontier:
+                top = torch.topk(probs, min(DRAFT_TREE_BRANCHES, probs.shape[-1]))
+                for prob, token in zip(top.values.tolist(), top.indices.tolist()):
+                    value = (1.0 if node < 0 else estimates[node]) * prob
+                    if added and value < DRAFT_TREE_MIN_VALUE:
+                        break
+                    added.append(len(tokens))
+                    tokens.append(token)
+                    parents.append(node)
+                    estimates.append(value)
+            expand = sorted(added, key=lambda n: -estimates[n])[:DRAFT_TREE_WIDTH]
+            expand = [n for n in expand if estimates[n] >= DRAFT_TREE_MIN_VALUE]
+            if level + 1 == depth or not expand or self.state.seq_len + len(expand) > self.state.max_seq_len:
+                break
+            for node in expand:
+                self.tree_slots[node] = len(region)
+                region.append(-1 if parents[node] < 0 else self.tree_slots[parents[node]])
+            self.model_forwards += 1
+            rows = self.backend.forward(self.state, [tokens[n] for n in expand], vocab_limit=self.vocab_limit,
+                                        tree=TreeLayout(self.tree_base, list(region)))
+            frontier = [(node, self._ranking_probs(row)) for node, row in zip(expand, rows)]
+        self.tree_tokens = tokens
+        return Draft(tokens=tokens, prefix_accept=estimates, parents=parents)
+
+    def _ranking_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's distribution a tree ranks its candidates by: the request's sampling transform
+        (a candidate's chance of acceptance is the target's transformed probability of it), or the
+        plain softmax under greedy."""
+        if self.params.is_greedy:
+            return torch.softmax(logits.float(), -1)
+        return logits_to_probs(logits, self.params)
+
+    def accepted_path(self, path: list[int], next_token: int) -> None:
+        """Keep the accepted path's forwarded nodes in the draft cache (moved down after the
+        context: ``KVCache.keep``); the rest of the path and ``next_token`` are fed next round."""
+        if not self.tree_nodes:
+            self.accepted(len(path), next_token)
+            return
+        forwarded = [node for node in path if node in self.tree_slots]  # a prefix of the path
+        self.state.keep([self.tree_slots[node] for node in forwarded], self.tree_base)
+        self.cached = self.cached[: self.tree_base] + [self.tree_tokens[node] for node in forwarded]
+        self.tree_slots = {}
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
         # keep the context and the accepted part of the proposal; next_token is fed next round
@@ -212,11 +292,12 @@ def make_draft_model_drafter(res: DrafterResources) -> DraftModelDrafter:
         raise SpecdecError(f"method {res.spec.method!r} needs a draft model (--draft-model NAME_OR_PATH)")
     spec = res.spec
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
+    tree_nodes = tree_nodes_for(res)
     return DraftModelDrafter(res.draft_backend, res.params, res.generator, res.max_seq_len, threshold,
-                             spec.draft_vocab_size or None, spec.draft_context_window, res.constraint)
+                             spec.draft_vocab_size or None, spec.draft_context_window, res.constraint, tree_nodes)
 
 
 DRAFT_MODEL_OPTIONS = ("num_speculative_tokens", "draft_model", "draft_confidence_threshold", "draft_vocab_size",
-                       "draft_context_window")
+                       "draft_context_window", "spec_tree")
 METHODS = (MethodInfo("draft_model", make_draft_model_drafter, "a small model of the same tokenizer drafts autoregressively",
                       aliases=("draft",), needs_draft_model=True, options=DRAFT_MODEL_OPTIONS),)

@@ -97,6 +97,12 @@ class SuffixAssistedDrafter(Drafter):
             self._last.accepted(num_accepted, next_token)
         self._last = None
 
+    def accepted_path(self, path: list[int], next_token: int) -> None:
+        """After a tree (``spec_tree``: both parts grow trees; whichever proposed rolls its state)."""
+        if self._last is not None:
+            self._last.accepted_path(path, next_token)
+        self._last = None
+
     def finish(self) -> None:
         self.suffix.finish()
         self.draft.finish()

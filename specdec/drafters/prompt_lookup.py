@@ -9,21 +9,30 @@ per lookup). Proposals are deterministic: q is a point mass, verified exactly by
 
 from __future__ import annotations
 
-from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
+
+#: trees: merge the continuations of at most this many earlier occurrences
+NGRAM_TREE_MATCHES = 4
 
 
 class PromptLookupDrafter(Drafter):
     name = "ngram"
 
-    def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
+    def __init__(self, min_n: int = 1, max_n: int = 4, tree_nodes: int = 0) -> None:
         self.min_n = min_n
         self.max_n = max_n
         self.tokens: list[int] = []
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> position of the token that followed it
+        #: > 0: propose trees of up to this many nodes, merging the continuations of several earlier
+        #: occurrences (the most recent of the longest n-gram first); 0: one continuation
+        self.tree_nodes = tree_nodes
+        #: trees only: (n, position) -> the position after the previous occurrence of that n-gram
+        self.earlier: dict[tuple[int, int], int] = {}
 
     def start(self, prompt_ids: list[int]) -> None:
         self.tokens = []
         self.index = {}
+        self.earlier = {}
         self._extend(prompt_ids)
 
     def _extend(self, new_tokens: list[int]) -> None:
@@ -31,12 +40,17 @@ class PromptLookupDrafter(Drafter):
             position = len(self.tokens)  # ``token`` now follows every n-gram ending just before it
             for n in range(self.min_n, self.max_n + 1):
                 if position >= n:
-                    self.index[tuple(self.tokens[position - n : position])] = position
+                    gram = tuple(self.tokens[position - n : position])
+                    if self.tree_nodes and gram in self.index:
+                        self.earlier[(n, position)] = self.index[gram]
+                    self.index[gram] = position
             self.tokens.append(token)
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         if len(context_ids) > len(self.tokens):
             self._extend(context_ids[len(self.tokens) :])
+        if self.tree_nodes:
+            return self._propose_tree(k)
         for n in range(self.max_n, self.min_n - 1, -1):
             if len(self.tokens) < n:
                 continue
@@ -45,14 +59,43 @@ class PromptLookupDrafter(Drafter):
                 return Draft(tokens=self.tokens[position : position + k])
         return Draft(tokens=[])
 
+    def _propose_tree(self, k: int) -> Draft:
+        """The continuations (``k`` tokens each) of up to NGRAM_TREE_MATCHES earlier occurrences —
+        the longest n-gram's, most recent first, then shorter ones' — merged into a trie, in that
+        order, so the first nodes are the chain :meth:`propose` would give; at most ``tree_nodes``."""
+        starts: list[int] = []
+        for n in range(self.max_n, self.min_n - 1, -1):
+            if len(self.tokens) < n:
+                continue
+            position = self.index.get(tuple(self.tokens[-n:]))
+            while position is not None and len(starts) < NGRAM_TREE_MATCHES:
+                if position not in starts:
+                    starts.append(position)
+                position = self.earlier.get((n, position))
+        tokens: list[int] = []
+        parents: list[int] = []
+        node_of: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+        for start in starts:
+            parent = -1
+            for token in self.tokens[start : start + k]:
+                if (parent, token) not in node_of:
+                    if len(tokens) >= self.tree_nodes:
+                        break
+                    node_of[(parent, token)] = len(tokens)
+                    tokens.append(token)
+                    parents.append(parent)
+                parent = node_of[(parent, token)]
+        return Draft(tokens=tokens, parents=parents)
+
     def finish(self) -> None:
         self.tokens = []
         self.index = {}
+        self.earlier = {}
 
 
 def make_prompt_lookup_drafter(res: DrafterResources) -> PromptLookupDrafter:
-    return PromptLookupDrafter(res.spec.prompt_lookup_min, res.spec.prompt_lookup_max)
+    return PromptLookupDrafter(res.spec.prompt_lookup_min, res.spec.prompt_lookup_max, tree_nodes_for(res))
 
 
 METHODS = (MethodInfo("ngram", make_prompt_lookup_drafter, "prompt lookup: what followed the last n tokens earlier in the context",
-                      aliases=("prompt_lookup",), options=("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")),)
+                      aliases=("prompt_lookup",), options=("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "spec_tree")),)

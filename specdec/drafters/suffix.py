@@ -18,11 +18,13 @@ recently used first, above ``max_cache_entries``.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import Counter, OrderedDict
 
-from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.tokenizer import tokenizer_fingerprint
+from specdec.tree import children
 
 
 class FrequencyTable:
@@ -53,13 +55,14 @@ class FrequencyTable:
                     if not counter:
                         del self.table[key]
 
-    def predict(self, tokens: list[int]) -> tuple[int, float, int] | None:
-        """(next token, confidence, match length) from the longest matching context, or None."""
+    def predict(self, tokens: list[int], choices: int = 1) -> tuple[list[tuple[int, float]], int] | None:
+        """The ``choices`` most frequent next tokens with their share of the count, from the longest
+        matching context, and its length; None when no context matches."""
         for depth in range(min(self.max_depth, len(tokens)), 0, -1):
             counter = self.table.get(tuple(tokens[-depth:]))
             if counter:
-                token, count = counter.most_common(1)[0]
-                return token, count / sum(counter.values()), depth
+                total = sum(counter.values())
+                return [(token, count / total) for token, count in counter.most_common(choices)], depth
         return None
 
 
@@ -82,9 +85,9 @@ class GlobalSuffixCache:
                 _, old = self.requests.popitem(last=False)
                 self.table.add(old, sign=-1)
 
-    def predict(self, tokens: list[int]) -> tuple[int, float, int] | None:
+    def predict(self, tokens: list[int], choices: int = 1) -> tuple[list[tuple[int, float]], int] | None:
         with self.lock:
-            return self.table.predict(tokens)
+            return self.table.predict(tokens, choices)
 
 
 #: one per vocabulary per process: the server's requests share it on purpose; keying by vocabulary keeps
@@ -107,15 +110,22 @@ def global_cache_for(vocabulary_key: str) -> GlobalSuffixCache:
 #: It is the prior of each request's own running rate (``PRIOR_WEIGHT`` pseudo-observations).
 MATCH_PRIOR = (0.3, 0.5, 0.65, 0.72, 0.75, 0.85, 0.87, 0.92)
 PRIOR_WEIGHT = 8.0
+#: a tree node's children: at most this many of the continuations its context was seen with
+SUFFIX_TREE_BRANCHES = 3
 
 
 class SuffixDrafter(Drafter):
     name = "suffix"
 
-    def __init__(self, cache: GlobalSuffixCache | None = None, max_depth: int = 8, min_confidence: float = 0.1) -> None:
+    def __init__(self, cache: GlobalSuffixCache | None = None, max_depth: int = 8, min_confidence: float = 0.1,
+                 tree_nodes: int = 0) -> None:
         self.cache = cache if cache is not None else GlobalSuffixCache(max_depth)
         self.local = FrequencyTable(max_depth)
         self.min_confidence = min_confidence
+        #: > 0: propose token trees of up to this many nodes (every continuation the tables saw,
+        #: likeliest first, as SuffixDecoding's suffix trees do); 0: chains
+        self.tree_nodes = tree_nodes
+        self.proposed_parents: list[int] | None = None
         self.tokens: list[int] = []
         self.prompt_len = 0
         self._reset_rates()
@@ -134,15 +144,17 @@ class SuffixDrafter(Drafter):
         self.local.add(self.tokens)
         self._reset_rates()
 
-    def _predict(self, tokens: list[int]) -> tuple[int, float, int] | None:
-        """(token, acceptance estimate, match length) from the longer match of the two tables."""
-        local, shared = self.local.predict(tokens), self.cache.predict(tokens)
+    def _predict(self, tokens: list[int], choices: int = 1) -> tuple[list[tuple[int, float]], int] | None:
+        """The likeliest next tokens with their acceptance estimates, and the match length behind
+        them, from the longer match of the two tables (the larger top share on a tie)."""
+        local, shared = self.local.predict(tokens, choices), self.cache.predict(tokens, choices)
         candidates = [c for c in (local, shared) if c is not None]
         if not candidates:
             return None
-        token, share, depth = max(candidates, key=lambda c: (c[2], c[1]))  # longer match, then count share
+        ranked, depth = max(candidates, key=lambda c: (c[1], c[0][0][1]))
         bucket = self._bucket(depth)
-        return token, share * self.match_accepts[bucket] / self.match_trials[bucket], depth
+        rate = self.match_accepts[bucket] / self.match_trials[bucket]
+        return [(token, share * rate) for token, share in ranked], depth
 
     def _bucket(self, depth: int) -> int:
         return min(depth, len(self.match_trials)) - 1  # the shared cache may keep longer contexts
@@ -152,8 +164,11 @@ class SuffixDrafter(Drafter):
             start = len(self.tokens)
             self.tokens.extend(context_ids[start:])
             self.local.add(self.tokens, start=start)
-        draft, self.proposed_depths = self.continuation(self.tokens, k)
-        self.proposed = draft.tokens
+        if self.tree_nodes:
+            draft, self.proposed_depths = self.continuation_tree(self.tokens, k, self.tree_nodes)
+        else:
+            draft, self.proposed_depths = self.continuation(self.tokens, k)
+        self.proposed, self.proposed_parents = draft.tokens, draft.parents
         return draft
 
     def continuation(self, tokens: list[int], k: int) -> tuple[Draft, list[int]]:
@@ -169,7 +184,7 @@ class SuffixDrafter(Drafter):
             prediction = self._predict(walk)
             if prediction is None:
                 break
-            token, confidence, depth = prediction
+            [(token, confidence)], depth = prediction
             score *= confidence
             if score < self.min_confidence:
                 break
@@ -179,14 +194,70 @@ class SuffixDrafter(Drafter):
             walk = (walk + [token])[-self.local.max_depth :]
         return Draft(tokens=proposal, prefix_accept=prefix_accept), depths
 
+    def continuation_tree(self, tokens: list[int], max_depth: int, max_nodes: int) -> tuple[Draft, list[int]]:
+        """A tree of up to ``max_nodes`` tokens, ``max_depth`` deep, to follow ``tokens``: best first
+        over every continuation the tables know (a node's estimate is its path's product), each
+        node added before its children; and the match length behind each node."""
+        tokens_, parents, estimates, depths, levels = [], [], [], [], []
+        walks: list[list[int]] = []
+        frontier: list[tuple[float, int, int, int, int]] = []  # (-estimate, order, parent, token, match)
+        order = 0
+
+        def expand(parent: int, walk: list[int], score: float) -> None:
+            nonlocal order
+            prediction = self._predict(walk, choices=SUFFIX_TREE_BRANCHES)
+            if prediction is None:
+                return
+            ranked, depth = prediction
+            for token, confidence in ranked:
+                if score * confidence >= self.min_confidence:
+                    heapq.heappush(frontier, (-score * confidence, order, parent, token, depth))
+                    order += 1
+
+        root_walk = list(tokens[-self.local.max_depth :])
+        expand(-1, root_walk, 1.0)
+        while frontier and len(tokens_) < max_nodes:
+            negative, _, parent, token, depth = heapq.heappop(frontier)
+            node = len(tokens_)
+            tokens_.append(token)
+            parents.append(parent)
+            estimates.append(-negative)
+            depths.append(depth)
+            walk = ((walks[parent] if parent >= 0 else root_walk) + [token])[-self.local.max_depth :]
+            walks.append(walk)
+            levels.append(1 if parent < 0 else levels[parent] + 1)
+            if levels[node] < max_depth:
+                expand(node, walk, -negative)
+        return Draft(tokens=tokens_, prefix_accept=estimates, parents=parents), depths
+
+    def accepted_path(self, path: list[int], next_token: int) -> None:
+        """Match-length rates after a tree: every node on the accepted path was right; the siblings
+        tried before each of them, and every child of the last one, were wrong."""
+        if self.proposed_parents is None:
+            self.accepted(len(path), next_token)
+            return
+        kids = children(self.proposed_parents)
+        parent = -1
+        for node in [*path, None]:
+            for child in kids.get(parent, []):
+                if child == node:
+                    break
+                self._trial(self.proposed_depths[child], right=False)
+            if node is None:
+                break
+            self._trial(self.proposed_depths[node], right=True)
+            parent = node
+
+    def _trial(self, depth: int, right: bool) -> None:
+        self.match_trials[self._bucket(depth)] += 1
+        self.match_accepts[self._bucket(depth)] += right
+
     def accepted(self, num_accepted: int, next_token: int) -> None:
         """Update the per-match-length acceptance rates: tokens before ``num_accepted`` were right,
         the one at it was right iff the target committed it (the engine may have cut the draft
         there, unverified), later ones were not tried. Committed tokens arrive with the next propose()."""
         for position, depth in enumerate(self.proposed_depths[: num_accepted + 1]):
-            self.match_trials[self._bucket(depth)] += 1
-            right = position < num_accepted or self.proposed[position] == next_token
-            self.match_accepts[self._bucket(depth)] += right
+            self._trial(depth, right=position < num_accepted or self.proposed[position] == next_token)
 
     def finish(self) -> None:
         if len(self.tokens) > self.prompt_len:  # learn this output (with the prompt's tail as context)
@@ -208,8 +279,9 @@ def make_suffix_drafter(res: DrafterResources) -> SuffixDrafter:
         key = f"tokenizer:{tokenizer_fingerprint(res.tokenizer)}"
     else:
         key = f"vocab:{res.target_backend.config.vocab_size}"
-    return SuffixDrafter(cache=global_cache_for(key))
+    return SuffixDrafter(cache=global_cache_for(key), tree_nodes=tree_nodes_for(res))
 
 
 METHODS = (MethodInfo("suffix", make_suffix_drafter,
-                      "suffix decoding over this request and a process-wide cache of earlier outputs"),)
+                      "suffix decoding over this request and a process-wide cache of earlier outputs",
+                      options=("num_speculative_tokens", "spec_tree")),)

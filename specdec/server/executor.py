@@ -146,7 +146,7 @@ class ModelExecutor:
             rows += size
         assert self._forward_batch is not None
         try:
-            logits = self._forward_batch([(s.call.state, s.call.tokens, s.call.num_logits) for s in batch])
+            logits = self._forward_batch([(s.call.state, s.call.tokens, s.call.num_logits, s.call.tree) for s in batch])
         except BaseException as exc:  # noqa: BLE001 - every request of the batch gets the error
             for stream in batch:
                 stream.call = None

@@ -1,0 +1,105 @@
+"""Token trees vs chains (issue 22): τ (tokens per target forward) and decode speed of each drafter
+with chains and with trees, against plain decoding of the same target, configurations interleaved
+per prompt, greedy (every output checked identical to plain decoding).
+
+    .venv/bin/python benchmarks/tree_vs_chain.py --groups humaneval,mt_bench --limit 6 --max-tokens 64
+
+"Same verification budget": a chain of γ tokens against a tree of at most γ nodes (``tree=γ``);
+``tree=auto`` may verify up to 2γ nodes where the measured verify cost says they pay. Prints per
+group and configuration the medians over prompts of τ, decode tok/s and its ratio to plain (per
+prompt, then the median), nodes verified per round and the rounds won by a non-first branch. The
+CPU flags go in the header so results from different machines are not mixed up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import specdec  # noqa: E402
+from specdec.bench.datasets import load_prompts  # noqa: E402
+from specdec.cpu import cpu_description  # noqa: E402
+from specdec.drafters.suffix import clear_global_caches  # noqa: E402
+
+GROUPS = {"humaneval": ("humaneval", None), "mt_bench": ("spec_bench", ["mt_bench"])}
+
+
+def configs(methods: list[str], gamma: int) -> dict[str, specdec.SpecConfig | None]:
+    result: dict[str, specdec.SpecConfig | None] = {"plain": None}
+    for method in methods:
+        for tree in ("off", gamma, "auto"):
+            label = "chain" if tree == "off" else f"tree={tree}"
+            result[f"{method} {label}"] = specdec.SpecConfig(method=method, num_speculative_tokens=gamma, spec_tree=tree)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--quantize", default="int8", help="target execution mode (default: int8, what auto picks on AVX2)")
+    parser.add_argument("--draft-quantize", default="int4-all")
+    parser.add_argument("--groups", default="humaneval,mt_bench", help=f"prompt groups: {', '.join(GROUPS)}")
+    parser.add_argument("--limit", type=int, default=6, help="prompts per group")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4, help="chain length, and the tree=γ budget")
+    parser.add_argument("--methods", default="draft_model,suffix,ngram")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    methods = args.methods.split(",")
+    target = specdec.load_model(args.model, quantize=args.quantize)
+    needs_draft = any(specdec.drafters.registry.needs_draft_model(m) for m in methods)
+    draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize) if needs_draft else None
+    params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    plan = configs(methods, args.gamma)
+    print(f"# {args.model} {args.quantize} + {args.draft_model} {args.draft_quantize}; CPU: {cpu_description()}; "
+          f"{args.threads} threads; greedy, {args.max_tokens} tokens, γ={args.gamma}", flush=True)
+    for group in args.groups.split(","):
+        dataset, categories = GROUPS[group]
+        rows = load_prompts(dataset, categories, args.limit)
+        results: dict[str, dict[str, list[float]]] = {name: {} for name in plan}
+        for row in rows:
+            ids = specdec.api.encode_prompt(target, row.turns[0], chat=row.chat)
+            plain_tokens, plain_speed = None, 1.0
+            for name, spec in plan.items():
+                clear_global_caches()  # no request drafts from an earlier run of itself
+                uses_draft = spec is not None and specdec.drafters.registry.needs_draft_model(spec.method)
+                out = specdec.generate(target, ids, params, draft=draft if uses_draft else None, spec=spec)
+                s = out.stats
+                speed = (s.generated_tokens - 1) / s.decode_time_s
+                if spec is None:
+                    plain_tokens, plain_speed = out.token_ids, speed
+                elif out.token_ids != plain_tokens:
+                    print(f"MISMATCH {name} on {row.id}", flush=True)
+                values = {"tau": s.mean_accepted_len, "speed": speed, "ratio": speed / plain_speed,
+                          "nodes": s.tree_nodes / s.tree_rounds if s.tree_rounds else s.proposed_tokens / max(s.target_forwards, 1),
+                          "wins": s.tree_branch_wins / s.tree_rounds if s.tree_rounds else 0.0,
+                          "gbs": s.achieved_gb_per_s}
+                for key, value in values.items():
+                    results[name].setdefault(key, []).append(value)
+            print(f"  {group} {row.id}: done", flush=True)
+        print(f"\n## {group} ({len(rows)} prompts, medians)\n")
+        print("| config | τ | τ × chain | decode tok/s | × plain | GB/s | verified/round | branch wins |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, values in results.items():
+            m = {k: statistics.median(v) for k, v in values.items()}
+            chain = results.get(f"{name.split()[0]} chain")
+            tau_ratio = "" if spec_is_plain(name) or chain is None else \
+                f"{statistics.median(a / b for a, b in zip(values['tau'], chain['tau']) if b):.2f}"
+            print(f"| {name} | {m['tau']:.2f} | {tau_ratio} | {m['speed']:.1f} | {m['ratio']:.2f} | {m['gbs']:.1f} | "
+                  f"{m['nodes']:.1f} | {m['wins']:.0%} |", flush=True)
+
+
+def spec_is_plain(name: str) -> bool:
+    return name == "plain"
+
+
+if __name__ == "__main__":
+    main()
