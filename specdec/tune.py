@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from specdec.api import LoadedModel
 from specdec.bench.datasets import PromptRow
-from specdec.bench.runner import BenchConfig, RequestResult, run_benchmark, summarize
+from specdec.bench.runner import BenchConfig, RequestResult, parse_variant, run_benchmark, summarize
 from specdec.errors import SpecdecError
 from specdec.step_costs import ExecutionPlan, ModeChoice, choose_mode
 
@@ -94,9 +94,10 @@ def _stored(store: Path, setup: dict[str, Any]) -> dict[str, list[RequestResult]
     return done
 
 
-def choose(results: list[RequestResult]) -> tuple[str | None, int | str | None, dict[str, Any]]:
-    """The configuration to use: ``(method, γ, its overall figures)``; ``(None, None, plain's figures)``
-    when nothing beats plain decoding by :data:`MIN_SPEEDUP` or any greedy output differed."""
+def choose(results: list[RequestResult]) -> tuple[str | None, int | str | None, str | int, dict[str, Any]]:
+    """The configuration to use: ``(method, γ, token tree, its overall figures)``; ``(None, None,
+    "off", plain's figures)`` when nothing beats plain decoding by :data:`MIN_SPEEDUP` or any greedy
+    output differed."""
     overall = summarize(results)["overall"]
     best_name, best = None, overall["ar"]
     for name, figures in overall.items():
@@ -105,10 +106,9 @@ def choose(results: list[RequestResult]) -> tuple[str | None, int | str | None, 
         if figures["speedup"] >= MIN_SPEEDUP and figures["speedup"] > best.get("speedup", 1.0):
             best_name, best = name, figures
     if best_name is None:
-        return None, None, best
-    method, _, gamma_text = best_name.partition("@")  # "method@γ" when several γ were measured
-    gamma = None if not gamma_text else gamma_text if gamma_text == "auto" else int(gamma_text)
-    return method, gamma, best
+        return None, None, "off", best
+    method, gamma, tree = parse_variant(best_name)  # "method@γ:tree=N" when several γ / trees were measured
+    return method, gamma, tree, best
 
 
 def mode_rates(plan: ExecutionPlan, method: str | None, acceptance_rate: float) -> ModeChoice | None:
@@ -133,11 +133,12 @@ def faster_mode(choice: ModeChoice | None, measured_mode: str) -> str | None:
 
 
 def config_file(method: str | None, gamma: int | str | None, default_gamma: int | str, settings: dict[str, Any],
-                figures: dict[str, Any], summary: dict, measured: dict[str, Any]) -> dict[str, Any]:
+                figures: dict[str, Any], summary: dict, measured: dict[str, Any], tree: str | int = "off") -> dict[str, Any]:
     """What ``--config FILE`` reads (``settings``: flag destinations → values) and what was measured."""
     chosen = dict(settings)
     chosen["method"] = method
     chosen["num_speculative_tokens"] = None if method is None else (gamma or default_gamma)
+    chosen["spec_tree"] = tree
     if method is None or method not in ("draft_model", "draft_suffix"):
         chosen["draft_model"] = None
     return {"settings": chosen, "measured": {**measured, "speedup": round(figures.get("speedup", 1.0), 3),

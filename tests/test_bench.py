@@ -44,10 +44,24 @@ def test_bench_writes_results_report_and_plots(tiny_dirs, dataset, tmp_path, cap
     assert "+0.0%" in capsys.readouterr().out
 
 
+def test_bench_runs_chains_and_trees_side_by_side(tiny_dirs, dataset, tmp_path, capsys):
+    out = tmp_path / "trees"
+    code = main(["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--methods", "ar,ngram,suffix",
+                 "--spec-trees", "off,auto", "--repeats", "1", "--max-tokens", "12", "--dtype", "float32",
+                 "--ignore-eos", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    overall = json.loads((out / "results.json").read_text())["summary"]["overall"]
+    assert {"ar", "ngram", "ngram:tree=auto", "suffix", "suffix:tree=auto"} == set(overall)
+    assert all(m["mismatches"] == 0 for m in overall.values())
+    assert main(["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--spec-trees", "off,bushy",
+                 "--out", str(out)]) != 0
+    assert "--spec-trees" in capsys.readouterr().err
+
+
 class AlteringDrafterRunner:
     """A deliberately wrong 'method': changes one token of plain decoding's output."""
 
-    def __call__(self, target, draft, method, config, gamma=4):
+    def __call__(self, target, draft, method, config, gamma=4, tree="off"):
         plain = runner.ours(target, draft, "ar", config)
 
         def generate_one(ids):

@@ -213,13 +213,16 @@ def test_server_without_draft_model_refuses_draft_methods_per_request(tiny_dirs)
         proc.wait(timeout=30)
 
 
-def test_continuous_batching_serves_concurrent_requests_in_shared_forwards_with_outputs_unchanged(tiny_dirs, int4_kernel):
+@pytest.mark.parametrize("tree", ["off", "auto"])
+def test_continuous_batching_serves_concurrent_requests_in_shared_forwards_with_outputs_unchanged(tiny_dirs, int4_kernel, tree):
     """An int8 target batches (its C++ layers are row by row): 12 concurrent greedy requests, plain
     and speculative, answer exactly what the library answers for each alone, and /metrics shows
-    forwards that served several requests."""
+    forwards that served several requests. With token trees on (and speculating at any load), the
+    trees of several requests are verified in the same forwards, each with its own tree mask."""
     target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
+    trees = [] if tree == "off" else ["--spec-tree", tree, "--disable-speculation-above", "never"]
     proc, base = launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--quantize", "int8",
-                        "--served-model-name", "tiny", "--num-speculative-tokens", "3", "--max-concurrency", "8")
+                        "--served-model-name", "tiny", "--num-speculative-tokens", "3", "--max-concurrency", "8", *trees)
     try:
         prompts = [f"def f{i}(x):" for i in range(12)]
 

@@ -17,7 +17,7 @@ import specdec
 from specdec.api import LoadedModel, encode_prompt
 from specdec.bench.datasets import PromptRow
 from specdec.config import SpecConfig
-from specdec.drafters.registry import is_plain, needs_draft_model, resolve_method
+from specdec.drafters.registry import is_plain, method_info, needs_draft_model, resolve_method
 from specdec.drafters.suffix import clear_global_caches
 from specdec.sampling import SamplingParams
 
@@ -52,7 +52,31 @@ class BenchConfig:
     skip_layers: str | None = None  # layer-skip (None: calibration if saved, else the default)
     exit_layer: int | None = None  # early-exit
     draft_vocab_size: int = 0  # draft_model / self-speculation: score only the first N ids
+    #: token trees to try for the methods that branch (``"off"``: chains); each is its own run,
+    #: named ``method:tree=N`` (see :func:`variant_name`)
+    spec_trees: list[str | int] = field(default_factory=lambda: ["off"])
     extra: dict = field(default_factory=dict)
+
+
+def variant_name(method: str, gamma: int | str, tree: str | int, several_gammas: bool) -> str:
+    """A run's name in reports: ``method``, ``method@γ`` when several γ are measured, then
+    ``:tree=N`` for a tree run (:func:`parse_variant` reads it back)."""
+    name = f"{method}@{gamma}" if several_gammas else method
+    return name if tree == "off" else f"{name}:tree={tree}"
+
+
+def parse_variant(name: str) -> tuple[str, int | str | None, str | int]:
+    """``method[@γ][:tree=N]`` → (method, γ or None when not in the name, tree: "off", "auto" or N)."""
+    name, _, tree_text = name.partition(":tree=")
+    method, _, gamma_text = name.partition("@")
+    gamma = None if not gamma_text else gamma_text if gamma_text == "auto" else int(gamma_text)
+    tree: str | int = "off" if not tree_text else tree_text if tree_text == "auto" else int(tree_text)
+    return method, gamma, tree
+
+
+def branches(method: str) -> bool:
+    """Does this method propose token trees when ``spec_tree`` is on?"""
+    return not is_peer(method) and not is_plain(method) and "spec_tree" in method_info(resolve_method(method)).options
 
 
 def method_needs_draft(method: str) -> bool:
@@ -62,9 +86,10 @@ def method_needs_draft(method: str) -> bool:
     return needs_draft_model(resolve_method(method))
 
 
-def spec_for(method: str, config: BenchConfig, gamma: int | str) -> SpecConfig:
+def spec_for(method: str, config: BenchConfig, gamma: int | str, tree: str | int = "off") -> SpecConfig:
     return SpecConfig(method=resolve_method(method), num_speculative_tokens=gamma, datastore=config.datastore,
-                      skip_layers=config.skip_layers, exit_layer=config.exit_layer, draft_vocab_size=config.draft_vocab_size)
+                      skip_layers=config.skip_layers, exit_layer=config.exit_layer, draft_vocab_size=config.draft_vocab_size,
+                      spec_tree=tree)
 
 
 def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], target: LoadedModel, row: PromptRow) -> list[tuple[list[int], dict, float]]:
@@ -85,8 +110,9 @@ def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], 
     return results
 
 
-def ours(target: LoadedModel, draft: LoadedModel | None, method: str, config: BenchConfig, gamma: int | str = 4) -> Callable[[list[int]], tuple[list[int], dict, str]]:
-    spec = spec_for(method, config, gamma)
+def ours(target: LoadedModel, draft: LoadedModel | None, method: str, config: BenchConfig, gamma: int | str = 4,
+         tree: str | int = "off") -> Callable[[list[int]], tuple[list[int], dict, str]]:
+    spec = spec_for(method, config, gamma, tree)
 
     def generate_one(ids: list[int]) -> tuple[list[int], dict, str]:
         out = specdec.generate(target, ids, config.params, draft=draft if needs_draft_model(spec.method) else None, spec=spec)
@@ -108,8 +134,9 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
             runners[method] = ours(target, draft, method, config)
         else:
             for gamma in config.gammas:
-                name = method if len(config.gammas) == 1 else f"{method}@{gamma}"
-                runners[name] = (method_runner or ours)(target, draft, method, config, gamma)
+                for tree in config.spec_trees if config.spec_trees != ["off"] and branches(method) else ["off"]:
+                    name = variant_name(method, gamma, tree, len(config.gammas) > 1)
+                    runners[name] = (method_runner or ours)(target, draft, method, config, gamma, tree)
     if "ar" not in runners:  # speedups and the identity check need the plain run of the same prompts
         runners = {"ar": ours(target, draft, "ar", config), **runners}
     if rows and warm_up:  # warm-up: first calls pay one-time costs (allocator, kernels) that are not the method's

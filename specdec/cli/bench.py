@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, gamma_value,
-                                positive_int, sampling_from_args)
+                                positive_int, sampling_from_args, tree_values)
 from specdec.errors import SpecdecError
 
 
@@ -31,6 +31,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             "from `specdec methods`, e.g. draft, ngram, suffix, draft-suffix, retrieval, layer-skip, early-exit; "
                             "peers as in --peers (default: ar,draft,ngram,suffix)")
     bench.add_argument("--gammas", default=None, help="several γ to sweep, e.g. 2,4,6,auto (overrides --num-speculative-tokens)")
+    bench.add_argument("--spec-trees", default=None, metavar="LIST",
+                       help="several token trees to run for the methods that branch (draft, draft-suffix, suffix, ngram), each "
+                            "its own row named method:tree=N: off = chains, auto, or a node count, e.g. off,auto "
+                            "(default: --spec-tree's one value)")
     bench.add_argument("--repeats", type=positive_int, default=3, help="repeats per prompt and method; medians are reported (default: 3)")
     bench.add_argument("--peers", default="", help="comma-separated peers to run in the same run: hf (= transformers plain, assisted, prompt lookup), "
                             "llamacpp (= llama.cpp's llama-server plain and with the draft model; needs --llama-bin); "
@@ -80,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         methods += PEER_METHODS[peer]
     gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")] if args.gammas else [
         args.num_speculative_tokens if args.num_speculative_tokens is not None else 4]
+    spec_trees = tree_values(args.spec_trees) if args.spec_trees else [args.spec_tree]
     params = sampling_from_args(args)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
     needs_draft = any(method_needs_draft(m) for m in methods)
@@ -104,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
                                             params, peer_gamma, detokenize=target.tokenizer.decode)
         peers.update(llama)
     config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, datastore=args.datastore,
-                         skip_layers=args.skip_layers, exit_layer=args.exit_layer, draft_vocab_size=args.draft_vocab_size)
+                         skip_layers=args.skip_layers, exit_layer=args.exit_layer, draft_vocab_size=args.draft_vocab_size,
+                         spec_trees=spec_trees)
     try:
         results = run_benchmark(target, draft, rows, config, peers=peers)
     finally:

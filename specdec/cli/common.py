@@ -40,6 +40,14 @@ def tree_value(text: str) -> str | int:
         raise argparse.ArgumentTypeError(f"expected 'off', 'auto' or a number of tree nodes >= 1, got {text!r}") from None
 
 
+def tree_values(text: str, flag: str = "--spec-trees") -> list[str | int]:
+    """A comma-separated list of --spec-tree values ("off,auto,8"); a clear error for a bad one."""
+    try:
+        return [tree_value(part.strip()) for part in text.split(",") if part.strip()] or ["off"]
+    except argparse.ArgumentTypeError as exc:
+        raise SpecdecError(f"{flag}: {exc}") from None
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

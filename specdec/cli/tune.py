@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.cli.common import add_debug_flag, add_model_args, draft_quantize, gamma_value, positive_int
+from specdec.cli.common import add_debug_flag, add_model_args, draft_quantize, gamma_value, positive_int, tree_values
+
+#: token trees tune tries for the methods that branch (chains, and trees sized by the cost model)
+DEFAULT_SPEC_TREES = ("off", "auto")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,6 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                       help="methods to try, comma-separated (default: ngram, suffix, and draft_model, draft_suffix with "
                            "--draft-model, retrieval with --datastore)")
     tune.add_argument("--gammas", default="auto", help="γ values to try per method, e.g. auto,3,5 (default: auto)")
+    tune.add_argument("--spec-trees", default=",".join(DEFAULT_SPEC_TREES), metavar="LIST",
+                      help="token trees to try for the methods that branch (draft_model, draft_suffix, suffix, ngram): "
+                           "off = chains, auto, or a node count N, e.g. off,auto,8 (default: off,auto)")
     tune.add_argument("--max-tokens", type=positive_int, default=128, help="tokens generated per prompt (default: 128)")
     tune.add_argument("--budget-minutes", type=float, default=10.0,
                       help="stop starting new prompts after this long (at least 2 are measured; default: 10)")
@@ -38,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                            "configuration on the first N prompts to OUT/acceptance/ (0: none; default: 2)")
     tune.add_argument("--export", action="append", default=[], choices=("vllm", "sglang", "llamacpp"),
                       help="also write the chosen configuration for this engine to OUT/ENGINE.sh (repeatable)")
-    add_model_args(tune, unused=("--num-speculative-tokens", "--method"))
+    add_model_args(tune, unused=("--num-speculative-tokens", "--method", "--spec-tree"))
     add_debug_flag(tune)
     tune.set_defaults(func=run)
     return tune
@@ -62,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     methods = ([m.strip() for m in args.methods.split(",") if m.strip()] if args.methods
                else candidate_methods(args.draft_model is not None, args.datastore is not None))
     gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")]
+    trees = tree_values(args.spec_trees)
     target_mode, draft_mode = args.quantize, draft_quantize(args)
     plan = None
     if args.quantize == "auto" and args.device in ("auto", "cpu"):  # the modes measured fastest here
@@ -74,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
         draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=draft_mode)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=1, datastore=args.datastore,
-                         draft_vocab_size=args.draft_vocab_size)
+                         draft_vocab_size=args.draft_vocab_size, spec_trees=trees)
     setup = {"model": args.model, "draft_model": args.draft_model, "execution": [target.backend.dtype_name,
-             draft.backend.dtype_name if draft else None], "methods": methods, "gammas": gammas,
+             draft.backend.dtype_name if draft else None], "methods": methods, "gammas": gammas, "trees": trees,
              "max_tokens": args.max_tokens, "cpu": cpu_description()}
     print(f"tune: {len(rows)} prompts × (plain + {len(methods)} methods × {len(gammas)} γ), {args.max_tokens} tokens each, "
           f"budget {args.budget_minutes:g} min; target {target.backend.dtype_name}"
@@ -87,10 +94,11 @@ def run(args: argparse.Namespace) -> int:
     with tqdm(total=len(rows), desc="tune", unit="prompt") as bar:
         results, left_out = run_tune(target, draft, rows, config, args.out, args.budget_minutes * 60, setup,
                                      on_row=lambda _: bar.update(1))
-    method, gamma, figures = choose(results)
+    method, gamma, tree, figures = choose(results)
     modes = None
     if plan is not None:
-        modes, target = _check_modes(args, plan, target, draft, rows, results, method, gamma or gammas[0], params, start)
+        modes, target = _check_modes(args, plan, target, draft, rows, results, method, gamma or gammas[0], tree,
+                                     len(gammas) > 1, params, start)
         target_mode = modes["chosen"]
     meta = {"dataset": args.prompts, "command": "specdec " + " ".join(sys.argv[1:]), "machine": cpu_description(),
             "model": args.model, "draft_model": args.draft_model, "execution": target.backend.dtype_name,
@@ -101,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                 "draft_quantize": draft_mode, "draft_vocab_size": args.draft_vocab_size}
     measured = {"prompts": len({r.prompt_id for r in results}), "left_out_for_budget": left_out,
                 "seconds": round(time.perf_counter() - start, 1), "cpu": cpu_description(), "dataset": args.prompts}
-    chosen = config_file(method, gamma, gammas[0], settings, figures, summary, measured)
+    chosen = config_file(method, gamma, gammas[0], settings, figures, summary, measured, tree)
     if modes is not None:
         chosen["measured"]["execution_modes"] = modes
     if args.html_prompts > 0:
@@ -109,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "tune.json").write_text(json.dumps(chosen, indent=1))
     print((args.out / "report.md").read_text())
     verdict = (f"plain decoding (no method beat it by 3% here)" if method is None else
-               f"--method {method} --num-speculative-tokens {chosen['settings']['num_speculative_tokens']}: "
+               f"--method {method} --num-speculative-tokens {chosen['settings']['num_speculative_tokens']}"
+               f"{'' if tree == 'off' else f' --spec-tree {tree}'}: "
                f"{figures['speedup']:.2f}× plain end to end, α {figures['acceptance_rate']:.2f}")
     print(f"chosen: {verdict}\nwrote {args.out / 'tune.json'} (use: specdec generate|serve|bench --config {args.out / 'tune.json'})")
     if left_out:
@@ -119,16 +128,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, method, gamma, params, start: float):  # noqa: ANN001, ANN202
+def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, method, gamma, tree, several_gammas: bool,  # noqa: ANN001
+                 params, start: float):  # noqa: ANN001, ANN202
     """Expected tokens/s per target mode with the measured α (:func:`specdec.tune.mode_rates`); when
     another mode is expected faster, measure the chosen configuration there too, on the same
     prompts, and keep whichever measured faster. Returns (a record for tune.json, the target to use)."""
     import specdec
-    from specdec.bench.runner import BenchConfig, run_benchmark, summarize
+    from specdec.bench.runner import BenchConfig, run_benchmark, summarize, variant_name
     from specdec.tune import MIN_SPEEDUP, faster_mode, mode_rates
 
     overall = summarize(results)["overall"]
-    name = "ar" if method is None else method if method in overall else f"{method}@{gamma}"  # method@γ: several γ measured
+    name = "ar" if method is None else variant_name(method, gamma, tree, several_gammas)
     measured_mode = target.backend.dtype_name
     rates = mode_rates(plan, method, overall[name]["acceptance_rate"])
     record = {"measured_in": measured_mode, "expected_tok_s": {m: round(r, 2) for m, r in (rates.rates if rates else {}).items()},
@@ -144,9 +154,9 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
     other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=other)
     measured_ids = {r.prompt_id for r in results}
     config = BenchConfig(methods=["ar" if method is None else method], params=params, gammas=[gamma], repeats=1,
-                         datastore=args.datastore, draft_vocab_size=args.draft_vocab_size)
+                         datastore=args.datastore, draft_vocab_size=args.draft_vocab_size, spec_trees=[tree])
     other_results = run_benchmark(other_target, draft, [row for row in rows if row.id in measured_ids], config)
-    figures = summarize(other_results)["overall"]["ar" if method is None else method]
+    figures = summarize(other_results)["overall"]["ar" if method is None else variant_name(method, gamma, tree, False)]
     record["measured_tok_s"][other] = round(figures["tokens_per_s"], 2)
     if not figures["mismatches"] and figures["tokens_per_s"] >= MIN_SPEEDUP * overall[name]["tokens_per_s"]:
         record["chosen"] = other

@@ -26,10 +26,26 @@ from specdec.tree import TreeLayout
 
 #: a draft-model tree: children per branching node (its top choices) …
 DRAFT_TREE_BRANCHES = 3
-#: … nodes forwarded per level to branch again (each level costs one draft forward of this many rows) …
-DRAFT_TREE_WIDTH = 2
+#: … the most nodes forwarded per level to branch again (each level costs one draft forward of
+#: that many rows: :func:`tree_width` picks how many from the draft's measured step costs) …
+DRAFT_TREE_WIDTH = 4
+#: … a level of w rows is worth forwarding while it costs at most this many single-row steps …
+DRAFT_TREE_WIDTH_COST = 1.2
 #: … and the least path value (product of draft probabilities) a node needs beyond its parent's best child
 DRAFT_TREE_MIN_VALUE = 0.05
+
+
+def tree_width(step_seconds: dict[int, float] | None) -> int:
+    """Nodes a draft-model tree forwards per level: the most (up to DRAFT_TREE_WIDTH) whose forward
+    costs at most DRAFT_TREE_WIDTH_COST single-row steps on this machine — one where extra rows are
+    dear (int4 on an AVX2 CPU: 2 rows 1.15×, 4 rows 1.6×), more where they are nearly free (int8:
+    4 rows 0.95×; a GPU). Unmeasured: 2. In-process A/B on this box (6 prompts per group, γ=4, 8
+    nodes): width 1 or 2 ≥ chains on HumanEval and MT-Bench, neither consistently ahead."""
+    if not step_seconds or 1 not in step_seconds:
+        return 2
+    single = step_seconds[1]
+    return max([1] + [w for w in range(2, DRAFT_TREE_WIDTH + 1)
+                      if w in step_seconds and step_seconds[w] <= DRAFT_TREE_WIDTH_COST * single])
 
 
 def draft_autoregressively(
@@ -133,6 +149,7 @@ class DraftModelDrafter(Drafter):
         self.backend = backend
         #: > 0: grow token trees of up to this many nodes (:meth:`_propose_tree`); 0: chains
         self.tree_nodes = tree_nodes
+        self.tree_width = tree_width(backend.step_seconds)  # nodes forwarded per tree level
         #: the last tree's nodes that were forwarded, and their slots in its region (from ``tree_base``)
         self.tree_slots: dict[int, int] = {}
         self.tree_tokens: list[int] = []
@@ -150,9 +167,9 @@ class DraftModelDrafter(Drafter):
         #: optional ``(drafted, room) -> tokens`` asked before each draft step (see draft_autoregressively)
         self.take_over: Callable[[list[int], int], list[int]] | None = None
         self.constraint = constraint  # structured output: the request's grammar (masks q like p)
-        # a tree's region beyond the chain's room: DRAFT_TREE_WIDTH forwarded nodes per level (a tree
+        # a tree's region beyond the chain's room: tree_width forwarded nodes per level (a tree
         # stops growing where its cache is full)
-        self.state = backend.new_state(max_seq_len + DRAFT_TREE_WIDTH * tree_nodes)
+        self.state = backend.new_state(max_seq_len + self.tree_width * tree_nodes)
         self.cached: list[int] = []  # tokens whose keys/values are in the draft cache
         self.context_len = 0
         self.model_forwards = 0  # draft forwards this request (each reads the draft's weights once)
@@ -218,7 +235,7 @@ class DraftModelDrafter(Drafter):
         """A token tree up to ``depth`` deep, one draft forward per level (EAGLE-2's dynamic tree,
         Li et al. 2024): each node's DRAFT_TREE_BRANCHES likeliest next tokens become its
         children, valued by the product of the draft's probabilities along their path; the
-        DRAFT_TREE_WIDTH most valuable new nodes are forwarded together (each attending to its
+        ``tree_width`` most valuable new nodes are forwarded together (each attending to its
         own ancestors) to branch at the next level. Leaves cost no draft work, so the tree holds
         more nodes than a round verifies: the engine keeps the most valuable ones that pay
         (EAGLE-2's reranking, :meth:`specdec.adaptive.VerifyCosts.best_tree`). Children are the
@@ -242,7 +259,7 @@ class DraftModelDrafter(Drafter):
                     tokens.append(token)
                     parents.append(node)
                     estimates.append(value)
-            expand = sorted(added, key=lambda n: -estimates[n])[:DRAFT_TREE_WIDTH]
+            expand = sorted(added, key=lambda n: -estimates[n])[: self.tree_width]
             expand = [n for n in expand if estimates[n] >= DRAFT_TREE_MIN_VALUE]
             if level + 1 == depth or not expand or self.state.seq_len + len(expand) > self.state.max_seq_len:
                 break
