@@ -37,6 +37,12 @@ class VerifyCosts:
     seconds: dict[int, float] = field(default_factory=dict)
     smoothing: float = 0.1
 
+    @classmethod
+    def from_measured(cls, verify_seconds: dict[int, float] | None) -> "VerifyCosts":
+        """Costs starting from this machine's measured forward seconds per chunk of T tokens
+        (``Backend.step_seconds``: k drafted tokens are a chunk of k + 1), or from nothing."""
+        return cls({t - 1: s for t, s in (verify_seconds or {}).items() if t >= 1})
+
     def update(self, k: int, seconds: float) -> None:
         self.seconds[k] = ema(self.seconds.get(k), seconds, self.smoothing)
 
@@ -112,17 +118,18 @@ class GammaController:
         take every unmeasured chunk as costing what the longest one did — on a CPU, where a 9-token
         chunk costs ~3 single steps, the first dozen rounds of a request paid for that. The
         running averages replace the prior as rounds are measured."""
-        controller = cls(max_k)
-        if verify_seconds:
-            controller.verify.seconds = {k: verify_seconds[k + 1] for k in range(max_k + 1) if k + 1 in verify_seconds}
+        controller = cls(max_k, verify=VerifyCosts.from_measured(verify_seconds))
         controller.draft_s_per_token = draft_seconds
         return controller
 
     def _ema(self, old: float | None, new: float) -> float:
         return ema(old, new, self.smoothing)
 
-    def update(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        self.verify.update(proposed, verify_s)
+    def update(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None) -> None:
+        """A round that drafted ``proposed`` tokens (one model step each) and had ``accepted`` of
+        them accepted; ``verify_s`` None: its verification was not a chain of ``proposed``."""
+        if verify_s is not None:
+            self.verify.update(proposed, verify_s)
         if proposed and accepted == proposed:
             self._explore_wait = 0  # the draft was right: stop backing off exploration
         if proposed:
@@ -134,6 +141,12 @@ class GammaController:
             if self._last_k != 0:  # not a catch-up (or prefill) round
                 self.draft_s_per_token = self._ema(self.draft_s_per_token, draft_s / proposed)
         self._last_k = proposed
+
+    def update_tree(self, depth: int, accepted: int, nodes: int, draft_s: float, verify_s: float) -> None:
+        """A token tree a model grew level by level (one draft step per level): to α and the draft
+        cost a chain of its depth, with its accepted path; to the verify costs a chunk of its nodes."""
+        self.update(depth, accepted, draft_s, None)
+        self.verify.update(nodes, verify_s)
 
     def update_free_round(self, proposed: int, verify_s: float) -> None:
         """A round whose draft cost no model step and whose length the cost model chose (a draft

@@ -220,7 +220,8 @@ def generate_steps(
     gamma = None
     if spec.adaptive and drafter is not None:
         gamma = GammaController.from_measured(max_k, target.step_seconds, drafter.step_seconds)
-    verify_costs = gamma.verify if gamma is not None else VerifyCosts()  # for drafts with prefix_accept
+    # for drafts with prefix_accept and trees: what verifying k drafted tokens costs here
+    verify_costs = gamma.verify if gamma is not None else VerifyCosts.from_measured(target.step_seconds)
 
     start = time.perf_counter()
     state = target.new_state(cache_len)
@@ -298,8 +299,7 @@ def generate_steps(
             stats.grammar_forced_tokens += num_accepted - drafter_accepted
             stats.rounds.append(Round(verified_as, drafter_accepted, num_accepted - drafter_accepted, new_tokens))
             if gamma is not None and draft.is_tree and drafter.model_forwards is not None:
-                # a model grew the tree level by level: to the controller, a chain of its depth
-                gamma.update(max(depths(draft.parents), default=0), drafter_accepted, t1 - t0, t2 - t1)
+                gamma.update_tree(max(depths(draft.parents), default=0), drafter_accepted, len(draft), t1 - t0, t2 - t1)
             elif gamma is not None and draft.prefix_accept is None:
                 gamma.update(drafted, drafter_accepted, t1 - t0, t2 - t1)
             elif gamma is not None:

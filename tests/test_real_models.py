@@ -131,6 +131,19 @@ def test_int8_speculative_greedy_is_identical_for_every_method(pair_int8, humane
     assert out.stats.proposed_tokens > 0 or method in ("ngram", "suffix")
 
 
+@pytest.mark.parametrize("method", ["draft_model", "draft_suffix", "suffix", "ngram"])
+def test_int8_tree_speculation_greedy_is_identical(pair_int8, humaneval_prompt, method):
+    """Token trees on the real pair (issue 22): every tree node scored in one forward, the caches
+    compacted to the accepted path, output token for token plain decoding's."""
+    target, draft = pair_int8
+    params = specdec.SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    plain = specdec.generate(target, humaneval_prompt, params)
+    spec = specdec.SpecConfig(method=method, num_speculative_tokens=4, spec_tree="auto")
+    out = specdec.generate(target, humaneval_prompt, params, draft=draft, spec=spec)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.tree_rounds > 0
+
+
 @pytest.fixture(scope="module")
 def target_int4():
     _need(DEFAULT_TARGET)

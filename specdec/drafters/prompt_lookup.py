@@ -10,9 +10,13 @@ per lookup). Proposals are deterministic: q is a point mass, verified exactly by
 from __future__ import annotations
 
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
+from specdec.tree import depths
 
 #: trees: merge the continuations of at most this many earlier occurrences
 NGRAM_TREE_MATCHES = 4
+#: trees: the prior acceptance rate of a drafted token, worth this many observed trials
+NGRAM_PRIOR = 0.5
+NGRAM_PRIOR_WEIGHT = 4.0
 
 
 class PromptLookupDrafter(Drafter):
@@ -28,11 +32,16 @@ class PromptLookupDrafter(Drafter):
         self.tree_nodes = tree_nodes
         #: trees only: (n, position) -> the position after the previous occurrence of that n-gram
         self.earlier: dict[tuple[int, int], int] = {}
+        #: trees only: this request's running rate of accepted tree tokens (a prior of NGRAM_PRIOR
+        #: over NGRAM_PRIOR_WEIGHT trials), the factor per depth of a node's estimate
+        self.accepted_trials, self.trials = NGRAM_PRIOR * NGRAM_PRIOR_WEIGHT, NGRAM_PRIOR_WEIGHT
+        self.proposed_parents: list[int] = []
 
     def start(self, prompt_ids: list[int]) -> None:
         self.tokens = []
         self.index = {}
         self.earlier = {}
+        self.accepted_trials, self.trials = NGRAM_PRIOR * NGRAM_PRIOR_WEIGHT, NGRAM_PRIOR_WEIGHT
         self._extend(prompt_ids)
 
     def _extend(self, new_tokens: list[int]) -> None:
@@ -62,7 +71,9 @@ class PromptLookupDrafter(Drafter):
     def _propose_tree(self, k: int) -> Draft:
         """The continuations (``k`` tokens each) of up to NGRAM_TREE_MATCHES earlier occurrences —
         the longest n-gram's, most recent first, then shorter ones' — merged into a trie, in that
-        order, so the first nodes are the chain :meth:`propose` would give; at most ``tree_nodes``."""
+        order, so the first nodes are the chain :meth:`propose` would give; at most ``tree_nodes``.
+        A node's estimate (for the engine's cost model) is the share of the matches that pass
+        through it times this request's running acceptance rate to the power of its depth."""
         starts: list[int] = []
         for n in range(self.max_n, self.min_n - 1, -1):
             if len(self.tokens) < n:
@@ -74,6 +85,7 @@ class PromptLookupDrafter(Drafter):
                 position = self.earlier.get((n, position))
         tokens: list[int] = []
         parents: list[int] = []
+        through: list[int] = []  # matches passing through each node
         node_of: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
         for start in starts:
             parent = -1
@@ -84,8 +96,21 @@ class PromptLookupDrafter(Drafter):
                     node_of[(parent, token)] = len(tokens)
                     tokens.append(token)
                     parents.append(parent)
+                    through.append(0)
                 parent = node_of[(parent, token)]
-        return Draft(tokens=tokens, parents=parents)
+                through[parent] += 1
+        rate = self.accepted_trials / self.trials
+        estimates = [share / len(starts) * rate ** depth for share, depth in zip(through, depths(parents))]
+        self.proposed_parents = parents
+        return Draft(tokens=tokens, prefix_accept=estimates, parents=parents)
+
+    def accepted_path(self, path: list[int], next_token: int) -> None:
+        """The running acceptance rate of tree tokens: each accepted node was a success; where the
+        walk stopped at a node with children, one failure."""
+        stop = path[-1] if path else -1
+        failed = any(parent == stop for parent in self.proposed_parents)
+        self.accepted_trials += len(path)
+        self.trials += len(path) + failed
 
     def finish(self) -> None:
         self.tokens = []
