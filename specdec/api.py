@@ -14,7 +14,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Callable, Iterator, Sequence, Union
 
 import torch
 
@@ -243,3 +243,87 @@ def generate(
     """Generate a completion; speculative when ``draft`` or ``spec.method`` is given. Always exact:
     greedy output equals plain decoding's, sampled output has the target's distribution."""
     return generate_ids(**prepare(target, prompt, params, draft, spec, chat))
+
+
+#: prompt tokens per target call when a prefill is chunked (see :func:`default_prefill_chunk`)
+PREFILL_CHUNK = 256
+
+
+def default_prefill_chunk(target: LoadedModel) -> int:
+    """Chunked prefill's chunk for this target: PREFILL_CHUNK where its layers batch row by row (the
+    int8/int4 CPU paths: a chunked prompt's logits are bit-identical to one pass, as every row's
+    are), else 0 — the whole prompt in one call (float GEMMs may round a chunk differently)."""
+    decoder = getattr(target.backend, "decoder", None)
+    return PREFILL_CHUNK if decoder is not None and decoder.ragged_layer_runner is not None else 0
+
+
+def generate_batch(
+    target: LoadedModel,
+    prompts: Sequence[Prompt],
+    params: SamplingParams | Sequence[SamplingParams] | None = None,
+    *,
+    draft: LoadedModel | None = None,
+    spec: SpecConfig | None = None,
+    chat: bool = False,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 2048,
+    prefill_chunk: int | None = None,
+    progress: bool = False,
+) -> list[GenerationResult]:
+    """Generate a completion for every prompt (vLLM's ``LLM.generate`` shape), up to ``max_num_seqs``
+    at a time through continuous batching: the requests' target forwards — prefills, drafts and
+    trees to verify — share one forward of up to ``max_num_batched_tokens`` rows
+    (:class:`specdec.scheduler.Batcher`), on this thread. Each result equals :func:`generate` of that
+    prompt alone: bit-identical logits per request where the target batches (int8/int4 on CPU), the
+    same forwards one by one elsewhere. ``params``: one for all prompts, or one per prompt.
+    ``prefill_chunk``: prompt tokens per call (None: :func:`default_prefill_chunk`; 0: whole
+    prompts). Results come back in the prompts' order."""
+    from specdec.engine import StreamChunk, collect, generate_steps
+    from specdec.scheduler import END, Batcher, Stream
+
+    if max_num_seqs < 1 or max_num_batched_tokens < 1:
+        raise SpecdecError("max_num_seqs and max_num_batched_tokens must be >= 1")
+    per_prompt = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+    if len(per_prompt) != len(prompts):
+        raise SpecdecError(f"{len(per_prompt)} SamplingParams for {len(prompts)} prompts: give one, or one per prompt")
+    chunk = default_prefill_chunk(target) if prefill_chunk is None else prefill_chunk
+    for prompt in prompts:  # a bad prompt is an error before any work
+        encode_prompt(target, prompt, chat)
+    jobs: list[dict] = [{} for _ in prompts]  # each request's engine arguments, made when it is admitted
+    chunks: list[list[StreamChunk]] = [[] for _ in prompts]
+    failures: list[BaseException] = []
+    batcher = Batcher(target.backend.forward_batch, max_num_batched_tokens)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc="generate", unit="prompt")
+
+    def deliver_to(index: int) -> Callable[[object], None]:
+        def deliver(item: object) -> None:
+            if item is END:
+                if bar is not None:
+                    bar.update(1)
+            elif isinstance(item, BaseException):
+                failures.append(item)
+            else:
+                chunks[index].append(item)  # type: ignore[arg-type]
+        return deliver
+
+    waiting = list(range(len(prompts)))
+    try:
+        while (waiting or batcher.streams) and not failures:
+            while waiting and len(batcher.streams) < max_num_seqs:
+                index = waiting.pop(0)
+                # the drafter (a draft KV cache) exists only while its request runs
+                jobs[index] = prepare(target, prompts[index], per_prompt[index], draft, spec, chat)
+                batcher.add(Stream(generate_steps(**jobs[index], prefill_chunk=chunk), deliver_to(index), lambda: False))
+            batcher.step()
+    finally:
+        for stream in batcher.streams:  # after a failure: the others' cleanup (drafter state) runs
+            stream.steps.close()
+        if bar is not None:
+            bar.close()
+    if failures:
+        raise failures[0]
+    return [collect(c, job["prompt_ids"], job["params"]) for c, job in zip(chunks, jobs)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator, Iterable, Iterator
 
 import torch
 
@@ -181,6 +181,7 @@ def generate_steps(
     generator: torch.Generator | None = None,
     speculate: Callable[[], bool] | None = None,
     constraint: GrammarConstraint | None = None,
+    prefill_chunk: int = 0,
 ) -> Generator[StreamChunk | TargetCall, torch.Tensor | None, None]:
     """Generate from ``prompt_ids``: yields a :class:`TargetCall` whenever it needs the target
     (and must be sent the logits back), and one :class:`StreamChunk` per target forward.
@@ -190,7 +191,10 @@ def generate_steps(
     ``constraint``: this request's grammar state when ``params.structured`` is set — the one the
     drafter masks its own distribution with (:func:`specdec.api.prepare` builds both); built here
     when not given, and then only the target's rows are masked (still exact, see
-    :mod:`specdec.structured`)."""
+    :mod:`specdec.structured`). ``prefill_chunk`` > 0 feeds a longer prompt in calls of that many
+    tokens (chunked prefill: under continuous batching a long prompt then shares forwards with
+    other requests' decode steps instead of stalling them; bit-identical where the target's layers
+    are row by row, :func:`specdec.api.default_prefill_chunk`)."""
     spec = spec or SpecConfig()
     context_len = target.config.max_position_embeddings
     vocab_size = target.config.vocab_size  # drafted ids outside it are cut (Draft.clipped)
@@ -225,7 +229,11 @@ def generate_steps(
 
     start = time.perf_counter()
     state = target.new_state(cache_len)
-    logits = yield TargetCall(state, list(prompt_ids), 1)
+    fed = 0
+    while 0 < prefill_chunk < len(prompt_ids) - fed:
+        yield TargetCall(state, list(prompt_ids[fed : fed + prefill_chunk]), 1)  # its logits are not needed
+        fed += prefill_chunk
+    logits = yield TargetCall(state, list(prompt_ids[fed:]), 1)
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
     _, first = verify([], None, scored, params, generator)
     context = list(prompt_ids) + [first]
@@ -385,11 +393,17 @@ def generate_ids(
     constraint: GrammarConstraint | None = None,
 ) -> GenerationResult:
     """Run :func:`generate_stream` to the end and collect the result."""
+    chunks = generate_stream(target, prompt_ids, params, drafter, spec, tokenizer, generator, constraint=constraint)
+    return collect(chunks, prompt_ids, params)
+
+
+def collect(chunks: Iterable[StreamChunk], prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+    """One request's chunks, in order, as its :class:`GenerationResult`."""
     token_ids: list[int] = []
     text: list[str] = []
     logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
     last = None
-    for chunk in generate_stream(target, prompt_ids, params, drafter, spec, tokenizer, generator, constraint=constraint):
+    for chunk in chunks:
         token_ids.extend(chunk.token_ids)
         text.append(chunk.text)
         if logprobs is not None and chunk.logprobs is not None:

@@ -27,7 +27,9 @@ def markdown_report(summary: dict, meta: dict[str, Any]) -> str:
              f"Command: `{meta.get('command', '')}`", "",
              f"Machine: {meta.get('machine', '')}; target {meta.get('model')} ({meta.get('execution')}), "
              f"draft {meta.get('draft_model')}, γ={meta.get('num_speculative_tokens')}, temperature {meta.get('temperature')}, "
-             f"max {meta.get('max_tokens')} tokens, median of {meta.get('repeats')} repeats, methods interleaved per prompt.", ""]
+             f"max {meta.get('max_tokens')} tokens, median of {meta.get('repeats')} repeats, " + (
+                 f"{meta['concurrency']} requests in flight (continuous batching): tokens/s is total throughput."
+                 if meta.get("concurrency", 1) > 1 else "methods interleaved per prompt."), ""]
     mismatches = sum(m["mismatches"] for m in summary["overall"].values())
     if mismatches:
         lines += [f"**WARNING: {mismatches} greedy outputs differ from plain decoding — this is a bug.**", ""]

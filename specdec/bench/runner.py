@@ -19,6 +19,7 @@ from specdec.bench.datasets import PromptRow
 from specdec.config import SpecConfig
 from specdec.drafters.registry import is_plain, method_info, needs_draft_model, resolve_method
 from specdec.drafters.suffix import clear_global_caches
+from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 
 PEER_METHODS = {"hf": ["hf", "hf-assisted", "hf-pld"], "llamacpp": ["llamacpp", "llamacpp-draft"]}
@@ -163,6 +164,41 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
                     bar.update(1)
     if bar is not None:
         bar.close()
+    return results
+
+
+def run_concurrent(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRow], config: BenchConfig,
+                   concurrency: int, progress: bool = True) -> list[RequestResult]:
+    """Throughput: every method runs all the rows' first turns through :func:`specdec.generate_batch`
+    with ``concurrency`` requests in flight (continuous batching), methods interleaved per repeat.
+    Each request's ``wall_s`` is its share of the batch's wall time (the batch's / requests), so the
+    report's tokens/s is the total throughput and its speedup the throughput ratio to plain."""
+    variants = [("ar", "ar", 4, "off")]
+    for method in config.methods:
+        if is_peer(method):
+            raise SpecdecError(f"peer {method!r} cannot run with --concurrency (peers are timed one request at a time)")
+        if is_plain(method):
+            continue
+        for gamma in config.gammas:
+            for tree in config.spec_trees if config.spec_trees != ["off"] and branches(method) else ["off"]:
+                variants.append((variant_name(method, gamma, tree, len(config.gammas) > 1), method, gamma, tree))
+    prompts = [encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
+    results: list[RequestResult] = []
+    for repeat in range(config.repeats):
+        plain: list[list[int]] = []
+        for name, method, gamma, tree in variants:
+            clear_global_caches()
+            spec = spec_for(method, config, gamma, tree) if name != "ar" else SpecConfig()
+            start = time.perf_counter()
+            outs = specdec.generate_batch(target, prompts, config.params, spec=spec, max_num_seqs=concurrency,
+                                          draft=draft if needs_draft_model(spec.method) else None, progress=progress)
+            share = (time.perf_counter() - start) / max(len(outs), 1)
+            if name == "ar":
+                plain = [out.token_ids for out in outs]
+            for row, out, plain_tokens in zip(rows, outs, plain):
+                mismatch = config.params.is_greedy and name != "ar" and out.token_ids != plain_tokens
+                results.append(RequestResult(row.id, row.category, name, repeat, 0, out.token_ids, out.stats.to_dict(),
+                                             share, mismatch))
     return results
 
 

@@ -35,6 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="several token trees to run for the methods that branch (draft, draft-suffix, suffix, ngram), each "
                             "its own row named method:tree=N: off = chains, auto, or a node count, e.g. off,auto "
                             "(default: --spec-tree's one value)")
+    bench.add_argument("--concurrency", type=positive_int, default=1, metavar="N",
+                       help="throughput mode: each method runs every prompt (first turns) with N requests in flight through "
+                            "continuous batching (specdec.generate_batch); tokens/s is then the total throughput "
+                            "(default: 1 = one request at a time, methods interleaved per prompt)")
     bench.add_argument("--repeats", type=positive_int, default=3, help="repeats per prompt and method; medians are reported (default: 3)")
     bench.add_argument("--peers", default="", help="comma-separated peers to run in the same run: hf (= transformers plain, assisted, prompt lookup), "
                             "llamacpp (= llama.cpp's llama-server plain and with the draft model; needs --llama-bin); "
@@ -68,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec.bench.datasets import load_prompts
     from specdec.bench.report import write_results
-    from specdec.bench.runner import PEER_METHODS, BenchConfig, method_needs_draft, run_benchmark
+    from specdec.bench.runner import PEER_METHODS, BenchConfig, method_needs_draft, run_benchmark, run_concurrent
 
     rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
@@ -112,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
                          skip_layers=args.skip_layers, exit_layer=args.exit_layer, draft_vocab_size=args.draft_vocab_size,
                          spec_trees=spec_trees)
     try:
-        results = run_benchmark(target, draft, rows, config, peers=peers)
+        if args.concurrency > 1:
+            results = run_concurrent(target, draft, rows, config, args.concurrency)
+        else:
+            results = run_benchmark(target, draft, rows, config, peers=peers)
     finally:
         if close_peers is not None:
             close_peers()
@@ -120,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             f"{__import__('os').cpu_count()} cores, torch {__import__('torch').__version__}", "model": args.model,
             "draft_model": args.draft_model if draft else None, "execution": target.backend.dtype_name,
             "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": args.temperature,
-            "max_tokens": args.max_tokens, "repeats": args.repeats}
+            "max_tokens": args.max_tokens, "repeats": args.repeats, "concurrency": args.concurrency}
     summary = write_results(Path(args.out), results, meta)
     print((Path(args.out) / "report.md").read_text())
     bad = sum(m["mismatches"] for m in summary["overall"].values())

@@ -30,14 +30,24 @@ METHOD_FLAGS = {
 }
 
 
-def tree_value(text: str) -> str | int:
-    """--spec-tree: 'off', 'auto' or a positive number of nodes."""
-    if text in ("off", "auto"):
+def count_or_word(text: str, words: tuple[str, ...], minimum: int, what: str) -> int | str:
+    """A flag that takes a count (>= ``minimum``) or one of ``words`` ('auto', 'off' …); one clear
+    argparse error otherwise. The shape of --spec-tree, --prefill-chunk, --disable-speculation-above."""
+    if text in words:
         return text
     try:
-        return positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected 'off', 'auto' or a number of tree nodes >= 1, got {text!r}") from None
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        choices = ", ".join(repr(w) for w in words)
+        raise argparse.ArgumentTypeError(f"expected {choices} or a number of {what} >= {minimum}, got {text!r}")
+    return value
+
+
+def tree_value(text: str) -> str | int:
+    """--spec-tree: 'off', 'auto' or a positive number of nodes."""
+    return count_or_word(text, ("off", "auto"), 1, "tree nodes")
 
 
 def tree_values(text: str, flag: str = "--spec-trees") -> list[str | int]:

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from specdec.cli.common import add_debug_flag, add_model_args, execution_modes, positive_int, spec_from_args
+from specdec.cli.common import add_debug_flag, add_model_args, count_or_word, execution_modes, positive_int, spec_from_args
 from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
 
@@ -19,17 +19,15 @@ if TYPE_CHECKING:
     from specdec.server.app import ServerState
 
 
+def prefill_chunk_value(text: str) -> int | str:
+    """``--prefill-chunk``: ``auto`` or a number of tokens (0 = whole prompts)."""
+    return count_or_word(text, ("auto",), 0, "tokens")
+
+
 def speculation_limit_value(text: str) -> int | str | None:
     """``--disable-speculation-above``: a count, ``auto`` or ``never`` (None)."""
-    if text in ("auto", "never"):
-        return None if text == "never" else text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of requests, 'auto' or 'never', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    value = count_or_word(text, ("auto", "never"), 0, "requests")
+    return None if value == "never" else value
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -47,6 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     serve.add_argument("--max-num-batched-tokens", type=positive_int, default=2048, metavar="N",
                        help="tokens (prefill chunks, decode tokens, drafts) in one batched target forward; requests over "
                             "it wait for the next forward, a single larger prompt runs alone (default: 2048)")
+    serve.add_argument("--prefill-chunk", type=prefill_chunk_value, default="auto", metavar="N|auto",
+                       help="chunked prefill: feed a long prompt N tokens per batched forward, so it shares forwards with "
+                            "the other requests' decode steps instead of stalling them; auto (default): 256 where the "
+                            "target's layers batch bit-identically (int8/int4 on CPU), else 0 = whole prompts")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before HTTP 429 (default: 64)")
     serve.add_argument("--disable-speculation-above", type=speculation_limit_value, default="auto", metavar="N|auto|never",
                        help="switch speculation off (per step) while more than N requests are active: their forwards are "
@@ -93,6 +95,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     ``threads``: torch intra-op threads for this process (a Ray Serve replica sets it to the CPUs it
     was given, so replicas sharing a machine do not oversubscribe its cores)."""
     import specdec
+    from specdec.api import default_prefill_chunk
     from specdec.server.app import ServerState
     from specdec.server.executor import ModelExecutor
     from specdec.server.security import AccessPolicy, load_api_keys
@@ -127,7 +130,8 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                        disable_speculation_above=limit, executor=executor,
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
-                       audit_fraction=args.audit_fraction)
+                       audit_fraction=args.audit_fraction,
+                       prefill_chunk=default_prefill_chunk(target) if args.prefill_chunk == "auto" else args.prefill_chunk)
 
 
 def measured_speculation_limit(spec, target, draft, max_requests: int) -> int | None:  # noqa: ANN001

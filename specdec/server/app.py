@@ -48,6 +48,8 @@ class ServerState:
     max_concurrency: int = 8
     max_queue: int = 64
     disable_speculation_above: int | None = None
+    #: chunked prefill: prompt tokens per target call (0: whole prompts; engine.generate_steps)
+    prefill_chunk: int = 0
     #: request limits (None: only the context window bounds them): prompt tokens, max_tokens
     max_prompt_tokens: int | None = None
     max_tokens_limit: int | None = None
@@ -295,7 +297,7 @@ class Job:
         state = self.state
         draft = state.draft if needs_draft_model(self.spec.method) else None
         return generate_steps(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
-                              speculate=self._speculate)
+                              speculate=self._speculate, prefill_chunk=state.prefill_chunk)
 
     def _speculate(self) -> bool:
         """Asked before each round: the server's policy, but once it said no to this request it stays

@@ -1,0 +1,94 @@
+"""The offline batch API (issue 24, part 4): specdec.generate_batch runs many prompts through the
+same continuous batching as the server — each answer equal to generating that prompt alone — and
+`specdec bench --concurrency N` reports the throughput."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import specdec
+from specdec.cli import main
+from specdec.errors import SpecdecError
+from specdec.sampling import SamplingParams
+
+PROMPTS = [f"def f{i}(x):" for i in range(7)] + ["The quick brown fox", "a a a a a a"]
+
+
+@pytest.fixture(scope="module")
+def int8_pair(tiny_dirs, int4_kernel):
+    target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
+    draft = specdec.load_model(tiny_dirs["draft"], dtype="float32", device="cpu", quantize="int8")
+    return target, draft
+
+
+@pytest.mark.parametrize("spec", [None, specdec.SpecConfig(method="draft_model", num_speculative_tokens=3),
+                                  specdec.SpecConfig(method="suffix", num_speculative_tokens=4, spec_tree="auto")],
+                         ids=["plain", "draft_model", "suffix-tree"])
+def test_batch_answers_equal_each_prompt_alone_and_share_forwards(int8_pair, spec):
+    target, draft = int8_pair
+    params = [SamplingParams(temperature=0, max_tokens=12 + i, ignore_eos=True) for i in range(len(PROMPTS))]
+    calls = []
+    forward_batch = target.backend.forward_batch
+    target.backend.forward_batch = lambda batch: (calls.append(len(batch)), forward_batch(batch))[1]
+    try:
+        outs = specdec.generate_batch(target, PROMPTS, params, draft=draft, spec=spec, max_num_seqs=4)
+    finally:
+        del target.backend.forward_batch
+    alone = [specdec.generate(target, p, q, draft=draft, spec=spec) for p, q in zip(PROMPTS, params)]
+    assert [o.token_ids for o in outs] == [a.token_ids for a in alone]
+    assert [o.text for o in outs] == [a.text for a in alone]
+    assert max(calls) == 4 and len(calls) < sum(a.stats.target_forwards + 1 for a in alone)
+
+
+def test_sampled_batch_is_reproducible_per_seed(int8_pair):
+    target, _ = int8_pair
+    params = SamplingParams(temperature=0.8, max_tokens=10, seed=3, ignore_eos=True)
+    outs = specdec.generate_batch(target, PROMPTS[:4], params, max_num_seqs=2)
+    assert [o.token_ids for o in outs] == [specdec.generate(target, p, params).token_ids for p in PROMPTS[:4]]
+
+
+def test_batch_errors_are_clear(int8_pair):
+    target, _ = int8_pair
+    with pytest.raises(SpecdecError, match="SamplingParams"):
+        specdec.generate_batch(target, PROMPTS[:3], [SamplingParams()] * 2)
+    with pytest.raises(SpecdecError, match="token ids"):
+        specdec.generate_batch(target, ["ok", [10_000_000]])
+    with pytest.raises(SpecdecError, match="context window"):
+        specdec.generate_batch(target, ["ok", "x " * 200], SamplingParams(max_tokens=64 * 1024))
+    with pytest.raises(SpecdecError, match="max_num_seqs"):
+        specdec.generate_batch(target, ["ok"], max_num_seqs=0)
+
+
+def test_bench_concurrency_reports_throughput(tiny_dirs, tmp_path, capsys, int4_kernel):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:6]))
+    out = tmp_path / "bench"
+    code = main(["bench", "--dataset", str(data), "--model", str(tiny_dirs["target"]), "--methods", "ar,ngram,suffix",
+                 "--concurrency", "4", "--repeats", "1", "--max-tokens", "10", "--quantize", "int8", "--ignore-eos",
+                 "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    overall = json.loads((out / "results.json").read_text())["summary"]["overall"]
+    assert set(overall) == {"ar", "ngram", "suffix"} and all(m["mismatches"] == 0 for m in overall.values())
+    assert overall["ar"]["requests"] == 6 and overall["ar"]["tokens_per_s"] > 0
+    assert "4 requests in flight" in (out / "report.md").read_text()
+
+
+def test_chunked_prefill_is_bit_identical_and_shares_forwards(int8_pair):
+    """A prompt fed 4 tokens per call (chunked prefill) gives the answer of one whole-prompt pass —
+    the int8 layers are row by row — while its chunks ride in the same forwards as the others."""
+    target, draft = int8_pair
+    assert specdec.api.default_prefill_chunk(target) == specdec.api.PREFILL_CHUNK
+    long_prompts = [" ".join(f"word{j}" for j in range(i, i + 12)) for i in range(5)]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3, spec_tree=4)
+    sizes = []
+    forward_batch = target.backend.forward_batch
+    target.backend.forward_batch = lambda batch: (sizes.append(sum(len(c[1]) for c in batch)), forward_batch(batch))[1]
+    try:
+        outs = specdec.generate_batch(target, long_prompts, params, draft=draft, spec=spec, max_num_seqs=5, prefill_chunk=4)
+    finally:
+        del target.backend.forward_batch
+    assert [o.token_ids for o in outs] == [specdec.generate(target, p, params).token_ids for p in long_prompts]
+    assert max(sizes) <= 5 * 4 + 5 * 5  # no whole prompt went in one call
