@@ -30,7 +30,7 @@ def test_help_lists_every_generate_flag():
         (["generate", "hi", "--num-speculative-tokens", "0"], "must be >= 1"),
         (["generate", "hi", "--max-tokens", "-3"], "must be >= 1"),
         (["generate", "hi", "--num-speculative-tokens", "lots"], "positive integer"),
-        (["serve", "--disable-speculation-above", "soon"], "'auto' or 'never'"),
+        (["serve", "--disable-speculation-above", "soon"], "'auto', 'never' or a number of requests"),
         (["serve", "--replicas", "2"], "need --ray"),
         (["serve", "--ray", "--replicas", "64"], "more CPUs than this machine's"),
         (["serve", "--ray", "--port", "0"], "needs a fixed --port"),
