@@ -253,8 +253,7 @@ def default_prefill_chunk(target: LoadedModel) -> int:
     """Chunked prefill's chunk for this target: PREFILL_CHUNK where its layers batch row by row (the
     int8/int4 CPU paths: a chunked prompt's logits are bit-identical to one pass, as every row's
     are), else 0 — the whole prompt in one call (float GEMMs may round a chunk differently)."""
-    decoder = getattr(target.backend, "decoder", None)
-    return PREFILL_CHUNK if decoder is not None and decoder.ragged_layer_runner is not None else 0
+    return PREFILL_CHUNK if target.backend.decoder.ragged_layer_runner is not None else 0
 
 
 def generate_batch(

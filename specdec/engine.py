@@ -284,8 +284,9 @@ def generate_steps(
                 logits = yield TargetCall(state, [context[-1], *draft.tokens],
                                           tree=TreeLayout(len(context) - 1, [-1, *(p + 1 for p in draft.parents)]))
                 path, next_token = verify_tree(draft.tokens, draft.parents, logits, params, generator)
-                state.keep([0, *(node + 1 for node in path)], len(context) - 1)
-                logits = logits[[0, *(node + 1 for node in path)]]  # the rows of the committed tokens
+                rows = [0, *(node + 1 for node in path)]  # the last committed token, then the accepted nodes
+                state.keep(rows, len(context) - 1)
+                logits = logits[rows]  # the rows that scored the committed tokens
                 num_accepted = drafter_accepted = len(path)
                 new_tokens = [*(draft.tokens[node] for node in path), next_token]
                 drafter.accepted_path([kept[node] for node in path], next_token)
@@ -340,11 +341,7 @@ def fit_tree(draft: Draft, max_nodes: int, room: int, slots: int, verify_costs: 
     likeliest, as many as the measured verify cost says pay when the drafter estimated its nodes
     (:meth:`VerifyCosts.best_tree`), else the first ones."""
     assert draft.parents is not None
-    level = depths(draft.parents)
-    usable: list[int] = []
-    for node, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
-        if level[node] <= room and 0 <= token < vocab_size and (parent < 0 or parent in usable):
-            usable.append(node)
+    usable = draft.usable_nodes(vocab_size, max_depth=room)
     limit = max(0, min(max_nodes, slots - 1))
     if draft.prefix_accept is None:
         return usable[:limit]

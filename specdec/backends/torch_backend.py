@@ -55,7 +55,7 @@ class TorchBackend:
         tree: TreeLayout | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``tree``: the tokens end this tree region of the cache (tree attention, specdec/tree.py)."""
-        ids, positions, _, mask = self._inputs(state, tokens, tree)
+        ids, positions, mask = self._inputs(state, tokens, tree)
         if tree is None and self.graphs is not None and self.graphs.can_run(state, ids.numel(), layers, return_hidden, vocab_limit):
             return self.graphs.forward(state, ids, num_logits)
         return self.decoder(ids, positions, state, mask, num_logits=num_logits, layers=layers,
@@ -67,21 +67,21 @@ class TorchBackend:
         batch); CUDA graphs replay one call each."""
         if self.graphs is not None:
             return [self.forward(state, tokens, num_logits=num_logits, tree=tree) for state, tokens, num_logits, tree in calls]
-        inputs = [(self._inputs(state, tokens, tree), num_logits) for state, tokens, num_logits, tree in calls]
+        inputs = [(state, num_logits, *self._inputs(state, tokens, tree)) for state, tokens, num_logits, tree in calls]
         return self.decoder.forward_ragged([RaggedInput(ids, positions, state, num_logits, mask)
-                                            for (ids, positions, state, mask), num_logits in inputs])
+                                            for state, num_logits, ids, positions, mask in inputs])
 
     def _inputs(self, state: KVCache, tokens: Sequence[int] | torch.Tensor,
-                tree: TreeLayout | None) -> tuple[torch.Tensor, torch.Tensor, KVCache, torch.Tensor | None]:
+                tree: TreeLayout | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``tokens`` as ids ``[T]``, the positions they take after ``state``'s ``seq_len`` (a
-        tree's: by depth), the state, and the tree's attention mask (None: causal)."""
+        tree's: by depth), and the tree's attention mask (None: causal)."""
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
         if tree is None:
-            return ids, torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device), state, None
+            return ids, torch.arange(state.seq_len, state.seq_len + ids.numel(), device=self.device), None
         if tree.base + len(tree.parents) != state.seq_len + ids.numel():
             raise ValueError(f"the tree region ends at slot {tree.base + len(tree.parents)}, "
                              f"but this forward ends at {state.seq_len + ids.numel()}")
-        return ids, tree.positions(ids.numel(), self.device), state, tree.mask(ids.numel(), self.device)
+        return ids, tree.positions(ids.numel(), self.device), tree.mask(ids.numel(), self.device)
 
     @property
     def weight_bytes(self) -> int:

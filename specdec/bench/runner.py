@@ -80,6 +80,14 @@ def branches(method: str) -> bool:
     return not is_peer(method) and not is_plain(method) and "spec_tree" in method_info(resolve_method(method)).options
 
 
+def runs_of(method: str, config: BenchConfig) -> list[tuple[str, int | str, str | int]]:
+    """A speculative method's runs in a benchmark: ``(name, γ, tree)`` for every γ of ``config`` and,
+    for a method that branches, every tree of ``config.spec_trees``."""
+    trees = config.spec_trees if config.spec_trees != ["off"] and branches(method) else ["off"]
+    return [(variant_name(method, gamma, tree, len(config.gammas) > 1), gamma, tree)
+            for gamma in config.gammas for tree in trees]
+
+
 def method_needs_draft(method: str) -> bool:
     """Does this bench method name (ours or a peer's) run the draft model?"""
     if is_peer(method):
@@ -134,10 +142,8 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
         elif is_plain(method):
             runners[method] = ours(target, draft, method, config)
         else:
-            for gamma in config.gammas:
-                for tree in config.spec_trees if config.spec_trees != ["off"] and branches(method) else ["off"]:
-                    name = variant_name(method, gamma, tree, len(config.gammas) > 1)
-                    runners[name] = (method_runner or ours)(target, draft, method, config, gamma, tree)
+            for name, gamma, tree in runs_of(method, config):
+                runners[name] = (method_runner or ours)(target, draft, method, config, gamma, tree)
     if "ar" not in runners:  # speedups and the identity check need the plain run of the same prompts
         runners = {"ar": ours(target, draft, "ar", config), **runners}
     if rows and warm_up:  # warm-up: first calls pay one-time costs (allocator, kernels) that are not the method's
@@ -179,9 +185,7 @@ def run_concurrent(target: LoadedModel, draft: LoadedModel | None, rows: list[Pr
             raise SpecdecError(f"peer {method!r} cannot run with --concurrency (peers are timed one request at a time)")
         if is_plain(method):
             continue
-        for gamma in config.gammas:
-            for tree in config.spec_trees if config.spec_trees != ["off"] and branches(method) else ["off"]:
-                variants.append((variant_name(method, gamma, tree, len(config.gammas) > 1), method, gamma, tree))
+        variants += [(name, method, gamma, tree) for name, gamma, tree in runs_of(method, config)]
     prompts = [encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
     results: list[RequestResult] = []
     for repeat in range(config.repeats):

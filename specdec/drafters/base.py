@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from specdec.tree import check_parents, first_chain, subtree
+from specdec.tree import check_parents, depths, first_chain, subtree
 
 if TYPE_CHECKING:  # annotations only: drafters/base.py sits below every module it names here
     from specdec.backends.base import Backend, SequenceState
@@ -72,6 +72,18 @@ class Draft:
                      None if self.prefix_accept is None else [self.prefix_accept[i] for i in keep],
                      subtree(self.parents, keep))
 
+    def usable_nodes(self, vocab_size: int, max_len: int | None = None, max_depth: int | None = None) -> list[int]:
+        """A tree's nodes (ascending, a tree) among its first ``max_len``, no deeper than
+        ``max_depth``, with ids in the vocabulary — and whose parents are kept too."""
+        assert self.parents is not None
+        level = depths(self.parents)
+        kept: set[int] = set()
+        for node, (token, parent) in enumerate(zip(self.tokens[:max_len], self.parents)):
+            if (0 <= token < vocab_size and (max_depth is None or level[node] <= max_depth)
+                    and (parent < 0 or parent in kept)):
+                kept.add(node)
+        return sorted(kept)
+
     def as_chain(self) -> "Draft":
         """A tree's first-child path as a chain (what a request with a grammar verifies); a chain as is."""
         if self.parents is None:
@@ -98,11 +110,8 @@ class Draft:
         ``max_len`` nodes, less those outside the vocabulary and their descendants.
         """
         if self.parents is not None:
-            kept: set[int] = set()
-            for index, (token, parent) in enumerate(zip(self.tokens[:max_len], self.parents)):
-                if 0 <= token < vocab_size and (parent < 0 or parent in kept):
-                    kept.add(index)
-            return self if len(kept) == len(self.tokens) else self.nodes(sorted(kept))
+            kept = self.usable_nodes(vocab_size, max_len)
+            return self if len(kept) == len(self.tokens) else self.nodes(kept)
         keep = 0
         for token in self.tokens[:max_len]:
             if not 0 <= token < vocab_size:

@@ -285,7 +285,7 @@ class DraftModelDrafter(Drafter):
         """Keep the accepted path's forwarded nodes in the draft cache (moved down after the
         context: ``KVCache.keep``); the rest of the path and ``next_token`` are fed next round."""
         if not self.tree_nodes:
-            self.accepted(len(path), next_token)
+            super().accepted_path(path, next_token)
             return
         forwarded = [node for node in path if node in self.tree_slots]  # a prefix of the path
         self.state.keep([self.tree_slots[node] for node in forwarded], self.tree_base)

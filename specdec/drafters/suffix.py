@@ -234,7 +234,7 @@ class SuffixDrafter(Drafter):
         """Match-length rates after a tree: every node on the accepted path was right; the siblings
         tried before each of them, and every child of the last one, were wrong."""
         if self.proposed_parents is None:
-            self.accepted(len(path), next_token)
+            super().accepted_path(path, next_token)
             return
         kids = children(self.proposed_parents)
         parent = -1
