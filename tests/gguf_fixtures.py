@@ -27,8 +27,10 @@ def permute_rope(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_tiny_gguf(path: Path, hf_model, config: dict, matrix_type=Q.Q8_0, tokenizer_dir: Path | None = None) -> dict[str, np.ndarray]:
-    """Write ``hf_model``'s weights as a GGUF; 2-D weights quantized to ``matrix_type``.
+def write_tiny_gguf(path: Path, hf_model, config: dict, matrix_type=Q.Q8_0, tokenizer_dir: Path | None = None,
+                    embedding_type=Q.F16) -> dict[str, np.ndarray]:
+    """Write ``hf_model``'s weights as a GGUF; 2-D weights quantized to ``matrix_type``, the token
+    table stored as ``embedding_type``.
 
     Returns the float reference: every tensor as the loader should produce it (quantize → dequantize).
     """
@@ -57,7 +59,7 @@ def write_tiny_gguf(path: Path, hf_model, config: dict, matrix_type=Q.Q8_0, toke
         kind = name.split(".")[-2]
         stored = permute_rope(array, heads[kind]) if arch == "llama" and kind in heads and name.endswith("weight") else array
         if array.ndim == 2:
-            qtype = Q.F16 if name == "model.embed_tokens.weight" else matrix_type
+            qtype = embedding_type if name == "model.embed_tokens.weight" else matrix_type
             data = stored.astype(np.float16) if qtype == Q.F16 else gguf.quants.quantize(stored, qtype)
             writer.add_tensor(gguf_name(name), data, raw_dtype=qtype)
             reference[name] = gguf.quants.dequantize(data, qtype).reshape(array.shape) if qtype != Q.F16 else array.astype(np.float16).astype(np.float32)

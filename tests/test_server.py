@@ -106,6 +106,8 @@ def test_concurrent_requests_equal_sequential(server):
     metrics = httpx.get(f"{server}/metrics").text
     assert 'specdec_requests_total{endpoint="completions",status="200"}' in metrics
     assert "specdec_spec_decode_num_draft_tokens_total" in metrics
+    resident = next(line for line in metrics.splitlines() if line.startswith("process_resident_memory_bytes "))
+    assert float(resident.split()[1]) > 50e6  # this process's RSS (the tiny models and torch)
 
 
 @pytest.mark.parametrize("payload,status,fragment", [

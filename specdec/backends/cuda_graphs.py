@@ -37,7 +37,7 @@ class CudaGraphRunner:
     def __init__(self, decoder: Decoder, max_tokens: int = MAX_GRAPH_TOKENS) -> None:
         self.decoder = decoder
         self.max_tokens = max_tokens
-        self.device = decoder.model.embed_tokens.weight.device
+        self.device = decoder.device
         self.memory_pool = None  # one pool for all graphs (they replay one at a time); made at first record
         self.free_storage: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         #: (data pointer of the storage's keys, T) → (graph, ids buffer, positions buffer, logits)

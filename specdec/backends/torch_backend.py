@@ -28,9 +28,8 @@ class TorchBackend:
     def __init__(self, decoder: Decoder, cuda_graphs: bool | None = None) -> None:
         self.decoder = decoder
         self.config = decoder.config
-        weight = decoder.model.embed_tokens.weight
-        self.device = weight.device
-        self.dtype_name = decoder.quantization or str(weight.dtype).removeprefix("torch.")
+        self.device = decoder.device
+        self.dtype_name = decoder.quantization or str(decoder.float_dtype).removeprefix("torch.")
         #: seconds of a forward of T tokens (T → s) measured on this machine for this model's shape
         #: and execution mode (specdec.step_costs), when known: the γ cost model starts from it
         self.step_seconds: dict[int, float] | None = None

@@ -9,6 +9,8 @@ Modules, bottom up (each imports only those above it):
 * ``int8``   — ``Int8Linear``: fbgemm int8 weights × per-token int8 activations (mode ``int8``).
 * ``q4``     — ``Q4Linear`` (llama.cpp's Q4_K values) and ``Q8Linear``: the int4 mode's layers.
 * ``q6``     — ``Q6Linear`` (Q6_K values): the int4 mode's precise layers.
+* ``embedding`` — ``BlockEmbedding``: a GGUF token table kept in its own blocks (rows dequantized on
+  lookup, bit-identical to the float table it replaces).
 * ``layers`` — ``CppLayers``: a decoder's layers with their glue in C++ (a decoder's layer runner).
 * ``convert``— whole-decoder conversions (``quantize_decoder``: int8, ``quantize_decoder_q4``: int4),
   projection fusing, and the serialized form (``quantized_state`` / ``load_quantized_state``).

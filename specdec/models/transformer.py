@@ -265,10 +265,7 @@ class Decoder(nn.Module):
     def new_cache(self, max_seq_len: int, dtype: torch.dtype | None = None) -> KVCache:
         """A cache for one sequence of at most ``max_seq_len`` positions, in the weights' dtype."""
         cfg = self.config
-        weight = self.model.embed_tokens.weight
-        return KVCache(
-            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_seq_len, dtype or weight.dtype, weight.device
-        )
+        return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_seq_len, dtype or self.float_dtype, self.device)
 
     @torch.inference_mode()
     def forward(
@@ -384,22 +381,32 @@ class Decoder(nn.Module):
         return cache[rows]
 
     @property
+    def float_dtype(self) -> torch.dtype:
+        """The dtype activations and the KV cache are in: the final norm's (float in every mode; the
+        embedding may be a quantized table, specdec/kernels/embedding.py)."""
+        return self.model.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.norm.weight.device
+
+    @property
     def rope_dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.float_dtype
 
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights read per decode step: everything but the embedding table, of which a
         step reads one row — unless the float LM head *is* the embedding (tied), which reads it all."""
-        embed = self.model.embed_tokens.weight
+        head = getattr(self.lm_head, "weight", None)
+        embedding = {t.data_ptr() for t in [*self.model.embed_tokens.parameters(), *self.model.embed_tokens.buffers()]}
+        if head is not None and head.data_ptr() in embedding:
+            embedding.discard(head.data_ptr())
         total = 0
-        seen: set[int] = set()
+        seen: set[int] = set(embedding)
         for tensor in [*self.parameters(), *self.buffers()]:
             if tensor.data_ptr() in seen or tensor is self.rope_cos or tensor is self.rope_sin:
                 continue
             seen.add(tensor.data_ptr())
             total += tensor.numel() * tensor.element_size()
-        head = getattr(self.lm_head, "weight", None)
-        if head is None or head.data_ptr() != embed.data_ptr():
-            total -= embed.numel() * embed.element_size()
         return total

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from specdec.errors import WeightsError
 from specdec.kernels.build import kernel
 from specdec.kernels.convert import load_quantized_state, quantize_decoder, quantize_decoder_q4, quantized_state
+from specdec.kernels.embedding import block_embedding_or_none
 from specdec.kernels.q4 import PAIR
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import Decoder, rope_tables
@@ -51,8 +52,9 @@ GGUF_LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 #: bump when a conversion changes (2: int4 runs tensors a GGUF stores in < 6 bits at 4 bits, not 8;
-#: 3: int4 codes interleaved within blocks of 256 for the kernel, Q6_K tensors kept as 6-bit)
-CACHE_FORMAT_VERSION = 3
+#: 3: int4 codes interleaved within blocks of 256 for the kernel, Q6_K tensors kept as 6-bit;
+#: 4: the token embedding kept in its GGUF blocks, kernels/embedding.py)
+CACHE_FORMAT_VERSION = 4
 
 
 def our_name(gguf_name: str) -> str | None:
@@ -157,6 +159,30 @@ def gguf_int4_sources(reader: Any, cfg: ModelConfig) -> tuple[dict[str, np.ndarr
     return kinds[gguf.GGMLQuantizationType.Q4_K], low_bit, kinds[gguf.GGMLQuantizationType.Q6_K]
 
 
+def gguf_embedding_rows(reader: Any) -> tuple[np.ndarray, int] | None:
+    """The token table's raw rows ``[vocab, row_bytes]`` as the GGUF stores them, and its type; None
+    where it is stored as plain floats (nothing to keep compact)."""
+    for tensor in reader.tensors:
+        if tensor.name == "token_embd.weight":
+            data = np.asarray(tensor.data)
+            if data.dtype != np.uint8:  # F32/F16 tensors come back as float arrays
+                return None
+            return data.reshape(int(tensor.shape.tolist()[-1]), -1), int(tensor.tensor_type)
+    return None
+
+
+def use_block_embedding(decoder: Decoder, gguf_path: Path) -> Decoder:
+    """A quantized decoder's float32 token table → the GGUF's own blocks (kernels/embedding.py), where
+    those dequantize to exactly the same rows. Only for the quantized modes: their LM head is its own
+    kernel layer, so nothing else reads the float table."""
+    found = gguf_embedding_rows(open_gguf(gguf_path))
+    if found is not None:
+        compact = block_embedding_or_none(*found, decoder.model.embed_tokens.weight.detach())
+        if compact is not None:
+            decoder.model.embed_tokens = compact
+    return decoder
+
+
 def read_config(path: Path) -> ModelConfig:
     """A model's shape without loading its weights (an HF directory's config.json or a GGUF's metadata)."""
     return ModelConfig.from_hf_dir(path) if path.is_dir() else gguf_config(open_gguf(path))
@@ -258,8 +284,8 @@ def _cache_is_fresh(gguf_path: Path, meta_file: Path) -> bool:
         return False
 
 
-def _write_cache(gguf_path: Path, cfg: ModelConfig, state: dict[str, torch.Tensor], cache_file: Path, meta_file: Path) -> None:
-    """Best effort: a read-only or full disk only costs the next start its speed."""
+def _write_cache(gguf_path: Path, cfg: ModelConfig, state: dict[str, torch.Tensor], cache_file: Path, meta_file: Path) -> bool:
+    """Best effort: a read-only or full disk only costs the next start its speed. True if written."""
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(".partial")
@@ -268,7 +294,8 @@ def _write_cache(gguf_path: Path, cfg: ModelConfig, state: dict[str, torch.Tenso
         meta_file.write_text(json.dumps({"config": cfg.to_dict(), "source": _source_signature(gguf_path)}))
         remove_stale_caches(cache_file)
     except OSError:
-        pass
+        return False
+    return True
 
 
 def remove_stale_caches(cache_file: Path) -> list[Path]:
@@ -323,16 +350,31 @@ def _load_converted(path: Path, fmt: str, convert: Callable[[], Decoder]) -> Dec
         return convert()
     cache_file = converted_cache_path(path, fmt)
     meta_file = cache_file.with_suffix(".json")
-    if cache_file.is_file() and meta_file.is_file() and _cache_is_fresh(path, meta_file):
-        try:
-            cfg = ModelConfig(**json.loads(meta_file.read_text())["config"])
-            with torch.device("meta"):
-                model = Decoder(cfg)
-            model = load_quantized_state(model, load_file(str(cache_file)))
-            model.rope_cos, model.rope_sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-            return model.eval()
-        except (SafetensorError, OSError, KeyError, TypeError, json.JSONDecodeError):
-            pass
-    model = convert()
-    _write_cache(path, model.config, quantized_state(model), cache_file, meta_file)
+    model = _read_converted(path, cache_file, meta_file)
+    if model is not None:
+        return model
+    model = use_block_embedding(convert(), path)
+    if not _write_cache(path, model.config, quantized_state(model), cache_file, meta_file):
+        return model
+    # Served from the cache, as every later start is: the converted model's float parts (norms,
+    # biases) are views of the float32 conversion's mapped file, which kept up to 2.4 GB of it resident.
+    del model
+    model = _read_converted(path, cache_file, meta_file)
+    if model is None:
+        raise WeightsError(f"{cache_file} was written but cannot be read back (disk full or failing?)")
     return model
+
+
+def _read_converted(path: Path, cache_file: Path, meta_file: Path) -> Decoder | None:
+    """The cached conversion, or None where it is missing, stale or unreadable."""
+    if not (cache_file.is_file() and meta_file.is_file() and _cache_is_fresh(path, meta_file)):
+        return None
+    try:
+        cfg = ModelConfig(**json.loads(meta_file.read_text())["config"])
+        with torch.device("meta"):
+            model = Decoder(cfg)
+        model = load_quantized_state(model, load_file(str(cache_file)))
+        model.rope_cos, model.rope_sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        return model.eval()
+    except (SafetensorError, OSError, KeyError, TypeError, json.JSONDecodeError):
+        return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60, 120)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -13,6 +13,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_resident_memory_bytes, process_cpu_seconds_total…: what a deployment sizes replicas by
+        ProcessCollector(registry=r)
         self.requests = Counter("specdec_requests_total", "Requests by endpoint and status", ["endpoint", "status"], registry=r)
         self.latency = Histogram("specdec_request_latency_seconds", "End-to-end request latency", buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("specdec_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
