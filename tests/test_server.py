@@ -248,3 +248,21 @@ def test_continuous_batching_serves_concurrent_requests_in_shared_forwards_with_
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_speculation_limit_switches_drafting_off_and_output_stays_the_same(tiny_dirs, tiny_target):
+    """``--disable-speculation-above 0``: every request is over the limit, so none drafts; a limit of
+    a thousand never stops one. Both answer what the library answers."""
+    body = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    expected = specdec.generate(tiny_target, body["prompt"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)).text
+    drafted = {}
+    for limit in ("0", "1000"):
+        proc, base = start_server(tiny_dirs, "--disable-speculation-above", limit)
+        try:
+            out = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        assert out["choices"][0]["text"] == expected
+        drafted[limit] = out["usage"]["speculative"]["draft_tokens"]
+    assert drafted["0"] == 0 and drafted["1000"] > 0

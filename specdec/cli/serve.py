@@ -51,7 +51,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             "target's layers batch bit-identically (int8/int4 on CPU), else 0 = whole prompts")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before HTTP 429 (default: 64)")
     serve.add_argument("--disable-speculation-above", type=speculation_limit_value, default="auto", metavar="N|auto|never",
-                       help="switch speculation off (per step) while more than N requests are active: their forwards are "
+                       help="switch speculation off for requests that find more than N requests active or waiting, now or "
+                            "on average over the last seconds (a request that started in a lull stays off): their forwards are "
                             "batched, and drafts verified together cost rows where plain decoding costs one each. auto "
                             "(default): the N up to which speculation is expected to beat plain decoding, from the target's "
                             "step costs measured on this machine (never switched off where they are unmeasured: float "

@@ -35,6 +35,7 @@ from specdec.server.audit import AuditCase, Auditor, auditable
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.params import APIError, sampling_params
+from specdec.server.policy import LoadAverage, speculation_allowed
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 from specdec.server.responses import logprobs_body, sse, usage_body
 from specdec.server.security import AccessMiddleware, AccessPolicy
@@ -61,6 +62,8 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     active: int = 0
     waiting: int = 0
+    #: recent active + waiting requests, what --disable-speculation-above is read against (server/policy.py)
+    load: LoadAverage = field(default_factory=LoadAverage)
     slots: asyncio.Semaphore | None = None
     #: the thread that loaded the models and runs every step (see server/executor.py)
     executor: ModelExecutor = field(default_factory=ModelExecutor)
@@ -68,7 +71,13 @@ class ServerState:
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     def speculation_allowed(self) -> bool:
-        return self.disable_speculation_above is None or self.active <= self.disable_speculation_above
+        return speculation_allowed(self.disable_speculation_above, self.active, self.load)
+
+    def count_requests(self) -> None:
+        """After ``active`` or ``waiting`` moved: the gauges and the load average."""
+        self.metrics.active.set(self.active)
+        self.metrics.waiting.set(self.waiting)
+        self.load.set(self.active + self.waiting)
 
 
 def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionRequest, raw: dict) -> SpecConfig:
@@ -196,18 +205,18 @@ def create_app(state: ServerState) -> FastAPI:
         if state.slots.locked() and state.waiting >= state.max_queue:
             raise APIError(429, "server busy: the request queue is full, retry later", kind="rate_limit_error", code="queue_full")
         state.waiting += 1
-        state.metrics.waiting.set(state.waiting)
+        state.count_requests()
         try:
             await state.slots.acquire()
         finally:
             state.waiting -= 1
-            state.metrics.waiting.set(state.waiting)
+            state.count_requests()
         state.active += 1
-        state.metrics.active.set(state.active)
+        state.count_requests()
 
     def release_slot() -> None:
         state.active -= 1
-        state.metrics.active.set(state.active)
+        state.count_requests()
         assert state.slots is not None
         state.slots.release()
 
