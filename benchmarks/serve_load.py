@@ -1,11 +1,15 @@
-"""Closed-loop load on a real `specdec serve` over loopback: concurrency 1, 2, 4, 8, with and
+"""Closed-loop load on a real `specdec serve` over loopback: concurrency 1, 2, 4, 8 (…32), with and
 without speculation, same server, same prompts, same run; with --compare-unbatched also a server
 that runs one request per forward (as before continuous batching), levels interleaved.
 
     .venv/bin/python benchmarks/serve_load.py --compare-unbatched --requests-per-level 8 --max-tokens 32 --png load.png
+    .venv/bin/python benchmarks/serve_load.py --dataset mt_bench --levels 1,2,4,8,16,32 --burst 200 --png load.png
 
 Each of C client threads sends streamed requests back to back until the level's requests are done;
-prints requests/s, total tokens/s, p50/p99 latency and median TTFT per (server, C, speculation).
+prints requests/s, total tokens/s (and its ratio to one request's, same speculation), p50/p99
+latency, median TTFT, the server's resident memory, errors, and how many greedy outputs differ from
+the same prompt's output at concurrency 1 (they must not: batched forwards are bit-identical to a
+request's own). ``--burst N`` then fires N requests at once (queueing beyond --max-num-seqs).
 Speculation is requested per request ("speculative": null turns it off); the servers' own
 --disable-speculation-above is off by default here (1000) so both modes are measured at every C.
 """
@@ -21,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -36,40 +41,72 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def one_request(base: str, prompt: str, max_tokens: int, speculative: bool) -> tuple[float, float, int]:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+@dataclass
+class Result:
+    latency: float
+    ttft: float
+    tokens: int
+    text: str | None  # None: the request failed
+
+
+def one_request(base: str, prompt: str, max_tokens: int, speculative: bool, chat: bool) -> Result:
+    body: dict = {"max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+    body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     if not speculative:
         body["speculative"] = None
     start = time.perf_counter()
-    ttft = None
-    tokens = 0
-    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=600) as response:
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if ttft is None:
-                ttft = time.perf_counter() - start
-            if "usage" in event:
-                tokens = event["usage"]["completion_tokens"]
-    return time.perf_counter() - start, ttft or 0.0, tokens
+    ttft, tokens, pieces = None, 0, []
+    try:
+        with httpx.stream("POST", f"{base}/v1/{'chat/completions' if chat else 'completions'}", json=body, timeout=1200) as response:
+            if response.status_code != 200:
+                return Result(time.perf_counter() - start, 0.0, 0, None)
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                choice = event["choices"][0]
+                piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                if piece:
+                    ttft = ttft if ttft is not None else time.perf_counter() - start
+                    pieces.append(piece)
+                if "usage" in event:
+                    tokens = event["usage"]["completion_tokens"]
+    except httpx.HTTPError:
+        return Result(time.perf_counter() - start, 0.0, 0, None)
+    return Result(time.perf_counter() - start, ttft or 0.0, tokens, "".join(pieces))
 
 
-def run_level(base: str, prompts: list[str], concurrency: int, total: int, max_tokens: int, speculative: bool) -> dict:
+def server_memory_mb(server: subprocess.Popen) -> tuple[float, float]:
+    """The server process's resident memory now and at its peak (VmRSS, VmHWM), in MB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{server.pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def run_level(base: str, prompts: list[str], concurrency: int, total: int, max_tokens: int, speculative: bool,
+              chat: bool, alone: dict[int, str]) -> dict:
+    """``alone``: prompt index → its greedy output at concurrency 1 (filled by the first level run)."""
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
-        results = list(pool.map(lambda i: one_request(base, prompts[i % len(prompts)], max_tokens, speculative), range(total)))
+        results = list(pool.map(lambda i: one_request(base, prompts[i % len(prompts)], max_tokens, speculative, chat), range(total)))
     wall = time.perf_counter() - start
-    latencies = sorted(r[0] for r in results)
-    return {"req_s": total / wall, "tok_s": sum(r[2] for r in results) / wall, "p50": statistics.median(latencies),
-            "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], "ttft": statistics.median(r[1] for r in results)}
+    done = [r for r in results if r.text is not None]
+    differ = 0
+    for i, r in enumerate(results):
+        if r.text is not None:
+            expected = alone.setdefault(i % len(prompts), r.text)
+            differ += r.text != expected
+    latencies = sorted(r.latency for r in done) or [0.0]
+    return {"req_s": len(done) / wall, "tok_s": sum(r.tokens for r in done) / wall, "p50": statistics.median(latencies),
+            "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+            "ttft": statistics.median(r.ttft for r in done) if done else 0.0, "errors": len(results) - len(done), "differ": differ}
 
 
 def start_server(args: argparse.Namespace, extra: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     levels = [int(x) for x in args.levels.split(",")]
     server = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--model", args.model, "--draft-model", args.draft_model,
-                               "--quantize", args.quantize, "--draft-quantize", args.draft_quantize, "--port", str(port), "--max-concurrency", str(max(levels)),
+                               "--quantize", args.quantize, "--draft-quantize", args.draft_quantize, "--port", str(port),
+                               "--max-concurrency", str(max(levels)), "--max-queue", str(max(args.burst, 64)),
                                "--num-speculative-tokens", args.num_speculative_tokens,
                                "--disable-speculation-above", str(args.disable_speculation_above), *extra],
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -99,6 +136,10 @@ def main() -> int:
     parser.add_argument("--compare-unbatched", action="store_true",
                         help="also run a server with --max-num-batched-tokens 1 (one request per forward, as before "
                              "continuous batching), the levels interleaved between the two")
+    parser.add_argument("--dataset", default="humaneval", choices=["humaneval", "mt_bench", "gsm8k"],
+                        help="prompts: HumanEval as raw completions (long code prompts), MT-Bench first turns or GSM8K "
+                             "questions as chat messages (short)")
+    parser.add_argument("--burst", type=int, default=0, help="after the levels, fire this many requests at once (0: skip)")
     parser.add_argument("--png", type=Path, default=None, help="write total tokens/s per concurrency here")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -107,22 +148,40 @@ def main() -> int:
         configs["one-by-one"] = ["--max-num-batched-tokens", "1"]
     servers = {name: start_server(args, extra) for name, extra in configs.items()}
     rows: dict[tuple[str, bool], dict[int, float]] = {}
+    chat = args.dataset != "humaneval"
+    alone: dict[int, str] = {}
     try:
-        prompts = [row.turns[0] for row in load_prompts("humaneval", limit=max(levels))]
+        if args.dataset == "mt_bench":
+            rows_ = load_prompts("spec_bench", categories=["mt_bench"], limit=None)
+        else:
+            rows_ = load_prompts(args.dataset)
+        prompts = [row.turns[0] for row in rows_][: max(args.requests_per_level, max(levels))]
         for _, base in servers.values():
-            one_request(base, prompts[0], 8, True)  # warm-up
+            one_request(base, prompts[0], 8, True, chat)  # warm-up
         print(f"# specdec serve, {args.model} ({args.quantize}) <- {args.draft_model} ({args.draft_quantize}), γ={args.num_speculative_tokens}, "
               f"--disable-speculation-above {args.disable_speculation_above}, {args.requests_per_level} requests per level, "
-              f"{args.max_tokens} tokens each, greedy, HumanEval prompts, loopback; CPU {cpu_description()} ({' '.join(cpu_flags())})")
-        print("| server | concurrency | speculation | requests/s | tokens/s | p50 latency s | p99 latency s | median TTFT s |")
-        print("|---|---|---|---|---|---|---|---|")
+              f"{args.max_tokens} tokens each, greedy, {len(prompts)} {args.dataset} prompts{' (chat)' if chat else ''}, loopback; "
+              f"CPU {cpu_description()} ({' '.join(cpu_flags())})")
+        print("| server | concurrency | speculation | requests/s | tokens/s | × one request | p50 latency s | p99 latency s "
+              "| median TTFT s | RSS MB (peak) | errors | outputs ≠ alone |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for level in levels:
             for speculative in (False, True):
-                for name, (_, base) in servers.items():
-                    r = run_level(base, prompts, level, args.requests_per_level, args.max_tokens, speculative)
-                    rows.setdefault((name, speculative), {})[level] = r["tok_s"]
+                for name, (server, base) in servers.items():
+                    r = run_level(base, prompts, level, args.requests_per_level, args.max_tokens, speculative, chat, alone)
+                    points = rows.setdefault((name, speculative), {})
+                    points[level] = r["tok_s"]
+                    rss, peak = server_memory_mb(server)
                     print(f"| {name} | {level} | {'on' if speculative else 'off'} | {r['req_s']:.2f} | {r['tok_s']:.2f} | "
-                          f"{r['p50']:.2f} | {r['p99']:.2f} | {r['ttft']:.3f} |", flush=True)
+                          f"{r['tok_s'] / points[min(points)]:.2f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['ttft']:.3f} | "
+                          f"{rss:.0f} ({peak:.0f}) | {r['errors']} | {r['differ']} |", flush=True)
+        if args.burst:
+            for name, (server, base) in servers.items():
+                r = run_level(base, prompts, args.burst, args.burst, args.max_tokens, True, chat, alone)
+                rss, peak = server_memory_mb(server)
+                print(f"\nburst on {name}: {args.burst} requests at once (speculation requested): {r['tok_s']:.2f} tokens/s, "
+                      f"p50 latency {r['p50']:.1f} s, p99 {r['p99']:.1f} s, RSS {rss:.0f} MB (peak {peak:.0f}), "
+                      f"errors {r['errors']}, outputs ≠ alone {r['differ']}", flush=True)
     finally:
         for server, _ in servers.values():
             server.terminate()
