@@ -291,7 +291,7 @@ def generate_batch(
     jobs: list[dict] = [{} for _ in prompts]  # each request's engine arguments, made when it is admitted
     chunks: list[list[StreamChunk]] = [[] for _ in prompts]
     failures: list[BaseException] = []
-    batcher = Batcher(target.backend.forward_batch, max_num_batched_tokens)
+    batcher = Batcher(max_num_batched_tokens)
     bar = None
     if progress:
         from tqdm import tqdm

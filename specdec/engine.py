@@ -5,7 +5,7 @@ sampling transform, the stop logic and the cache bookkeeping — the only differ
 is how many tokens one target forward commits. One speculative step (ARCHITECTURE.md):
 
 1. committed tokens ``x[0..n)``; the target cache holds ``n-1`` positions (``x[n-1]`` is the next input);
-2. ``draft = drafter.propose(x, k)``;
+2. ``draft = drafter.propose(x, k)`` (as steps: its model's forwards are yielded too, ``specdec.calls``);
 3. target forward on ``[x[n-1], d_1..d_k]`` → ``k+1`` logits;
 4. ``n_acc, nxt = verify(draft, logits)``;
 5. commit ``d_1..d_{n_acc}, nxt``; truncate the target cache to ``n + n_acc``; tell the drafter.
@@ -21,6 +21,7 @@ import torch
 
 from specdec.adaptive import GammaController, VerifyCosts
 from specdec.backends.base import Backend
+from specdec.calls import ModelCall, one, waited
 from specdec.config import SpecConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import ContextLengthError, SpecdecError
@@ -128,19 +129,6 @@ def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
         )
 
 
-@dataclass
-class TargetCall:
-    """A target forward a request needs before it can go on (yielded by :func:`generate_steps`):
-    ``tokens`` appended to ``state``, logits for the last ``num_logits`` rows (None: all). Whoever
-    drives the steps answers with the logits — one call at a time (:func:`generate_stream`), or many
-    requests' calls in one batched forward (the server's scheduler, ``Backend.forward_batch``)."""
-
-    state: Any
-    tokens: list[int]
-    num_logits: int | None = None
-    tree: TreeLayout | None = None  # a token tree's verification: positions by depth, ancestor mask
-
-
 def generate_stream(
     target: Backend,
     prompt_ids: list[int],
@@ -162,8 +150,8 @@ def generate_stream(
                 item = steps.send(logits)
             except StopIteration:
                 return
-            if isinstance(item, TargetCall):
-                logits = target.forward(item.state, item.tokens, num_logits=item.num_logits, tree=item.tree)
+            if isinstance(item, ModelCall):
+                logits = item.run()
             else:
                 logits = None
                 yield item
@@ -182,9 +170,11 @@ def generate_steps(
     speculate: Callable[[], bool] | None = None,
     constraint: GrammarConstraint | None = None,
     prefill_chunk: int = 0,
-) -> Generator[StreamChunk | TargetCall, torch.Tensor | None, None]:
-    """Generate from ``prompt_ids``: yields a :class:`TargetCall` whenever it needs the target
-    (and must be sent the logits back), and one :class:`StreamChunk` per target forward.
+) -> Generator[StreamChunk | ModelCall, torch.Tensor | None, None]:
+    """Generate from ``prompt_ids``: yields a :class:`~specdec.calls.ModelCall` whenever it needs
+    the target or the drafter's model (and must be sent the logits back: one call at a time,
+    :func:`generate_stream`, or many requests' calls in one batched forward, the server's
+    scheduler), and one :class:`StreamChunk` per target forward.
 
     ``speculate`` is asked before every step; when it returns False the step drafts nothing (a
     server switches speculation off under load, where drafting costs throughput).
@@ -231,9 +221,9 @@ def generate_steps(
     state = target.new_state(cache_len)
     fed = 0
     while 0 < prefill_chunk < len(prompt_ids) - fed:
-        yield TargetCall(state, list(prompt_ids[fed : fed + prefill_chunk]), 1)  # its logits are not needed
+        yield ModelCall(target, state, list(prompt_ids[fed : fed + prefill_chunk]), 1)  # its logits are not needed
         fed += prefill_chunk
-    logits = yield TargetCall(state, list(prompt_ids[fed:]), 1)
+    logits = yield ModelCall(target, state, list(prompt_ids[fed:]), 1)
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
     _, first = verify([], None, scored, params, generator)
     context = list(prompt_ids) + [first]
@@ -257,7 +247,8 @@ def generate_steps(
             t0 = time.perf_counter()
             # a drafter with free tokens (a suffix table) is asked even when γ is 0 for its model
             asked = drafter is not None and (k > 0 or (room > 0 and drafter.has_free_tokens))
-            draft = drafter.propose(context, k) if asked else Draft(tokens=[])
+            # time spent suspended while other requests' forwards ran is not this round's cost
+            draft, idle = (yield from waited(drafter.propose_steps(context, k))) if asked else (Draft(tokens=[]), 0.0)
             if draft.is_tree and constraint is not None:
                 draft = draft.as_chain()  # grammar cuts and forced tokens are chain operations
             if draft.is_tree:  # the drafter's node numbers: kept[i] is node i of the verified tree
@@ -281,8 +272,8 @@ def generate_steps(
                     grammatical += len(forced)
             t1 = time.perf_counter()
             if draft.is_tree:
-                logits = yield TargetCall(state, [context[-1], *draft.tokens],
-                                          tree=TreeLayout(len(context) - 1, [-1, *(p + 1 for p in draft.parents)]))
+                logits, idle_verify = yield from waited(one(ModelCall(
+                    target, state, [context[-1], *draft.tokens], tree=TreeLayout(len(context) - 1, [-1, *(p + 1 for p in draft.parents)]))))
                 path, next_token = verify_tree(draft.tokens, draft.parents, logits, params, generator)
                 rows = [0, *(node + 1 for node in path)]  # the last committed token, then the accepted nodes
                 state.keep(rows, len(context) - 1)
@@ -292,7 +283,7 @@ def generate_steps(
                 drafter.accepted_path([kept[node] for node in path], next_token)
                 verified_as = tree_round(draft, path, stats)
             else:
-                logits = yield TargetCall(state, [context[-1], *draft.tokens])
+                logits, idle_verify = yield from waited(one(ModelCall(target, state, [context[-1], *draft.tokens])))
                 scored = constraint.mask_rows(logits, grammatical) if constraint is not None else logits
                 num_accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
                 state.truncate(len(context) + num_accepted)
@@ -303,6 +294,7 @@ def generate_steps(
                     drafter.accepted(drafter_accepted, new_tokens[drafter_accepted])
                 verified_as = draft.tokens[:drafted]
             t2 = time.perf_counter()
+            t1, t2 = t1 - idle, t2 - idle - idle_verify  # this round's own draft and verify times
 
             stats.record_step(drafted, drafter_accepted, t1 - t0, t2 - t1)
             stats.grammar_forced_tokens += num_accepted - drafter_accepted

@@ -1,20 +1,22 @@
-"""Continuous batching: many requests' engine steps, their target calls served by shared forwards.
+"""Continuous batching: many requests' engine steps, their model calls served by shared forwards.
 
-Each request is an :func:`specdec.engine.generate_steps` generator. It runs (drafting included) until
-it needs the target — its prefill, or a draft or token tree to verify: a
-:class:`~specdec.engine.TargetCall` — and then one ``Backend.forward_batch`` serves every request
-waiting on one (each result bit-identical to the request's own forward, so output under load is
-output alone). Requests join and leave between forwards. The server's model thread
+Each request is an :func:`specdec.engine.generate_steps` generator. It runs until it needs a model —
+the target for its prefill or to verify a draft or token tree, or its draft model for a draft step: a
+:class:`~specdec.calls.ModelCall` — and then one ``Backend.forward_batch`` per model serves every
+request waiting on that model (each result bit-identical to the request's own forward, so output
+under load is output alone): the target's verifications in one forward, the draft model's steps in
+another. Requests join and leave between forwards. The server's model thread
 (:mod:`specdec.server.executor`) and the offline batch API (:func:`specdec.api.generate_batch`)
 both drive a :class:`Batcher`; it runs on the caller's thread, the one whose OpenMP team runs torch.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
-from specdec.engine import TargetCall
+from specdec.calls import ModelCall
 
 #: what a stream's consumer receives after the last chunk (or after an exception)
 END = object()
@@ -24,22 +26,22 @@ END = object()
 class Stream:
     """One request in a :class:`Batcher`."""
 
-    steps: Generator[Any, Any, None]  # engine.generate_steps: StreamChunks and TargetCalls
+    steps: Generator[Any, Any, None]  # engine.generate_steps: StreamChunks and ModelCalls
     deliver: Callable[[Any], None]  # gets each chunk, an exception, then END: must only hand the item over
     cancelled: Callable[[], bool]
     #: the forward this stream waits for, and the logits to send it when it goes on
-    call: TargetCall | None = None
+    call: ModelCall | None = None
     reply: Any = None
 
     def advance(self) -> bool:
-        """Run until the stream needs the target (``self.call`` set): True; False once it is
+        """Run until the stream needs a model (``self.call`` set): True; False once it is
         finished (delivered END) or dropped."""
         if self.cancelled():
             return self._close()
         try:
             while True:
                 item, self.reply = self.steps.send(self.reply), None
-                if isinstance(item, TargetCall):
+                if isinstance(item, ModelCall):
                     self.call = item
                     return True
                 self.deliver(item)
@@ -61,11 +63,9 @@ class Stream:
 class Batcher:
     """The active streams and the batched forwards that move them on."""
 
-    def __init__(self, forward_batch: Callable[[list], list], max_num_batched_tokens: int = 2048,
-                 on_batch: Callable[[int, int], None] | None = None) -> None:
-        """``forward_batch``: ``Backend.forward_batch``; ``max_num_batched_tokens``: rows of one
-        forward (a call larger than this runs alone); ``on_batch(requests, rows)`` hears of each."""
-        self.forward_batch = forward_batch
+    def __init__(self, max_num_batched_tokens: int = 2048, on_batch: Callable[[int, int], None] | None = None) -> None:
+        """``max_num_batched_tokens``: rows of one forward (a call larger than this runs alone);
+        ``on_batch(requests, rows)`` hears of each target forward."""
         self.max_num_batched_tokens = max_num_batched_tokens
         self.on_batch = on_batch
         self.streams: list[Stream] = []
@@ -74,30 +74,43 @@ class Batcher:
         self.streams.append(stream)
 
     def step(self) -> None:
-        """Advance every stream to its next target call (finished ones leave), then serve the
-        waiting calls, oldest first, in one forward of up to ``max_num_batched_tokens`` rows."""
+        """Advance every stream to its next model call (finished ones leave), then serve the waiting
+        calls, oldest first: one forward per model (and reduced vocabulary) of up to
+        ``max_num_batched_tokens`` rows."""
         self.streams = [s for s in self.streams if s.call is not None or s.advance()]
-        if not self.streams:
-            return
-        batch, rows = [], 0
+        groups: dict[tuple[int, int | None], tuple[list[Stream], list[int]]] = {}
         for stream in self.streams:
             assert stream.call is not None
+            batch, rows = groups.setdefault(stream.call.group, ([], [0]))
             size = len(stream.call.tokens)
-            if batch and rows + size > self.max_num_batched_tokens:
-                break
+            if batch and rows[0] + size > self.max_num_batched_tokens:
+                continue
             batch.append(stream)
-            rows += size
+            rows[0] += size
+        served: set[int] = set()
+        for batch, rows in groups.values():
+            self._serve(batch, rows[0])
+            served.update(id(stream) for stream in batch)
+        # who waited goes first next time (the served keep their order at the back)
+        self.streams = [s for s in self.streams if id(s) not in served] + [s for s in self.streams if id(s) in served]
+
+    def _serve(self, batch: list[Stream], rows: int) -> None:
+        """One ``forward_batch`` for calls to the same model; each call is charged its rows' share of it."""
+        first = batch[0].call
+        assert first is not None
+        start = time.perf_counter()
         try:
-            logits = self.forward_batch([(s.call.state, s.call.tokens, s.call.num_logits, s.call.tree) for s in batch])
+            logits = first.backend.forward_batch([(s.call.state, s.call.tokens, s.call.num_logits, s.call.tree) for s in batch],
+                                                 vocab_limit=first.vocab_limit)
         except BaseException as exc:  # noqa: BLE001 - every request of the batch gets the error
             for stream in batch:
                 stream.call = None
                 stream.fail(exc)
                 self.streams.remove(stream)
             return
-        if self.on_batch is not None:
+        seconds = time.perf_counter() - start
+        if self.on_batch is not None and first.role == "target":
             self.on_batch(len(batch), rows)
         for stream, rows_logits in zip(batch, logits):
+            stream.call.seconds = seconds * len(stream.call.tokens) / max(1, rows)
             stream.call, stream.reply = None, rows_logits
-        served = {id(stream) for stream in batch}
-        self.streams = [s for s in self.streams if id(s) not in served] + batch  # who waited goes first next time

@@ -24,29 +24,72 @@ def int8_pair(tiny_dirs, int4_kernel):
 
 
 @pytest.mark.parametrize("spec", [None, specdec.SpecConfig(method="draft_model", num_speculative_tokens=3),
-                                  specdec.SpecConfig(method="suffix", num_speculative_tokens=4, spec_tree="auto")],
-                         ids=["plain", "draft_model", "suffix-tree"])
+                                  specdec.SpecConfig(method="suffix", num_speculative_tokens=4, spec_tree="auto"),
+                                  specdec.SpecConfig(method="draft_model", num_speculative_tokens=3, spec_tree=6)],
+                         ids=["default", "draft_model", "suffix-tree", "draft-tree"])
 def test_batch_answers_equal_each_prompt_alone_and_share_forwards(int8_pair, spec):
     target, draft = int8_pair
     params = [SamplingParams(temperature=0, max_tokens=12 + i, ignore_eos=True) for i in range(len(PROMPTS))]
-    calls = []
-    forward_batch = target.backend.forward_batch
-    target.backend.forward_batch = lambda batch: (calls.append(len(batch)), forward_batch(batch))[1]
+    calls: dict[str, list[int]] = {"target": [], "draft": []}
+    for role, model in (("target", target), ("draft", draft)):
+        def spy(batch, vocab_limit=None, role=role, forward_batch=model.backend.forward_batch):
+            calls[role].append(len(batch))
+            return forward_batch(batch, vocab_limit=vocab_limit)
+
+        model.backend.forward_batch = spy
     try:
         outs = specdec.generate_batch(target, PROMPTS, params, draft=draft, spec=spec, max_num_seqs=4)
     finally:
-        del target.backend.forward_batch
+        del target.backend.forward_batch, draft.backend.forward_batch
     alone = [specdec.generate(target, p, q, draft=draft, spec=spec) for p, q in zip(PROMPTS, params)]
     assert [o.token_ids for o in outs] == [a.token_ids for a in alone]
     assert [o.text for o in outs] == [a.text for a in alone]
-    assert max(calls) == 4 and len(calls) < sum(o.stats.target_forwards + 1 for o in outs)  # forwards were shared
+    assert max(calls["target"]) == 4 and len(calls["target"]) < sum(o.stats.target_forwards + 1 for o in outs)  # shared
+    if spec is None or spec.method == "draft_model":  # (a draft model given: draft_model) its steps and trees batched too
+        assert max(calls["draft"]) == 4 and len(calls["draft"]) < sum(o.stats.draft_forwards for o in outs)
+    else:
+        assert calls["draft"] == []
 
 
-def test_sampled_batch_is_reproducible_per_seed(int8_pair):
-    target, _ = int8_pair
+@pytest.mark.parametrize("spec", [None, specdec.SpecConfig(method="draft_model", num_speculative_tokens=3),
+                                  specdec.SpecConfig(method="draft_model", num_speculative_tokens=3, draft_vocab_size=300)],
+                         ids=["plain", "draft_model", "draft-vocab"])
+def test_sampled_batch_is_reproducible_per_seed(int8_pair, spec):
+    """Batched draft steps give each request the draft distribution q it gets alone (row-wise
+    kernels), so seeded sampling through rejection sampling draws the same tokens."""
+    target, draft = int8_pair
+    draft = draft if spec is not None else None
     params = SamplingParams(temperature=0.8, max_tokens=10, seed=3, ignore_eos=True)
-    outs = specdec.generate_batch(target, PROMPTS[:4], params, max_num_seqs=2)
-    assert [o.token_ids for o in outs] == [specdec.generate(target, p, params).token_ids for p in PROMPTS[:4]]
+    outs = specdec.generate_batch(target, PROMPTS[:4], params, draft=draft, spec=spec, max_num_seqs=4)
+    alone = [specdec.generate(target, p, params, draft=draft, spec=spec) for p in PROMPTS[:4]]
+    assert [o.token_ids for o in outs] == [a.token_ids for a in alone]
+    if spec is not None:
+        assert [o.stats.proposed_tokens for o in outs] == [a.stats.proposed_tokens for a in alone]
+
+
+def test_waiting_for_other_requests_is_not_charged_to_a_round():
+    """``calls.waited``: time suspended beyond the forward time a call was charged (its share of a
+    batched forward) is reported apart, so the γ controller weighs this request's own costs."""
+    import time
+
+    from specdec.calls import ModelCall, waited
+
+    def steps():
+        first = yield ModelCall(None, None, [1])
+        second = yield ModelCall(None, None, [2, 3])
+        return first + second
+
+    driven = waited(steps())
+    call = next(driven)
+    try:
+        while True:
+            time.sleep(0.05)  # other requests' forwards
+            call.seconds = 0.01  # this call's share
+            call = driven.send(len(call.tokens))
+    except StopIteration as stop:
+        value, idle = stop.value
+    assert value == 3
+    assert 0.07 <= idle < 0.2
 
 
 def test_batch_errors_are_clear(int8_pair):
@@ -85,7 +128,7 @@ def test_chunked_prefill_is_bit_identical_and_shares_forwards(int8_pair):
     spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3, spec_tree=4)
     sizes = []
     forward_batch = target.backend.forward_batch
-    target.backend.forward_batch = lambda batch: (sizes.append(sum(len(c[1]) for c in batch)), forward_batch(batch))[1]
+    target.backend.forward_batch = lambda batch, vocab_limit=None: (sizes.append(sum(len(c[1]) for c in batch)), forward_batch(batch, vocab_limit=vocab_limit))[1]
     try:
         outs = specdec.generate_batch(target, long_prompts, params, draft=draft, spec=spec, max_num_seqs=5, prefill_chunk=4)
     finally:

@@ -101,8 +101,8 @@ def test_streamed_text_equals_final_text(tiny_target):
 class CheckedDrafter(DraftModelDrafter):
     """Asserts after every call that the draft cache holds exactly the tokens it should."""
 
-    def propose(self, context_ids, k):
-        draft = super().propose(context_ids, k)
+    def propose_steps(self, context_ids, k):
+        draft = yield from super().propose_steps(context_ids, k)
         expected = list(context_ids) + draft.tokens[:-1] if draft.tokens else list(context_ids)
         assert self.cached == expected[: len(self.cached)] and len(self.cached) >= len(context_ids)
         assert self.state.seq_len == len(self.cached)
@@ -128,9 +128,9 @@ class SpyBackend:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def forward(self, state, tokens, num_logits=None, tree=None):
+    def forward(self, state, tokens, num_logits=None, tree=None, vocab_limit=None):
         self.calls.append((state.seq_len, list(tokens)))
-        return self.inner.forward(state, tokens, num_logits=num_logits, tree=tree)
+        return self.inner.forward(state, tokens, num_logits=num_logits, tree=tree, vocab_limit=vocab_limit)
 
 
 @pytest.mark.parametrize("draft_kind", ["other", "same"])

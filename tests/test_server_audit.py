@@ -69,7 +69,7 @@ def test_the_server_audits_finished_greedy_requests_when_idle(audited):
 def test_a_wrong_continuation_is_reported_and_logged(tiny_target, caplog):
     """The auditor itself: handed a continuation plain decoding would not produce, it says so."""
     executor, metrics = ModelExecutor(), Metrics()
-    executor.set_target(tiny_target.backend.forward_batch)
+    executor.enable_batching()
     auditor = Auditor(tiny_target, executor, metrics)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompt = tiny_target.tokenizer.encode("def f(x):")

@@ -42,13 +42,15 @@ class Backend(Protocol):
     def new_state(self, max_seq_len: int) -> SequenceState: ...
 
     def forward(self, state: SequenceState, tokens: Sequence[int], num_logits: int | None = None,
-                tree: TreeLayout | None = None) -> torch.Tensor:
+                tree: TreeLayout | None = None, vocab_limit: int | None = None) -> torch.Tensor:
         """Append ``tokens`` at positions ``state.seq_len ..`` and return float32 logits
         ``[len(tokens) or num_logits, vocab]``. ``tree``: the tokens end this tree region of the
-        cache (positions by depth, each token attending to its ancestors: :mod:`specdec.tree`)."""
+        cache (positions by depth, each token attending to its ancestors: :mod:`specdec.tree`).
+        ``vocab_limit``: score only ids below it (a draft's reduced vocabulary; None: all)."""
         ...
 
-    def forward_batch(self, calls: Sequence[tuple[SequenceState, Sequence[int], int | None, TreeLayout | None]]) -> list[torch.Tensor]:
+    def forward_batch(self, calls: Sequence[tuple[SequenceState, Sequence[int], int | None, TreeLayout | None]],
+                      vocab_limit: int | None = None) -> list[torch.Tensor]:
         """Several requests' ``(state, tokens, num_logits, tree)`` in one forward where the backend
         can (each result bit-identical to its own :meth:`forward`), else one after another."""
         ...

@@ -60,15 +60,16 @@ class TorchBackend:
         return self.decoder(ids, positions, state, mask, num_logits=num_logits, layers=layers,
                             return_hidden=return_hidden, vocab_limit=vocab_limit)
 
-    def forward_batch(self, calls: Sequence[BatchCall]) -> list[torch.Tensor]:
+    def forward_batch(self, calls: Sequence[BatchCall], vocab_limit: int | None = None) -> list[torch.Tensor]:
         """One ``Decoder.forward_ragged`` over the calls ``(state, tokens, num_logits, tree)``
         (bit-identical per call to :meth:`forward`; it runs them one by one where its layers cannot
         batch); CUDA graphs replay one call each."""
         if self.graphs is not None:
-            return [self.forward(state, tokens, num_logits=num_logits, tree=tree) for state, tokens, num_logits, tree in calls]
+            return [self.forward(state, tokens, num_logits=num_logits, tree=tree, vocab_limit=vocab_limit)
+                    for state, tokens, num_logits, tree in calls]
         inputs = [(state, num_logits, *self._inputs(state, tokens, tree)) for state, tokens, num_logits, tree in calls]
         return self.decoder.forward_ragged([RaggedInput(ids, positions, state, num_logits, mask)
-                                            for state, num_logits, ids, positions, mask in inputs])
+                                            for state, num_logits, ids, positions, mask in inputs], vocab_limit)
 
     def _inputs(self, state: KVCache, tokens: Sequence[int] | torch.Tensor,
                 tree: TreeLayout | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Generator
 
 import torch
 
@@ -18,6 +18,7 @@ from specdec.tree import check_parents, depths, first_chain, subtree
 
 if TYPE_CHECKING:  # annotations only: drafters/base.py sits below every module it names here
     from specdec.backends.base import Backend, SequenceState
+    from specdec.calls import ModelCall
     from specdec.config import SpecConfig
     from specdec.sampling import SamplingParams
     from specdec.structured import GrammarConstraint
@@ -151,6 +152,10 @@ class Drafter:
 
     Lifecycle (as llama.cpp's ``common/speculative.h``): :meth:`bind_target_state` (after the
     target's prefill) → :meth:`start` → repeated :meth:`propose` / :meth:`accepted` → :meth:`finish`.
+    The engine asks for proposals through :meth:`propose_steps`, the same proposal as a generator
+    that yields the model forwards it needs (:class:`specdec.calls.ModelCall`), so a scheduler can
+    run many requests' draft steps in one forward; a drafter that runs a model of its own overrides
+    it and makes :meth:`propose` drive it (:func:`specdec.calls.run_now`).
     """
 
     name: str = "drafter"
@@ -182,6 +187,13 @@ class Drafter:
     def propose(self, context_ids: list[int], k: int) -> Draft:
         """Propose up to ``k`` tokens to follow ``context_ids`` (all committed tokens). May return fewer."""
         raise NotImplementedError
+
+    def propose_steps(self, context_ids: list[int], k: int) -> "Generator[ModelCall, torch.Tensor, Draft]":
+        """:meth:`propose`, yielding each forward of the drafter's own model to whoever drives it and
+        receiving its logits. The default (tables, self-speculation in the target's cache) proposes
+        at once and yields nothing."""
+        return self.propose(context_ids, k)
+        yield  # a generator that yields nothing  # noqa: unreachable
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
         """The target accepted the first ``num_accepted`` proposed tokens, then committed ``next_token``."""

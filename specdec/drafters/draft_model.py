@@ -13,11 +13,12 @@ context is accepted a little less often, never changes the output.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Generator
 
 import torch
 
 from specdec.backends.base import Backend
+from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
@@ -58,8 +59,27 @@ def draft_autoregressively(
     take_over: Callable[[list[int], int], list[int]] | None = None,
     constraint: GrammarConstraint | None = None,
 ) -> Draft:
+    """:func:`draft_steps` with a ``step(token) -> logits`` that runs its forward itself."""
+    def steps(token: int) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
+        return step(token)
+        yield  # a generator that yields nothing  # noqa: unreachable
+
+    return run_now(draft_steps(logits, steps, k, params, generator, confidence_threshold, take_over, constraint))
+
+
+def draft_steps(
+    logits: torch.Tensor,
+    step: Callable[[int], Generator[ModelCall, torch.Tensor, torch.Tensor]],
+    k: int,
+    params: SamplingParams,
+    generator: torch.Generator,
+    confidence_threshold: float = 0.0,
+    take_over: Callable[[list[int], int], list[int]] | None = None,
+    constraint: GrammarConstraint | None = None,
+) -> Generator[ModelCall, torch.Tensor, Draft]:
     """Up to ``k`` tokens, one model step each: ``logits`` follow the context, ``step(token)`` feeds a
-    drafted token and returns the next logits. Shared by every drafter that runs a model.
+    drafted token and returns the next logits (steps: the forward is yielded to whoever drives
+    this, :mod:`specdec.calls`). Shared by every drafter that runs a model.
 
     Greedy drafts the argmax (q = None: a point mass, what greedy verification compares against);
     sampling draws from q = logits_to_probs(logits, params) — the same transform the target gets —
@@ -100,7 +120,7 @@ def draft_autoregressively(
             if probs:  # sampling: point-mass q rows for the taken tokens
                 probs.extend(point_mass(taken_token, logits.shape[-1], logits.device) for taken_token in taken)
             break
-        logits = step(token)
+        logits = yield from step(token)
     return Draft(tokens=tokens, probs=torch.stack(probs) if probs else None)
 
 
@@ -113,14 +133,18 @@ def point_mass(token: int, vocab_size: int, device: torch.device) -> torch.Tenso
 
 
 def next_token_logits(backend, state, tokens: list[int], vocab_limit: int | None, greedy: bool) -> torch.Tensor:  # noqa: ANN001
-    """Logits after the last of ``tokens``. With a reduced draft vocabulary only ids < vocab_limit
-    are scored; for sampling the rest get -inf, so q is exactly 0 there — a valid proposal
-    distribution, which rejection sampling corrects like any other. Greedy needs no padding: the
-    argmax over a prefix of ids is already a token id."""
-    if vocab_limit is None:
-        return backend.forward(state, tokens, num_logits=1)[-1]
-    logits = backend.forward(state, tokens, num_logits=1, vocab_limit=vocab_limit)[-1]
-    if greedy:
+    """:func:`next_token_steps`, run at once."""
+    return run_now(next_token_steps(backend, state, tokens, vocab_limit, greedy))
+
+
+def next_token_steps(backend: Backend, state, tokens: list[int], vocab_limit: int | None,  # noqa: ANN001
+                     greedy: bool) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
+    """Logits after the last of ``tokens`` (one draft forward). With a reduced draft vocabulary only
+    ids < vocab_limit are scored; for sampling the rest get -inf, so q is exactly 0 there — a valid
+    proposal distribution, which rejection sampling corrects like any other. Greedy needs no
+    padding: the argmax over a prefix of ids is already a token id."""
+    logits = (yield ModelCall(backend, state, list(tokens), num_logits=1, vocab_limit=vocab_limit, role="draft"))[-1]
+    if vocab_limit is None or greedy:
         return logits
     full = logits.new_full((backend.config.vocab_size,), float("-inf"))
     full[:vocab_limit] = logits
@@ -191,7 +215,7 @@ class DraftModelDrafter(Drafter):
         self.offset = 0
         self.model_forwards = 0
 
-    def _sync(self, context_ids: list[int]) -> torch.Tensor:
+    def _sync(self, context_ids: list[int]) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
         """Feed committed tokens the draft cache lacks; return the logits after the last one."""
         if not self.cached and self.context_window and len(context_ids) > self.context_window:
             self.offset = len(context_ids) - self.context_window  # first round of a long prompt
@@ -208,30 +232,33 @@ class DraftModelDrafter(Drafter):
             self.state.truncate(common - 1)
             self.cached.pop()
             pending = context_ids[-1:]
-        logits = self._forward(pending)
+        logits = yield from self._forward(pending)
         self.cached.extend(pending)
         return logits
 
-    def _forward(self, tokens: list[int]) -> torch.Tensor:
+    def _forward(self, tokens: list[int]) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
         self.model_forwards += 1
-        return next_token_logits(self.backend, self.state, tokens, self.vocab_limit, self.params.is_greedy)
+        return (yield from next_token_steps(self.backend, self.state, tokens, self.vocab_limit, self.params.is_greedy))
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
+        return run_now(self.propose_steps(context_ids, k))
+
+    def propose_steps(self, context_ids: list[int], k: int) -> Generator[ModelCall, torch.Tensor, Draft]:
         room = self.max_seq_len - len(context_ids)
         k = max(0, min(k, room))
-        logits = self._sync(context_ids)
+        logits = yield from self._sync(context_ids)
         self.context_len = len(context_ids) - self.offset  # positions in the draft cache
         if self.tree_nodes:
-            return self._propose_tree(logits, k)
+            return (yield from self._propose_tree(logits, k))
 
-        def step(token: int) -> torch.Tensor:
+        def step(token: int) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
             self.cached.append(token)
-            return self._forward([token])
+            return (yield from self._forward([token]))
 
-        return draft_autoregressively(logits, step, k, self.params, self.generator, self.confidence_threshold,
-                                      self.take_over, self.constraint)
+        return (yield from draft_steps(logits, step, k, self.params, self.generator, self.confidence_threshold,
+                                       self.take_over, self.constraint))
 
-    def _propose_tree(self, logits: torch.Tensor, depth: int) -> Draft:
+    def _propose_tree(self, logits: torch.Tensor, depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
         """A token tree up to ``depth`` deep, one draft forward per level (EAGLE-2's dynamic tree,
         Li et al. 2024): each node's DRAFT_TREE_BRANCHES likeliest next tokens become its
         children, valued by the product of the draft's probabilities along their path; the
@@ -267,8 +294,8 @@ class DraftModelDrafter(Drafter):
                 self.tree_slots[node] = len(region)
                 region.append(-1 if parents[node] < 0 else self.tree_slots[parents[node]])
             self.model_forwards += 1
-            rows = self.backend.forward(self.state, [tokens[n] for n in expand], vocab_limit=self.vocab_limit,
-                                        tree=TreeLayout(self.tree_base, list(region)))
+            rows = yield ModelCall(self.backend, self.state, [tokens[n] for n in expand], vocab_limit=self.vocab_limit,
+                                   tree=TreeLayout(self.tree_base, list(region)), role="draft")
             frontier = [(node, self._ranking_probs(row)) for node, row in zip(expand, rows)]
         self.tree_tokens = tokens
         return Draft(tokens=tokens, prefix_accept=estimates, parents=parents)

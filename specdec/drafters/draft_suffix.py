@@ -19,6 +19,11 @@ as far as it is likely right, however many draft-model tokens would pay.
 
 from __future__ import annotations
 
+from typing import Generator
+
+import torch
+
+from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
 from specdec.drafters.draft_model import DRAFT_MODEL_OPTIONS, DraftModelDrafter, make_draft_model_drafter
 from specdec.drafters.suffix import SuffixDrafter, make_suffix_drafter
@@ -68,6 +73,9 @@ class SuffixAssistedDrafter(Drafter):
         self.suffix_rounds = self.draft_rounds = self.taken_over = 0
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
+        return run_now(self.propose_steps(context_ids, k))
+
+    def propose_steps(self, context_ids: list[int], k: int) -> Generator[ModelCall, torch.Tensor, Draft]:
         copied = self.suffix.propose(context_ids, max(k, self.max_tokens))
         if copied.prefix_accept and copied.prefix_accept[0] >= self.suffix_trust:
             self._last = self.suffix
@@ -79,7 +87,7 @@ class SuffixAssistedDrafter(Drafter):
         self._last = self.draft
         self.draft_rounds += 1
         self._context = context_ids
-        return self.draft.propose(context_ids, k)
+        return (yield from self.draft.propose_steps(context_ids, k))
 
     def _take_over(self, drafted: list[int], room: int) -> list[int]:
         """Mid-round: once the draft model's tokens lead into a trusted match, the table finishes

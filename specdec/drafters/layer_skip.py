@@ -38,6 +38,7 @@ from specdec.errors import SpecdecError
 from specdec.paths import specdec_home
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint
+from specdec.tree import TreeLayout
 
 
 def _module_bytes(module: torch.nn.Module) -> int:
@@ -62,8 +63,9 @@ class LayerSubset:
         self.dtype_name = backend.dtype_name
 
     def forward(self, state: KVCache, tokens: Sequence[int], num_logits: int | None = None,
-                vocab_limit: int | None = None) -> torch.Tensor:
-        return self.backend.forward(state, tokens, num_logits=num_logits, layers=self.layers, vocab_limit=vocab_limit)
+                tree: TreeLayout | None = None, vocab_limit: int | None = None) -> torch.Tensor:
+        return self.backend.forward(state, tokens, num_logits=num_logits, layers=self.layers, vocab_limit=vocab_limit,
+                                    tree=tree)
 
     @property
     def weight_bytes(self) -> int:

@@ -325,7 +325,7 @@ class Decoder(nn.Module):
         self.ragged_layer_runner = ragged
 
     @torch.inference_mode()
-    def forward_ragged(self, requests: Sequence[RaggedInput]) -> list[torch.Tensor]:
+    def forward_ragged(self, requests: Sequence[RaggedInput], vocab_limit: int | None = None) -> list[torch.Tensor]:
         """Several requests' new tokens — a prefill chunk, one decode token, a draft to verify, each
         with its own positions and cache — in one forward; returns each request's float32 logits
         ``[T_i or num_logits_i, vocab]``, **bit-identical** to ``forward`` on that request alone
@@ -334,10 +334,11 @@ class Decoder(nn.Module):
         The weights are read once for all rows: on a memory-bound CPU a step of 8 requests costs a
         fraction of 8 steps. Only a runner that is row by row (the quantized CPU paths' C++ layers)
         batches; elsewhere (float weights, whose GEMMs may block rows differently with the row count)
-        the requests run one after another — the same results, no batching gain."""
+        the requests run one after another — the same results, no batching gain. ``vocab_limit``: as
+        :meth:`forward`'s, for every request (a draft model's reduced vocabulary)."""
         if self.ragged_layer_runner is None or len(requests) == 1:
-            return [self.forward(r.input_ids, r.positions, r.cache, r.attn_mask, num_logits=r.num_logits)
-                    for r in requests]
+            return [self.forward(r.input_ids, r.positions, r.cache, r.attn_mask, num_logits=r.num_logits,
+                                 vocab_limit=vocab_limit) for r in requests]
         segments, rows, picked, first = [], [], [], 0
         for r in requests:
             seq = r.input_ids.shape[-1]
@@ -353,7 +354,8 @@ class Decoder(nn.Module):
         for r in requests:
             r.cache.advance(r.input_ids.shape[-1])
         index = torch.cat(picked)
-        logits = self.lm_head(self.model.norm(x[index])).float()
+        head = self.lm_head if vocab_limit is None or vocab_limit >= self.config.vocab_size else self.head_rows(vocab_limit)
+        logits = head(self.model.norm(x[index])).float()
         return list(logits.split([len(p) for p in picked]))
 
     def _run_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int,

@@ -108,7 +108,7 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
     app.state.specdec = state
-    state.executor.set_target(state.target.backend.forward_batch, on_batch=state.metrics.observe_batch)
+    state.executor.enable_batching(on_batch=state.metrics.observe_batch)
     state.auditor = Auditor(state.target, state.executor, state.metrics, state.audit_fraction,
                             busy=lambda: state.active > 0 or state.waiting > 0)
 

@@ -9,9 +9,9 @@ main thread and generate on another 8.3–11.0. The HTTP side (event loop, token
 torch; everything else is submitted here.
 
 Continuous batching: the thread drives a :class:`specdec.scheduler.Batcher` — every active request
-runs until it needs the target, then one forward serves all of them; requests join and leave between
-forwards; a cancelled request is dropped before its next one. Drafting still runs per request,
-between forwards.
+runs until it needs a model, then one forward per model serves all of them (the target's
+verifications together, the draft model's steps together); requests join and leave between
+forwards; a cancelled request is dropped before its next one.
 """
 
 from __future__ import annotations
@@ -33,18 +33,17 @@ class ModelExecutor:
 
     def __init__(self, name: str = "specdec-model", max_num_batched_tokens: int = 2048) -> None:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        #: the streams and their batched forwards, once :meth:`set_target` gave the target's
+        #: the streams and their batched forwards, once :meth:`enable_batching` made it
         self._batcher: Batcher | None = None
         #: rows of one batched forward; a call larger than this runs alone
         self.max_num_batched_tokens = max_num_batched_tokens
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def set_target(self, forward_batch: Callable[[list], list],
-                   on_batch: Callable[[int, int], None] | None = None) -> None:
-        """The batched forward the streams' target calls go through (``Backend.forward_batch``,
-        before the first stream); ``on_batch(requests, tokens)`` hears of every forward (the server's metrics)."""
-        self._batcher = Batcher(forward_batch, self.max_num_batched_tokens, on_batch)
+    def enable_batching(self, on_batch: Callable[[int, int], None] | None = None) -> None:
+        """Accept streams from now on (before the first); ``on_batch(requests, tokens)`` hears of every
+        target forward (the server's metrics)."""
+        self._batcher = Batcher(self.max_num_batched_tokens, on_batch)
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the model thread and return its result (raises what it raised)."""
@@ -59,7 +58,7 @@ class ModelExecutor:
         """Run ``steps`` (an ``engine.generate_steps`` generator) batched with the other streams; each
         chunk, an exception, then :data:`END` goes to ``deliver``, which runs on the model thread."""
         if self._batcher is None:
-            raise RuntimeError("ModelExecutor.set_target must be called before streams are added")
+            raise RuntimeError("ModelExecutor.enable_batching must be called before streams are added")
         self._inbox.put(Stream(steps, deliver, cancelled))
 
     def _submit(self, fn: Callable[[], T]) -> concurrent.futures.Future:
