@@ -322,29 +322,39 @@ def plan_execution(target_cfg: ModelConfig, draft_cfg: ModelConfig | None = None
 
 
 def batch_speculation_limit(step_seconds: dict[int, float] | None, alpha: float, gamma: int | None,
-                            draft_seconds: float, max_requests: int, max_gamma: int = 8) -> int | None:
+                            draft_step_seconds: dict[int, float] | None, max_requests: int, max_gamma: int = 8) -> int | None:
     """The most concurrent requests at which speculation is still expected to beat plain decoding
     when their forwards are batched (the server's ``--disable-speculation-above auto``); None when
     the target's step costs were never measured (then nothing is switched off).
 
     N requests stepped together: plain decoding commits N tokens per forward of N rows; speculation
-    commits N·τ(α, γ) per forward of N·(γ+1) rows plus N·γ serial draft steps. On a CPU whose
-    forward cost grows with rows (AVX2 int8: 8 decode rows cost 1.4× one, 40 verification rows 4×+)
-    that pays only for a few requests; where the curve is flat (VNNI, GPU) for more. The curve
-    beyond its largest measured size follows its last slope — an underestimate of many-row
-    forwards (measured: benchmarks/results/2026-11-25/ragged-step-int8.md), so the limit errs toward
-    speculating. ``gamma``: the γ requests draft (None: γ=auto, whose controller picks the best γ
-    for one request alone — it does not know about the batch)."""
+    commits N·τ(α, γ) per forward of N·(γ+1) rows plus γ draft forwards of N rows each (the draft
+    model's steps are batched too: specdec.scheduler). ``draft_step_seconds``: the draft model's
+    curve (rows → seconds; None or empty: drafting costs no model, a table); a single measured
+    point is taken as growing linearly with rows. On a CPU whose forward cost grows with rows (AVX2
+    int8: 8 decode rows cost 1.4× one, 40 verification rows 4×+) speculation pays only for a few
+    requests; where the curve is flat (VNNI, GPU) for more. The curve beyond its largest measured
+    size follows its last slope — an underestimate of many-row forwards (measured:
+    benchmarks/results/2026-11-25/ragged-step-int8.md), so the limit errs toward speculating.
+    ``gamma``: the γ requests draft (None: γ=auto, whose controller picks the best γ for one
+    request alone — it does not know about the batch)."""
     if not step_seconds:
         return None
     curve = Curve("target", dict(step_seconds))
+    draft_curve = Curve("draft", dict(draft_step_seconds)) if draft_step_seconds and len(draft_step_seconds) > 1 else None
+
+    def draft_step(rows: int) -> float:
+        if draft_curve is not None:
+            return draft_curve.cost(rows)
+        return rows * next(iter(draft_step_seconds.values())) if draft_step_seconds else 0.0
+
     if gamma is None:
-        gamma = best_rate(curve, alpha, draft_seconds, max_gamma)[1]
+        gamma = best_rate(curve, alpha, draft_step(1), max_gamma)[1]
     limit = 0
     for requests in range(1, max_requests + 1):
         plain = requests / curve.cost(requests)
         speculative = (requests * expected_tokens(alpha, gamma)
-                       / (curve.cost(requests * (gamma + 1)) + requests * gamma * draft_seconds)) if gamma else 0.0
+                       / (curve.cost(requests * (gamma + 1)) + gamma * draft_step(requests))) if gamma else 0.0
         if speculative <= plain:
             break
         limit = requests

@@ -124,9 +124,11 @@ def test_batch_speculation_limit_follows_the_measured_curve():
     from specdec.step_costs import batch_speculation_limit
 
     steep = {1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105}  # AVX2 int8 1.5B, measured: rows cost beyond 8
-    assert batch_speculation_limit(steep, 0.7, 4, 0.013, 16) == 1  # alone it pays; from 2 requests on it does not
-    assert batch_speculation_limit(steep, 0.7, None, 0.013, 16) == 2  # γ=auto drafts 3 alone: 8 rows still cost little
+    draft = {1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047}  # AVX2 int4-all 0.5B, measured
+    assert batch_speculation_limit(steep, 0.7, 4, {1: 0.013}, 16) == 1  # draft rows as dear as steps: alone only
+    assert batch_speculation_limit(steep, 0.7, None, {1: 0.013}, 16) == 2  # γ=auto drafts 3 alone: 8 rows still cost little
+    assert batch_speculation_limit(steep, 0.7, 4, draft, 16) == 2  # batched draft steps: 2 rows cost 1.4 steps
     flat = {1: 0.075, 2: 0.075, 4: 0.076, 8: 0.077, 16: 0.080, 32: 0.090, 64: 0.120}  # a flat (GPU-like) curve
-    assert batch_speculation_limit(flat, 0.7, 4, 0.0, 16) == 16
-    assert batch_speculation_limit(steep, 0.0, 4, 0.0, 16) == 0  # nothing is ever accepted: never
-    assert batch_speculation_limit(None, 0.7, 4, 0.0, 16) is None  # unmeasured: nothing switched off
+    assert batch_speculation_limit(flat, 0.7, 4, None, 16) == 16
+    assert batch_speculation_limit(steep, 0.0, 4, None, 16) == 0  # nothing is ever accepted: never
+    assert batch_speculation_limit(None, 0.7, 4, None, 16) is None  # unmeasured: nothing switched off

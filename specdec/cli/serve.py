@@ -145,10 +145,10 @@ def measured_speculation_limit(spec, target, draft, max_requests: int) -> int | 
     if spec.method is None:
         return None
     model_drafts = needs_draft_model(spec.method)
-    draft_seconds = (draft.backend.step_seconds or {}).get(1, 0.0) if model_drafts and draft is not None else 0.0
+    draft_curve = draft.backend.step_seconds if model_drafts and draft is not None else None
     gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
     return batch_speculation_limit(target.backend.step_seconds, PRIOR_ALPHA["draft" if model_drafts else "free"], gamma,
-                                   draft_seconds, max_requests, spec.max_speculative_tokens)
+                                   draft_curve, max_requests, spec.max_speculative_tokens)
 
 
 def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
