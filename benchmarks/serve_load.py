@@ -128,7 +128,7 @@ def main() -> int:
     parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
     parser.add_argument("--quantize", default="int8", help="target mode (fixed, so both servers run the same kernels)")
     parser.add_argument("--levels", default="1,2,4,8")
-    parser.add_argument("--requests-per-level", type=int, default=8)
+    parser.add_argument("--requests-per-level", type=int, default=8, help="requests per level (at least the level's concurrency)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--draft-quantize", default="int4-all")
     parser.add_argument("--disable-speculation-above", default="1000", help="the servers' policy (a number, auto or never)")
@@ -155,7 +155,8 @@ def main() -> int:
             rows_ = load_prompts("spec_bench", categories=["mt_bench"], limit=None)
         else:
             rows_ = load_prompts(args.dataset)
-        prompts = [row.turns[0] for row in rows_][: max(args.requests_per_level, max(levels))]
+        # as many prompts as the first level (run alone) sends: each later output must equal its output there
+        prompts = [row.turns[0] for row in rows_][: max(args.requests_per_level, levels[0])]
         for _, base in servers.values():
             one_request(base, prompts[0], 8, True, chat)  # warm-up
         print(f"# specdec serve, {args.model} ({args.quantize}) <- {args.draft_model} ({args.draft_quantize}), γ={args.num_speculative_tokens}, "
@@ -168,7 +169,8 @@ def main() -> int:
         for level in levels:
             for speculative in (False, True):
                 for name, (server, base) in servers.items():
-                    r = run_level(base, prompts, level, args.requests_per_level, args.max_tokens, speculative, chat, alone)
+                    r = run_level(base, prompts, level, max(level, args.requests_per_level), args.max_tokens, speculative,
+                                  chat, alone)
                     points = rows.setdefault((name, speculative), {})
                     points[level] = r["tok_s"]
                     rss, peak = server_memory_mb(server)

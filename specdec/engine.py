@@ -137,7 +137,7 @@ def generate_stream(
     spec: SpecConfig | None = None,
     tokenizer=None,  # noqa: ANN001 - specdec.tokenizer.Tokenizer; needed for text and stop strings
     generator: torch.Generator | None = None,
-    speculate: Callable[[], bool] | None = None,
+    speculate: Callable[[], int | None] | None = None,
     constraint: GrammarConstraint | None = None,
 ) -> Iterator[StreamChunk]:
     """Generate from ``prompt_ids``; yields one :class:`StreamChunk` per target forward (the
@@ -167,7 +167,7 @@ def generate_steps(
     spec: SpecConfig | None = None,
     tokenizer=None,  # noqa: ANN001 - specdec.tokenizer.Tokenizer; needed for text and stop strings
     generator: torch.Generator | None = None,
-    speculate: Callable[[], bool] | None = None,
+    speculate: Callable[[], int | None] | None = None,
     constraint: GrammarConstraint | None = None,
     prefill_chunk: int = 0,
 ) -> Generator[StreamChunk | ModelCall, torch.Tensor | None, None]:
@@ -176,8 +176,8 @@ def generate_steps(
     :func:`generate_stream`, or many requests' calls in one batched forward, the server's
     scheduler), and one :class:`StreamChunk` per target forward.
 
-    ``speculate`` is asked before every step; when it returns False the step drafts nothing (a
-    server switches speculation off under load, where drafting costs throughput).
+    ``speculate`` is asked before every step: the most tokens the step may draft (0: none, None: no
+    cap) — a server drafts less or nothing under load, where verification rows cost throughput.
     ``constraint``: this request's grammar state when ``params.structured`` is set — the one the
     drafter masks its own distribution with (:func:`specdec.api.prepare` builds both); built here
     when not given, and then only the target's rows are masked (still exact, see
@@ -241,8 +241,9 @@ def generate_steps(
             remaining = params.max_tokens - len(out.token_ids)
             room = max(0, min(max_k, remaining - 1, context_len - len(context)))
             k = min(gamma.choose() if gamma is not None else max_k, room)
-            if speculate is not None and not speculate():
-                k = room = 0
+            cap = speculate() if speculate is not None else None
+            if cap is not None:
+                k, room = min(k, cap), min(room, cap)
 
             t0 = time.perf_counter()
             # a drafter with free tokens (a suffix table) is asked even when γ is 0 for its model

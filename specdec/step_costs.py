@@ -321,23 +321,28 @@ def plan_execution(target_cfg: ModelConfig, draft_cfg: ModelConfig | None = None
     return ExecutionPlan(choice.mode, draft_mode, choice, draft_curves)
 
 
-def batch_speculation_limit(step_seconds: dict[int, float] | None, alpha: float, gamma: int | None,
-                            draft_step_seconds: dict[int, float] | None, max_requests: int, max_gamma: int = 8) -> int | None:
-    """The most concurrent requests at which speculation is still expected to beat plain decoding
-    when their forwards are batched (the server's ``--disable-speculation-above auto``); None when
-    the target's step costs were never measured (then nothing is switched off).
+#: speculation under load must beat plain decoding by this factor to be chosen: the prior α and the
+#: curves extrapolated to many rows are estimates, and a predicted gain below 5 % is within their error
+BATCH_SPECULATION_MARGIN = 1.05
+
+
+def batch_gammas(step_seconds: dict[int, float] | None, alpha: float, gamma: int | None,
+                 draft_step_seconds: dict[int, float] | None, max_requests: int, max_gamma: int = 8) -> dict[int, int] | None:
+    """γ per number of concurrent requests, from the measured curves (what vLLM's
+    ``num_speculative_tokens_per_batch_size`` sets by hand): ``{N: γ}`` for N = 1..max_requests,
+    0 where speculation is expected to lose to plain decoding (and for every larger N after the first
+    such one); None when the target's step costs were never measured (then nothing is capped).
 
     N requests stepped together: plain decoding commits N tokens per forward of N rows; speculation
-    commits N·τ(α, γ) per forward of N·(γ+1) rows plus γ draft forwards of N rows each (the draft
-    model's steps are batched too: specdec.scheduler). ``draft_step_seconds``: the draft model's
-    curve (rows → seconds; None or empty: drafting costs no model, a table); a single measured
+    with γ commits N·τ(α, γ) per forward of N·(γ+1) rows plus γ draft forwards of N rows each (the
+    draft model's steps are batched too: specdec.scheduler). ``draft_step_seconds``: the draft
+    model's curve (rows → seconds; None or empty: drafting costs no model, a table); a single
     point is taken as growing linearly with rows. On a CPU whose forward cost grows with rows (AVX2
     int8: 8 decode rows cost 1.4× one, 40 verification rows 4×+) speculation pays only for a few
-    requests; where the curve is flat (VNNI, GPU) for more. The curve beyond its largest measured
-    size follows its last slope — an underestimate of many-row forwards (measured:
-    benchmarks/results/2026-11-25/ragged-step-int8.md), so the limit errs toward speculating.
-    ``gamma``: the γ requests draft (None: γ=auto, whose controller picks the best γ for one
-    request alone — it does not know about the batch)."""
+    requests, with shorter drafts as they grow; where the curve is flat (VNNI, GPU) for more. The
+    curve beyond its largest measured size follows its last slope — an underestimate of many-row
+    forwards (measured: benchmarks/results/2026-11-25/ragged-step-int8.md), so this errs toward
+    speculating. ``gamma``: the requests' γ, the most any N gets (None: γ=auto, up to ``max_gamma``)."""
     if not step_seconds:
         return None
     curve = Curve("target", dict(step_seconds))
@@ -348,14 +353,22 @@ def batch_speculation_limit(step_seconds: dict[int, float] | None, alpha: float,
             return draft_curve.cost(rows)
         return rows * next(iter(draft_step_seconds.values())) if draft_step_seconds else 0.0
 
-    if gamma is None:
-        gamma = best_rate(curve, alpha, draft_step(1), max_gamma)[1]
-    limit = 0
+    table: dict[int, int] = {}
     for requests in range(1, max_requests + 1):
-        plain = requests / curve.cost(requests)
-        speculative = (requests * expected_tokens(alpha, gamma)
-                       / (curve.cost(requests * (gamma + 1)) + gamma * draft_step(requests))) if gamma else 0.0
-        if speculative <= plain:
-            break
-        limit = requests
-    return limit
+        best_rate_, best_gamma = BATCH_SPECULATION_MARGIN * requests / curve.cost(requests), 0  # plain decoding
+        if not table or table[requests - 1]:
+            for candidate in range(1, (gamma or max_gamma) + 1):
+                rate = (requests * expected_tokens(alpha, candidate)
+                        / (curve.cost(requests * (candidate + 1)) + candidate * draft_step(requests)))
+                if rate > best_rate_:
+                    best_rate_, best_gamma = rate, candidate
+        table[requests] = best_gamma
+    return table
+
+
+def batch_speculation_limit(step_seconds: dict[int, float] | None, alpha: float, gamma: int | None,
+                            draft_step_seconds: dict[int, float] | None, max_requests: int, max_gamma: int = 8) -> int | None:
+    """The most concurrent requests at which speculation is still expected to beat plain decoding
+    (:func:`batch_gammas` > 0; the server's ``--disable-speculation-above auto``); None when unmeasured."""
+    table = batch_gammas(step_seconds, alpha, gamma, draft_step_seconds, max_requests, max_gamma)
+    return None if table is None else sum(1 for g in table.values() if g)

@@ -261,3 +261,21 @@ def test_draft_given_with_a_spec_without_method_is_used(tiny_target):
     out = specdec.generate(tiny_target, PROMPTS[0], params, draft=tiny_target, spec=SpecConfig(num_speculative_tokens=3))
     assert out.stats.method == "draft_model"
     assert out.stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("cap", [0, 1, 2, None])
+def test_a_speculation_cap_bounds_every_round_and_keeps_the_output(tiny_target, tiny_draft, cap):
+    """``speculate()`` returns the most tokens a round may draft (the server's γ per number of
+    requests under load): no round drafts more, the output is the plain output."""
+    from specdec.engine import collect, generate_stream
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    ids = tiny_target.tokenizer.encode(PROMPTS[2])
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=4)
+    plain = generate_ids(tiny_target.backend, ids, params)
+    drafter = make_drafter(tiny_target, spec, params, make_generator(0), len(ids) + 24 + 8, draft=tiny_draft)
+    chunks = generate_stream(tiny_target.backend, ids, params, drafter, spec, speculate=lambda: cap)
+    result = collect(chunks, ids, params)
+    assert result.token_ids == plain.token_ids
+    longest = max(len(r.drafted) for r in result.stats.rounds)
+    assert longest == (4 if cap is None else cap)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.server.policy import LoadAverage, speculation_allowed
+from specdec.server.policy import LoadAverage, speculation_cap
 
 
 class Clock:
@@ -40,14 +40,15 @@ def test_one_user_back_to_back_speculates_and_two_do_not_even_in_their_gaps():
     one = LoadAverage(clock=clock)
     run(one, clock, [(1, 3.0), (0, 0.05)], cycles=20)  # a request of 3 s, then the client's turnaround
     one.set(1)  # its next request starts
-    assert speculation_allowed(1, 1, one)
+    assert speculation_cap(1, None, 1, one) is None
 
     clock2 = Clock()
     two = LoadAverage(clock=clock2)
     # two closed-loop clients: both busy, then one is between requests for a moment
     run(two, clock2, [(2, 3.0), (1, 0.05)], cycles=20)
-    assert not speculation_allowed(1, 1, two)  # momentarily alone, but the server is not idle
-    assert speculation_allowed(2, 1, two)  # a limit of 2 allows it
+    assert speculation_cap(1, None, 1, two) == 0  # momentarily alone, but the server is not idle
+    assert speculation_cap(2, None, 1, two) is None  # a limit of 2 allows it
+    assert speculation_cap(2, {1: 5, 2: 2}, 1, two) == 2  # and γ for two requests caps it
 
 
 def test_the_load_falling_lets_speculation_back_and_none_never_switches_off():
@@ -55,8 +56,48 @@ def test_the_load_falling_lets_speculation_back_and_none_never_switches_off():
     load = LoadAverage(clock=clock)
     run(load, clock, [(8, 1.0)], cycles=30)
     load.set(1)
-    assert not speculation_allowed(1, 1, load)
+    assert speculation_cap(1, None, 1, load) == 0
     clock.now += 30.0  # six time constants of one user
-    assert speculation_allowed(1, 1, load)
-    assert not speculation_allowed(1, 2, load)  # the count now still counts
-    assert speculation_allowed(None, 64, load)
+    assert speculation_cap(1, {1: 3}, 1, load) is None  # alone: the request's own γ
+    assert speculation_cap(1, None, 2, load) == 0  # the count now still counts
+    assert speculation_cap(None, None, 64, load) is None
+
+
+def test_the_traffic_alpha_moves_the_gamma_table():
+    """α from finished requests' rounds (accepted over Bernoulli trials), and the γ per number of
+    requests computed at it: a drafter the target mostly rejects gets no speculation under load."""
+    from specdec.server.policy import AcceptanceMeter, GammaTable
+    from specdec.stats import Round
+    from specdec.step_costs import batch_gammas
+
+    meter = AcceptanceMeter(prior=0.7)
+    assert meter.alpha == pytest.approx(0.7)
+    rejected_early = [Round(drafted=[1, 2, 3, 4], accepted=0, forced=0, committed=[9])] * 10
+    for _ in range(6):
+        meter.observe(rejected_early)
+    assert meter.alpha < 0.05
+    meter.observe([Round(drafted=[], accepted=0, forced=0, committed=[9])])  # plain rounds say nothing
+    assert meter.alpha < 0.05
+
+    steep = {1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105}
+    draft = {1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047}
+    table = GammaTable(lambda alpha: batch_gammas(steep, alpha, 4, draft, 4))
+    assert table.for_alpha(0.72) == batch_gammas(steep, 0.7, 4, draft, 4)  # steps of 0.05
+    assert table.for_alpha(0.7)[2] >= 1
+    assert not any(table.for_alpha(meter.alpha).values())
+
+
+def test_serve_auto_builds_the_table_from_the_loaded_models_curves():
+    from types import SimpleNamespace
+
+    from specdec.cli.serve import measured_gamma_table
+    from specdec.config import SpecConfig
+
+    def model(seconds):
+        return SimpleNamespace(backend=SimpleNamespace(step_seconds=seconds))
+
+    target, draft = model({1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105}), model({1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047})
+    table = measured_gamma_table(SpecConfig(method="draft_model", num_speculative_tokens=4), target, draft, 8)
+    assert table is not None and table.for_alpha(0.7) == {1: 3, 2: 1, 3: 1, 4: 1, 5: 0, 6: 0, 7: 0, 8: 0}
+    assert measured_gamma_table(SpecConfig(), target, draft, 8) is None  # no method: nothing to cap
+    assert measured_gamma_table(SpecConfig(method="draft_model"), model(None), draft, 8) is None  # unmeasured

@@ -121,14 +121,17 @@ def test_the_probe_scales_layers_and_head_apart(int4_kernel):
 
 
 def test_batch_speculation_limit_follows_the_measured_curve():
-    from specdec.step_costs import batch_speculation_limit
+    from specdec.step_costs import batch_gammas, batch_speculation_limit
 
     steep = {1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105}  # AVX2 int8 1.5B, measured: rows cost beyond 8
     draft = {1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047}  # AVX2 int4-all 0.5B, measured
-    assert batch_speculation_limit(steep, 0.7, 4, {1: 0.013}, 16) == 1  # draft rows as dear as steps: alone only
-    assert batch_speculation_limit(steep, 0.7, None, {1: 0.013}, 16) == 2  # γ=auto drafts 3 alone: 8 rows still cost little
-    assert batch_speculation_limit(steep, 0.7, 4, draft, 16) == 2  # batched draft steps: 2 rows cost 1.4 steps
+    # alone the best γ; shorter drafts as requests share forwards; none once verification rows cost too much
+    assert batch_gammas(steep, 0.7, 4, draft, 6) == {1: 3, 2: 1, 3: 1, 4: 1, 5: 0, 6: 0}
+    assert batch_gammas(steep, 0.7, 4, {1: 0.013}, 6) == {1: 3, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0}  # unbatched draft rows
+    assert batch_gammas(steep, 0.9, 2, draft, 3)[1] == 2  # never above the requests' own γ
+    assert batch_speculation_limit(steep, 0.7, 4, draft, 16) == 4
     flat = {1: 0.075, 2: 0.075, 4: 0.076, 8: 0.077, 16: 0.080, 32: 0.090, 64: 0.120}  # a flat (GPU-like) curve
     assert batch_speculation_limit(flat, 0.7, 4, None, 16) == 16
+    assert batch_gammas(flat, 0.7, 4, None, 16)[16] == 3  # 16·5 rows start to cost: shorter drafts
     assert batch_speculation_limit(steep, 0.0, 4, None, 16) == 0  # nothing is ever accepted: never
     assert batch_speculation_limit(None, 0.7, 4, None, 16) is None  # unmeasured: nothing switched off

@@ -17,6 +17,7 @@ from specdec.server.security import DEFAULT_MAX_BODY_BYTES
 
 if TYPE_CHECKING:
     from specdec.server.app import ServerState
+    from specdec.server.policy import GammaTable
 
 
 def prefill_chunk_value(text: str) -> int | str:
@@ -124,31 +125,33 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
         from specdec.compat import check_pair
 
         check_pair(target, draft)
-    limit = args.disable_speculation_above
+    limit, table = args.disable_speculation_above, None
     if limit == "auto":
-        limit = measured_speculation_limit(spec, target, draft, args.max_concurrency)
+        limit, table = None, measured_gamma_table(spec, target, draft, args.max_concurrency)
     return ServerState(target=target, model_name=args.served_model_name or args.model, draft=draft, spec=spec,
                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
-                       disable_speculation_above=limit, executor=executor,
+                       disable_speculation_above=limit, gamma_table=table, executor=executor,
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
                        audit_fraction=args.audit_fraction,
                        prefill_chunk=default_prefill_chunk(target) if args.prefill_chunk == "auto" else args.prefill_chunk)
 
 
-def measured_speculation_limit(spec, target, draft, max_requests: int) -> int | None:  # noqa: ANN001
-    """``--disable-speculation-above auto``: :func:`specdec.step_costs.batch_speculation_limit` for the
-    server's method with the prior α of its kind (a request that overrides the method is held to
-    the same limit)."""
+def measured_gamma_table(spec, target, draft, max_requests: int) -> GammaTable | None:  # noqa: ANN001
+    """``--disable-speculation-above auto``: :func:`specdec.step_costs.batch_gammas` for the server's
+    method over the target's and draft's measured curves, at the α its traffic shows (a request
+    that overrides the method is held to the same γ per number of requests); None when the
+    target's costs are unmeasured (float weights, CUDA: nothing is switched off)."""
     from specdec.drafters.registry import needs_draft_model
-    from specdec.step_costs import PRIOR_ALPHA, batch_speculation_limit
+    from specdec.server.policy import GammaTable
+    from specdec.step_costs import batch_gammas
 
-    if spec.method is None:
+    if spec.method is None or not target.backend.step_seconds:
         return None
     model_drafts = needs_draft_model(spec.method)
     draft_curve = draft.backend.step_seconds if model_drafts and draft is not None else None
     gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
-    return batch_speculation_limit(target.backend.step_seconds, PRIOR_ALPHA["draft" if model_drafts else "free"], gamma,
-                                   draft_curve, max_requests, spec.max_speculative_tokens)
+    return GammaTable(lambda alpha: batch_gammas(target.backend.step_seconds, alpha, gamma, draft_curve, max_requests,
+                                                 spec.max_speculative_tokens))
 
 
 def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
@@ -169,9 +172,15 @@ def run(args: argparse.Namespace) -> int:
 
     state = build_state(args)
     keys = f"{len(state.access.api_keys)} API key(s)" if state.access.api_keys else "no API key"
-    limit = state.disable_speculation_above
-    speculative = (state.spec.method or "off") + ("" if state.spec.method is None or limit is None
-                                                  else f" while at most {limit} request(s) are active")
+    if state.gamma_table is not None and state.spec.method is not None:
+        prior = state.gamma_table.for_alpha(state.acceptance.alpha) or {}
+        speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior "
+                       f"{state.acceptance.alpha:.2f}: γ ≤ " + ", ".join(f"{g} for {n}" for n, g in prior.items() if g and n > 1)
+                       + f"; none above {sum(1 for g in prior.values() if g)} requests)")
+    else:
+        limit = state.disable_speculation_above
+        speculative = (state.spec.method or "off") + ("" if state.spec.method is None or limit is None
+                                                      else f" while at most {limit} request(s) are active")
     print(f"serving {state.model_name} ({state.target.backend.dtype_name}, speculative: {speculative}, {keys}) "
           f"on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)

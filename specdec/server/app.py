@@ -35,7 +35,7 @@ from specdec.server.audit import AuditCase, Auditor, auditable
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.params import APIError, sampling_params
-from specdec.server.policy import LoadAverage, speculation_allowed
+from specdec.server.policy import AcceptanceMeter, GammaTable, LoadAverage, speculation_cap
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 from specdec.server.responses import logprobs_body, sse, usage_body
 from specdec.server.security import AccessMiddleware, AccessPolicy
@@ -49,6 +49,10 @@ class ServerState:
     max_concurrency: int = 8
     max_queue: int = 64
     disable_speculation_above: int | None = None
+    #: ``--disable-speculation-above auto``: γ per number of requests at the traffic's measured α
+    #: (server/policy.py); the limit is then where it reaches 0
+    gamma_table: GammaTable | None = None
+    acceptance: AcceptanceMeter = field(default_factory=AcceptanceMeter)
     #: chunked prefill: prompt tokens per target call (0: whole prompts; engine.generate_steps)
     prefill_chunk: int = 0
     #: request limits (None: only the context window bounds them): prompt tokens, max_tokens
@@ -70,8 +74,13 @@ class ServerState:
     #: which process answered (header ``x-specdec-instance``, /health): tells replicas apart behind a proxy
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
-    def speculation_allowed(self) -> bool:
-        return speculation_allowed(self.disable_speculation_above, self.active, self.load)
+    def speculation_cap(self) -> int | None:
+        """The most tokens a request may draft now (0: none; None: no cap): server/policy.py."""
+        limit, gammas = self.disable_speculation_above, None
+        if self.gamma_table is not None:
+            gammas = self.gamma_table.for_alpha(self.acceptance.alpha)
+            limit = None if gammas is None else sum(1 for g in gammas.values() if g)
+        return speculation_cap(limit, gammas, self.active, self.load)
 
     def count_requests(self) -> None:
         """After ``active`` or ``waiting`` moved: the gauges and the load average."""
@@ -308,13 +317,17 @@ class Job:
         return generate_steps(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
                               speculate=self._speculate, prefill_chunk=state.prefill_chunk)
 
-    def _speculate(self) -> bool:
-        """Asked before each round: the server's policy, but once it said no to this request it stays
-        no — resuming when the load drops would first make a draft model catch up on everything
-        generated meanwhile (a prompt pass of the draft), mostly for the few tokens a request near
-        its end has left (the load test's 8-request level ran at 0.86x plain without this rule)."""
-        self._speculating = self._speculating and self.state.speculation_allowed()
-        return self._speculating
+    def _speculate(self) -> int | None:
+        """Asked before each round: the server's cap (server/policy.py), but once it said none to this
+        request it stays none — resuming when the load drops would first make a draft model catch
+        up on everything generated meanwhile (a prompt pass of the draft), mostly for the few tokens a
+        request near its end has left (the load test's 8-request level ran at 0.86x plain without
+        this rule). A lower or higher cap above 0 costs nothing to change."""
+        if self._speculating:
+            cap = self.state.speculation_cap()
+            self._speculating = cap != 0
+            return cap
+        return 0
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -338,6 +351,8 @@ class Job:
                 if item.stats is not None:
                     self.stats, self.finish_reason = item.stats, item.finish_reason
                     self.state.metrics.observe(item.stats)
+                    if item.stats.method == self.state.spec.method:  # the traffic's α for the γ table
+                        self.state.acceptance.observe(item.stats.rounds)
                     self.state.metrics.latency.observe(time.perf_counter() - self._start)
                     if not self.audit and self.state.auditor is not None:
                         self.state.auditor.finished(self._audit_case())

@@ -5,7 +5,7 @@ clients a request often starts while it is momentarily alone (its neighbour's cl
 requests). It then speculates, its draft model pays a pass over the whole prompt, and the next
 arrival switches it off again: measured at 2/4/8 concurrent clients on the default pair, speculation-on
 requests ran at 0.96/0.89/0.93× plain (benchmarks/results/2026-11-25/serve-load-auto.md). So the
-limit is read against the larger of the count now and a time-weighted average of recent counts
+limit (and the γ per number of requests under ``auto``) is read against the larger of the count now and a time-weighted average of recent counts
 (:class:`LoadAverage`, active plus waiting requests, time constant a few requests long): one user's
 requests back to back stay at ≤ 1 and speculate; two users' average ~2 and do not, even in the
 gaps between their requests.
@@ -53,7 +53,58 @@ class LoadAverage:
             return self._average
 
 
-def speculation_allowed(limit: int | None, active: int, load: LoadAverage) -> bool:
-    """``limit`` (None: never switched off) against the requests active now and the recent average
-    (rounded: an average of 1.4 is one user with some overlap, 1.6 is two)."""
-    return limit is None or max(active, math.floor(load.value() + 0.5)) <= limit
+def speculation_cap(limit: int | None, gammas: dict[int, int] | None, active: int, load: LoadAverage) -> int | None:
+    """The most tokens a request may draft now: 0 none, None no cap. The requests counted are the
+    larger of those active now and the recent average (rounded: 1.4 is one user with some overlap,
+    1.6 is two); over ``limit`` (None: never) nothing is drafted; else, sharing forwards with others,
+    ``gammas`` (γ per number of requests from a prior α, step_costs.batch_gammas; None: no cap)
+    says how much."""
+    requests = max(1, active, math.floor(load.value() + 0.5))
+    if limit is not None and requests > limit:
+        return 0
+    if gammas is None or requests == 1:  # alone, the request's own γ (its controller knows its α)
+        return None
+    return gammas.get(requests, 0)
+
+
+class AcceptanceMeter:
+    """α of the server's own traffic, from its finished requests' rounds: accepted tokens over
+    acceptance trials (a round that stopped at the first rejection saw accepted + 1 of them), as
+    running sums that forget older requests (``decay`` per request). Starts from ``prior`` worth of
+    two trials, so the first requests move it quickly. The γ per number of requests under load
+    (:class:`GammaTable`) is computed with it: the prior α 0.7 is a code drafter's, chat traffic
+    was measured far lower, and speculating at it under load lost throughput."""
+
+    def __init__(self, prior: float = 0.7, decay: float = 0.8) -> None:
+        self.decay = decay
+        self._lock = threading.Lock()
+        self._accepted, self._trials = 2.0 * prior, 2.0
+
+    def observe(self, rounds: list) -> None:  # noqa: ANN401 - specdec.stats.Round objects
+        accepted = sum(r.accepted for r in rounds if r.drafted)
+        trials = sum(min(r.accepted + 1, len(r.drafted)) for r in rounds if r.drafted)
+        if not trials:
+            return
+        with self._lock:
+            self._accepted = self.decay * self._accepted + accepted
+            self._trials = self.decay * self._trials + trials
+
+    @property
+    def alpha(self) -> float:
+        with self._lock:
+            return self._accepted / self._trials
+
+
+class GammaTable:
+    """γ per number of concurrent requests for an α (step_costs.batch_gammas over the measured
+    curves), recomputed when α moves by a step of 0.05."""
+
+    def __init__(self, gammas_for: Callable[[float], dict[int, int] | None]) -> None:
+        self.gammas_for = gammas_for
+        self._cache: dict[float, dict[int, int] | None] = {}
+
+    def for_alpha(self, alpha: float) -> dict[int, int] | None:
+        key = round(min(max(alpha, 0.0), 0.99) * 20) / 20
+        if key not in self._cache:
+            self._cache[key] = self.gammas_for(key)
+        return self._cache[key]
