@@ -30,16 +30,19 @@ from specdec.cpu import cpu_description, cpu_signature
 from specdec.models.config import ModelConfig
 from specdec.paths import specdec_home
 
-#: verification chunk sizes the curve is measured at (others are interpolated)
-CHUNK_SIZES = (1, 2, 4, 8)
+#: chunk sizes the curve is measured at (others are interpolated; beyond the last, its slope): up to
+#: 32 rows because several requests' drafts verified in one forward reach that many, and the slope
+#: from 4 to 8 rows badly underestimated it (AVX2 int8: 2 requests × 5 rows cost 2.27 single steps,
+#: the 1–8 curve extrapolated said 1.57; ragged-step-int8.md)
+CHUNK_SIZES = (1, 2, 4, 8, 16, 32)
 PROBE_LAYERS = 2
 PROBE_VOCAB = 4096
 PROBE_CONTEXT = 128
 #: a step reading weights slower than this was measured on a busy machine (these CPUs stream
 #: 20-30 GB/s): the curve is used for this run but not cached, so the next run measures again
 MIN_PLAUSIBLE_GB_S = 3.0
-#: bump when kernels change enough to invalidate cached curves
-CURVE_VERSION = 2
+#: bump when kernels change enough to invalidate cached curves (3: measured up to 32 rows)
+CURVE_VERSION = 3
 #: acceptance assumed before a request has been seen: the 0.5B/1.5B Qwen pair measures 0.69-0.73
 #: on code on both machine kinds; draft-free methods (suffix, n-gram) propose far less often
 PRIOR_ALPHA = {"draft": 0.7, "free": 0.5}
@@ -211,6 +214,13 @@ def cached_seconds(cfg: ModelConfig, mode: str, max_tokens: int = 9) -> dict[int
         return None
     curve = _cached_curve(mode, entry)
     return {tokens: curve.cost(tokens) for tokens in range(1, max_tokens + 1)}
+
+
+def full_curve(cfg: ModelConfig, mode: str) -> dict[int, float] | None:
+    """The cached curve of ``cfg`` in ``mode`` at every measured size (up to 32 rows: what the
+    server's γ per number of requests reads), or None when none is cached on this CPU."""
+    entry = _read_cache(_cache_path(None)).get(_shape_key(cfg), {}).get(mode)
+    return None if not entry else _cached_curve(mode, entry).seconds
 
 
 def _cached_curve(mode: str, entry: dict[str, float]) -> Curve:

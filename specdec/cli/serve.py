@@ -143,14 +143,17 @@ def measured_gamma_table(spec, target, draft, max_requests: int) -> GammaTable |
     target's costs are unmeasured (float weights, CUDA: nothing is switched off)."""
     from specdec.drafters.registry import needs_draft_model
     from specdec.server.policy import GammaTable
-    from specdec.step_costs import batch_gammas
+    from specdec.step_costs import batch_gammas, full_curve
 
     if spec.method is None or not target.backend.step_seconds:
         return None
+    target_curve = full_curve(target.config, target.backend.dtype_name) or target.backend.step_seconds
     model_drafts = needs_draft_model(spec.method)
-    draft_curve = draft.backend.step_seconds if model_drafts and draft is not None else None
+    draft_curve = None
+    if model_drafts and draft is not None and draft.backend.step_seconds:
+        draft_curve = full_curve(draft.config, draft.backend.dtype_name) or draft.backend.step_seconds
     gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
-    return GammaTable(lambda alpha: batch_gammas(target.backend.step_seconds, alpha, gamma, draft_curve, max_requests,
+    return GammaTable(lambda alpha: batch_gammas(target_curve, alpha, gamma, draft_curve, max_requests,
                                                  spec.max_speculative_tokens))
 
 
