@@ -111,7 +111,7 @@ class GammaController:
 
     @classmethod
     def from_measured(cls, max_k: int, verify_seconds: dict[int, float] | None,
-                      draft_seconds: float | None) -> "GammaController":
+                      draft_seconds: float | None, alpha: float | None = None) -> "GammaController":
         """A controller that starts from this machine's measured costs (specdec.step_costs:
         ``verify_seconds`` maps a chunk of T tokens to its forward seconds, ``draft_seconds`` is one
         draft token) instead of from nothing. Unseeded, the first rounds draft ``max_k`` tokens and
@@ -120,6 +120,9 @@ class GammaController:
         running averages replace the prior as rounds are measured."""
         controller = cls(max_k, verify=VerifyCosts.from_measured(verify_seconds))
         controller.draft_s_per_token = draft_seconds
+        if alpha is not None:  # a prior from this drafter's earlier requests (a server's traffic)
+            controller.alpha = alpha
+            controller._accepted, controller._trials = 2.0 * alpha, 2.0
         return controller
 
     def _ema(self, old: float | None, new: float) -> float:
@@ -159,6 +162,15 @@ class GammaController:
         """Expected committed tokens per second when drafting k tokens this round."""
         draft = k * (self.draft_s_per_token or 0.0)
         return expected_tokens(self.alpha, k) / (draft + self.verify.cost(k))
+
+    def saving_per_token(self) -> float:
+        """Seconds per committed token drafting at the best γ saves over plain decoding, as far as
+        the current estimates say (0 when nothing is measured or drafting does not pay)."""
+        if self.draft_s_per_token is None or not self.verify.seconds:
+            return 0.0
+        best = max(self.expected_rate(k) for k in range(1, self.max_k + 1)) if self.max_k else 0.0
+        plain = self.expected_rate(0)
+        return max(0.0, 1.0 / plain - 1.0 / best) if best > plain > 0 else 0.0
 
     def choose(self) -> int:
         if self.draft_s_per_token is None:

@@ -170,6 +170,7 @@ def generate_steps(
     speculate: Callable[[], int | None] | None = None,
     constraint: GrammarConstraint | None = None,
     prefill_chunk: int = 0,
+    alpha_prior: float | None = None,
 ) -> Generator[StreamChunk | ModelCall, torch.Tensor | None, None]:
     """Generate from ``prompt_ids``: yields a :class:`~specdec.calls.ModelCall` whenever it needs
     the target or the drafter's model (and must be sent the logits back: one call at a time,
@@ -184,7 +185,8 @@ def generate_steps(
     :mod:`specdec.structured`). ``prefill_chunk`` > 0 feeds a longer prompt in calls of that many
     tokens (chunked prefill: under continuous batching a long prompt then shares forwards with
     other requests' decode steps instead of stalling them; bit-identical where the target's layers
-    are row by row, :func:`specdec.api.default_prefill_chunk`)."""
+    are row by row, :func:`specdec.api.default_prefill_chunk`). ``alpha_prior``: the acceptance rate
+    γ=auto starts from (a server's measured on its traffic; None: the controller's 0.7)."""
     spec = spec or SpecConfig()
     context_len = target.config.max_position_embeddings
     vocab_size = target.config.vocab_size  # drafted ids outside it are cut (Draft.clipped)
@@ -213,7 +215,7 @@ def generate_steps(
     )
     gamma = None
     if spec.adaptive and drafter is not None:
-        gamma = GammaController.from_measured(max_k, target.step_seconds, drafter.step_seconds)
+        gamma = GammaController.from_measured(max_k, target.step_seconds, drafter.step_seconds, alpha_prior)
     # for drafts with prefix_accept and trees: what verifying k drafted tokens costs here
     verify_costs = gamma.verify if gamma is not None else VerifyCosts.from_measured(target.step_seconds)
 
@@ -230,9 +232,13 @@ def generate_steps(
     committed = commit_tokens(out, constraint, [first])
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - start
     decode_start = time.perf_counter()
+    drafting_pays = True
     if drafter is not None:
         drafter.bind_target_state(state)  # self-speculation drafts inside the target's cache
         drafter.start(list(prompt_ids))
+        if gamma is not None:  # γ=auto: a draft model's prompt pass must be paid back by this request's tokens
+            catch_up = drafter.catch_up_seconds(len(context))
+            drafting_pays = not catch_up or (params.max_tokens - 1) * gamma.saving_per_token() > catch_up
     try:
         if out.finish_reason is None:
             yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params))
@@ -240,7 +246,7 @@ def generate_steps(
         while out.finish_reason is None:
             remaining = params.max_tokens - len(out.token_ids)
             room = max(0, min(max_k, remaining - 1, context_len - len(context)))
-            k = min(gamma.choose() if gamma is not None else max_k, room)
+            k = min(gamma.choose() if gamma is not None else max_k, room) if drafting_pays else 0
             cap = speculate() if speculate is not None else None
             if cap is not None:
                 k, room = min(k, cap), min(room, cap)

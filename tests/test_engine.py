@@ -279,3 +279,25 @@ def test_a_speculation_cap_bounds_every_round_and_keeps_the_output(tiny_target, 
     assert result.token_ids == plain.token_ids
     longest = max(len(r.drafted) for r in result.stats.rounds)
     assert longest == (4 if cap is None else cap)
+
+
+def test_a_request_too_short_to_pay_back_the_drafts_prompt_pass_does_not_speculate(tiny_target, tiny_draft):
+    """γ=auto: a draft model first reads the whole prompt; a request whose remaining tokens cannot
+    pay that back at the measured costs decodes plainly (the server's short chat completions lost to
+    plain decoding for it), a longer one speculates. Output is the plain output either way."""
+    target_seconds = {t: 0.070 + 0.004 * (t - 1) for t in range(1, 10)}  # an int8-like flat curve
+    draft_seconds = {t: 0.013 * t for t in range(1, 10)}  # a draft whose prompt pass costs per token
+    saved = tiny_target.backend.step_seconds, tiny_draft.backend.step_seconds
+    tiny_target.backend.step_seconds, tiny_draft.backend.step_seconds = target_seconds, draft_seconds
+    try:
+        prompt = " ".join(["word"] * 13)  # ~40 tokens: a 0.5 s prompt pass at these costs
+        spec = SpecConfig(method="draft_model", num_speculative_tokens="auto")
+        runs = {}
+        for max_tokens in (3, 60):
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+            runs[max_tokens] = specdec.generate(tiny_target, prompt, params, draft=tiny_draft, spec=spec)
+            assert runs[max_tokens].token_ids == specdec.generate(tiny_target, prompt, params).token_ids
+    finally:
+        tiny_target.backend.step_seconds, tiny_draft.backend.step_seconds = saved
+    assert runs[3].stats.proposed_tokens == 0 and runs[3].stats.draft_forwards == 0
+    assert runs[60].stats.proposed_tokens > 0

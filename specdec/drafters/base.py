@@ -177,6 +177,12 @@ class Drafter:
         model's prior), or None when unknown (then the controller measures it in the first rounds)."""
         return None
 
+    def catch_up_seconds(self, context_len: int) -> float:
+        """Seconds the first proposal costs beyond a normal round, measured-cost estimate: a draft
+        model reads the whole context then (its prompt pass). 0: none, or unknown. The engine lets
+        a request speculate only if its remaining tokens can pay this back."""
+        return 0.0
+
     def bind_target_state(self, state: "SequenceState") -> None:
         """Called after prefill with the target's cache of this request. Drafters that run inside
         it (self-speculation) keep it and must leave it at the length they found it; others ignore it."""

@@ -209,6 +209,19 @@ class DraftModelDrafter(Drafter):
         measured = self.backend.step_seconds
         return None if measured is None else measured.get(1)
 
+    def catch_up_seconds(self, context_len: int) -> float:
+        """The prompt pass over what the draft cache lacks (at most its context window), from the
+        draft's measured curve (beyond its largest size: its last slope)."""
+        measured = self.backend.step_seconds
+        if not measured or len(measured) < 2:
+            return 0.0
+        from specdec.step_costs import Curve
+
+        pending = context_len - self.offset - self.state.seq_len
+        if self.context_window:
+            pending = min(pending, self.context_window)
+        return Curve("draft", dict(measured)).cost(pending) if pending > 1 else 0.0
+
     def start(self, prompt_ids: list[int]) -> None:
         self.state.truncate(0)
         self.cached = []

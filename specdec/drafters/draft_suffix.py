@@ -67,6 +67,9 @@ class SuffixAssistedDrafter(Drafter):
     def model_forwards(self) -> int:  # type: ignore[override] - the draft model's count
         return self.draft.model_forwards
 
+    def catch_up_seconds(self, context_len: int) -> float:
+        return self.draft.catch_up_seconds(context_len)
+
     def start(self, prompt_ids: list[int]) -> None:
         self.suffix.start(prompt_ids)
         self.draft.start(prompt_ids)

@@ -314,8 +314,9 @@ class Job:
     def _open(self):  # noqa: ANN202 - a generate_steps generator
         state = self.state
         draft = state.draft if needs_draft_model(self.spec.method) else None
+        alpha = state.acceptance.alpha if self.spec.method == state.spec.method else None  # this traffic's
         return generate_steps(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
-                              speculate=self._speculate, prefill_chunk=state.prefill_chunk)
+                              speculate=self._speculate, prefill_chunk=state.prefill_chunk, alpha_prior=alpha)
 
     def _speculate(self) -> int | None:
         """Asked before each round: the server's cap (server/policy.py), but once it said none to this
