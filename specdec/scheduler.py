@@ -20,6 +20,8 @@ from specdec.calls import ModelCall
 
 #: what a stream's consumer receives after the last chunk (or after an exception)
 END = object()
+#: draft-model forwards one step serves before the target's (a bound: drafts end by themselves)
+MAX_DRAFT_ROUNDS = 64
 
 
 @dataclass
@@ -74,12 +76,30 @@ class Batcher:
         self.streams.append(stream)
 
     def step(self) -> None:
-        """Advance every stream to its next model call (finished ones leave), then serve the waiting
-        calls, oldest first: one forward per model (and reduced vocabulary) of up to
-        ``max_num_batched_tokens`` rows."""
+        """Advance every stream to its next model call (finished ones leave); serve the draft models'
+        calls and move those streams on until every stream waits on the target (a draft of γ steps is
+        γ such rounds, each one forward per draft model for all requests); then serve the target's
+        calls, oldest first, in one forward of up to ``max_num_batched_tokens`` rows. Drafting first
+        keeps the requests in phase: served in the same step, one request's draft step and another's
+        verification went to separate forwards and no verification was ever shared (measured: 2
+        concurrent requests speculating at 0.86× plain)."""
         self.streams = [s for s in self.streams if s.call is not None or s.advance()]
+        for _ in range(MAX_DRAFT_ROUNDS):
+            drafting = [s for s in self.streams if s.call is not None and s.call.role != "target"]
+            if not drafting:
+                break
+            self._serve_groups(drafting)
+            self.streams = [s for s in self.streams if s.call is not None or s.advance()]
+        self._serve_groups([s for s in self.streams if s.call is not None and s.call.role == "target"])
+        # who waited goes first next time (the served keep their order at the back)
+        waiting = [s for s in self.streams if s.call is not None]
+        self.streams = waiting + [s for s in self.streams if s.call is None]
+
+    def _serve_groups(self, streams: list[Stream]) -> None:
+        """One forward per group of calls to the same model (and vocabulary), oldest first, each of up
+        to ``max_num_batched_tokens`` rows (a larger call runs alone; the rest wait for the next step)."""
         groups: dict[tuple[int, int | None], tuple[list[Stream], list[int]]] = {}
-        for stream in self.streams:
+        for stream in streams:
             assert stream.call is not None
             batch, rows = groups.setdefault(stream.call.group, ([], [0]))
             size = len(stream.call.tokens)
@@ -87,12 +107,8 @@ class Batcher:
                 continue
             batch.append(stream)
             rows[0] += size
-        served: set[int] = set()
         for batch, rows in groups.values():
             self._serve(batch, rows[0])
-            served.update(id(stream) for stream in batch)
-        # who waited goes first next time (the served keep their order at the back)
-        self.streams = [s for s in self.streams if id(s) not in served] + [s for s in self.streams if id(s) in served]
 
     def _serve(self, batch: list[Stream], rows: int) -> None:
         """One ``forward_batch`` for calls to the same model; each call is charged its rows' share of it."""

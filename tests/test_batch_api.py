@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import specdec
 from specdec.cli import main
@@ -135,3 +136,39 @@ def test_chunked_prefill_is_bit_identical_and_shares_forwards(int8_pair):
         del target.backend.forward_batch
     assert [o.token_ids for o in outs] == [specdec.generate(target, p, params).token_ids for p in long_prompts]
     assert max(sizes) <= 5 * 4 + 5 * 5  # no whole prompt went in one call
+
+
+def test_the_scheduler_drafts_first_so_verifications_share_a_forward():
+    """Requests whose drafts are in different phases (one mid-draft, one about to verify) must still
+    verify in one target forward: the batcher serves draft-model calls until everyone waits on the
+    target. Served in the same step, a draft step and a verification went to separate forwards."""
+    from specdec.calls import ModelCall
+    from specdec.scheduler import END, Batcher, Stream
+
+    class Model:
+        def __init__(self, name):
+            self.name, self.batches = name, []
+
+        def forward_batch(self, calls, vocab_limit=None):
+            self.batches.append(len(calls))
+            return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
+
+    target, draft = Model("target"), Model("draft")
+
+    def request(offset, rounds=3, gamma=3):
+        for _ in range(offset):  # starts this many draft steps into its first round
+            yield ModelCall(draft, None, [0], role="draft")
+        for _ in range(rounds):
+            yield ModelCall(target, None, [0] * (gamma + 1))
+            for _ in range(gamma):
+                yield ModelCall(draft, None, [0], role="draft")
+
+    done = []
+    batcher = Batcher()
+    for offset in (0, 1, 2):
+        batcher.add(Stream(request(offset), lambda item: done.append(item) if item is END else None, lambda: False))
+    while batcher.streams:
+        batcher.step()
+    assert len(done) == 3
+    assert target.batches == [3, 3, 3]  # every verification shared by all three
+    assert max(draft.batches) == 3
