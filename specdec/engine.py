@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterable, Iterator
+from typing import Callable, Generator, Iterable, Iterator
 
 import torch
 
