@@ -239,6 +239,9 @@ def generate_steps(
         if gamma is not None:  # γ=auto: a draft model's prompt pass must be paid back by this request's tokens
             catch_up = drafter.catch_up_seconds(len(context))
             drafting_pays = not catch_up or (params.max_tokens - 1) * gamma.saving_per_token() > catch_up
+            if not drafting_pays:
+                stats.speculation_note = (f"not drafting: the draft's pass over the prompt (~{catch_up * 1e3:.0f} ms measured "
+                                          f"cost) would not be paid back by {params.max_tokens - 1} more tokens")
     try:
         if out.finish_reason is None:
             yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params))

@@ -65,6 +65,8 @@ class Stats:
     tree_rounds: int = 0
     tree_nodes: int = 0
     tree_branch_wins: int = 0
+    #: why a request with a drafter did not draft, when it was decided up front ("" otherwise)
+    speculation_note: str = ""
 
     def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.target_forwards += 1
@@ -178,6 +180,8 @@ class Stats:
         if self.tree_rounds:
             parts.append(f"tree: {self.tree_nodes / self.tree_rounds:.1f} nodes/round, "
                          f"{self.tree_branch_wins}/{self.tree_rounds} rounds won by a non-first branch")
+        if self.speculation_note:
+            parts.append(self.speculation_note)
         return " | ".join(parts)
 
 

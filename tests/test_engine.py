@@ -300,4 +300,5 @@ def test_a_request_too_short_to_pay_back_the_drafts_prompt_pass_does_not_specula
     finally:
         tiny_target.backend.step_seconds, tiny_draft.backend.step_seconds = saved
     assert runs[3].stats.proposed_tokens == 0 and runs[3].stats.draft_forwards == 0
-    assert runs[60].stats.proposed_tokens > 0
+    assert "not drafting" in runs[3].stats.summary_line()  # the user is told why
+    assert runs[60].stats.proposed_tokens > 0 and not runs[60].stats.speculation_note
