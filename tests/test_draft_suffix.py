@@ -9,7 +9,8 @@ import torch
 import specdec
 from specdec.api import encode_prompt, make_drafter
 from specdec.config import SpecConfig
-from specdec.drafters.draft_model import draft_autoregressively
+from specdec.calls import run_now
+from specdec.drafters.draft_model import draft_steps
 from specdec.drafters.suffix import clear_global_caches
 from specdec.engine import generate_ids
 from specdec.errors import SpecdecError
@@ -79,23 +80,24 @@ def test_trusted_table_drafts_past_the_rounds_gamma_and_skips_the_draft_model(ti
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_take_over_ends_the_round_with_point_masses(temperature):
-    """draft_autoregressively asks take_over before each further step; the tokens it returns end
+    """draft_steps asks take_over before each further step; the tokens it returns end
     the round without a step, and under sampling get one-hot q rows (the point-mass rule)."""
     logits = torch.full((10,), -20.0)
     logits[4] = 20.0
     steps: list[int] = []
     asked: list[tuple[list[int], int]] = []
 
-    def step(token: int) -> torch.Tensor:
+    def step(token: int):  # a step whose forward needs no model: yields no call
         steps.append(token)
         return logits
+        yield  # noqa: unreachable - makes this a generator
 
     def take_over(drafted: list[int], room: int) -> list[int]:
         asked.append((list(drafted), room))
         return [6, 7] if len(drafted) == 2 else []
 
     params = SamplingParams(temperature=temperature)
-    draft = draft_autoregressively(logits, step, 6, params, make_generator(0), take_over=take_over)
+    draft = run_now(draft_steps(logits, step, 6, params, make_generator(0), take_over=take_over))
     assert draft.tokens == [4, 4, 6, 7]
     assert steps == [4]  # one step (after the first token); none for the table's tokens
     assert asked == [([4], 5), ([4, 4], 4)]

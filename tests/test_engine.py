@@ -205,22 +205,24 @@ def test_mismatched_tiny_vocabulary_is_refused(tiny_target, tmp_path):
 def test_unsure_draft_token_is_proposed_and_ends_the_round():
     """Confidence-based early stop: the token whose draft step showed low confidence is still
     proposed (its step is paid; verifying one more token is cheap), and nothing is drafted on it."""
-    from specdec.drafters.draft_model import draft_autoregressively
+    from specdec.calls import run_now
+    from specdec.drafters.draft_model import draft_steps
 
     sure, unsure = torch.full((8,), -10.0), torch.zeros(8)
     sure[3] = 10.0
     unsure[5] = 0.5  # top probability ~0.2
     steps: list[int] = []
 
-    def step(token: int) -> torch.Tensor:
+    def step(token: int):  # a step whose forward needs no model: yields no call
         steps.append(token)
         return unsure if len(steps) == 2 else sure
+        yield  # noqa: unreachable - makes this a generator
 
     params = SamplingParams(temperature=0.0)
-    draft = draft_autoregressively(sure, step, 6, params, make_generator(0), confidence_threshold=0.3)
+    draft = run_now(draft_steps(sure, step, 6, params, make_generator(0), confidence_threshold=0.3))
     assert draft.tokens == [3, 3, 5]
     assert steps == [3, 3]  # no step drafted on the unsure token
-    assert draft_autoregressively(sure, step, 6, params, make_generator(0)).tokens == [3] * 6  # 0 = never stop
+    assert run_now(draft_steps(sure, step, 6, params, make_generator(0))).tokens == [3] * 6  # 0 = never stop
 
 
 def test_engine_verifies_only_the_length_the_cost_model_picks(tiny_target, monkeypatch):

@@ -22,6 +22,7 @@ from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
+from specdec.step_costs import Curve
 from specdec.structured import GrammarConstraint
 from specdec.tree import TreeLayout
 
@@ -47,24 +48,6 @@ def tree_width(step_seconds: dict[int, float] | None) -> int:
     single = step_seconds[1]
     return max([1] + [w for w in range(2, DRAFT_TREE_WIDTH + 1)
                       if w in step_seconds and step_seconds[w] <= DRAFT_TREE_WIDTH_COST * single])
-
-
-def draft_autoregressively(
-    logits: torch.Tensor,
-    step: Callable[[int], torch.Tensor],
-    k: int,
-    params: SamplingParams,
-    generator: torch.Generator,
-    confidence_threshold: float = 0.0,
-    take_over: Callable[[list[int], int], list[int]] | None = None,
-    constraint: GrammarConstraint | None = None,
-) -> Draft:
-    """:func:`draft_steps` with a ``step(token) -> logits`` that runs its forward itself."""
-    def steps(token: int) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
-        return step(token)
-        yield  # a generator that yields nothing  # noqa: unreachable
-
-    return run_now(draft_steps(logits, steps, k, params, generator, confidence_threshold, take_over, constraint))
 
 
 def draft_steps(
@@ -132,11 +115,6 @@ def point_mass(token: int, vocab_size: int, device: torch.device) -> torch.Tenso
     return q
 
 
-def next_token_logits(backend, state, tokens: list[int], vocab_limit: int | None, greedy: bool) -> torch.Tensor:  # noqa: ANN001
-    """:func:`next_token_steps`, run at once."""
-    return run_now(next_token_steps(backend, state, tokens, vocab_limit, greedy))
-
-
 def next_token_steps(backend: Backend, state, tokens: list[int], vocab_limit: int | None,  # noqa: ANN001
                      greedy: bool) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
     """Logits after the last of ``tokens`` (one draft forward). With a reduced draft vocabulary only
@@ -188,7 +166,7 @@ class DraftModelDrafter(Drafter):
         self.max_seq_len = max_seq_len
         #: stop a round early once the draft's own top probability drops below this (0 = never)
         self.confidence_threshold = confidence_threshold
-        #: optional ``(drafted, room) -> tokens`` asked before each draft step (see draft_autoregressively)
+        #: optional ``(drafted, room) -> tokens`` asked before each draft step (see draft_steps)
         self.take_over: Callable[[list[int], int], list[int]] | None = None
         self.constraint = constraint  # structured output: the request's grammar (masks q like p)
         # a tree's region beyond the chain's room: tree_width forwarded nodes per level (a tree
@@ -215,8 +193,6 @@ class DraftModelDrafter(Drafter):
         measured = self.backend.step_seconds
         if not measured or len(measured) < 2:
             return 0.0
-        from specdec.step_costs import Curve
-
         pending = context_len - self.offset - self.state.seq_len
         if self.context_window:
             pending = min(pending, self.context_window)

@@ -26,14 +26,15 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Generator, Sequence
 
 import torch
 
 from specdec.backends.base import SequenceState
 from specdec.backends.torch_backend import TorchBackend
+from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
-from specdec.drafters.draft_model import draft_autoregressively, next_token_logits, usable_vocab_limit
+from specdec.drafters.draft_model import draft_steps, next_token_steps, usable_vocab_limit
 from specdec.errors import SpecdecError
 from specdec.paths import specdec_home
 from specdec.sampling import SamplingParams
@@ -88,7 +89,7 @@ class LayerSkipDrafter(Drafter):
                  confidence_threshold: float = 0.0, vocab_limit: int | None = None,
                  constraint: GrammarConstraint | None = None) -> None:
         self.backend = subset
-        self.constraint = constraint  # structured output: masks q like p (see draft_autoregressively)
+        self.constraint = constraint  # structured output: masks q like p (see draft_steps)
         self.vocab_limit = usable_vocab_limit(vocab_limit, subset.config.vocab_size)
         self.params = params
         self.generator = generator
@@ -114,12 +115,17 @@ class LayerSkipDrafter(Drafter):
         if k == 0:
             return Draft(tokens=[])
         greedy = self.params.is_greedy
-        try:
-            logits = next_token_logits(self.backend, state, context_ids[-1:], self.vocab_limit, greedy)
-            return draft_autoregressively(
-                logits, lambda token: next_token_logits(self.backend, state, [token], self.vocab_limit, greedy),
-                k, self.params, self.generator, self.confidence_threshold, constraint=self.constraint,
-            )
+
+        def step(token: int) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
+            return (yield from next_token_steps(self.backend, state, [token], self.vocab_limit, greedy))
+
+        def proposal() -> Generator[ModelCall, torch.Tensor, Draft]:
+            logits = yield from step(context_ids[-1])
+            return (yield from draft_steps(logits, step, k, self.params, self.generator, self.confidence_threshold,
+                                           constraint=self.constraint))
+
+        try:  # in the target's own cache, so never batched with other requests: run at once
+            return run_now(proposal())
         finally:
             state.truncate(committed)  # the verification pass rewrites these slots for all layers
 
