@@ -21,6 +21,17 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+#: a prior α counts as this many acceptance trials, so the first measured rounds move it quickly
+PRIOR_TRIALS = 2.0
+
+
+def acceptance_trials(proposed: int, accepted: int) -> int:
+    """The Bernoulli trials a round that drafted ``proposed`` tokens saw: verification stops at the
+    first rejection, so ``accepted + 1`` of them (all, when every one was accepted). α is accepted
+    over trials, summed over rounds (a ratio of sums: averaging per-round ratios biases it low)."""
+    return min(accepted + 1, proposed)
+
+
 def ema(old: float | None, new: float, smoothing: float) -> float:
     """Exponential moving average; the first value is taken as it is."""
     return new if old is None else (1 - smoothing) * old + smoothing * new
@@ -105,8 +116,8 @@ class GammaController:
     max_explore_every: int = 256
     _steps_at_zero: int = 0
     _explore_wait: int = 0
-    _accepted: float = 1.4  # running sums (EMA) of accepted tokens and of acceptance trials; their
-    _trials: float = 2.0  # ratio is α (a ratio of sums: averaging per-round ratios biases it low)
+    _accepted: float = PRIOR_TRIALS * 0.7  # running sums (EMA) of accepted tokens and of acceptance
+    _trials: float = PRIOR_TRIALS  # trials (acceptance_trials); their ratio is α
     _last_k: int = 0  # the request starts like a catch-up: the drafter has not seen the prompt yet
 
     @classmethod
@@ -122,7 +133,7 @@ class GammaController:
         controller.draft_s_per_token = draft_seconds
         if alpha is not None:  # a prior from this drafter's earlier requests (a server's traffic)
             controller.alpha = alpha
-            controller._accepted, controller._trials = 2.0 * alpha, 2.0
+            controller._accepted, controller._trials = PRIOR_TRIALS * alpha, PRIOR_TRIALS
         return controller
 
     def _ema(self, old: float | None, new: float) -> float:
@@ -136,10 +147,8 @@ class GammaController:
         if proposed and accepted == proposed:
             self._explore_wait = 0  # the draft was right: stop backing off exploration
         if proposed:
-            # a round that stopped at the first rejection saw (accepted + 1) Bernoulli trials
-            trials = min(accepted + 1, proposed)
             self._accepted = self._ema(self._accepted, accepted)
-            self._trials = self._ema(self._trials, trials)
+            self._trials = self._ema(self._trials, acceptance_trials(proposed, accepted))
             self.alpha = self._accepted / self._trials
             if self._last_k != 0:  # not a catch-up (or prefill) round
                 self.draft_s_per_token = self._ema(self.draft_s_per_token, draft_s / proposed)

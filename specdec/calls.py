@@ -52,9 +52,6 @@ class ModelCall:
         return id(self.backend), self.vocab_limit
 
 
-Steps = Generator[ModelCall, torch.Tensor, T]
-
-
 def run_now(steps: Generator[ModelCall, torch.Tensor, T]) -> T:
     """Drive ``steps`` running each call at once; return what it returns."""
     try:

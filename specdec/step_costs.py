@@ -209,10 +209,10 @@ def cached_seconds(cfg: ModelConfig, mode: str, max_tokens: int = 9) -> dict[int
     """Forward seconds for T = 1 .. ``max_tokens`` tokens of ``cfg``'s shape in ``mode``, from the
     curves already cached on this CPU (never measures: None when there is none) — the prior the γ
     cost model starts a request from (``TorchBackend.step_seconds``)."""
-    entry = _read_cache(_cache_path(None)).get(_shape_key(cfg), {}).get(mode)
-    if not entry:
+    seconds = full_curve(cfg, mode)
+    if seconds is None:
         return None
-    curve = _cached_curve(mode, entry)
+    curve = Curve(mode, seconds)
     return {tokens: curve.cost(tokens) for tokens in range(1, max_tokens + 1)}
 
 

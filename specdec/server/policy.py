@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Callable
 
+from specdec.adaptive import PRIOR_TRIALS, acceptance_trials
+
 #: seconds over which the load average forgets (a few requests' length on a CPU)
 LOAD_TIME_CONSTANT_S = 5.0
 
@@ -69,20 +71,20 @@ def speculation_cap(limit: int | None, gammas: dict[int, int] | None, active: in
 
 class AcceptanceMeter:
     """α of the server's own traffic, from its finished requests' rounds: accepted tokens over
-    acceptance trials (a round that stopped at the first rejection saw accepted + 1 of them), as
+    acceptance trials (adaptive.acceptance_trials, as a request's own γ controller counts them), as
     running sums that forget older requests (``decay`` per request). Starts from ``prior`` worth of
-    two trials, so the first requests move it quickly. The γ per number of requests under load
+    PRIOR_TRIALS trials, so the first requests move it quickly. The γ per number of requests under load
     (:class:`GammaTable`) is computed with it: the prior α 0.7 is a code drafter's, chat traffic
     was measured far lower, and speculating at it under load lost throughput."""
 
     def __init__(self, prior: float = 0.7, decay: float = 0.8) -> None:
         self.decay = decay
         self._lock = threading.Lock()
-        self._accepted, self._trials = 2.0 * prior, 2.0
+        self._accepted, self._trials = PRIOR_TRIALS * prior, PRIOR_TRIALS
 
     def observe(self, rounds: list) -> None:  # noqa: ANN401 - specdec.stats.Round objects
         accepted = sum(r.accepted for r in rounds if r.drafted)
-        trials = sum(min(r.accepted + 1, len(r.drafted)) for r in rounds if r.drafted)
+        trials = sum(acceptance_trials(len(r.drafted), r.accepted) for r in rounds if r.drafted)
         if not trials:
             return
         with self._lock:
