@@ -126,8 +126,11 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     grammar = None if params.structured is None else compile_for_vocab(params.structured, TINY_VOCAB, [])
     new_constraint = (lambda: None) if grammar is None else (lambda: GrammarConstraint(grammar, len(TINY_VOCAB)))
     exact = exact_joint(target, prompt, params, length, new_constraint())
+    options = dict(spec_options or {})
+    if method == "eagle" and not options.get("drafter_path"):
+        options["drafter_path"] = _tiny_eagle_head(target, seed)
     spec = SpecConfig(method=None if method == "ar" else method, num_speculative_tokens=gamma,
-                      datastore=_tiny_datastore() if method == "retrieval" else None, **(spec_options or {}))
+                      datastore=_tiny_datastore() if method == "retrieval" else None, **options)
     run_params = SamplingParams(**{**params.__dict__, "max_tokens": length, "ignore_eos": True})
     generator = make_generator(seed, device)
     counts: dict[tuple[int, ...], int] = {}
@@ -148,6 +151,18 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     passed = outside == 0 and p_value > alpha
     detail = f"χ² p={p_value:.3g} over {len(cells)} outcomes, {samples} samples" + (f", {outside} impossible outcomes" if outside else "")
     return CheckResult("distribution", method, config_name, passed, detail, time.perf_counter() - start)
+
+
+def _tiny_eagle_head(target: TorchBackend, seed: int) -> str:
+    """An untrained EAGLE head for the tiny model (random, so its proposals differ from the
+    target's often: the sampling test needs rejections), saved where the drafter loads it from."""
+    import tempfile
+
+    from specdec.models.heads import EagleHead, HeadConfig, save_head
+
+    torch.manual_seed(seed + 2)
+    head = EagleHead(HeadConfig.for_target(target.config, draft_vocab_size=0)).init_residual(scale=0.3)
+    return str(save_head(head, tempfile.mkdtemp(prefix="specdec-tiny-eagle-")))
 
 
 def greedy_identity_check(method: str, run_plain: Callable, run_spec: Callable, prompts: Iterable[tuple[str, list[int]]], dtype: str) -> CheckResult:
@@ -209,11 +224,14 @@ def real_prompts(target, count: int) -> list[tuple[str, list[int]]]:  # noqa: AN
 def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens: int, samples: int,  # noqa: ANN001
                     alpha: float = 1e-3, gamma: int = 4, greedy: bool = True, distribution: bool = True,
                     progress: Callable[[str], None] | None = None,
-                    configs: Iterable[str] = tuple(DISTRIBUTION_CONFIGS), spec_tree: str | int = "off") -> list[CheckResult]:
+                    configs: Iterable[str] = tuple(DISTRIBUTION_CONFIGS), spec_tree: str | int = "off",
+                    drafter_path: str | None = None) -> list[CheckResult]:
     """Run both checks for every method; ``target``/``draft`` are LoadedModels (draft may be None).
     ``progress(message)`` is called before each check; ``configs`` names the distribution test's
     sampling configurations (keys of :data:`DISTRIBUTION_CONFIGS`); ``spec_tree`` certifies token
-    trees for the methods that branch (``--spec-tree``)."""
+    trees for the methods that branch (``--spec-tree``). ``drafter_path``: the trained head
+    certified for ``eagle`` on the real pair (without one its greedy check is skipped, said through
+    ``progress``; its distribution check uses an untrained head on the tiny model)."""
     from specdec.api import make_drafter
 
     results: list[CheckResult] = []
@@ -228,10 +246,13 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
         if skipped:
             say(f"skipping {', '.join(skipped)}: {INSTALL_HINT}")
     for method in methods:
-        if greedy:
+        if greedy and method == "eagle" and not drafter_path:
+            say("skipping eagle's greedy identity on the real pair: no --drafter-path (a trained head)")
+        elif greedy:
             say(f"greedy identity: {method} on {len(prompt_ids)} prompts")
             spec = SpecConfig(method=method, num_speculative_tokens=gamma, spec_tree=spec_tree,
-                              datastore=_humaneval_datastore(target) if method == "retrieval" else None)
+                              datastore=_humaneval_datastore(target) if method == "retrieval" else None,
+                              drafter_path=drafter_path if method == "eagle" else None)
 
             def run_spec(ids: list[int], spec: SpecConfig = spec) -> object:
                 generator = make_generator(0)

@@ -56,6 +56,8 @@ class SpecConfig:
     #: trees of up to N nodes, verified in one target forward; "auto" = up to
     #: AUTO_TREE_NODES_PER_TOKEN × γ nodes (≤ AUTO_MAX_TREE_NODES), cut by the measured verify cost
     spec_tree: str | int = "off"
+    #: eagle: the directory of a trained head (``specdec train-drafter`` writes one)
+    drafter_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.method is not None:

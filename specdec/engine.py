@@ -221,6 +221,8 @@ def generate_steps(
 
     start = time.perf_counter()
     state = target.new_state(cache_len)
+    if drafter is not None:  # before the prefill: a feature drafter (EAGLE) has the target keep its features
+        drafter.bind_target_state(state)
     fed = 0
     while 0 < prefill_chunk < len(prompt_ids) - fed:
         yield ModelCall(target, state, list(prompt_ids[fed : fed + prefill_chunk]), 1)  # its logits are not needed
@@ -234,7 +236,6 @@ def generate_steps(
     decode_start = time.perf_counter()
     drafting_pays = True
     if drafter is not None:
-        drafter.bind_target_state(state)  # self-speculation drafts inside the target's cache
         drafter.start(list(prompt_ids))
         if gamma is not None:  # γ=auto: a draft model's prompt pass must be paid back by this request's tokens
             catch_up = drafter.catch_up_seconds(len(context))

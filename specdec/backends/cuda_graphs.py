@@ -62,6 +62,7 @@ class CudaGraphRunner:
     def can_run(self, cache: KVCache, tokens: int, layers: Sequence[int] | None, return_hidden: bool,
                 vocab_limit: int | None) -> bool:
         return (0 < tokens <= self.max_tokens and cache in self.pooled and layers is None and not return_hidden
+                and cache.features is None  # recorded graphs do not store features (EAGLE runs eagerly)
                 and (vocab_limit is None or vocab_limit >= self.decoder.config.vocab_size))
 
     def forward(self, cache: KVCache, ids: torch.Tensor, num_logits: int | None) -> torch.Tensor:

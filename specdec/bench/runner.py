@@ -50,6 +50,7 @@ class BenchConfig:
     gammas: list[int | str] = field(default_factory=lambda: [4])  # several: one run per γ, named method@γ
     repeats: int = 3
     datastore: str | None = None
+    drafter_path: str | None = None  # eagle: a trained head's directory
     skip_layers: str | None = None  # layer-skip (None: calibration if saved, else the default)
     exit_layer: int | None = None  # early-exit
     draft_vocab_size: int = 0  # draft_model / self-speculation: score only the first N ids
@@ -98,7 +99,7 @@ def method_needs_draft(method: str) -> bool:
 def spec_for(method: str, config: BenchConfig, gamma: int | str, tree: str | int = "off") -> SpecConfig:
     return SpecConfig(method=resolve_method(method), num_speculative_tokens=gamma, datastore=config.datastore,
                       skip_layers=config.skip_layers, exit_layer=config.exit_layer, draft_vocab_size=config.draft_vocab_size,
-                      spec_tree=tree)
+                      spec_tree=tree, drafter_path=config.drafter_path)
 
 
 def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], target: LoadedModel, row: PromptRow) -> list[tuple[list[int], dict, float]]:

@@ -8,6 +8,7 @@ Commands:
 - ``bench``           Spec-Bench-style benchmark of methods and peers, with report and plots (``cli/bench.py``)
 - ``serve``           OpenAI-compatible HTTP server with speculative decoding (``cli/serve.py``)
 - ``tune``            measure the drafters and γ on your prompts, write the fastest as a ``--config`` file (``cli/tune.py``)
+- ``train-drafter``   train an EAGLE head on the target's own features, with a report (``cli/train_drafter.py``)
 - ``datastore build`` build the corpus datastore ``--method retrieval`` drafts from (``cli/datastore.py``)
 - ``calibrate-skip``  measure which layers ``--method layer-skip`` should skip, save the fastest set (``cli/calibrate.py``)
 - ``models``          list the built-in models, or pull one (``cli/models.py``)
@@ -25,12 +26,12 @@ import logging
 import sys
 from typing import Callable
 
-from specdec.cli import bench, calibrate, datastore, export, generate, methods, models, serve, tune, verify
+from specdec.cli import bench, calibrate, datastore, export, generate, methods, models, serve, train_drafter, tune, verify
 from specdec.cli.common import apply_config
 from specdec.errors import SpecdecError
 
 #: in the order ``specdec --help`` lists them
-COMMANDS = (generate, verify, bench, serve, tune, datastore, calibrate, models, methods, export)
+COMMANDS = (generate, verify, bench, serve, tune, train_drafter, datastore, calibrate, models, methods, export)
 
 
 def build_parser() -> argparse.ArgumentParser:

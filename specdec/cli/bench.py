@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         peers.update(llama)
     config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, datastore=args.datastore,
                          skip_layers=args.skip_layers, exit_layer=args.exit_layer, draft_vocab_size=args.draft_vocab_size,
-                         spec_trees=spec_trees)
+                         spec_trees=spec_trees, drafter_path=args.drafter_path)
     try:
         if args.concurrency > 1:
             results = run_concurrent(target, draft, rows, config, args.concurrency)

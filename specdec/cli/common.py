@@ -27,6 +27,7 @@ METHOD_FLAGS = {
     "--prompt-lookup-min": "prompt_lookup_min",
     "--prompt-lookup-max": "prompt_lookup_max",
     "--spec-tree": "spec_tree",
+    "--drafter-path": "drafter_path",
 }
 
 
@@ -120,6 +121,8 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
              "are ordered by frequency; FR-Spec) — a cheaper draft LM head, output unchanged; 0 = all (default: 0)")
     add("--datastore", default=None, metavar="PATH",
         help="retrieval: datastore directory built with `specdec datastore build`")
+    add("--drafter-path", default=None, metavar="DIR",
+        help="eagle: directory of a trained head (written by `specdec train-drafter --kind eagle`)")
     add("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
     add("--prompt-lookup-max", type=positive_int, default=4, help="ngram: longest n-gram to match, tried first (default: 4)")
     add("--spec-tree", type=tree_value, default="off", metavar="off|auto|N",
@@ -253,7 +256,7 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
                       prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
                       datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer,
                       draft_vocab_size=args.draft_vocab_size, draft_context_window=args.draft_context_window,
-                      spec_tree=args.spec_tree,
+                      spec_tree=args.spec_tree, drafter_path=args.drafter_path,
                       **({} if args.draft_confidence_threshold is None else {"draft_confidence_threshold": args.draft_confidence_threshold}))
 
 

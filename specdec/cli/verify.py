@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         results = certify.run_certificate(
             target, draft, methods, prompts, max_tokens, samples, args.alpha, gamma,
             greedy=not args.skip_greedy, distribution=not args.skip_distribution, configs=configs, progress=progress,
-            spec_tree=args.spec_tree)
+            spec_tree=args.spec_tree, drafter_path=args.drafter_path)
         bar.update(checks - bar.n)
     print(certify.format_table(results))
     failed = [r for r in results if not r.passed]

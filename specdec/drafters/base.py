@@ -150,7 +150,7 @@ class Drafter:
     """One request's proposer. Subclasses implement :meth:`propose`; every other method has an
     explicit default here, so the engine calls each of them unconditionally (no optional hooks).
 
-    Lifecycle (as llama.cpp's ``common/speculative.h``): :meth:`bind_target_state` (after the
+    Lifecycle (as llama.cpp's ``common/speculative.h``): :meth:`bind_target_state` (before the
     target's prefill) → :meth:`start` → repeated :meth:`propose` / :meth:`accepted` → :meth:`finish`.
     The engine asks for proposals through :meth:`propose_steps`, the same proposal as a generator
     that yields the model forwards it needs (:class:`specdec.calls.ModelCall`), so a scheduler can
@@ -184,8 +184,9 @@ class Drafter:
         return 0.0
 
     def bind_target_state(self, state: "SequenceState") -> None:
-        """Called after prefill with the target's cache of this request. Drafters that run inside
-        it (self-speculation) keep it and must leave it at the length they found it; others ignore it."""
+        """Called with the target's cache of this request, before its prefill. Drafters that run
+        inside it (self-speculation) keep it and must leave it at the length they found it; one
+        that drafts from the target's features (EAGLE) asks it to record them; others ignore it."""
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new request begins with these prompt tokens."""

@@ -118,14 +118,20 @@ def point_mass(token: int, vocab_size: int, device: torch.device) -> torch.Tenso
 def next_token_steps(backend: Backend, state, tokens: list[int], vocab_limit: int | None,  # noqa: ANN001
                      greedy: bool) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
     """Logits after the last of ``tokens`` (one draft forward). With a reduced draft vocabulary only
-    ids < vocab_limit are scored; for sampling the rest get -inf, so q is exactly 0 there — a valid
+    ids < vocab_limit are scored (:func:`full_vocab`)."""
+    logits = (yield ModelCall(backend, state, list(tokens), num_logits=1, vocab_limit=vocab_limit, role="draft"))[-1]
+    return full_vocab(logits, backend.config.vocab_size, greedy)
+
+
+def full_vocab(logits: torch.Tensor, vocab_size: int, greedy: bool) -> torch.Tensor:
+    """Draft logits ``[V']`` over a vocabulary prefix (``V' <= vocab_size``) as a proposal over the
+    whole vocabulary: for sampling the unscored ids get -inf, so q is exactly 0 there — a valid
     proposal distribution, which rejection sampling corrects like any other. Greedy needs no
     padding: the argmax over a prefix of ids is already a token id."""
-    logits = (yield ModelCall(backend, state, list(tokens), num_logits=1, vocab_limit=vocab_limit, role="draft"))[-1]
-    if vocab_limit is None or greedy:
+    if greedy or logits.shape[-1] >= vocab_size:
         return logits
-    full = logits.new_full((backend.config.vocab_size,), float("-inf"))
-    full[:vocab_limit] = logits
+    full = logits.new_full((vocab_size,), float("-inf"))
+    full[: logits.shape[-1]] = logits
     return full
 
 

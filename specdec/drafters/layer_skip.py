@@ -101,7 +101,7 @@ class LayerSkipDrafter(Drafter):
         return self.backend.weight_bytes
 
     def bind_target_state(self, state: SequenceState) -> None:
-        """The engine hands over the target's cache of this request after prefill."""
+        """The engine hands over the target's cache of this request (before its prefill)."""
         self.state = state
 
     def propose(self, context_ids: list[int], k: int) -> Draft:

@@ -36,6 +36,21 @@ class KVCache:
             raise ValueError(f"storage has {self.k.shape[2]} slots, fewer than {max_seq_len}")
         self.max_seq_len = max_seq_len
         self.seq_len = 0  # number of valid positions, identical for every layer
+        #: ``[max_seq_len, hidden]``: the final hidden state (before the final norm) of every cached
+        #: position, kept only when a feature-level drafter (EAGLE) asks :meth:`record_features`
+        self.features: torch.Tensor | None = None
+
+    def record_features(self, hidden_size: int) -> None:
+        """From now on every forward also stores its rows' final hidden states in :attr:`features`,
+        slot by slot like the keys and values (so truncate and keep apply to them too): the target
+        features an EAGLE head drafts from, at no extra forward."""
+        if self.features is None:
+            self.features = torch.zeros(self.max_seq_len, hidden_size, dtype=self.k.dtype, device=self.k.device)
+
+    def write_features(self, start: int, hidden: torch.Tensor) -> None:
+        """Store ``hidden [T, hidden]`` at slots ``start .. start+T`` when recording (else nothing)."""
+        if self.features is not None:
+            self.features[start : start + hidden.shape[0]] = hidden
 
     def reserve(self, num_new: int) -> int:
         """Check that ``num_new`` more entries fit and return the slot where they start."""
@@ -77,8 +92,11 @@ class KVCache:
         count = index.numel()
         self.k[:, :, start : start + count] = self.k[:, :, index]
         self.v[:, :, start : start + count] = self.v[:, :, index]
+        if self.features is not None:
+            self.features[start : start + count] = self.features[index]
         self.seq_len = start + count
 
     @property
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        extra = 0 if self.features is None else self.features.numel() * self.features.element_size()
+        return self.k.numel() * self.k.element_size() * 2 + extra

@@ -307,6 +307,7 @@ class Decoder(nn.Module):
         run = range(self.config.num_layers) if layers is None else layers
         x = (self.layer_runner or Decoder._run_layers)(self, x, cos, sin, cache, start, attn_mask, run)
         if not static_cache:
+            cache.write_features(start, x)
             cache.advance(seq)
 
         hidden = self.model.norm(x if num_logits is None else x[-num_logits:])
@@ -351,8 +352,9 @@ class Decoder(nn.Module):
             first += seq
         x = self.model.embed_tokens(torch.cat(rows))
         x = self.ragged_layer_runner(x, segments, range(self.config.num_layers))
-        for r in requests:
-            r.cache.advance(r.input_ids.shape[-1])
+        for r, (first, end, *_, start, _mask) in zip(requests, segments):
+            r.cache.write_features(start, x[first:end])
+            r.cache.advance(end - first)
         index = torch.cat(picked)
         head = self.lm_head if vocab_limit is None or vocab_limit >= self.config.vocab_size else self.head_rows(vocab_limit)
         logits = head(self.model.norm(x[index])).float()

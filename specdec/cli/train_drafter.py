@@ -1,0 +1,82 @@
+"""``specdec train-drafter``: train a drafter for a target on this machine (CPU by default).
+
+``--kind eagle``: a one-layer head over the target's own features (EAGLE). The target's features
+come from teacher forcing over text (one prefill per sequence), the head trains within a time
+budget with checkpoints, and a report measures it by actually speculating on held-out prompts.
+Use the result with ``--method eagle --drafter-path OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specdec.cli.common import DEFAULT_TARGET, add_debug_flag, positive_int
+from specdec.config import QUANTIZE_MODES
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    cmd = subparsers.add_parser(
+        "train-drafter", help="train a drafter head (EAGLE) for a target model on this machine",
+        description="Train a drafter for --model: extract the target's features over --data by teacher forcing "
+                    "(resumable shards under OUT/features), train the head within --budget-minutes (checkpoints "
+                    "every few minutes; --resume continues), then measure it by speculating on held-out documents "
+                    "(OUT/report.md, OUT/loss.png). Use it with: specdec generate --method eagle --drafter-path OUT")
+    cmd.add_argument("--kind", default="eagle", choices=["eagle"],
+                     help="eagle: one decoder layer over [target feature; next-token embedding] with the target's LM head "
+                          "(default: eagle)")
+    cmd.add_argument("--model", default=DEFAULT_TARGET, help=f"target model: built-in name, .gguf or HF directory (default: {DEFAULT_TARGET})")
+    cmd.add_argument("--data", default="stdlib", metavar="stdlib|FILE|DIR",
+                     help="training text: 'stdlib' (the Python standard library's sources: real code on every machine), "
+                          "a .txt file, a .jsonl file ('text', 'prompt'/'completion' or 'turns'), or a directory of "
+                          ".py/.txt/.md/.rst files; 1 document in 20 is held out for evaluation (default: stdlib)")
+    cmd.add_argument("--out", required=True, metavar="DIR", help="the trained drafter's directory (config.json, model.safetensors, report)")
+    cmd.add_argument("--resume", action="store_true", help="continue a run in --out: keep its feature shards and its checkpoint")
+    cmd.add_argument("--budget-minutes", type=float, default=60.0, metavar="M",
+                     help="training time budget in minutes, over all resumed runs (default: 60)")
+    cmd.add_argument("--extract-minutes", type=float, default=40.0, metavar="M",
+                     help="time for extracting target features (the training data), in minutes; shards already "
+                          "written are kept (default: 40)")
+    cmd.add_argument("--max-sequences", type=int, default=0, metavar="N",
+                     help="at most N training sequences (0: as many as --extract-minutes allows; default: 0)")
+    cmd.add_argument("--seq-len", type=positive_int, default=256, metavar="T", help="tokens per training sequence (default: 256)")
+    cmd.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES,
+                     help="the target's execution while extracting features: use the one you will run it with (default: auto)")
+    cmd.add_argument("--draft-vocab-size", type=positive_int, default=32768, metavar="N",
+                     help="the head scores the first N token ids (BPE ids are frequency-ranked; FR-Spec) (default: 32768)")
+    cmd.add_argument("--intermediate-size", type=int, default=0, metavar="N",
+                     help="the head's MLP width (0: twice the target's hidden size; default: 0)")
+    cmd.add_argument("--batch-size", type=positive_int, default=4, help="sequences per optimizer step (default: 4)")
+    cmd.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate after a 20-step warm-up (default: 5e-4)")
+    cmd.add_argument("--max-steps", type=int, default=0, metavar="N", help="stop after N steps (0: the budget decides; default: 0)")
+    cmd.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
+                     help="minutes between checkpoints (the head directory is rewritten each time; default: 5)")
+    cmd.add_argument("--held-out-sequences", type=positive_int, default=32, metavar="N",
+                     help="held-out sequences for the loss and top-1 curves (default: 32)")
+    cmd.add_argument("--eval-prompts", type=positive_int, default=8, metavar="N",
+                     help="held-out prompts the report speculates on (default: 8)")
+    cmd.add_argument("--eval-tokens", type=positive_int, default=64, metavar="N", help="tokens generated per report prompt (default: 64)")
+    cmd.add_argument("--num-speculative-tokens", type=positive_int, default=4, metavar="N", help="γ of the report's speculation (default: 4)")
+    cmd.add_argument("--skip-eval", action="store_true", help="do not speculate for the report (loss curves only)")
+    cmd.add_argument("--seed", type=int, default=0, help="data order, initialisation and noise seed (default: 0)")
+    add_debug_flag(cmd)
+    cmd.set_defaults(func=run)
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec.train.eagle import TrainConfig
+    from specdec.train.pipeline import DrafterTraining, train_drafter
+
+    train = TrainConfig(batch_size=args.batch_size, lr=args.lr, budget_minutes=args.budget_minutes,
+                        checkpoint_minutes=args.checkpoint_minutes, max_steps=args.max_steps, seed=args.seed)
+    job = DrafterTraining(model=args.model, out_dir=Path(args.out), kind=args.kind, data=args.data, quantize=args.quantize,
+                          seq_len=args.seq_len, max_sequences=args.max_sequences, held_out_sequences=args.held_out_sequences,
+                          extract_minutes=args.extract_minutes, draft_vocab_size=args.draft_vocab_size,
+                          intermediate_size=args.intermediate_size, resume=args.resume, eval_prompts=args.eval_prompts,
+                          eval_new_tokens=args.eval_tokens, gamma=args.num_speculative_tokens, skip_eval=args.skip_eval,
+                          train=train)
+    report = train_drafter(job, progress=True, log=lambda line: print(line, file=sys.stderr))
+    print(f"report: {report}\nuse it: specdec generate --method eagle --drafter-path {args.out}")
+    return 0

@@ -1,0 +1,163 @@
+"""EAGLE: drafting from the target's own features with a one-layer head (Li et al. 2024).
+
+The head (:class:`specdec.models.heads.EagleHead`) reads, at each committed position ``i``, the
+target's final hidden state ``f_i`` and the next token ``x_{i+1}``, and predicts ``f_{i+1}``; the
+target's final norm and LM head (its first ``draft_vocab_size`` rows) score the token after. Then it
+drafts on its own predicted features, one head step per token.
+
+Where the features come from: the drafter asks the target's cache of its request to keep them
+(:meth:`KVCache.record_features`, in :meth:`bind_target_state`, before the prefill), so the
+target's prefill and every verification pass store the features of the positions they compute,
+slot by slot — the engine's truncate (chains) and keep (trees) then leave exactly the committed
+positions' features, and the drafter needs no bookkeeping of what was accepted. Its own cache holds
+one entry per committed position it has read (cut back to those before each proposal: drafted
+positions were computed from predicted features).
+
+Exactness does not depend on the head: it only proposes; the engine verifies (greedy: identity;
+sampling: q is the head's distribution after the request's sampling transform).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Generator
+
+import torch
+
+from specdec.backends.torch_backend import TorchBackend
+from specdec.calls import ModelCall, run_now
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
+from specdec.drafters.draft_model import draft_steps, full_vocab, usable_vocab_limit
+from specdec.errors import SpecdecError
+from specdec.models.heads import EagleHead, load_head, quantize_head
+from specdec.models.kv_cache import KVCache
+from specdec.sampling import SamplingParams
+from specdec.structured import GrammarConstraint
+
+#: loaded heads by (directory, weights' mtime, target decoder): a factory runs per request
+_LOADED: dict[tuple[str, int, int], EagleHead] = {}
+
+
+class EagleDrafter(Drafter):
+    """One request's EAGLE drafting (see module doc)."""
+
+    name = "eagle"
+
+    def __init__(self, head: EagleHead, target: TorchBackend, params: SamplingParams, generator: torch.Generator,
+                 max_seq_len: int, context_window: int = 0, confidence_threshold: float = 0.0,
+                 constraint: GrammarConstraint | None = None) -> None:
+        self.head = head
+        self.decoder = target.decoder
+        self.vocab_size = target.config.vocab_size
+        self.vocab_limit = usable_vocab_limit(head.config.draft_vocab_size, self.vocab_size)
+        self.params = params
+        self.generator = generator
+        self.context_window = context_window  # read at most the last N prompt positions (0: all)
+        self.confidence_threshold = confidence_threshold
+        self.constraint = constraint
+        self.cache = head.new_cache(max_seq_len)
+        self.target_state: KVCache | None = None
+        self.first = 0  # position of the head cache's slot 0
+        self.read = 0  # committed positions in the head cache (from ``first``)
+        self.model_forwards = 0
+
+    @property
+    def weight_bytes(self) -> int:
+        """The head's bytes plus the target LM head rows it scores with, per draft step."""
+        rows = self.decoder.head_rows(self.vocab_limit) if self.vocab_limit else self.decoder.lm_head
+        if isinstance(rows, torch.nn.Module):
+            head_rows = sum(t.numel() * t.element_size() for t in [*rows.parameters(), *rows.buffers()])
+        else:  # a float head's view of its first rows
+            head_rows = self.vocab_limit * self.decoder.config.hidden_size * self.decoder.lm_head.weight.element_size()
+        return self.head.weight_bytes + head_rows
+
+    def bind_target_state(self, state: object) -> None:
+        if not isinstance(state, KVCache):
+            raise SpecdecError("eagle reads the target's features: it needs specdec's torch backend")
+        state.record_features(self.decoder.config.hidden_size)
+        self.target_state = state
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.cache.truncate(0)
+        self.read = 0
+        # pair i reads f_i and x_{i+1}: the prompt's pairs are 0 .. len-1 once the first token is out
+        self.first = max(0, len(prompt_ids) - self.context_window) if self.context_window else 0
+        self.model_forwards = 0
+
+    def _scores(self, predicted: torch.Tensor) -> torch.Tensor:
+        """``predicted [1, hidden]`` feature → draft logits over the whole vocabulary (see full_vocab)."""
+        normed = self.decoder.model.norm(predicted)
+        head = self.decoder.head_rows(self.vocab_limit) if self.vocab_limit else self.decoder.lm_head
+        return full_vocab(head(normed).float()[-1], self.vocab_size, self.params.is_greedy)
+
+    def _embed(self, tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.decoder.device)
+        return self.decoder.model.embed_tokens(ids).to(self.head.rope_cos.dtype)
+
+    @torch.inference_mode()
+    def propose(self, context_ids: list[int], k: int) -> Draft:
+        state = self.target_state
+        if state is None or state.features is None:
+            raise RuntimeError("EagleDrafter needs the target's cache: the engine calls bind_target_state() before prefill")
+        committed = len(context_ids) - 1  # the target cache's positions; x_{n-1} is its next input
+        if state.seq_len != committed:
+            raise RuntimeError(f"target cache holds {state.seq_len} positions, expected {committed}")
+        k = max(0, min(k, self.cache.max_seq_len - (committed - self.first)))
+        if k == 0:
+            return Draft(tokens=[])
+        self.cache.truncate(self.read)  # forget last round's drafted positions
+        begin = self.first + self.read
+        positions = torch.arange(begin, committed, device=self.decoder.device)
+        features = state.features[begin:committed].to(self.head.rope_cos.dtype)
+        predicted = self.head(features, self._embed(context_ids[begin + 1 : committed + 1]), positions, self.cache)[-1:]
+        self.read = committed - self.first
+        self.model_forwards += 1
+        position = committed
+
+        def step(token: int) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
+            nonlocal predicted, position
+            predicted = self.head(predicted, self._embed([token]), torch.tensor([position], device=self.decoder.device), self.cache)
+            position += 1
+            self.model_forwards += 1
+            return self._scores(predicted)
+            yield  # runs at once: a generator that yields nothing  # noqa: unreachable
+
+        return run_now(draft_steps(self._scores(predicted), step, k, self.params, self.generator,
+                                   self.confidence_threshold, None, self.constraint))
+
+    def finish(self) -> None:
+        self.cache.truncate(0)
+        self.read = 0
+
+
+def eagle_head_for(target: TorchBackend, directory: str | Path) -> EagleHead:
+    """The head in ``directory`` for ``target``, loaded once per process: int8 linears when the
+    target runs quantized on the CPU (the head's bytes are then a quarter), float otherwise."""
+    path = Path(directory).expanduser().resolve()
+    weights = path / "model.safetensors"
+    key = (str(path), weights.stat().st_mtime_ns if weights.is_file() else 0, id(target.decoder))
+    if key not in _LOADED:
+        head = load_head(path, target.config)
+        if target.decoder.quantization is not None and target.device.type == "cpu":
+            quantize_head(head)
+        _LOADED.clear()  # one head per process at a time: a server serves one pair
+        _LOADED[key] = head.to(target.device)
+    return _LOADED[key]
+
+
+def make_eagle_drafter(res: DrafterResources) -> EagleDrafter:
+    if not isinstance(res.target_backend, TorchBackend):
+        raise SpecdecError("eagle reads the target's features: it needs specdec's torch backend")
+    if not res.spec.drafter_path:
+        raise SpecdecError("eagle needs a trained head: --drafter-path DIR (train one with `specdec train-drafter --kind eagle`)")
+    head = eagle_head_for(res.target_backend, res.spec.drafter_path)
+    spec = res.spec
+    threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
+    return EagleDrafter(head, res.target_backend, res.params, res.generator, res.max_seq_len,
+                        spec.draft_context_window, threshold, res.constraint)
+
+
+METHODS = (MethodInfo("eagle", make_eagle_drafter,
+                      "a one-layer head on the target's own features drafts (EAGLE; train it with `specdec train-drafter`)",
+                      needs_torch_backend=True,
+                      options=("num_speculative_tokens", "drafter_path", "draft_context_window", "draft_confidence_threshold")),)

@@ -1,0 +1,217 @@
+"""Drafting heads that read the target's own hidden states: the EAGLE feature head (Li et al. 2024).
+
+An EAGLE head is one decoder layer that extrapolates the target's features: at position ``i`` it
+reads the target's final hidden state ``f_i`` (before the final norm) and the embedding of the next
+token ``x_{i+1}``, and predicts ``f_{i+1}``; the *target's* final norm and LM head (restricted to the
+first ``draft_vocab_size`` ids, FR-Spec) turn that into a distribution over ``x_{i+2}``. Drafting
+continues on its own predicted features. It reads ~1/20 of a target step's bytes and needs no
+prompt pass of a model of its own: the target's prefill already computed every feature it reads
+(:meth:`specdec.models.kv_cache.KVCache.record_features`).
+
+A trained head is a directory: ``config.json`` (:class:`HeadConfig`: its shape and the target it was
+trained on) and ``model.safetensors``. ``specdec train-drafter`` writes one (:mod:`specdec.train`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.errors import SpecdecError, WeightsError
+from specdec.models.config import ModelConfig
+from specdec.models.kv_cache import KVCache
+from specdec.models.transformer import DecoderLayer, rope_tables
+
+HEAD_KINDS = ("eagle",)
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """A head's shape and what it was trained for. ``target`` names the target's shape (arch, hidden
+    size, vocabulary, layers) so a head is refused on a model it does not fit; ``training`` records
+    how it was made (data, tokens, minutes) for the user to read."""
+
+    kind: str
+    hidden_size: int
+    vocab_size: int  # the target's vocabulary (token ids the embedding reads)
+    draft_vocab_size: int  # ids the head scores: 0 .. draft_vocab_size-1 (BPE ids are frequency-ranked)
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    target: dict[str, Any] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def for_target(cls, target: ModelConfig, draft_vocab_size: int = 32768, intermediate_size: int | None = None,
+                   kind: str = "eagle") -> "HeadConfig":
+        """A head for ``target``: its attention shape and RoPE, a smaller MLP (2× hidden by default:
+        the head must cost a small fraction of a target step) and the first ``draft_vocab_size`` ids."""
+        if kind not in HEAD_KINDS:
+            raise SpecdecError(f"unknown head kind {kind!r}; available: {', '.join(HEAD_KINDS)}")
+        return cls(kind=kind, hidden_size=target.hidden_size, vocab_size=target.vocab_size,
+                   draft_vocab_size=min(draft_vocab_size, target.vocab_size) if draft_vocab_size > 0 else target.vocab_size,
+                   num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+                   intermediate_size=intermediate_size or 2 * target.hidden_size, rope_theta=target.rope_theta,
+                   rms_norm_eps=target.rms_norm_eps, max_position_embeddings=target.max_position_embeddings,
+                   target=target_signature(target))
+
+    def layer_config(self) -> ModelConfig:
+        """The head's decoder layer as a one-layer :class:`ModelConfig` (the target's layer code runs it)."""
+        return ModelConfig(arch="qwen2", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size, num_layers=1, num_heads=self.num_heads,
+                           num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                           max_position_embeddings=self.max_position_embeddings, rope_theta=self.rope_theta,
+                           rms_norm_eps=self.rms_norm_eps, attention_bias=True)
+
+    def check_target(self, target: ModelConfig) -> None:
+        """A clear error when this head was trained for another model than ``target``."""
+        expected = self.target
+        actual = target_signature(target)
+        different = {key: (expected.get(key), actual[key]) for key in actual if key in expected and expected[key] != actual[key]}
+        if different:
+            detail = ", ".join(f"{key}: head {head!r} vs target {got!r}" for key, (head, got) in different.items())
+            raise SpecdecError(f"this {self.kind} head was trained for another target model ({detail}); "
+                               "train one for this model with `specdec train-drafter`")
+
+
+def target_signature(cfg: ModelConfig) -> dict[str, Any]:
+    """What a head depends on in its target: the feature size, the vocabulary and the depth."""
+    return {"arch": cfg.arch, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "num_layers": cfg.num_layers}
+
+
+class EagleHead(nn.Module):
+    """``fc([f_i; e(x_{i+1})]) → decoder layer → f̂_{i+1}`` (see module doc). The embedding, final
+    norm and LM head are the target's and are not part of the head (frozen; passed in)."""
+
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.layer = DecoderLayer(config.layer_config(), 0)
+        cos, sin = rope_tables(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def init_residual(self, scale: float = 0.02) -> "EagleHead":
+        """Start as "the next feature is this feature": fc passes the feature half through (identity)
+        and reads the token half through small weights, so training starts from a sensible guess."""
+        hidden = self.config.hidden_size
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.weight[:, :hidden] = torch.eye(hidden)
+            self.fc.weight[:, hidden:].normal_(0.0, scale)
+            self.fc.bias.zero_()
+            for name, param in self.layer.named_parameters():
+                if "norm" in name:
+                    param.fill_(1.0)
+                elif param.dim() == 2:
+                    param.normal_(0.0, scale)
+                else:
+                    param.zero_()
+        return self
+
+    def new_cache(self, max_seq_len: int) -> KVCache:
+        cfg = self.config
+        return KVCache(1, cfg.num_kv_heads, cfg.head_dim, max_seq_len, self.rope_cos.dtype, self.rope_cos.device)
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache) -> torch.Tensor:
+        """``features [T, hidden]`` (f_i), ``token_embeds [T, hidden]`` (e(x_{i+1})), ``positions [T]``
+        (i) appended to ``cache`` → predicted next features ``[T, hidden]`` (f̂_{i+1}), before the
+        target's final norm."""
+        seq = features.shape[0]
+        x = self.fc(torch.cat([features, token_embeds], dim=-1))
+        dtype = x.dtype
+        start = cache.reserve(seq)
+        cos, sin = self.rope_cos[positions].to(dtype), self.rope_sin[positions].to(dtype)
+        out = self.layer(x, cos, sin, cache, start, None)
+        cache.advance(seq)
+        return out
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.parameters(), *self.buffers()]
+                   if t is not self.rope_cos and t is not self.rope_sin)
+
+
+def quantize_head(head: EagleHead) -> EagleHead:
+    """The head's linear layers as int8 (per-channel weights, per-token activations; the target's
+    int8 kernel), in place: a quarter of the bytes per draft step. It only proposes, so its rounding
+    costs at most acceptance, never exactness."""
+    from specdec.kernels.int8 import Int8Linear, int8_available
+
+    if not int8_available():
+        return head
+    for module in list(head.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, Int8Linear.from_float(child.weight, child.bias))
+    return head
+
+
+def save_head(head: EagleHead, directory: str | Path, training: dict[str, Any] | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (float32) into ``directory``."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = asdict(head.config)
+    if training is not None:
+        config["training"] = training
+    state = {name: tensor.detach().float().contiguous() for name, tensor in head.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS_FILE))
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def read_head_config(directory: str | Path) -> HeadConfig:
+    directory = Path(directory)
+    path = directory / CONFIG_FILE
+    if not directory.is_dir():
+        raise WeightsError(f"drafter path {directory} is not a directory (train one with `specdec train-drafter`)")
+    if not path.is_file():
+        raise WeightsError(f"{directory} has no {CONFIG_FILE}: not a trained drafter directory")
+    try:
+        data = json.loads(path.read_text())
+        config = HeadConfig(**data)
+    except (ValueError, TypeError) as exc:
+        raise WeightsError(f"{path} is not a valid head config: {exc}") from None
+    if config.kind not in HEAD_KINDS:
+        raise WeightsError(f"{path}: unknown head kind {config.kind!r}; available: {', '.join(HEAD_KINDS)}")
+    return config
+
+
+def load_head(directory: str | Path, target: ModelConfig | None = None) -> EagleHead:
+    """A trained head from ``directory`` (float32, CPU), checked against ``target`` when given."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    config = read_head_config(directory)
+    if target is not None:
+        config.check_target(target)
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise WeightsError(f"{directory} has no {WEIGHTS_FILE}")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise WeightsError(f"{weights} is not a readable safetensors file: {exc}") from None
+    head = EagleHead(config)
+    try:
+        head.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise WeightsError(f"{weights} does not match its config.json: {exc}") from None
+    return head.eval().requires_grad_(False)

@@ -1,0 +1,192 @@
+"""Training data for feature heads: text → token sequences → the target's features, by teacher forcing.
+
+A head learns from what the target computes over real text: for every position its final hidden
+state (the feature EAGLE extrapolates) and its greedy next token. One prefill per sequence gives
+both for all positions at once — the cheap way to make training data (no generation).
+
+The default corpus is real code that is on every machine: the Python standard library's sources
+(``--data stdlib``). A text file, a JSONL file (``text``, ``prompt``/``completion`` or ``turns``
+fields) or a directory of ``.py``/``.txt``/``.md`` files works too. Documents are split whole into a
+training and a held-out part (by a hash of their name, so the split is stable as data grows).
+
+Features are written in shards (``shard-00000.safetensors``: ``tokens [N, T]`` int32, ``features
+[N, T, hidden]`` float16, ``target_ids [N, T]`` int32) into the output directory; an interrupted
+extraction resumes at the first missing shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from specdec.errors import SpecdecError
+
+TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
+#: one document in this many is held out (by a hash of its name)
+HELD_OUT_EVERY = 20
+#: documents' tails shorter than this are dropped (too little context to learn from)
+MIN_SEQUENCE = 32
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    text: str
+
+    @property
+    def held_out(self) -> bool:
+        return int(hashlib.sha1(self.name.encode()).hexdigest(), 16) % HELD_OUT_EVERY == 0
+
+
+def stdlib_documents() -> list[Document]:
+    """The Python standard library's ``.py`` sources (tests included: real code), sorted by path."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs = []
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts or "dist-packages" in path.parts:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if text.strip():
+            docs.append(Document(str(path.relative_to(root)), text))
+    return docs
+
+
+def file_documents(path: Path) -> list[Document]:
+    """Documents from a text/JSONL file or a directory of text files; a clear error for anything else."""
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+        if not files:
+            raise SpecdecError(f"{path} holds no {'/'.join(TEXT_SUFFIXES)} files to train on")
+        return [Document(str(p.relative_to(path)), p.read_text(encoding="utf-8", errors="replace")) for p in files]
+    if not path.is_file():
+        raise SpecdecError(f"training data not found: {path} (give a file, a directory, or 'stdlib')")
+    if path.suffix == ".jsonl":
+        docs = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SpecdecError(f"{path}:{number}: not JSON: {exc}") from None
+            text = row.get("text") or (row.get("prompt", "") + row.get("completion", "")) or "\n".join(row.get("turns", []))
+            if not isinstance(text, str) or not text:
+                raise SpecdecError(f"{path}:{number}: no 'text', 'prompt'/'completion' or 'turns' field")
+            docs.append(Document(f"{path.name}:{number}", text))
+        return docs
+    return [Document(path.name, path.read_text(encoding="utf-8", errors="replace"))]
+
+
+def load_documents(source: str) -> list[Document]:
+    return stdlib_documents() if source == "stdlib" else file_documents(Path(source).expanduser())
+
+
+def token_sequences(docs: list[Document], encode: Callable[[str], list[int]], seq_len: int,
+                    held_out: bool, seed: int = 0) -> list[list[int]]:
+    """Each document of the chosen split, tokenized and cut into ``seq_len``-token pieces (a tail
+    shorter than MIN_SEQUENCE dropped), in a seeded random order (so a budget cut sees every kind)."""
+    sequences = []
+    for doc in docs:
+        if doc.held_out != held_out:
+            continue
+        ids = encode(doc.text)
+        for begin in range(0, len(ids), seq_len):
+            piece = ids[begin : begin + seq_len]
+            if len(piece) >= min(MIN_SEQUENCE, seq_len):
+                sequences.append(piece)
+    random.Random(seed).shuffle(sequences)
+    return sequences
+
+
+@torch.inference_mode()
+def teacher_forced(backend, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001 - TorchBackend
+    """One prefill of ``tokens [T]``: the target's final hidden states ``[T, hidden]`` (before the
+    final norm) and its greedy next token after each position ``[T]``."""
+    state = backend.new_state(len(tokens))
+    state.record_features(backend.config.hidden_size)
+    logits = backend.forward(state, tokens)
+    return state.features[: len(tokens)].clone(), logits.argmax(dim=-1)
+
+
+def shard_path(directory: Path, index: int) -> Path:
+    return directory / f"shard-{index:05d}.safetensors"
+
+
+def extract_features(backend, sequences: list[list[int]], directory: Path, shard_size: int = 32,  # noqa: ANN001
+                     budget_seconds: float | None = None, progress: bool = False) -> int:
+    """Write the teacher-forced features of ``sequences`` (equal lengths per shard are not needed:
+    each shard pads to its longest with token -1) into shards of ``shard_size`` sequences; skip
+    shards already written (resume). Stops starting new shards after ``budget_seconds``. Returns
+    the number of shards present."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    directory.mkdir(parents=True, exist_ok=True)
+    count = (len(sequences) + shard_size - 1) // shard_size
+    start = time.perf_counter()
+    bar = tqdm(total=count, desc=f"target features → {directory.name}", unit="shard", disable=not progress)
+    done = 0
+    for index in range(count):
+        path = shard_path(directory, index)
+        if path.is_file():
+            bar.update(1)
+            done += 1
+            continue
+        if budget_seconds is not None and time.perf_counter() - start > budget_seconds:
+            break
+        batch = sequences[index * shard_size : (index + 1) * shard_size]
+        longest = max(len(s) for s in batch)
+        tokens = torch.full((len(batch), longest), -1, dtype=torch.int32)
+        targets = torch.full((len(batch), longest), -1, dtype=torch.int32)
+        features = torch.zeros(len(batch), longest, backend.config.hidden_size, dtype=torch.float16)
+        for row, seq in enumerate(batch):
+            feats, greedy = teacher_forced(backend, seq)
+            tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.int32)
+            targets[row, : len(seq)] = greedy.to(torch.int32)
+            features[row, : len(seq)] = feats.to(torch.float16)
+        partial = path.with_suffix(".partial")
+        save_file({"tokens": tokens, "target_ids": targets, "features": features}, str(partial))
+        partial.rename(path)  # a shard is there whole or not at all
+        bar.update(1)
+        done += 1
+    bar.close()
+    return done
+
+
+def iter_shards(directory: Path) -> Iterator[dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    index = 0
+    while shard_path(directory, index).is_file():
+        yield load_file(str(shard_path(directory, index)))
+        index += 1
+
+
+def load_shards(directory: Path) -> dict[str, torch.Tensor]:
+    """Every shard's rows, concatenated (padded to the longest sequence with token -1)."""
+    shards = list(iter_shards(directory))
+    if not shards:
+        raise SpecdecError(f"no feature shards in {directory}")
+    longest = max(s["tokens"].shape[1] for s in shards)
+
+    def pad(t: torch.Tensor, value: float) -> torch.Tensor:
+        extra = longest - t.shape[1]
+        if extra == 0:
+            return t
+        shape = (t.shape[0], extra, *t.shape[2:])
+        return torch.cat([t, torch.full(shape, value, dtype=t.dtype)], dim=1)
+
+    return {"tokens": torch.cat([pad(s["tokens"], -1) for s in shards]),
+            "target_ids": torch.cat([pad(s["target_ids"], -1) for s in shards]),
+            "features": torch.cat([pad(s["features"], 0) for s in shards])}

@@ -1,0 +1,103 @@
+"""``specdec train-drafter`` as a library call: data → target features → training → report.
+
+Every stage resumes: feature shards already written are kept, and training continues from its
+checkpoint (``resume=True``), so a long run can be cut and restarted with the same command.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.train.data import extract_features, load_documents, load_shards, token_sequences
+from specdec.train.eagle import TargetParts, TrainConfig, describe, train_eagle
+
+KINDS = ("eagle",)
+
+
+@dataclass
+class DrafterTraining:
+    """What to train and on what (defaults: the CLI's)."""
+
+    model: str
+    out_dir: Path
+    kind: str = "eagle"
+    data: str = "stdlib"
+    quantize: str = "auto"  # the target's execution while extracting features: the one it will run with
+    seq_len: int = 256
+    max_sequences: int = 0  # 0: as many as the extraction budget allows
+    held_out_sequences: int = 32
+    extract_minutes: float = 40.0
+    draft_vocab_size: int = 32768
+    intermediate_size: int = 0  # 0: 2 × hidden
+    resume: bool = False
+    eval_prompts: int = 8
+    eval_prompt_tokens: int = 128
+    eval_new_tokens: int = 64
+    gamma: int = 4
+    skip_eval: bool = False
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[str], None] = lambda _line: None) -> Path:
+    """Run the whole job; returns the report's path (the head directory is ``job.out_dir``).
+    ``progress``: tqdm bars on stderr; ``log(line)``: what each stage found (the CLI prints both)."""
+    import specdec
+    from specdec.cpu import cpu_description
+    from specdec.models.heads import EagleHead, HeadConfig
+    from specdec.train.report import measure_speculation, write_report
+
+    if job.kind not in KINDS:
+        raise SpecdecError(f"--kind {job.kind!r} is not available yet; available: {', '.join(KINDS)}")
+    out = Path(job.out_dir).expanduser()
+    if (out / "checkpoint.pt").is_file() and not job.resume:
+        raise SpecdecError(f"{out} already holds a training run: pass --resume to continue it, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+
+    target = specdec.load_model(job.model, quantize=job.quantize, progress=progress)
+    log(f"target {target.name}: {target.backend.dtype_name}")
+    docs = load_documents(job.data)
+    encode = target.tokenizer.encode
+    held_out = token_sequences(docs, encode, job.seq_len, held_out=True, seed=job.train.seed)[: job.held_out_sequences]
+    train = token_sequences(docs, encode, job.seq_len, held_out=False, seed=job.train.seed)
+    if job.max_sequences:
+        train = train[: job.max_sequences]
+    if not train or not held_out:
+        raise SpecdecError(f"the data {job.data!r} gives {len(train)} training and {len(held_out)} held-out sequences "
+                           f"of up to {job.seq_len} tokens: give more text")
+    log(f"data {job.data}: {len(docs)} documents, {len(train)} training sequences available, {len(held_out)} held out")
+
+    began = time.perf_counter()
+    features = out / "features"
+    extract_features(target.backend, held_out, features / "held_out", progress=progress)
+    shards = extract_features(target.backend, train, features / "train", budget_seconds=job.extract_minutes * 60,
+                              progress=progress)
+    extract_minutes = (time.perf_counter() - began) / 60
+    train_data, held_data = load_shards(features / "train"), load_shards(features / "held_out")
+    train_tokens = int((train_data["tokens"] >= 0).sum())
+    log(f"features: {shards} shards, {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens")
+
+    config = HeadConfig.for_target(target.config, job.draft_vocab_size, job.intermediate_size or None)
+    torch.manual_seed(job.train.seed)
+    head = EagleHead(config).init_residual()
+    parts = TargetParts(target.backend.decoder, config.draft_vocab_size)
+    info = {"kind": job.kind, "target": target.name, "data": job.data, "feature_mode": target.backend.dtype_name,
+            "train_sequences": train_data["tokens"].shape[0], "train_tokens": train_tokens,
+            "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
+            "extract_minutes": round(extract_minutes, 1), "draft_vocab_size": config.draft_vocab_size,
+            "head_parameters": sum(p.numel() for p in head.parameters()), "cpu": cpu_description()}
+    history = train_eagle(head, parts, train_data, held_data, out, job.train, resume=job.resume, training_info=info,
+                          progress=progress, log=log)
+    info["train_minutes"] = round(history.seconds / 60, 1)
+    log(f"trained: {describe(history)}")
+    result = None
+    if not job.skip_eval:
+        prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
+        result = measure_speculation(target, out, prompts, job.eval_new_tokens, job.gamma)
+        log(result.line())
+    return write_report(out, history, result, info)

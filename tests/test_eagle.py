@@ -1,0 +1,259 @@
+"""EAGLE: target features kept in the cache, the head drafter's exactness, its errors, and training.
+
+The χ² sampling certificate for eagle runs in tests/test_certify.py (every registered method, an
+untrained head on the tiny model); here: greedy identity, the feature store, clear errors, and that
+training makes a head that agrees with the target more.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec
+from specdec.cli import main
+from specdec.config import SpecConfig
+from specdec.errors import SpecdecError, WeightsError
+from specdec.models.heads import EagleHead, HeadConfig, load_head, save_head
+from specdec.sampling import SamplingParams
+from specdec.train.data import Document, teacher_forced, token_sequences
+from specdec.train.eagle import TargetParts, TrainConfig, evaluate, float_head_rows, train_eagle
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+PROMPTS = ["def fibonacci(n):", "The quick brown fox jumps over the lazy dog. The quick"]
+
+
+def random_head(target, draft_vocab_size: int = 0, seed: int = 0, scale: float = 0.2) -> EagleHead:
+    torch.manual_seed(seed)
+    return EagleHead(HeadConfig.for_target(target.config, draft_vocab_size=draft_vocab_size)).init_residual(scale)
+
+
+@pytest.fixture(scope="module")
+def head_dir(tiny_target, tmp_path_factory) -> Path:
+    return save_head(random_head(tiny_target, draft_vocab_size=300), tmp_path_factory.mktemp("eagle"))
+
+
+@pytest.fixture(scope="module")
+def int8_target(tiny_dirs):
+    return specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
+
+
+def periodic_data(target, count: int, length: int = 64, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Teacher-forced features of sequences that repeat a random 5-token pattern: learnable."""
+    generator = torch.Generator().manual_seed(seed)
+    sequences = []
+    for _ in range(count):
+        lead = torch.randint(3, 500, (4,), generator=generator).tolist()
+        pattern = torch.randint(3, 500, (5,), generator=generator).tolist()
+        sequences.append((lead + pattern * length)[:length])
+    return features_of(target, sequences)
+
+
+def features_of(target, sequences: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Training rows (equal lengths) as :func:`specdec.train.data.extract_features` writes them."""
+    tokens, features, target_ids = [], [], []
+    for seq in sequences:
+        feats, greedy = teacher_forced(target.backend, seq)
+        tokens.append(torch.tensor(seq, dtype=torch.int32))
+        features.append(feats.half())
+        target_ids.append(greedy.to(torch.int32))
+    return {"tokens": torch.stack(tokens), "features": torch.stack(features), "target_ids": torch.stack(target_ids)}
+
+
+# --- the target's features, kept slot by slot in its cache -------------------------------------------
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_features_are_the_final_hidden_states_of_each_cached_position(tiny_dirs, quantize):
+    model = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize=quantize)
+    backend, decoder = model.backend, model.backend.decoder
+    ids = list(range(5, 25))
+    state = backend.new_state(32)
+    state.record_features(model.config.hidden_size)
+    _, hidden = backend.forward(state, ids, return_hidden=True)
+    assert torch.equal(decoder.model.norm(state.features[: len(ids)]), hidden)  # before the norm, every row
+    # rows written by a later chunk land at their own slots; truncate + rewrite replaces them
+    state.truncate(15)
+    backend.forward(state, ids[15:])
+    alone = backend.new_state(32)
+    alone.record_features(model.config.hidden_size)
+    backend.forward(alone, ids[:15])
+    backend.forward(alone, ids[15:])
+    assert torch.equal(state.features[:20], alone.features[:20])
+
+
+def test_keep_moves_the_features_with_the_keys_and_values(tiny_target):
+    state = tiny_target.backend.new_state(16)
+    state.record_features(tiny_target.config.hidden_size)
+    tiny_target.backend.forward(state, list(range(10, 20)))
+    before = state.features.clone()
+    state.keep([0, 3, 5], 4)
+    assert state.seq_len == 7
+    assert torch.equal(state.features[4:7], before[[4, 7, 9]])
+    assert torch.equal(state.features[:4], before[:4])
+
+
+def test_batched_forward_writes_each_requests_features_as_alone(int8_target):
+    backend = int8_target.backend
+    hidden = int8_target.config.hidden_size
+    states, alone = [backend.new_state(32) for _ in range(3)], [backend.new_state(32) for _ in range(3)]
+    chunks = [list(range(3, 12)), [40], list(range(60, 64))]
+    for state, other in zip(states, alone):
+        state.record_features(hidden)
+        other.record_features(hidden)
+    backend.forward_batch([(state, chunk, None, None) for state, chunk in zip(states, chunks)])
+    for other, chunk in zip(alone, chunks):
+        backend.forward(other, chunk)
+    for state, other, chunk in zip(states, alone, chunks):
+        assert torch.equal(state.features[: len(chunk)], other.features[: len(chunk)])
+
+
+def test_a_cache_records_nothing_unless_asked(tiny_target):
+    state = tiny_target.backend.new_state(8)
+    tiny_target.backend.forward(state, [1, 2, 3])
+    assert state.features is None
+
+
+# --- the drafter: exact, whatever the head --------------------------------------------------------------
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_greedy_output_is_plain_decodings(tiny_dirs, head_dir, quantize):
+    target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize=quantize)
+    for gamma in (1, 4, "auto"):
+        spec = SpecConfig(method="eagle", drafter_path=str(head_dir), num_speculative_tokens=gamma)
+        for prompt in PROMPTS:
+            plain = specdec.generate(target, prompt, GREEDY)
+            out = specdec.generate(target, prompt, GREEDY, spec=spec)
+            assert out.token_ids == plain.token_ids
+            assert out.stats.method == "eagle"
+            if gamma != "auto":
+                assert out.stats.proposed_tokens > 0
+
+
+def test_a_trained_head_is_accepted_and_still_exact(tiny_target, tmp_path):
+    """Self-distillation in miniature: train on the target's own greedy continuations of a few
+    prompts, then speculate on one of them: the head must earn acceptance, the output stay exact."""
+    prompts = [[11 + i, 200 + 7 * i, 40 + 3 * i, 90] for i in range(8)]
+    sequences = [p + specdec.generate(tiny_target, p, GREEDY).token_ids for p in prompts]
+    data = features_of(tiny_target, sequences)
+    head = random_head(tiny_target)
+    parts = TargetParts(tiny_target.backend.decoder, tiny_target.config.vocab_size)
+    train_eagle(head, parts, data, data, tmp_path,
+                TrainConfig(max_steps=200, lr=1e-2, eval_every=100, budget_minutes=5, noise=0.0), progress=False)
+    spec = SpecConfig(method="eagle", drafter_path=str(tmp_path), num_speculative_tokens=3)
+    prompt = prompts[0]
+    plain = specdec.generate(tiny_target, prompt, GREEDY)
+    out = specdec.generate(tiny_target, prompt, GREEDY, spec=spec)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.acceptance_rate > 0.15, out.stats.summary_line()  # 0.27 here; an untrained head: ~0.02
+
+
+def test_sampled_drafts_carry_q_over_the_whole_vocabulary(tiny_target, head_dir):
+    from specdec.api import make_drafter
+    from specdec.sampling import make_generator
+
+    params = SamplingParams(temperature=1.0, max_tokens=8, seed=0)
+    spec = SpecConfig(method="eagle", drafter_path=str(head_dir))
+    drafter = make_drafter(tiny_target, spec, params, make_generator(0), 64)
+    ids = tiny_target.tokenizer.encode(PROMPTS[0])
+    state = tiny_target.backend.new_state(64)
+    drafter.bind_target_state(state)
+    tiny_target.backend.forward(state, ids[:-1])
+    drafter.start(ids[:-1])
+    draft = drafter.propose(ids, 4)
+    assert len(draft) == 4 and all(t < 300 for t in draft.tokens)
+    assert draft.probs.shape == (4, tiny_target.config.vocab_size)
+    assert float(draft.probs[:, 300:].sum()) == 0.0  # q is exactly zero outside its vocabulary
+
+
+# --- errors -------------------------------------------------------------------------------------------
+
+def test_clear_errors(tiny_target, head_dir, tmp_path):
+    with pytest.raises(SpecdecError, match="--drafter-path"):
+        specdec.generate(tiny_target, "x", GREEDY, spec=SpecConfig(method="eagle"))
+    with pytest.raises(WeightsError, match="not a directory"):
+        specdec.generate(tiny_target, "x", GREEDY, spec=SpecConfig(method="eagle", drafter_path=str(tmp_path / "nope")))
+    # a head trained for another model (another hidden size) is refused by name
+    other = json.loads((head_dir / "config.json").read_text())
+    other["target"]["hidden_size"] = 4096
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    (wrong / "config.json").write_text(json.dumps(other))
+    (wrong / "model.safetensors").write_bytes((head_dir / "model.safetensors").read_bytes())
+    with pytest.raises(SpecdecError, match="another target model"):
+        load_head(wrong, tiny_target.config)
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text((head_dir / "config.json").read_text())
+    (corrupt / "model.safetensors").write_bytes(b"not safetensors at all")
+    with pytest.raises(WeightsError, match="safetensors"):
+        load_head(corrupt, tiny_target.config)
+
+
+def test_cli_generate_with_eagle(tiny_dirs, head_dir, capsys):
+    code = main(["generate", "--model", str(tiny_dirs["target"]), "--method", "eagle", "--drafter-path", str(head_dir),
+                 "--prompt", "def f(x):", "--max-tokens", "12", "--temperature", "0", "--dtype", "float32",
+                 "--quantize", "none", "--num-speculative-tokens", "3"])
+    assert code == 0
+    assert "method=eagle" in capsys.readouterr().err
+    assert main(["generate", "--model", str(tiny_dirs["target"]), "--method", "eagle", "--prompt", "x",
+                 "--max-tokens", "4", "--quantize", "none"]) == 1
+
+
+# --- training -----------------------------------------------------------------------------------------
+
+def test_float_head_rows_read_back_any_head(tiny_target, int8_target):
+    rows = float_head_rows(tiny_target.backend.decoder, 100)
+    assert torch.equal(rows, tiny_target.backend.decoder.lm_head.weight[:100])
+    quantized = float_head_rows(int8_target.backend.decoder, 100)
+    x = torch.randn(3, int8_target.config.hidden_size)
+    assert torch.allclose(x @ quantized.T, int8_target.backend.decoder.head_rows(100)(x), atol=0.05, rtol=0.02)
+
+
+def test_training_lowers_the_loss_and_resumes(tiny_target, tmp_path):
+    data, held_out = periodic_data(tiny_target, 16), periodic_data(tiny_target, 4, seed=1)
+    parts = TargetParts(tiny_target.backend.decoder, tiny_target.config.vocab_size)
+    head = random_head(tiny_target)
+    config = TrainConfig(max_steps=60, lr=3e-3, eval_every=30, budget_minutes=5)
+    before = evaluate(head, parts, data, config)
+    history = train_eagle(head, parts, data, held_out, tmp_path, config, progress=False)
+    after = evaluate(head, parts, data, config)
+    assert after["loss"] < 0.9 * before["loss"] and after["top1"] > before["top1"]
+    assert history.steps[-1] == 60 and (tmp_path / "checkpoint.pt").is_file()
+    assert load_head(tmp_path, tiny_target.config).config.training["steps"] == 60
+    # resuming continues from the checkpoint's step and history, not from scratch
+    more = TrainConfig(max_steps=70, lr=3e-3, eval_every=30, budget_minutes=5)
+    resumed = train_eagle(random_head(tiny_target, seed=5), parts, data, held_out, tmp_path, more, resume=True, progress=False)
+    assert resumed.steps[0] == 1 and resumed.steps[-1] == 70 and len(resumed.loss) == 70
+
+
+def test_documents_split_stably_and_cut_into_sequences(tiny_target):
+    docs = [Document(f"doc{i}.py", "def f(x):\n    return x + 1\n" * 40) for i in range(60)]
+    held = [d for d in docs if d.held_out]
+    assert 0 < len(held) < len(docs) // 4
+    train = token_sequences(docs, tiny_target.tokenizer.encode, 64, held_out=False)
+    assert train and all(32 <= len(s) <= 64 for s in train)
+    assert token_sequences(docs, tiny_target.tokenizer.encode, 64, held_out=False) == train  # seeded order
+
+
+def test_train_drafter_command_end_to_end(tiny_dirs, tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"mod{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(30)))
+    out = tmp_path / "head"
+    args = ["train-drafter", "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--out", str(out),
+            "--quantize", "none", "--seq-len", "64", "--max-sequences", "24", "--max-steps", "12",
+            "--held-out-sequences", "4", "--eval-prompts", "2", "--eval-tokens", "16", "--checkpoint-minutes", "0"]
+    assert main(args) == 0
+    report = (out / "report.md").read_text()
+    assert "held-out prompts" in report and "identical to plain: yes" in report
+    assert (out / "loss.png").stat().st_size > 1000 and (out / "features" / "train" / "shard-00000.safetensors").is_file()
+    assert main(args) == 1  # the run exists: --resume or another --out
+    assert "--resume" in capsys.readouterr().err
+    assert main([*args[:-2], "--max-steps", "14", "--resume"]) == 0
+    assert json.loads((out / "config.json").read_text())["training"]["steps"] == 14
+    assert main(["generate", "--model", str(tiny_dirs["target"]), "--method", "eagle", "--drafter-path", str(out),
+                 "--prompt", "def f(x):", "--max-tokens", "8", "--temperature", "0", "--quantize", "none"]) == 0
