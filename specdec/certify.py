@@ -31,6 +31,9 @@ from specdec.stats_tests import chi_square_pvalue
 from specdec.structured import INSTALL_HINT, GrammarConstraint, StructuredOutput, compile_for_vocab
 from specdec.structured import available as structured_available
 
+#: methods that draft with a trained head (``--drafter-path``): certified on the real pair only when
+#: one is given; the distribution test gives the tiny model an untrained one
+TRAINED_HEADS = ("eagle", "medusa")
 #: sampling configurations of the distribution test (greedy is exercised by check (a))
 DISTRIBUTION_CONFIGS: dict[str, SamplingParams] = {
     "T=1": SamplingParams(temperature=1.0),
@@ -127,8 +130,8 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     new_constraint = (lambda: None) if grammar is None else (lambda: GrammarConstraint(grammar, len(TINY_VOCAB)))
     exact = exact_joint(target, prompt, params, length, new_constraint())
     options = dict(spec_options or {})
-    if method == "eagle" and not options.get("drafter_path"):
-        options["drafter_path"] = _tiny_eagle_head(target, seed)
+    if method in TRAINED_HEADS and not options.get("drafter_path"):
+        options["drafter_path"] = _tiny_head(target, method, seed)
     spec = SpecConfig(method=None if method == "ar" else method, num_speculative_tokens=gamma,
                       datastore=_tiny_datastore() if method == "retrieval" else None, **options)
     run_params = SamplingParams(**{**params.__dict__, "max_tokens": length, "ignore_eos": True})
@@ -153,16 +156,17 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     return CheckResult("distribution", method, config_name, passed, detail, time.perf_counter() - start)
 
 
-def _tiny_eagle_head(target: TorchBackend, seed: int) -> str:
-    """An untrained EAGLE head for the tiny model (random, so its proposals differ from the
+def _tiny_head(target: TorchBackend, kind: str, seed: int) -> str:
+    """An untrained head of ``kind`` for the tiny model (random, so its proposals differ from the
     target's often: the sampling test needs rejections), saved where the drafter loads it from."""
     import tempfile
 
-    from specdec.models.heads import EagleHead, HeadConfig, save_head
+    from specdec.models.heads import EagleHead, HeadConfig, MedusaHeads, save_head
 
     torch.manual_seed(seed + 2)
-    head = EagleHead(HeadConfig.for_target(target.config, draft_vocab_size=0)).init_residual(scale=0.3)
-    return str(save_head(head, tempfile.mkdtemp(prefix="specdec-tiny-eagle-")))
+    config = HeadConfig.for_target(target.config, draft_vocab_size=0, kind=kind, num_medusa_heads=4)
+    head = (EagleHead(config) if kind == "eagle" else MedusaHeads(config)).init_residual(scale=0.3)
+    return str(save_head(head, tempfile.mkdtemp(prefix=f"specdec-tiny-{kind}-")))
 
 
 def greedy_identity_check(method: str, run_plain: Callable, run_spec: Callable, prompts: Iterable[tuple[str, list[int]]], dtype: str) -> CheckResult:
@@ -230,7 +234,7 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
     ``progress(message)`` is called before each check; ``configs`` names the distribution test's
     sampling configurations (keys of :data:`DISTRIBUTION_CONFIGS`); ``spec_tree`` certifies token
     trees for the methods that branch (``--spec-tree``). ``drafter_path``: the trained head
-    certified for ``eagle`` on the real pair (without one its greedy check is skipped, said through
+    certified for ``eagle``/``medusa`` (of that kind) on the real pair (without one their greedy check is skipped, said through
     ``progress``; its distribution check uses an untrained head on the tiny model)."""
     from specdec.api import make_drafter
 
@@ -246,13 +250,13 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
         if skipped:
             say(f"skipping {', '.join(skipped)}: {INSTALL_HINT}")
     for method in methods:
-        if greedy and method == "eagle" and not drafter_path:
-            say("skipping eagle's greedy identity on the real pair: no --drafter-path (a trained head)")
+        if greedy and method in TRAINED_HEADS and not drafter_path:
+            say(f"skipping {method}'s greedy identity on the real pair: no --drafter-path (a trained head)")
         elif greedy:
             say(f"greedy identity: {method} on {len(prompt_ids)} prompts")
             spec = SpecConfig(method=method, num_speculative_tokens=gamma, spec_tree=spec_tree,
                               datastore=_humaneval_datastore(target) if method == "retrieval" else None,
-                              drafter_path=drafter_path if method == "eagle" else None)
+                              drafter_path=drafter_path if method in TRAINED_HEADS else None)
 
             def run_spec(ids: list[int], spec: SpecConfig = spec) -> object:
                 generator = make_generator(0)

@@ -122,7 +122,7 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
     add("--datastore", default=None, metavar="PATH",
         help="retrieval: datastore directory built with `specdec datastore build`")
     add("--drafter-path", default=None, metavar="DIR",
-        help="eagle: directory of a trained head (written by `specdec train-drafter --kind eagle`)")
+        help="eagle, medusa: directory of a trained head (written by `specdec train-drafter --kind eagle|medusa`)")
     add("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
     add("--prompt-lookup-max", type=positive_int, default=4, help="ngram: longest n-gram to match, tried first (default: 4)")
     add("--spec-tree", type=tree_value, default="off", metavar="off|auto|N",

@@ -1,9 +1,10 @@
 """``specdec train-drafter``: train a drafter for a target on this machine (CPU by default).
 
-``--kind eagle``: a one-layer head over the target's own features (EAGLE). The target's features
+``--kind eagle``: a one-layer head over the target's own features (EAGLE); ``--kind medusa``: K
+residual heads on the target's last hidden state. The target's features
 come from teacher forcing over text (one prefill per sequence), the head trains within a time
 budget with checkpoints, and a report measures it by actually speculating on held-out prompts.
-Use the result with ``--method eagle --drafter-path OUT``.
+Use the result with ``--method eagle|medusa --drafter-path OUT``.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from specdec.config import QUANTIZE_MODES
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cmd = subparsers.add_parser(
-        "train-drafter", help="train a drafter head (EAGLE) for a target model on this machine",
+        "train-drafter", help="train a drafter head (EAGLE, Medusa) for a target model on this machine",
         description="Train a drafter for --model: extract the target's features over --data by teacher forcing "
                     "(resumable shards under OUT/features), train the head within --budget-minutes (checkpoints "
                     "every few minutes; --resume continues), then measure it by speculating on held-out documents "
-                    "(OUT/report.md, OUT/loss.png). Use it with: specdec generate --method eagle --drafter-path OUT")
-    cmd.add_argument("--kind", default="eagle", choices=["eagle"],
-                     help="eagle: one decoder layer over [target feature; next-token embedding] with the target's LM head "
-                          "(default: eagle)")
+                    "(OUT/report.md, OUT/loss.png). Use it with: specdec generate --method eagle|medusa --drafter-path OUT")
+    cmd.add_argument("--kind", default="eagle", choices=["eagle", "medusa"],
+                     help="eagle: one decoder layer over [target feature; next-token embedding] with the target's LM head, "
+                          "drafting autoregressively on its own features; medusa: K residual heads on the target's last "
+                          "hidden state proposing K tokens at once (default: eagle)")
     cmd.add_argument("--model", default=DEFAULT_TARGET, help=f"target model: built-in name, .gguf or HF directory (default: {DEFAULT_TARGET})")
     cmd.add_argument("--data", default="stdlib", metavar="stdlib|FILE|DIR",
                      help="training text: 'stdlib' (the Python standard library's sources: real code on every machine), "
@@ -47,6 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="the head scores the first N token ids (BPE ids are frequency-ranked; FR-Spec) (default: 32768)")
     cmd.add_argument("--intermediate-size", type=int, default=0, metavar="N",
                      help="the head's MLP width (0: twice the target's hidden size; default: 0)")
+    cmd.add_argument("--num-heads", type=positive_int, default=4, metavar="K",
+                     help="medusa: heads, i.e. the most tokens one round drafts (default: 4)")
     cmd.add_argument("--batch-size", type=positive_int, default=4, help="sequences per optimizer step (default: 4)")
     cmd.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate after a 20-step warm-up (default: 5e-4)")
     cmd.add_argument("--max-steps", type=int, default=0, metavar="N", help="stop after N steps (0: the budget decides; default: 0)")
@@ -66,7 +70,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.train.eagle import TrainConfig
+    from specdec.train.loop import TrainConfig
     from specdec.train.pipeline import DrafterTraining, train_drafter
 
     train = TrainConfig(batch_size=args.batch_size, lr=args.lr, budget_minutes=args.budget_minutes,
@@ -74,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
     job = DrafterTraining(model=args.model, out_dir=Path(args.out), kind=args.kind, data=args.data, quantize=args.quantize,
                           seq_len=args.seq_len, max_sequences=args.max_sequences, held_out_sequences=args.held_out_sequences,
                           extract_minutes=args.extract_minutes, draft_vocab_size=args.draft_vocab_size,
-                          intermediate_size=args.intermediate_size, resume=args.resume, eval_prompts=args.eval_prompts,
+                          intermediate_size=args.intermediate_size, num_medusa_heads=args.num_heads, resume=args.resume, eval_prompts=args.eval_prompts,
                           eval_new_tokens=args.eval_tokens, gamma=args.num_speculative_tokens, skip_eval=args.skip_eval,
                           train=train)
     report = train_drafter(job, progress=True, log=lambda line: print(line, file=sys.stderr))
-    print(f"report: {report}\nuse it: specdec generate --method eagle --drafter-path {args.out}")
+    print(f"report: {report}\nuse it: specdec generate --method {args.kind} --drafter-path {args.out}")
     return 0

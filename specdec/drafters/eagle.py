@@ -19,7 +19,6 @@ sampling: q is the head's distribution after the request's sampling transform).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Generator
 
 import torch
@@ -29,14 +28,10 @@ from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
 from specdec.drafters.draft_model import draft_steps, full_vocab, usable_vocab_limit
 from specdec.errors import SpecdecError
-from specdec.models.heads import EagleHead, load_head, quantize_head
+from specdec.models.heads import EagleHead, trained_head
 from specdec.models.kv_cache import KVCache
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint
-
-#: loaded heads by (directory, weights' mtime, target decoder): a factory runs per request
-_LOADED: dict[tuple[str, int, int], EagleHead] = {}
-
 
 class EagleDrafter(Drafter):
     """One request's EAGLE drafting (see module doc)."""
@@ -130,27 +125,12 @@ class EagleDrafter(Drafter):
         self.read = 0
 
 
-def eagle_head_for(target: TorchBackend, directory: str | Path) -> EagleHead:
-    """The head in ``directory`` for ``target``, loaded once per process: int8 linears when the
-    target runs quantized on the CPU (the head's bytes are then a quarter), float otherwise."""
-    path = Path(directory).expanduser().resolve()
-    weights = path / "model.safetensors"
-    key = (str(path), weights.stat().st_mtime_ns if weights.is_file() else 0, id(target.decoder))
-    if key not in _LOADED:
-        head = load_head(path, target.config)
-        if target.decoder.quantization is not None and target.device.type == "cpu":
-            quantize_head(head)
-        _LOADED.clear()  # one head per process at a time: a server serves one pair
-        _LOADED[key] = head.to(target.device)
-    return _LOADED[key]
-
-
 def make_eagle_drafter(res: DrafterResources) -> EagleDrafter:
     if not isinstance(res.target_backend, TorchBackend):
         raise SpecdecError("eagle reads the target's features: it needs specdec's torch backend")
     if not res.spec.drafter_path:
         raise SpecdecError("eagle needs a trained head: --drafter-path DIR (train one with `specdec train-drafter --kind eagle`)")
-    head = eagle_head_for(res.target_backend, res.spec.drafter_path)
+    head = trained_head(res.target_backend.decoder, res.spec.drafter_path, "eagle")
     spec = res.spec
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
     return EagleDrafter(head, res.target_backend, res.params, res.generator, res.max_seq_len,

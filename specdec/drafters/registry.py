@@ -8,7 +8,7 @@ listed explicitly below (no import side effects); :func:`register_method` adds a
 
 from __future__ import annotations
 
-from specdec.drafters import draft_model, draft_suffix, eagle, layer_skip, prompt_lookup, retrieval, suffix
+from specdec.drafters import draft_model, draft_suffix, eagle, layer_skip, medusa, prompt_lookup, retrieval, suffix
 from specdec.drafters.base import MethodInfo
 from specdec.errors import SpecdecError
 
@@ -76,6 +76,6 @@ def needs_draft_model(method: str | None) -> bool:
     return method is not None and method_info(method).needs_draft_model
 
 
-for _module in (draft_model, draft_suffix, prompt_lookup, suffix, retrieval, layer_skip, eagle):
+for _module in (draft_model, draft_suffix, prompt_lookup, suffix, retrieval, layer_skip, eagle, medusa):
     for _info in _module.METHODS:
         register_method(_info)

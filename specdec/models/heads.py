@@ -1,4 +1,5 @@
-"""Drafting heads that read the target's own hidden states: the EAGLE feature head (Li et al. 2024).
+"""Drafting heads that read the target's own hidden states: the EAGLE feature head (Li et al. 2024)
+and Medusa heads (Cai et al. 2024).
 
 An EAGLE head is one decoder layer that extrapolates the target's features: at position ``i`` it
 reads the target's final hidden state ``f_i`` (before the final norm) and the embedding of the next
@@ -7,6 +8,11 @@ first ``draft_vocab_size`` ids, FR-Spec) turn that into a distribution over ``x_
 continues on its own predicted features. It reads ~1/20 of a target step's bytes and needs no
 prompt pass of a model of its own: the target's prefill already computed every feature it reads
 (:meth:`specdec.models.kv_cache.KVCache.record_features`).
+
+Medusa heads are K residual blocks on the target's last hidden state (after its final norm): block
+k predicts the token k+1 positions after the one the target's own LM head predicts, all at once —
+no autoregressive draft steps, and each block reads H×H weights (+ the LM head rows). Multi-token
+prediction (MTP) heads have the same shape.
 
 A trained head is a directory: ``config.json`` (:class:`HeadConfig`: its shape and the target it was
 trained on) and ``model.safetensors``. ``specdec train-drafter`` writes one (:mod:`specdec.train`).
@@ -27,7 +33,7 @@ from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
 from specdec.models.transformer import DecoderLayer, rope_tables
 
-HEAD_KINDS = ("eagle",)
+HEAD_KINDS = ("eagle", "medusa")
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -49,14 +55,16 @@ class HeadConfig:
     rope_theta: float
     rms_norm_eps: float
     max_position_embeddings: int
+    num_medusa_heads: int = 0  # medusa: K blocks (drafts up to K tokens per round)
     target: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def for_target(cls, target: ModelConfig, draft_vocab_size: int = 32768, intermediate_size: int | None = None,
-                   kind: str = "eagle") -> "HeadConfig":
+                   kind: str = "eagle", num_medusa_heads: int = 4) -> "HeadConfig":
         """A head for ``target``: its attention shape and RoPE, a smaller MLP (2× hidden by default:
-        the head must cost a small fraction of a target step) and the first ``draft_vocab_size`` ids."""
+        the head must cost a small fraction of a target step) and the first ``draft_vocab_size`` ids;
+        ``num_medusa_heads`` for kind ``medusa``."""
         if kind not in HEAD_KINDS:
             raise SpecdecError(f"unknown head kind {kind!r}; available: {', '.join(HEAD_KINDS)}")
         return cls(kind=kind, hidden_size=target.hidden_size, vocab_size=target.vocab_size,
@@ -64,7 +72,7 @@ class HeadConfig:
                    num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
                    intermediate_size=intermediate_size or 2 * target.hidden_size, rope_theta=target.rope_theta,
                    rms_norm_eps=target.rms_norm_eps, max_position_embeddings=target.max_position_embeddings,
-                   target=target_signature(target))
+                   num_medusa_heads=num_medusa_heads if kind == "medusa" else 0, target=target_signature(target))
 
     def layer_config(self) -> ModelConfig:
         """The head's decoder layer as a one-layer :class:`ModelConfig` (the target's layer code runs it)."""
@@ -146,7 +154,53 @@ class EagleHead(nn.Module):
                    if t is not self.rope_cos and t is not self.rope_sin)
 
 
-def quantize_head(head: EagleHead) -> EagleHead:
+class MedusaHeads(nn.Module):
+    """K residual blocks ``h + SiLU(W_k h + b_k)`` on the target's normed last hidden state ``h``;
+    the target's LM head rows score each (not part of the head: passed in)."""
+
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        if config.num_medusa_heads < 1:
+            raise SpecdecError("a medusa head needs num_medusa_heads >= 1")
+        self.config = config
+        self.blocks = nn.ModuleList(ResidualBlock(config.hidden_size) for _ in range(config.num_medusa_heads))
+
+    def init_residual(self, scale: float = 0.0) -> "MedusaHeads":
+        """Medusa's initialisation: zero weights, so every block starts as the target's own head."""
+        with torch.no_grad():
+            for block in self.blocks:
+                block.linear.weight.normal_(0.0, scale) if scale else block.linear.weight.zero_()
+                block.linear.bias.zero_()
+        return self
+
+    def forward(self, normed: torch.Tensor) -> torch.Tensor:
+        """``normed [T, hidden]`` → ``[K, T, hidden]``: block k's hidden state for the token k+1
+        positions after the target's own next token."""
+        return torch.stack([block(normed) for block in self.blocks])
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.parameters(), *self.buffers()])
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.nn.functional.silu(self.linear(x))
+
+
+DraftHead = EagleHead | MedusaHeads
+
+
+def new_head(config: HeadConfig) -> DraftHead:
+    """An untrained head of ``config.kind``, initialised as each method starts (see init_residual)."""
+    return (EagleHead(config) if config.kind == "eagle" else MedusaHeads(config)).init_residual()
+
+
+def quantize_head(head: DraftHead) -> DraftHead:
     """The head's linear layers as int8 (per-channel weights, per-token activations; the target's
     int8 kernel), in place: a quarter of the bytes per draft step. It only proposes, so its rounding
     costs at most acceptance, never exactness."""
@@ -161,7 +215,7 @@ def quantize_head(head: EagleHead) -> EagleHead:
     return head
 
 
-def save_head(head: EagleHead, directory: str | Path, training: dict[str, Any] | None = None) -> Path:
+def save_head(head: DraftHead, directory: str | Path, training: dict[str, Any] | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (float32) into ``directory``."""
     from safetensors.torch import save_file
 
@@ -193,7 +247,7 @@ def read_head_config(directory: str | Path) -> HeadConfig:
     return config
 
 
-def load_head(directory: str | Path, target: ModelConfig | None = None) -> EagleHead:
+def load_head(directory: str | Path, target: ModelConfig | None = None) -> DraftHead:
     """A trained head from ``directory`` (float32, CPU), checked against ``target`` when given."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -209,9 +263,32 @@ def load_head(directory: str | Path, target: ModelConfig | None = None) -> Eagle
         state = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as exc:
         raise WeightsError(f"{weights} is not a readable safetensors file: {exc}") from None
-    head = EagleHead(config)
+    head = EagleHead(config) if config.kind == "eagle" else MedusaHeads(config)
     try:
         head.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise WeightsError(f"{weights} does not match its config.json: {exc}") from None
     return head.eval().requires_grad_(False)
+
+
+#: loaded heads by (directory, weights' mtime, target decoder, kind): a drafter factory runs per request
+_LOADED: dict[tuple[str, int, int, str], DraftHead] = {}
+
+
+def trained_head(decoder: nn.Module, directory: str | Path, kind: str) -> DraftHead:
+    """The ``kind`` head in ``directory`` for the target ``decoder``, loaded once per process: int8
+    linears when the target runs quantized on the CPU (a quarter of the bytes per draft step),
+    float otherwise. A clear error when the directory holds another kind or another target's head."""
+    path = Path(directory).expanduser().resolve()
+    weights = path / WEIGHTS_FILE
+    key = (str(path), weights.stat().st_mtime_ns if weights.is_file() else 0, id(decoder), kind)
+    if key not in _LOADED:
+        config = read_head_config(path)
+        if config.kind != kind:
+            raise SpecdecError(f"{path} holds a {config.kind} head, not a {kind} one: use --method {config.kind}")
+        head = load_head(path, decoder.config)
+        if decoder.quantization is not None and decoder.device.type == "cpu":
+            quantize_head(head)
+        _LOADED.clear()  # one head per process at a time: a server serves one pair
+        _LOADED[key] = head.to(decoder.device)
+    return _LOADED[key]

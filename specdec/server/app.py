@@ -108,8 +108,8 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
     if spec.method is not None and method_info(spec.method).needs_draft_model and state.draft is None:
         raise APIError(400, f"method {spec.method!r} is not available: the server was started without --draft-model",
                        param="speculative")
-    if spec.method == "eagle" and not spec.drafter_path:
-        raise APIError(400, "method 'eagle' is not available: the server was started without --drafter-path",
+    if spec.method is not None and "drafter_path" in method_info(spec.method).options and not spec.drafter_path:
+        raise APIError(400, f"method {spec.method!r} is not available: the server was started without --drafter-path",
                        param="speculative")
     if spec.method == "retrieval" and not spec.datastore:
         raise APIError(400, "method 'retrieval' is not available: the server was started without --datastore",

@@ -15,9 +15,10 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.train.data import extract_features, load_documents, load_shards, token_sequences
-from specdec.train.eagle import TargetParts, TrainConfig, describe, train_eagle
+from specdec.train.loop import TrainConfig, describe, train_head
+from specdec.train.target_parts import TargetParts
 
-KINDS = ("eagle",)
+KINDS = ("eagle", "medusa")
 
 
 @dataclass
@@ -34,7 +35,8 @@ class DrafterTraining:
     held_out_sequences: int = 32
     extract_minutes: float = 40.0
     draft_vocab_size: int = 32768
-    intermediate_size: int = 0  # 0: 2 × hidden
+    intermediate_size: int = 0  # eagle: the head's MLP width (0: 2 × hidden)
+    num_medusa_heads: int = 4  # medusa: K heads (tokens per round)
     resume: bool = False
     eval_prompts: int = 8
     eval_prompt_tokens: int = 128
@@ -49,7 +51,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     ``progress``: tqdm bars on stderr; ``log(line)``: what each stage found (the CLI prints both)."""
     import specdec
     from specdec.cpu import cpu_description
-    from specdec.models.heads import EagleHead, HeadConfig
+    from specdec.models.heads import HeadConfig, new_head
     from specdec.train.report import measure_speculation, write_report
 
     if job.kind not in KINDS:
@@ -82,22 +84,23 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     train_tokens = int((train_data["tokens"] >= 0).sum())
     log(f"features: {shards} shards, {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens")
 
-    config = HeadConfig.for_target(target.config, job.draft_vocab_size, job.intermediate_size or None)
+    config = HeadConfig.for_target(target.config, job.draft_vocab_size, job.intermediate_size or None, job.kind,
+                                   job.num_medusa_heads)
     torch.manual_seed(job.train.seed)
-    head = EagleHead(config).init_residual()
+    head = new_head(config)
     parts = TargetParts(target.backend.decoder, config.draft_vocab_size)
     info = {"kind": job.kind, "target": target.name, "data": job.data, "feature_mode": target.backend.dtype_name,
             "train_sequences": train_data["tokens"].shape[0], "train_tokens": train_tokens,
             "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
             "extract_minutes": round(extract_minutes, 1), "draft_vocab_size": config.draft_vocab_size,
             "head_parameters": sum(p.numel() for p in head.parameters()), "cpu": cpu_description()}
-    history = train_eagle(head, parts, train_data, held_data, out, job.train, resume=job.resume, training_info=info,
+    history = train_head(head, parts, train_data, held_data, out, job.train, resume=job.resume, training_info=info,
                           progress=progress, log=log)
     info["train_minutes"] = round(history.seconds / 60, 1)
     log(f"trained: {describe(history)}")
     result = None
     if not job.skip_eval:
         prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
-        result = measure_speculation(target, out, prompts, job.eval_new_tokens, job.gamma)
+        result = measure_speculation(target, out, job.kind, prompts, job.eval_new_tokens, min(job.gamma, job.num_medusa_heads) if job.kind == "medusa" else job.gamma)
         log(result.line())
     return write_report(out, history, result, info)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.stats import position_counts
-from specdec.train.eagle import History
+from specdec.train.loop import History
 
 
 @dataclass
@@ -37,7 +37,7 @@ class SpeculationResult:
                 f"(median), outputs identical to plain: {'yes' if self.identical else 'NO'}")
 
 
-def measure_speculation(target, head_dir: Path, prompts: list[list[int]], new_tokens: int = 64,  # noqa: ANN001 - LoadedModel
+def measure_speculation(target, head_dir: Path, kind: str, prompts: list[list[int]], new_tokens: int = 64,  # noqa: ANN001 - LoadedModel
                         gamma: int = 4) -> SpeculationResult:
     """Greedy decoding of each prompt with the head and plainly (interleaved, same process)."""
     import specdec
@@ -45,7 +45,7 @@ def measure_speculation(target, head_dir: Path, prompts: list[list[int]], new_to
     from specdec.sampling import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    spec = SpecConfig(method="eagle", drafter_path=str(head_dir), num_speculative_tokens=gamma)
+    spec = SpecConfig(method=kind, drafter_path=str(head_dir), num_speculative_tokens=gamma)
     specdec.generate(target, prompts[0][:16], params, spec=spec)  # warm-up: loads the head
     rounds, ratios, costs = [], [], []
     accepted = proposed = forwards = decoded = 0
@@ -88,7 +88,7 @@ def plot_history(history: History, path: Path) -> Path:
     eval_tokens = [token_at.get(step, 0) for step in history.eval_steps]
     loss_ax.plot(eval_tokens, history.eval_loss, "o-", label="held-out")
     loss_ax.set_xlabel("training tokens")
-    loss_ax.set_ylabel("loss (feature regression + token cross-entropy)")
+    loss_ax.set_ylabel("loss")
     loss_ax.legend()
     top1_ax.plot(eval_tokens, history.eval_top1, "o-")
     top1_ax.set_xlabel("training tokens")

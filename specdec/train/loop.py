@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.models.heads import EagleHead, save_head
+from specdec.models.heads import DraftHead, save_head
+from specdec.train.losses import head_loss
+from specdec.train.target_parts import TargetParts
 
 
 @dataclass
@@ -59,68 +61,14 @@ class History:
     seconds: float = 0.0  # of training, over every resumed run
 
 
-class TargetParts:
-    """The frozen parts of the target a head trains through: token embedding, final norm and the
-    first ``rows`` LM head rows as float32 (``[rows, hidden]``, read back from any weight format)."""
-
-    def __init__(self, decoder: nn.Module, rows: int) -> None:
-        self.embed_tokens = decoder.model.embed_tokens
-        self.norm_weight = decoder.model.norm.weight.detach().float().clone()
-        self.eps = decoder.config.rms_norm_eps
-        self.lm_rows = float_head_rows(decoder, rows)
-
-    @torch.no_grad()
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(tokens.long()).float()
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Pre-norm features ``[T, hidden]`` → logits over the head's rows ``[T, rows]``."""
-        return F.linear(F.rms_norm(hidden, self.norm_weight.shape, self.norm_weight, self.eps), self.lm_rows)
-
-
 @torch.no_grad()
-def float_head_rows(decoder: nn.Module, rows: int) -> torch.Tensor:
-    """The LM head's first ``rows`` rows as float32 ``[rows, hidden]``: sliced from a float head,
-    or the quantized head's own output for the identity matrix (weight-only kernels: exactly its
-    dequantized weights; int8 activations: a one-hot row quantizes without error)."""
-    head = decoder.lm_head
-    if isinstance(head, nn.Linear):
-        return head.weight[:rows].detach().float().clone()
-    hidden = decoder.config.hidden_size
-    return decoder.head_rows(rows)(torch.eye(hidden)).float().T.contiguous()
-
-
-def sequence_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
-                  target_ids: torch.Tensor, noise: float, reg_weight: float, cls_weight: float,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """One sequence: ``tokens [T]`` (-1 past its end), ``features [T, hidden]``, ``target_ids [T]``
-    (the target's greedy next token per position). Pair i = (f_i, x_{i+1}) predicts f_{i+1} and the
-    token after it, target_ids[i+1]."""
-    length = int((tokens >= 0).sum())
-    f = features[:length].float()
-    f_in, f_next = f[:-1], f[1:]
-    if noise > 0:
-        scale = f_in.pow(2).mean(-1, keepdim=True).sqrt()
-        f_in = f_in + noise * scale * (2 * torch.rand(f_in.shape, generator=generator) - 1)
-    positions = torch.arange(length - 1)
-    predicted = head(f_in, parts.embed(tokens[1:length]), positions, head.new_cache(length - 1))
-    rms = f_next.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-6)
-    reg = F.smooth_l1_loss(predicted / rms, f_next / rms)
-    logits = parts.logits(predicted)
-    with torch.no_grad():
-        target_probs = torch.softmax(parts.logits(f_next), dim=-1)
-    cls = -(target_probs * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
-    top1 = float((logits.argmax(-1) == target_ids[1:length].long()).float().mean())
-    return reg_weight * reg + cls_weight * cls, {"reg": reg.item(), "cls": cls.item(), "top1": top1, "tokens": length - 1}
-
-
-@torch.no_grad()
-def evaluate(head: EagleHead, parts: TargetParts, data: dict[str, torch.Tensor], config: TrainConfig) -> dict[str, float]:
-    """Held-out loss and teacher-forced top-1 agreement with the target's greedy token."""
+def evaluate(head: DraftHead, parts: TargetParts, data: dict[str, torch.Tensor], config: TrainConfig) -> dict[str, float]:
+    """Held-out loss and teacher-forced top-1 agreement with the target's greedy token (Medusa: of
+    the first head)."""
     total = top1 = tokens = 0.0
     for row in range(data["tokens"].shape[0]):
-        loss, info = sequence_loss(head, parts, data["tokens"][row], data["features"][row], data["target_ids"][row],
-                                   0.0, config.reg_weight, config.cls_weight)
+        loss, info = head_loss(head, parts, data["tokens"][row], data["features"][row], data["target_ids"][row],
+                               0.0, config.reg_weight, config.cls_weight)
         total += float(loss) * info["tokens"]
         top1 += info["top1"] * info["tokens"]
         tokens += info["tokens"]
@@ -132,7 +80,7 @@ def learning_rate(config: TrainConfig, step: int) -> float:
     return config.lr * min(1.0, (step + 1) / max(1, config.warmup_steps))
 
 
-def train_eagle(head: EagleHead, parts: TargetParts, train: dict[str, torch.Tensor], held_out: dict[str, torch.Tensor],
+def train_head(head: DraftHead, parts: TargetParts, train: dict[str, torch.Tensor], held_out: dict[str, torch.Tensor],
                 out_dir: Path, config: TrainConfig, resume: bool = False, training_info: dict | None = None,
                 progress: bool = False, log: Callable[[str], None] = lambda _line: None) -> History:
     """Train ``head`` in place until the budget (or ``max_steps``/``max_epochs``) runs out; checkpoints
@@ -158,7 +106,7 @@ def train_eagle(head: EagleHead, parts: TargetParts, train: dict[str, torch.Tens
     if config.max_steps:
         last_step = min(last_step, config.max_steps)
     budget = config.budget_minutes * 60
-    bar = tqdm(total=budget, initial=min(seconds, budget), desc="training eagle head", unit="s", disable=not progress,
+    bar = tqdm(total=budget, initial=min(seconds, budget), desc=f"training {head.config.kind} head", unit="s", disable=not progress,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s {postfix}")
     last_save = time.perf_counter()
 
@@ -178,8 +126,8 @@ def train_eagle(head: EagleHead, parts: TargetParts, train: dict[str, torch.Tens
         optimizer.zero_grad(set_to_none=True)
         batch_loss, batch_tokens = 0.0, 0
         for row in order.tolist():
-            loss, info = sequence_loss(head, parts, train["tokens"][row], train["features"][row], train["target_ids"][row],
-                                       config.noise, config.reg_weight, config.cls_weight, generator)
+            loss, info = head_loss(head, parts, train["tokens"][row], train["features"][row], train["target_ids"][row],
+                                   config.noise, config.reg_weight, config.cls_weight, generator)
             (loss / config.batch_size).backward()
             batch_loss += loss.item() / config.batch_size
             batch_tokens += info["tokens"]

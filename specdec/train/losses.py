@@ -1,0 +1,79 @@
+"""What each head kind learns from a teacher-forced sequence (:mod:`specdec.train.data`).
+
+**EAGLE**: a regression of the next feature (smooth L1, each row scaled by the target feature's
+RMS so the model's few huge channels do not drown the rest) plus the cross-entropy of the head's
+token distribution against the target's (weighted 1, not EAGLE's 0.1: see
+:class:`specdec.train.loop.TrainConfig`), both through the target's frozen final norm and LM head
+rows. Input features get a little uniform noise, as in EAGLE: at drafting time the head reads its
+own predicted features, which are never exact.
+
+**Medusa**: head k reads the feature at position i and learns the target's distribution k+1
+tokens later (the target's own LM head covers the next token), by cross-entropy against the
+target's distribution there (self-distillation, Medusa-2 style).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specdec.models.heads import DraftHead, EagleHead, MedusaHeads
+from specdec.train.target_parts import TargetParts
+
+
+def head_loss(head: DraftHead, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
+              target_ids: torch.Tensor, noise: float, reg_weight: float, cls_weight: float,
+              generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of ``head`` on one sequence (see :func:`eagle_loss` for the arguments)."""
+    if isinstance(head, MedusaHeads):
+        return medusa_loss(head, parts, tokens, features, target_ids)
+    return eagle_loss(head, parts, tokens, features, target_ids, noise, reg_weight, cls_weight, generator)
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of −Σ p·log q, p = softmax(target_logits) (no gradient), q = softmax(logits)."""
+    with torch.no_grad():
+        target_probs = torch.softmax(target_logits, dim=-1)
+    return -(target_probs * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+
+
+def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
+               target_ids: torch.Tensor, noise: float, reg_weight: float, cls_weight: float,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """One sequence: ``tokens [T]`` (-1 past its end), ``features [T, hidden]``, ``target_ids [T]``
+    (the target's greedy next token per position). Pair i = (f_i, x_{i+1}) predicts f_{i+1} and the
+    token after it, target_ids[i+1]."""
+    length = int((tokens >= 0).sum())
+    f = features[:length].float()
+    f_in, f_next = f[:-1], f[1:]
+    if noise > 0:
+        scale = f_in.pow(2).mean(-1, keepdim=True).sqrt()
+        f_in = f_in + noise * scale * (2 * torch.rand(f_in.shape, generator=generator) - 1)
+    positions = torch.arange(length - 1)
+    predicted = head(f_in, parts.embed(tokens[1:length]), positions, head.new_cache(length - 1))
+    rms = f_next.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-6)
+    reg = F.smooth_l1_loss(predicted / rms, f_next / rms)
+    logits = parts.logits(predicted)
+    cls = soft_cross_entropy(logits, parts.logits(f_next))
+    top1 = float((logits.argmax(-1) == target_ids[1:length].long()).float().mean())
+    return reg_weight * reg + cls_weight * cls, {"reg": reg.item(), "cls": cls.item(), "top1": top1, "tokens": length - 1}
+
+
+def medusa_loss(head: MedusaHeads, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
+                target_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Head k (0-based) at position i predicts the target's token after position i+k+1: its
+    distribution there (soft labels from the feature f_{i+k+1}); ``top1`` is the first head's."""
+    length = int((tokens >= 0).sum())
+    f = features[:length].float()
+    normed = parts.norm(f)
+    total = torch.zeros(())
+    top1 = 0.0
+    for k, block in enumerate(head.blocks):
+        shift = k + 1
+        if length <= shift:
+            break
+        logits = F.linear(block(normed[: length - shift]), parts.lm_rows)
+        total = total + soft_cross_entropy(logits, parts.logits(f[shift:]))
+        if k == 0:
+            top1 = float((logits.argmax(-1) == target_ids[shift:length].long()).float().mean())
+    return total / len(head.blocks), {"top1": top1, "tokens": length - 1}

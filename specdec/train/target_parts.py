@@ -1,0 +1,42 @@
+"""The frozen parts of the target a head trains through (embedding, final norm, LM head rows)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TargetParts:
+    """The frozen parts of the target a head trains through: token embedding, final norm and the
+    first ``rows`` LM head rows as float32 (``[rows, hidden]``, read back from any weight format)."""
+
+    def __init__(self, decoder: nn.Module, rows: int) -> None:
+        self.embed_tokens = decoder.model.embed_tokens
+        self.norm_weight = decoder.model.norm.weight.detach().float().clone()
+        self.eps = decoder.config.rms_norm_eps
+        self.lm_rows = float_head_rows(decoder, rows)
+
+    @torch.no_grad()
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(tokens.long()).float()
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's final norm (what its LM head reads)."""
+        return F.rms_norm(hidden, self.norm_weight.shape, self.norm_weight, self.eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Pre-norm features ``[T, hidden]`` → logits over the head's rows ``[T, rows]``."""
+        return F.linear(self.norm(hidden), self.lm_rows)
+
+
+@torch.no_grad()
+def float_head_rows(decoder: nn.Module, rows: int) -> torch.Tensor:
+    """The LM head's first ``rows`` rows as float32 ``[rows, hidden]``: sliced from a float head,
+    or the quantized head's own output for the identity matrix (weight-only kernels: exactly its
+    dequantized weights; int8 activations: a one-hot row quantizes without error)."""
+    head = decoder.lm_head
+    if isinstance(head, nn.Linear):
+        return head.weight[:rows].detach().float().clone()
+    hidden = decoder.config.hidden_size
+    return decoder.head_rows(rows)(torch.eye(hidden)).float().T.contiguous()
