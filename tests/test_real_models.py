@@ -131,6 +131,25 @@ def test_int8_speculative_greedy_is_identical_for_every_method(pair_int8, humane
     assert out.stats.proposed_tokens > 0 or method in ("ngram", "suffix")
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_int8_feature_heads_on_the_real_target(pair_int8, humaneval_prompt, tmp_path, kind):
+    """A feature head of the real target's shape (untrained: its weights are not shipped; a trained one
+    is `specdec train-drafter`'s output) drafts from the real int8 target's recorded features and the
+    output stays plain decoding's; the int8 head reads a small fraction of a target step's bytes."""
+    from specdec.models.heads import HeadConfig, new_head, save_head
+
+    target, _ = pair_int8
+    torch.manual_seed(0)
+    save_head(new_head(HeadConfig.for_target(target.config, kind=kind)), tmp_path)
+    params = specdec.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = specdec.generate(target, humaneval_prompt, params)
+    spec = specdec.SpecConfig(method=kind, num_speculative_tokens=3, drafter_path=str(tmp_path))
+    out = specdec.generate(target, humaneval_prompt, params, spec=spec)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.proposed_tokens > 0
+    assert out.stats.draft_weight_bytes < 0.25 * target.backend.weight_bytes
+
+
 @pytest.mark.parametrize("method", ["draft_model", "draft_suffix", "suffix", "ngram"])
 def test_int8_tree_speculation_greedy_is_identical(pair_int8, humaneval_prompt, method):
     """Token trees on the real pair (issue 22): every tree node scored in one forward, the caches

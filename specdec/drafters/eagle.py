@@ -25,15 +25,15 @@ import torch
 
 from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
-from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
-from specdec.drafters.draft_model import draft_steps, full_vocab, usable_vocab_limit
-from specdec.errors import SpecdecError
-from specdec.models.heads import EagleHead, trained_head
-from specdec.models.kv_cache import KVCache
+from specdec.drafters.base import Draft, DrafterResources, MethodInfo
+from specdec.drafters.draft_model import draft_steps, full_vocab
+from specdec.drafters.features import FeatureDrafter, head_for
+from specdec.models.heads import EagleHead
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint
 
-class EagleDrafter(Drafter):
+
+class EagleDrafter(FeatureDrafter):
     """One request's EAGLE drafting (see module doc)."""
 
     name = "eagle"
@@ -41,36 +41,21 @@ class EagleDrafter(Drafter):
     def __init__(self, head: EagleHead, target: TorchBackend, params: SamplingParams, generator: torch.Generator,
                  max_seq_len: int, context_window: int = 0, confidence_threshold: float = 0.0,
                  constraint: GrammarConstraint | None = None) -> None:
-        self.head = head
-        self.decoder = target.decoder
-        self.vocab_size = target.config.vocab_size
-        self.vocab_limit = usable_vocab_limit(head.config.draft_vocab_size, self.vocab_size)
+        super().__init__(head, target)
+        self.head: EagleHead = head
         self.params = params
         self.generator = generator
         self.context_window = context_window  # read at most the last N prompt positions (0: all)
         self.confidence_threshold = confidence_threshold
         self.constraint = constraint
         self.cache = head.new_cache(max_seq_len)
-        self.target_state: KVCache | None = None
         self.first = 0  # position of the head cache's slot 0
         self.read = 0  # committed positions in the head cache (from ``first``)
-        self.model_forwards = 0
 
     @property
     def weight_bytes(self) -> int:
         """The head's bytes plus the target LM head rows it scores with, per draft step."""
-        rows = self.decoder.head_rows(self.vocab_limit) if self.vocab_limit else self.decoder.lm_head
-        if isinstance(rows, torch.nn.Module):
-            head_rows = sum(t.numel() * t.element_size() for t in [*rows.parameters(), *rows.buffers()])
-        else:  # a float head's view of its first rows
-            head_rows = self.vocab_limit * self.decoder.config.hidden_size * self.decoder.lm_head.weight.element_size()
-        return self.head.weight_bytes + head_rows
-
-    def bind_target_state(self, state: object) -> None:
-        if not isinstance(state, KVCache):
-            raise SpecdecError("eagle reads the target's features: it needs specdec's torch backend")
-        state.record_features(self.decoder.config.hidden_size)
-        self.target_state = state
+        return self.head.weight_bytes + self.head_rows_bytes()
 
     def start(self, prompt_ids: list[int]) -> None:
         self.cache.truncate(0)
@@ -81,9 +66,8 @@ class EagleDrafter(Drafter):
 
     def _scores(self, predicted: torch.Tensor) -> torch.Tensor:
         """``predicted [1, hidden]`` feature → draft logits over the whole vocabulary (see full_vocab)."""
-        normed = self.decoder.model.norm(predicted)
-        head = self.decoder.head_rows(self.vocab_limit) if self.vocab_limit else self.decoder.lm_head
-        return full_vocab(head(normed).float()[-1], self.vocab_size, self.params.is_greedy)
+        normed = self.decoder.model.norm(predicted.to(self.decoder.float_dtype))
+        return full_vocab(self.scorer()(normed).float()[-1], self.vocab_size, self.params.is_greedy)
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.decoder.device)
@@ -91,12 +75,8 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, context_ids: list[int], k: int) -> Draft:
-        state = self.target_state
-        if state is None or state.features is None:
-            raise RuntimeError("EagleDrafter needs the target's cache: the engine calls bind_target_state() before prefill")
+        state = self.committed_features(context_ids)
         committed = len(context_ids) - 1  # the target cache's positions; x_{n-1} is its next input
-        if state.seq_len != committed:
-            raise RuntimeError(f"target cache holds {state.seq_len} positions, expected {committed}")
         k = max(0, min(k, self.cache.max_seq_len - (committed - self.first)))
         if k == 0:
             return Draft(tokens=[])
@@ -126,11 +106,7 @@ class EagleDrafter(Drafter):
 
 
 def make_eagle_drafter(res: DrafterResources) -> EagleDrafter:
-    if not isinstance(res.target_backend, TorchBackend):
-        raise SpecdecError("eagle reads the target's features: it needs specdec's torch backend")
-    if not res.spec.drafter_path:
-        raise SpecdecError("eagle needs a trained head: --drafter-path DIR (train one with `specdec train-drafter --kind eagle`)")
-    head = trained_head(res.target_backend.decoder, res.spec.drafter_path, "eagle")
+    head = head_for(res, "eagle")
     spec = res.spec
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
     return EagleDrafter(head, res.target_backend, res.params, res.generator, res.max_seq_len,

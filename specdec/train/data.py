@@ -17,7 +17,6 @@ extraction resumes at the first missing shard.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import sysconfig
 import time
@@ -72,18 +71,14 @@ def file_documents(path: Path) -> list[Document]:
     if not path.is_file():
         raise SpecdecError(f"training data not found: {path} (give a file, a directory, or 'stdlib')")
     if path.suffix == ".jsonl":
+        from specdec.bench.datasets import read_jsonl
+
         docs = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpecdecError(f"{path}:{number}: not JSON: {exc}") from None
+        for row in read_jsonl(path):  # errors name the file and line
             text = row.get("text") or (row.get("prompt", "") + row.get("completion", "")) or "\n".join(row.get("turns", []))
             if not isinstance(text, str) or not text:
-                raise SpecdecError(f"{path}:{number}: no 'text', 'prompt'/'completion' or 'turns' field")
-            docs.append(Document(f"{path.name}:{number}", text))
+                raise SpecdecError(f"{path}:{row['_line']}: no 'text', 'prompt'/'completion' or 'turns' field")
+            docs.append(Document(f"{path.name}:{row['_line']}", text))
         return docs
     return [Document(path.name, path.read_text(encoding="utf-8", errors="replace"))]
 

@@ -1,0 +1,88 @@
+"""Trained heads vs the 0.5B draft model (issue 23): τ, α, draft cost per token (÷ a target step)
+and decode speed against plain decoding of the same target, configurations interleaved per prompt,
+greedy chains of γ, every output checked identical to plain decoding.
+
+    .venv/bin/python benchmarks/trained_drafters.py --eagle DIR [--medusa DIR] --groups humaneval,mt_bench --limit 6
+
+The heads were trained on the Python standard library's sources (`specdec train-drafter`): HumanEval
+and MT-Bench prompts are held out by construction. Prints per group the medians over prompts; the CPU
+flags go in the header so results from different machines are not mixed up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import specdec  # noqa: E402
+from specdec.bench.datasets import load_prompts  # noqa: E402
+from specdec.cpu import cpu_description  # noqa: E402
+
+GROUPS = {"humaneval": ("humaneval", None), "mt_bench": ("spec_bench", ["mt_bench"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--quantize", default="int8", help="target execution mode (default: int8, what the heads' features came from)")
+    parser.add_argument("--eagle", default=None, metavar="DIR", help="a trained eagle head")
+    parser.add_argument("--medusa", default=None, metavar="DIR", help="trained medusa heads")
+    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="the baseline drafter ('' to skip)")
+    parser.add_argument("--draft-quantize", default="int4-all")
+    parser.add_argument("--groups", default="humaneval,mt_bench", help=f"prompt groups: {', '.join(GROUPS)}")
+    parser.add_argument("--limit", type=int, default=6, help="prompts per group")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target = specdec.load_model(args.model, quantize=args.quantize)
+    draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize) if args.draft_model else None
+    params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    plan: dict[str, specdec.SpecConfig | None] = {"plain": None}
+    if args.eagle:
+        plan[f"eagle γ={args.gamma}"] = specdec.SpecConfig(method="eagle", drafter_path=args.eagle, num_speculative_tokens=args.gamma)
+    if args.medusa:
+        plan[f"medusa γ={args.gamma}"] = specdec.SpecConfig(method="medusa", drafter_path=args.medusa, num_speculative_tokens=args.gamma)
+    if draft is not None:
+        plan[f"draft_model γ={args.gamma}"] = specdec.SpecConfig(method="draft_model", num_speculative_tokens=args.gamma)
+    print(f"# {args.model} {args.quantize}" + (f" + {args.draft_model} {args.draft_quantize}" if draft else "")
+          + f"; CPU: {cpu_description()}; {args.threads} threads; greedy, {args.max_tokens} tokens, γ={args.gamma}", flush=True)
+    for group in args.groups.split(","):
+        dataset, categories = GROUPS[group]
+        rows = load_prompts(dataset, categories, args.limit)
+        results: dict[str, dict[str, list[float]]] = {name: {} for name in plan}
+        for row in rows:
+            ids = specdec.api.encode_prompt(target, row.turns[0], chat=row.chat)
+            plain_tokens, plain_speed = None, 1.0
+            for name, spec in plan.items():
+                uses_draft = spec is not None and spec.method == "draft_model"
+                out = specdec.generate(target, ids, params, draft=draft if uses_draft else None, spec=spec)
+                s = out.stats
+                speed = (s.generated_tokens - 1) / s.decode_time_s
+                if spec is None:
+                    plain_tokens, plain_speed = out.token_ids, speed
+                elif out.token_ids != plain_tokens:
+                    print(f"MISMATCH {name} on {row.id}", flush=True)
+                values = {"tau": s.mean_accepted_len, "alpha": s.acceptance_rate, "cost": s.draft_cost_ratio,
+                          "speed": speed, "ratio": speed / plain_speed, "gbs": s.achieved_gb_per_s}
+                for key, value in values.items():
+                    results[name].setdefault(key, []).append(value)
+            print(f"  {group} {row.id}: done", flush=True)
+        print(f"\n## {group} ({len(rows)} prompts, medians)\n")
+        print("| config | τ | α | draft cost ÷ target step | decode tok/s | × plain | GB/s |")
+        print("|---|---|---|---|---|---|---|")
+        for name, values in results.items():
+            m = {k: statistics.median(v) for k, v in values.items()}
+            print(f"| {name} | {m['tau']:.2f} | {m['alpha']:.2f} | {m['cost']:.3f} | {m['speed']:.1f} | {m['ratio']:.2f} | "
+                  f"{m['gbs']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

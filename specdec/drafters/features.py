@@ -1,0 +1,66 @@
+"""What the drafters that read the target's own hidden states (EAGLE, Medusa) share: asking the
+target's cache of the request to record its features, the target's LM head rows they score with,
+and what one draft pass reads. One class per method still lives in its own file."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from specdec.backends.torch_backend import TorchBackend
+from specdec.drafters.base import Drafter, DrafterResources
+from specdec.drafters.draft_model import usable_vocab_limit
+from specdec.errors import SpecdecError
+from specdec.models.heads import DraftHead, trained_head
+from specdec.models.kv_cache import KVCache
+
+
+class FeatureDrafter(Drafter):
+    """Base of :class:`~specdec.drafters.eagle.EagleDrafter` and :class:`~specdec.drafters.medusa.MedusaDrafter`."""
+
+    def __init__(self, head: DraftHead, target: TorchBackend) -> None:
+        self.head = head
+        self.decoder = target.decoder
+        self.vocab_size = target.config.vocab_size
+        #: score only ids < vocab_limit with the target's LM head (the head's draft vocabulary)
+        self.vocab_limit = usable_vocab_limit(head.config.draft_vocab_size, self.vocab_size)
+        self.target_state: KVCache | None = None
+        self.model_forwards = 0
+
+    def scorer(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The target's LM head, cut to the draft vocabulary (``Decoder.head_rows``)."""
+        return self.decoder.head_rows(self.vocab_limit) if self.vocab_limit else self.decoder.lm_head
+
+    def head_rows_bytes(self) -> int:
+        """Bytes of one pass of :meth:`scorer`."""
+        rows = self.scorer()
+        if isinstance(rows, torch.nn.Module):
+            return sum(t.numel() * t.element_size() for t in [*rows.parameters(), *rows.buffers()])
+        # a float head's view of its first rows
+        return (self.vocab_limit or self.vocab_size) * self.decoder.config.hidden_size * self.decoder.lm_head.weight.element_size()
+
+    def bind_target_state(self, state: object) -> None:
+        """Before the prefill: the target's cache keeps every position's final hidden state."""
+        if not isinstance(state, KVCache):
+            raise SpecdecError(f"{self.name} reads the target's features: it needs specdec's torch backend")
+        state.record_features(self.decoder.config.hidden_size)
+        self.target_state = state
+
+    def committed_features(self, context_ids: list[int]) -> KVCache:
+        """The target's cache, checked to hold every committed token but the newest, with features."""
+        state = self.target_state
+        if state is None or state.features is None:
+            raise RuntimeError(f"{type(self).__name__} needs the target's cache: the engine calls bind_target_state() before prefill")
+        if state.seq_len != len(context_ids) - 1:
+            raise RuntimeError(f"target cache holds {state.seq_len} positions, expected {len(context_ids) - 1}")
+        return state
+
+
+def head_for(res: DrafterResources, kind: str) -> DraftHead:
+    """The trained ``kind`` head a request's factory needs, with clear errors for what is missing."""
+    if not isinstance(res.target_backend, TorchBackend):
+        raise SpecdecError(f"{kind} reads the target's features: it needs specdec's torch backend")
+    if not res.spec.drafter_path:
+        raise SpecdecError(f"{kind} needs a trained head: --drafter-path DIR (train one with `specdec train-drafter --kind {kind}`)")
+    return trained_head(res.target_backend.decoder, res.spec.drafter_path, kind)
