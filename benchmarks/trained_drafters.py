@@ -38,7 +38,8 @@ def main() -> None:
     parser.add_argument("--groups", default="humaneval,mt_bench", help=f"prompt groups: {', '.join(GROUPS)}")
     parser.add_argument("--limit", type=int, default=6, help="prompts per group")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--gamma", type=int, default=4, help="γ of the draft model and of the heads")
+    parser.add_argument("--head-gammas", default="", help="more γ for the heads, comma-separated (e.g. 1,2)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -46,10 +47,10 @@ def main() -> None:
     draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize) if args.draft_model else None
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     plan: dict[str, specdec.SpecConfig | None] = {"plain": None}
-    if args.eagle:
-        plan[f"eagle γ={args.gamma}"] = specdec.SpecConfig(method="eagle", drafter_path=args.eagle, num_speculative_tokens=args.gamma)
-    if args.medusa:
-        plan[f"medusa γ={args.gamma}"] = specdec.SpecConfig(method="medusa", drafter_path=args.medusa, num_speculative_tokens=args.gamma)
+    head_gammas = [args.gamma, *(int(g) for g in args.head_gammas.split(",") if g.strip())]
+    for method, path in (("eagle", args.eagle), ("medusa", args.medusa)):
+        for gamma in head_gammas if path else []:
+            plan[f"{method} γ={gamma}"] = specdec.SpecConfig(method=method, drafter_path=path, num_speculative_tokens=gamma)
     if draft is not None:
         plan[f"draft_model γ={args.gamma}"] = specdec.SpecConfig(method="draft_model", num_speculative_tokens=args.gamma)
     print(f"# {args.model} {args.quantize}" + (f" + {args.draft_model} {args.draft_quantize}" if draft else "")

@@ -92,7 +92,7 @@ def plot_history(history: History, path: Path) -> Path:
     loss_ax.legend()
     top1_ax.plot(eval_tokens, history.eval_top1, "o-")
     top1_ax.set_xlabel("training tokens")
-    top1_ax.set_ylabel("held-out top-1 agreement with the target (teacher-forced)")
+    top1_ax.set_ylabel("held-out top-1 (teacher-forced)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
