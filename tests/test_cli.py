@@ -118,7 +118,8 @@ def test_models_lists_builtins():
     assert "qwen2.5-coder-1.5b" in proc.stdout and "target" in proc.stdout
 
 
-COMMANDS = ("generate", "verify", "bench", "serve", "tune", "datastore", "calibrate-skip", "models", "methods", "export")
+COMMANDS = ("generate", "verify", "bench", "serve", "tune", "train-drafter", "datastore", "calibrate-skip", "models", "methods",
+            "export")
 
 
 def test_help_lists_every_command_and_the_docstring_documents_each():
