@@ -51,6 +51,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="the head's MLP width (0: twice the target's hidden size; default: 0)")
     cmd.add_argument("--num-heads", type=positive_int, default=4, metavar="K",
                      help="medusa: heads, i.e. the most tokens one round drafts (default: 4)")
+    cmd.add_argument("--unroll-steps", type=positive_int, default=3, metavar="S",
+                     help="eagle: draft steps unrolled in training, each reading the head's own previous predictions "
+                          "(EAGLE-3's training-time test; 1 = teacher forcing only; each step costs about one more "
+                          "pass) (default: 3)")
+    cmd.add_argument("--step-decay", type=float, default=0.3, metavar="W",
+                     help="eagle: unrolled step s's loss weighs W**s (a later draft token only counts once the earlier "
+                          "ones were accepted) (default: 0.3)")
     cmd.add_argument("--batch-size", type=positive_int, default=4, help="sequences per optimizer step (default: 4)")
     cmd.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate after a 20-step warm-up (default: 5e-4)")
     cmd.add_argument("--max-steps", type=int, default=0, metavar="N", help="stop after N steps (0: the budget decides; default: 0)")
@@ -74,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.train.pipeline import DrafterTraining, train_drafter
 
     train = TrainConfig(batch_size=args.batch_size, lr=args.lr, budget_minutes=args.budget_minutes,
-                        checkpoint_minutes=args.checkpoint_minutes, max_steps=args.max_steps, seed=args.seed)
+                        checkpoint_minutes=args.checkpoint_minutes, max_steps=args.max_steps, seed=args.seed,
+                        unroll_steps=args.unroll_steps, step_decay=args.step_decay)
     job = DrafterTraining(model=args.model, out_dir=Path(args.out), kind=args.kind, data=args.data, quantize=args.quantize,
                           seq_len=args.seq_len, max_sequences=args.max_sequences, held_out_sequences=args.held_out_sequences,
                           extract_minutes=args.extract_minutes, draft_vocab_size=args.draft_vocab_size,

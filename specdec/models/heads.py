@@ -135,23 +135,83 @@ class EagleHead(nn.Module):
         return KVCache(1, cfg.num_kv_heads, cfg.head_dim, max_seq_len, self.rope_cos.dtype, self.rope_cos.device)
 
     def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
-                cache: KVCache) -> torch.Tensor:
+                cache: "KVCache | AppendCache", mask: torch.Tensor | None = None) -> torch.Tensor:
         """``features [T, hidden]`` (f_i), ``token_embeds [T, hidden]`` (e(x_{i+1})), ``positions [T]``
         (i) appended to ``cache`` → predicted next features ``[T, hidden]`` (f̂_{i+1}), before the
-        target's final norm."""
+        target's final norm. ``mask [T, cached+T]`` (bool, True = visible): which cache slots each row
+        attends to; None = causal. Training unrolls draft steps with it (:func:`unroll_mask`)."""
         seq = features.shape[0]
         x = self.fc(torch.cat([features, token_embeds], dim=-1))
         dtype = x.dtype
         start = cache.reserve(seq)
         cos, sin = self.rope_cos[positions].to(dtype), self.rope_sin[positions].to(dtype)
-        out = self.layer(x, cos, sin, cache, start, None)
+        out = self.layer(x, cos, sin, cache, start, mask)
         cache.advance(seq)
         return out
+
+    def unroll(self, features: torch.Tensor, token_embeds: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Training's view of ``steps`` draft steps at every position at once (EAGLE-3's
+        training-time test): ``features [T, hidden]`` (f_0..f_{T-1}, real), ``token_embeds [T, hidden]``
+        (e(x_1)..e(x_T)) → per step ``[T, hidden]``. Step 0 is teacher-forced; step s reads step s−1's
+        prediction at the position before (f̂_p) and attends as drafting does (:func:`unroll_mask`),
+        so row p of step s equals what a drafting round whose last real feature is at p−s computes
+        at its (s+1)-th token. Rows p < s have no such round (they read a real f_0; ignore them)."""
+        pairs = features.shape[0]
+        positions = torch.arange(pairs, device=features.device)
+        cache = AppendCache()
+        outputs: list[torch.Tensor] = []
+        inputs = features
+        for step in range(min(steps, pairs)):
+            mask = unroll_mask(pairs, step, features.device) if step else None
+            outputs.append(self(inputs, token_embeds, positions, cache, mask))
+            inputs = torch.cat([features[:1], outputs[-1][:-1]])
+        return outputs
 
     @property
     def weight_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in [*self.parameters(), *self.buffers()]
                    if t is not self.rope_cos and t is not self.rope_sin)
+
+
+class AppendCache:
+    """The head layer's keys/values grown by concatenation: training's unrolled steps backpropagate
+    through keys that later steps read, which :class:`KVCache`'s in-place slot writes would
+    invalidate. Only what :class:`~specdec.models.transformer.Attention` uses of a cache."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None  # [1, kv_heads, S, head_dim]
+        self.v: torch.Tensor | None = None
+        self.seq_len = 0
+
+    def reserve(self, num_new: int) -> int:
+        return self.seq_len
+
+    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Append ``[kv_heads, T, head_dim]`` keys/values (``start`` must be the current end)."""
+        if layer != 0 or start != self.seq_len:
+            raise ValueError("an AppendCache holds one layer, written at its end")
+        self.k = keys[None] if self.k is None else torch.cat([self.k, keys[None]], dim=2)
+        self.v = values[None] if self.v is None else torch.cat([self.v, values[None]], dim=2)
+
+    def advance(self, num_new: int) -> None:
+        self.seq_len += num_new
+
+
+def unroll_mask(pairs: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """``[pairs, (step+1)·pairs]`` visibility for draft step ``step`` (0-based) of an unrolled
+    training pass (EAGLE-3's training-time test). Step s's rows sit in cache slots
+    ``s·pairs .. s·pairs+pairs-1``, one per position; row p of step s is what drafting computes
+    when the last real feature is at position p−s: it sees step 0's slots (real features) at
+    positions ≤ p−s, and step r's slot at position p−s+r for r = 1..s (its own predicted chain,
+    its own slot last) — exactly the head's cache at that point of a drafting round."""
+    rows = torch.arange(pairs, device=device)
+    mask = torch.zeros(pairs, (step + 1) * pairs, dtype=torch.bool, device=device)
+    mask[:, :pairs] = rows[None, :] <= (rows - step)[:, None]
+    for r in range(1, step + 1):
+        position = rows - step + r
+        valid = position >= 0
+        mask[rows[valid], r * pairs + position[valid]] = True
+    return mask
 
 
 class MedusaHeads(nn.Module):

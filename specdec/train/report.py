@@ -90,9 +90,15 @@ def plot_history(history: History, path: Path) -> Path:
     loss_ax.set_xlabel("training tokens")
     loss_ax.set_ylabel("loss")
     loss_ax.legend()
-    top1_ax.plot(eval_tokens, history.eval_top1, "o-")
+    # evaluations before per-step numbers were kept (older checkpoints) have only step 1
+    offset = len(history.eval_top1) - len(history.eval_top1_steps)
+    by_step = [history.eval_top1_steps[i - offset] if i >= offset else [top1] for i, top1 in enumerate(history.eval_top1)]
+    for step in range(max((len(values) for values in by_step), default=0)):
+        points = [(tokens, values[step]) for tokens, values in zip(eval_tokens, by_step) if len(values) > step]
+        top1_ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=f"draft step {step + 1}")
     top1_ax.set_xlabel("training tokens")
-    top1_ax.set_ylabel("held-out top-1 (teacher-forced)")
+    top1_ax.set_ylabel("held-out top-1 agreement with the target")
+    top1_ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -113,6 +119,8 @@ def write_report(out_dir: Path, history: History, result: SpeculationResult | No
              f"- training: {history.steps[-1] if history.steps else 0} steps, {history.tokens[-1] if history.tokens else 0} "
              f"tokens seen, {info.get('train_minutes')} min; CPU: {info.get('cpu')}",
              f"- held-out: loss {history.eval_loss[-1]:.3f}, teacher-forced top-1 {history.eval_top1[-1]:.3f}"
+             + (f"; top-1 by draft step (on its own predictions): "
+                f"{', '.join(f'{v:.3f}' for v in history.eval_top1_steps[-1])}" if history.eval_top1_steps else "")
              if history.eval_loss else "- held-out: not evaluated",
              f"- head: {info.get('head_parameters')} parameters, {info.get('draft_vocab_size')} draft-vocabulary rows",
              "", "## Speculating on held-out prompts", "",
