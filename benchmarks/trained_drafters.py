@@ -35,6 +35,9 @@ def main() -> None:
     parser.add_argument("--medusa", default=None, metavar="DIR", help="trained medusa heads")
     parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="the baseline drafter ('' to skip)")
     parser.add_argument("--draft-quantize", default="int4-all")
+    parser.add_argument("--distilled", default=None, metavar="DIR",
+                        help="a distilled draft (train-drafter --kind distill) run beside --draft-model; compare both at "
+                             "--draft-quantize int8 (a GGUF's int4 keeps its own 4-bit blocks, a directory is rounded from float)")
     parser.add_argument("--groups", default="humaneval,mt_bench", help=f"prompt groups: {', '.join(GROUPS)}")
     parser.add_argument("--limit", type=int, default=6, help="prompts per group")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -44,16 +47,19 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = specdec.load_model(args.model, quantize=args.quantize)
-    draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize) if args.draft_model else None
+    drafts = {name: specdec.load_model(path, quantize=args.draft_quantize)
+              for name, path in (("draft_model", args.draft_model), ("distilled", args.distilled)) if path}
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     plan: dict[str, specdec.SpecConfig | None] = {"plain": None}
     head_gammas = [args.gamma, *(int(g) for g in args.head_gammas.split(",") if g.strip())]
     for method, path in (("eagle", args.eagle), ("medusa", args.medusa)):
         for gamma in head_gammas if path else []:
             plan[f"{method} γ={gamma}"] = specdec.SpecConfig(method=method, drafter_path=path, num_speculative_tokens=gamma)
-    if draft is not None:
-        plan[f"draft_model γ={args.gamma}"] = specdec.SpecConfig(method="draft_model", num_speculative_tokens=args.gamma)
-    print(f"# {args.model} {args.quantize}" + (f" + {args.draft_model} {args.draft_quantize}" if draft else "")
+    draft_of: dict[str, specdec.LoadedModel] = {}
+    for name, loaded in drafts.items():
+        plan[f"{name} γ={args.gamma}"] = specdec.SpecConfig(method="draft_model", num_speculative_tokens=args.gamma)
+        draft_of[f"{name} γ={args.gamma}"] = loaded
+    print(f"# {args.model} {args.quantize}" + "".join(f" + {name} {args.draft_quantize}" for name in drafts)
           + f"; CPU: {cpu_description()}; {args.threads} threads; greedy, {args.max_tokens} tokens, γ={args.gamma}", flush=True)
     for group in args.groups.split(","):
         dataset, categories = GROUPS[group]
@@ -63,8 +69,7 @@ def main() -> None:
             ids = specdec.api.encode_prompt(target, row.turns[0], chat=row.chat)
             plain_tokens, plain_speed = None, 1.0
             for name, spec in plan.items():
-                uses_draft = spec is not None and spec.method == "draft_model"
-                out = specdec.generate(target, ids, params, draft=draft if uses_draft else None, spec=spec)
+                out = specdec.generate(target, ids, params, draft=draft_of.get(name), spec=spec)
                 s = out.stats
                 speed = (s.generated_tokens - 1) / s.decode_time_s
                 if spec is None:

@@ -23,6 +23,7 @@ from specdec.sampling import SamplingParams
 from specdec.train.data import Document, teacher_forced, token_sequences
 from specdec.train.loop import TrainConfig, evaluate, train_head
 from specdec.train.target_parts import TargetParts, float_head_rows
+from specdec.tree import depths
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 PROMPTS = ["def fibonacci(n):", "The quick brown fox jumps over the lazy dog. The quick"]
@@ -140,6 +141,61 @@ def test_greedy_output_is_plain_decodings(tiny_dirs, head_dir, medusa_dir, quant
             assert out.stats.method == method
             if gamma != "auto":
                 assert out.stats.proposed_tokens > 0
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_eagle_trees_are_exact(tiny_dirs, head_dir, quantize):
+    """--spec-tree with an EAGLE head: each level's nodes go through the head together (tree mask
+    over its cache), the target verifies the tree; the output is plain decoding's."""
+    target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize=quantize)
+    for tree in (6, "auto"):
+        spec = SpecConfig(method="eagle", drafter_path=str(head_dir), num_speculative_tokens=4, spec_tree=tree)
+        for prompt in PROMPTS:
+            plain = specdec.generate(target, prompt, GREEDY)
+            out = specdec.generate(target, prompt, GREEDY, spec=spec)
+            assert out.token_ids == plain.token_ids, (prompt, tree)
+            assert out.stats.tree_rounds > 0
+
+
+@torch.no_grad()
+def test_eagle_tree_nodes_score_what_their_path_drafted_as_a_chain_would(tiny_target, tmp_path, monkeypatch):
+    """Every tree node's estimate is its parent's × the head's probability of its token after its
+    path — computed here the slow way (the head stepped along that path alone). Greedy identity
+    cannot catch a tree built from the wrong features; this can."""
+    from specdec.api import make_drafter
+    from specdec.drafters import draft_model
+
+    monkeypatch.setattr(draft_model, "DRAFT_TREE_MIN_VALUE", 0.0)  # the tiny model's flat distributions still branch
+    head_path = save_head(random_head(tiny_target, draft_vocab_size=300, scale=1.0, seed=3), tmp_path / "sharp")
+    ids = tiny_target.tokenizer.encode(PROMPTS[1])
+    spec = SpecConfig(method="eagle", drafter_path=str(head_path), num_speculative_tokens=4, spec_tree=16,
+                      draft_context_window=4)  # the head reads the last 4 prompt positions: its slot 0 is not position 0
+    drafter = make_drafter(tiny_target, spec, GREEDY, torch.Generator().manual_seed(0), len(ids) + 40)
+    state = tiny_target.backend.new_state(len(ids) + 40)
+    drafter.bind_target_state(state)
+    drafter.start(ids)
+    tiny_target.backend.forward(state, ids[:-1])  # the prefill: every committed position's feature
+    tree = drafter.propose(ids, 4)
+    assert tree.parents is not None and max(depths(tree.parents)) >= 2, tree  # branches beyond the first level
+
+    head, committed, first = drafter.head, len(ids) - 1, len(ids) - 4
+    assert first > 0
+    checked = 0
+    for node, parent in enumerate(tree.parents):
+        path, at = [], parent
+        while at >= 0:
+            path.insert(0, tree.tokens[at])
+            at = tree.parents[at]
+        cache = head.new_cache(64)
+        predicted = head(state.features[first:committed].float(), drafter._embed(ids[first + 1 :]),
+                         torch.arange(first, committed), cache)[-1:]
+        for offset, token in enumerate(path):
+            predicted = head(predicted, drafter._embed([token]), torch.tensor([committed + offset]), cache)
+        prob = float(torch.softmax(drafter._scores(predicted), -1)[tree.tokens[node]])
+        expected = prob * (1.0 if parent < 0 else tree.prefix_accept[parent])
+        assert tree.prefix_accept[node] == pytest.approx(expected, rel=1e-4, abs=1e-7), (node, path)
+        checked += parent >= 0
+    assert checked >= 6, tree
 
 
 @pytest.mark.parametrize("method", ["eagle"])

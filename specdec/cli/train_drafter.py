@@ -1,10 +1,11 @@
 """``specdec train-drafter``: train a drafter for a target on this machine (CPU by default).
 
 ``--kind eagle``: a one-layer head over the target's own features (EAGLE); ``--kind medusa``: K
-residual heads on the target's last hidden state. The target's features
-come from teacher forcing over text (one prefill per sequence), the head trains within a time
-budget with checkpoints, and a report measures it by actually speculating on held-out prompts.
-Use the result with ``--method eagle|medusa --drafter-path OUT``.
+residual heads on the target's last hidden state; ``--kind distill``: align a draft model to the
+target (DistillSpec). The target's features come from teacher forcing over text (one prefill per
+sequence), training runs within a time budget with checkpoints, and a report measures the result
+by actually speculating on held-out prompts. Use it with ``--method eagle|medusa --drafter-path
+OUT`` or ``--draft-model OUT``.
 """
 
 from __future__ import annotations
@@ -15,19 +16,22 @@ from pathlib import Path
 
 from specdec.cli.common import DEFAULT_TARGET, add_debug_flag, positive_int
 from specdec.config import QUANTIZE_MODES
+from specdec.models.registry import DEFAULT_DRAFT
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cmd = subparsers.add_parser(
-        "train-drafter", help="train a drafter head (EAGLE, Medusa) for a target model on this machine",
+        "train-drafter", help="train a drafter (EAGLE or Medusa head, or a distilled draft model) for a target on this machine",
         description="Train a drafter for --model: extract the target's features over --data by teacher forcing "
                     "(resumable shards under OUT/features), train the head within --budget-minutes (checkpoints "
                     "every few minutes; --resume continues), then measure it by speculating on held-out documents "
-                    "(OUT/report.md, OUT/loss.png). Use it with: specdec generate --method eagle|medusa --drafter-path OUT")
-    cmd.add_argument("--kind", default="eagle", choices=["eagle", "medusa"],
+                    "(OUT/report.md, OUT/loss.png). Use it with: specdec generate --method eagle|medusa --drafter-path OUT, "
+                    "or for --kind distill: specdec generate --draft-model OUT")
+    cmd.add_argument("--kind", default="eagle", choices=["eagle", "medusa", "distill"],
                      help="eagle: one decoder layer over [target feature; next-token embedding] with the target's LM head, "
                           "drafting autoregressively on its own features; medusa: K residual heads on the target's last "
-                          "hidden state proposing K tokens at once (default: eagle)")
+                          "hidden state proposing K tokens at once; distill: train --draft-model's last layers on the "
+                          "target's distributions (DistillSpec), saved as a model directory (default: eagle)")
     cmd.add_argument("--model", default=DEFAULT_TARGET, help=f"target model: built-in name, .gguf or HF directory (default: {DEFAULT_TARGET})")
     cmd.add_argument("--data", default="stdlib", metavar="stdlib|FILE|DIR",
                      help="training text: 'stdlib' (the Python standard library's sources: real code on every machine), "
@@ -44,13 +48,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="at most N training sequences (0: as many as --extract-minutes allows; default: 0)")
     cmd.add_argument("--seq-len", type=positive_int, default=256, metavar="T", help="tokens per training sequence (default: 256)")
     cmd.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES,
-                     help="the target's execution while extracting features: use the one you will run it with (default: auto)")
+                     help="the target's execution while extracting features: use the one you will run it with; auto: "
+                          "what --quantize auto picks when speculating with this --kind on this CPU (default: auto)")
     cmd.add_argument("--draft-vocab-size", type=positive_int, default=32768, metavar="N",
                      help="the head scores the first N token ids (BPE ids are frequency-ranked; FR-Spec) (default: 32768)")
     cmd.add_argument("--intermediate-size", type=int, default=0, metavar="N",
                      help="the head's MLP width (0: twice the target's hidden size; default: 0)")
     cmd.add_argument("--num-heads", type=positive_int, default=4, metavar="K",
                      help="medusa: heads, i.e. the most tokens one round drafts (default: 4)")
+    cmd.add_argument("--draft-model", default=DEFAULT_DRAFT, metavar="NAME|PATH",
+                     help=f"distill: the draft model to align (same tokenizer as the target) (default: {DEFAULT_DRAFT})")
+    cmd.add_argument("--trainable-layers", type=positive_int, default=2, metavar="N",
+                     help="distill: the draft's last N decoder layers and final norm train; the rest stays frozen (default: 2)")
+    cmd.add_argument("--divergence", default="kl", choices=["kl", "tvd"],
+                     help="distill: forward KL(target‖draft), or total variation distance (1 − α under sampling) (default: kl)")
     cmd.add_argument("--unroll-steps", type=positive_int, default=3, metavar="S",
                      help="eagle: draft steps unrolled in training, each reading the head's own previous predictions "
                           "(EAGLE-3's training-time test; 1 = teacher forcing only; each step costs about one more "
@@ -59,7 +70,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="eagle: unrolled step s's loss weighs W**s (a later draft token only counts once the earlier "
                           "ones were accepted) (default: 0.3)")
     cmd.add_argument("--batch-size", type=positive_int, default=4, help="sequences per optimizer step (default: 4)")
-    cmd.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate after a 20-step warm-up (default: 5e-4)")
+    cmd.add_argument("--lr", type=float, default=None,
+                     help="AdamW learning rate after a 20-step warm-up (default: 5e-4 for heads, 2e-5 for distill: "
+                          "a pretrained model's layers move little)")
     cmd.add_argument("--max-steps", type=int, default=0, metavar="N", help="stop after N steps (0: the budget decides; default: 0)")
     cmd.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
                      help="minutes between checkpoints (the head directory is rewritten each time; default: 5)")
@@ -80,15 +93,19 @@ def run(args: argparse.Namespace) -> int:
     from specdec.train.loop import TrainConfig
     from specdec.train.pipeline import DrafterTraining, train_drafter
 
-    train = TrainConfig(batch_size=args.batch_size, lr=args.lr, budget_minutes=args.budget_minutes,
+    lr = args.lr if args.lr is not None else (2e-5 if args.kind == "distill" else 5e-4)
+    train = TrainConfig(batch_size=args.batch_size, lr=lr, budget_minutes=args.budget_minutes,
                         checkpoint_minutes=args.checkpoint_minutes, max_steps=args.max_steps, seed=args.seed,
                         unroll_steps=args.unroll_steps, step_decay=args.step_decay)
     job = DrafterTraining(model=args.model, out_dir=Path(args.out), kind=args.kind, data=args.data, quantize=args.quantize,
                           seq_len=args.seq_len, max_sequences=args.max_sequences, held_out_sequences=args.held_out_sequences,
                           extract_minutes=args.extract_minutes, draft_vocab_size=args.draft_vocab_size,
-                          intermediate_size=args.intermediate_size, num_medusa_heads=args.num_heads, resume=args.resume, eval_prompts=args.eval_prompts,
+                          intermediate_size=args.intermediate_size, num_medusa_heads=args.num_heads, draft_model=args.draft_model,
+                          trainable_layers=args.trainable_layers, divergence=args.divergence, resume=args.resume,
+                          eval_prompts=args.eval_prompts,
                           eval_new_tokens=args.eval_tokens, gamma=args.num_speculative_tokens, skip_eval=args.skip_eval,
                           train=train)
     report = train_drafter(job, progress=True, log=lambda line: print(line, file=sys.stderr))
-    print(f"report: {report}\nuse it: specdec generate --method {args.kind} --drafter-path {args.out}")
+    use = f"--draft-model {args.out}" if args.kind == "distill" else f"--method {args.kind} --drafter-path {args.out}"
+    print(f"report: {report}\nuse it: specdec generate {use}")
     return 0

@@ -50,6 +50,56 @@ def tree_width(step_seconds: dict[int, float] | None) -> int:
                       if w in step_seconds and step_seconds[w] <= DRAFT_TREE_WIDTH_COST * single])
 
 
+def ranking_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The draft's distribution a tree ranks its candidates by: the request's sampling transform
+    (a candidate's chance of acceptance is the target's transformed probability of it), or the
+    plain softmax under greedy."""
+    if params.is_greedy:
+        return torch.softmax(logits.float(), -1)
+    return logits_to_probs(logits, params)
+
+
+#: grow_tree's ``forward(expand, tokens, parents)``: the ranking distributions of the nodes ``expand``
+#: (forwarded together, each after its ancestors), or None when there is no room to forward them
+TreeForward = Callable[[list[int], list[int], list[int]], Generator[ModelCall, torch.Tensor, "list[torch.Tensor] | None"]]
+
+
+def grow_tree(first_probs: torch.Tensor, depth: int, width: int, forward: TreeForward) -> Generator[ModelCall, torch.Tensor, Draft]:
+    """EAGLE-2's dynamic tree (Li et al. 2024), for any drafter that can score several nodes in one
+    pass: ``first_probs [vocab]`` is the distribution after the committed tokens; each node's
+    DRAFT_TREE_BRANCHES likeliest tokens become its children, valued by the product of
+    probabilities along their path; the ``width`` most valuable new nodes of a level are forwarded
+    together to branch at the next, up to ``depth`` levels. Leaves cost no draft work, so the tree
+    holds more nodes than a round verifies: the engine keeps the most valuable ones that pay
+    (:meth:`specdec.adaptive.VerifyCosts.best_tree`). Children are top choices, not samples —
+    point-mass proposals, exact under sampling too (:func:`specdec.verify.verify_tree`)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    estimates: list[float] = []
+    frontier = [(-1, first_probs)]
+    for level in range(depth):
+        added = []
+        for node, probs in frontier:
+            top = torch.topk(probs, min(DRAFT_TREE_BRANCHES, probs.shape[-1]))
+            for prob, token in zip(top.values.tolist(), top.indices.tolist()):
+                value = (1.0 if node < 0 else estimates[node]) * prob
+                if added and value < DRAFT_TREE_MIN_VALUE:
+                    break
+                added.append(len(tokens))
+                tokens.append(token)
+                parents.append(node)
+                estimates.append(value)
+        expand = sorted(added, key=lambda n: -estimates[n])[:width]
+        expand = [n for n in expand if estimates[n] >= DRAFT_TREE_MIN_VALUE]
+        if level + 1 == depth or not expand:
+            break
+        rows = yield from forward(expand, tokens, parents)
+        if rows is None:
+            break
+        frontier = list(zip(expand, rows))
+    return Draft(tokens=tokens, prefix_accept=estimates, parents=parents)
+
+
 def draft_steps(
     logits: torch.Tensor,
     step: Callable[[int], Generator[ModelCall, torch.Tensor, torch.Tensor]],
@@ -254,54 +304,29 @@ class DraftModelDrafter(Drafter):
                                        self.take_over, self.constraint))
 
     def _propose_tree(self, logits: torch.Tensor, depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
-        """A token tree up to ``depth`` deep, one draft forward per level (EAGLE-2's dynamic tree,
-        Li et al. 2024): each node's DRAFT_TREE_BRANCHES likeliest next tokens become its
-        children, valued by the product of the draft's probabilities along their path; the
-        ``tree_width`` most valuable new nodes are forwarded together (each attending to its
-        own ancestors) to branch at the next level. Leaves cost no draft work, so the tree holds
-        more nodes than a round verifies: the engine keeps the most valuable ones that pay
-        (EAGLE-2's reranking, :meth:`specdec.adaptive.VerifyCosts.best_tree`). Children are the
-        draft's top choices, not samples — point-mass proposals, exact under sampling too
-        (:func:`specdec.verify.verify_tree`)."""
+        """A token tree up to ``depth`` deep (:func:`grow_tree`), one draft forward of
+        ``tree_width`` rows per level, each node attending to the context and its own ancestors in
+        the draft cache's tree region."""
         self.tree_base = self.state.seq_len
         self.tree_slots, region = {}, []
-        tokens: list[int] = []
-        parents: list[int] = []
-        estimates: list[float] = []
-        frontier = [(-1, self._ranking_probs(logits))]
-        for level in range(depth):
-            added = []
-            for node, probs in frontier:
-                top = torch.topk(probs, min(DRAFT_TREE_BRANCHES, probs.shape[-1]))
-                for prob, token in zip(top.values.tolist(), top.indices.tolist()):
-                    value = (1.0 if node < 0 else estimates[node]) * prob
-                    if added and value < DRAFT_TREE_MIN_VALUE:
-                        break
-                    added.append(len(tokens))
-                    tokens.append(token)
-                    parents.append(node)
-                    estimates.append(value)
-            expand = sorted(added, key=lambda n: -estimates[n])[: self.tree_width]
-            expand = [n for n in expand if estimates[n] >= DRAFT_TREE_MIN_VALUE]
-            if level + 1 == depth or not expand or self.state.seq_len + len(expand) > self.state.max_seq_len:
-                break
+
+        def forward(expand: list[int], tokens: list[int], parents: list[int]) -> Generator[ModelCall, torch.Tensor, list[torch.Tensor] | None]:
+            if self.state.seq_len + len(expand) > self.state.max_seq_len:
+                return None
             for node in expand:
                 self.tree_slots[node] = len(region)
                 region.append(-1 if parents[node] < 0 else self.tree_slots[parents[node]])
             self.model_forwards += 1
             rows = yield ModelCall(self.backend, self.state, [tokens[n] for n in expand], vocab_limit=self.vocab_limit,
                                    tree=TreeLayout(self.tree_base, list(region)), role="draft")
-            frontier = [(node, self._ranking_probs(row)) for node, row in zip(expand, rows)]
-        self.tree_tokens = tokens
-        return Draft(tokens=tokens, prefix_accept=estimates, parents=parents)
+            return [self._ranking_probs(row) for row in rows]
+
+        draft = yield from grow_tree(self._ranking_probs(logits), depth, self.tree_width, forward)
+        self.tree_tokens = draft.tokens
+        return draft
 
     def _ranking_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The draft's distribution a tree ranks its candidates by: the request's sampling transform
-        (a candidate's chance of acceptance is the target's transformed probability of it), or the
-        plain softmax under greedy."""
-        if self.params.is_greedy:
-            return torch.softmax(logits.float(), -1)
-        return logits_to_probs(logits, self.params)
+        return ranking_probs(logits, self.params)
 
     def accepted_path(self, path: list[int], next_token: int) -> None:
         """Keep the accepted path's forwarded nodes in the draft cache (moved down after the

@@ -25,12 +25,17 @@ import torch
 
 from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
-from specdec.drafters.base import Draft, DrafterResources, MethodInfo
-from specdec.drafters.draft_model import draft_steps, full_vocab
+from specdec.drafters.base import Draft, DrafterResources, MethodInfo, tree_nodes_for
+from specdec.drafters.draft_model import draft_steps, full_vocab, grow_tree, ranking_probs
 from specdec.drafters.features import FeatureDrafter, head_for
 from specdec.models.heads import EagleHead
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint
+from specdec.tree import TreeLayout
+
+#: head rows forwarded per tree level: the head is ~1/20 of a target step, so a few rows cost
+#: about one (its LM-head rows are the bulk, read once per level whatever the row count)
+EAGLE_TREE_WIDTH = 4
 
 
 class EagleDrafter(FeatureDrafter):
@@ -40,7 +45,7 @@ class EagleDrafter(FeatureDrafter):
 
     def __init__(self, head: EagleHead, target: TorchBackend, params: SamplingParams, generator: torch.Generator,
                  max_seq_len: int, context_window: int = 0, confidence_threshold: float = 0.0,
-                 constraint: GrammarConstraint | None = None) -> None:
+                 constraint: GrammarConstraint | None = None, tree_nodes: int = 0) -> None:
         super().__init__(head, target)
         self.head: EagleHead = head
         self.params = params
@@ -48,7 +53,10 @@ class EagleDrafter(FeatureDrafter):
         self.context_window = context_window  # read at most the last N prompt positions (0: all)
         self.confidence_threshold = confidence_threshold
         self.constraint = constraint
-        self.cache = head.new_cache(max_seq_len)
+        #: > 0: grow token trees (:meth:`_propose_tree`); 0: chains
+        self.tree_nodes = tree_nodes
+        # a tree's region beyond the chain's room: EAGLE_TREE_WIDTH head rows per level
+        self.cache = head.new_cache(max_seq_len + EAGLE_TREE_WIDTH * tree_nodes)
         self.first = 0  # position of the head cache's slot 0
         self.read = 0  # committed positions in the head cache (from ``first``)
 
@@ -66,8 +74,13 @@ class EagleDrafter(FeatureDrafter):
 
     def _scores(self, predicted: torch.Tensor) -> torch.Tensor:
         """``predicted [1, hidden]`` feature → draft logits over the whole vocabulary (see full_vocab)."""
+        return self._score_rows(predicted)[-1]
+
+    def _score_rows(self, predicted: torch.Tensor) -> list[torch.Tensor]:
+        """``predicted [R, hidden]`` features → R rows of draft logits, scored in one LM-head pass."""
         normed = self.decoder.model.norm(predicted.to(self.decoder.float_dtype))
-        return full_vocab(self.scorer()(normed).float()[-1], self.vocab_size, self.params.is_greedy)
+        rows = self.scorer()(normed).float()
+        return [full_vocab(row, self.vocab_size, self.params.is_greedy) for row in rows]
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.decoder.device)
@@ -87,6 +100,8 @@ class EagleDrafter(FeatureDrafter):
         predicted = self.head(features, self._embed(context_ids[begin + 1 : committed + 1]), positions, self.cache)[-1:]
         self.read = committed - self.first
         self.model_forwards += 1
+        if self.tree_nodes:
+            return run_now(self._propose_tree(predicted, k))
         position = committed
 
         def step(token: int) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
@@ -100,6 +115,34 @@ class EagleDrafter(FeatureDrafter):
         return run_now(draft_steps(self._scores(predicted), step, k, self.params, self.generator,
                                    self.confidence_threshold, None, self.constraint))
 
+    def _propose_tree(self, predicted: torch.Tensor, depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
+        """A token tree up to ``depth`` deep (:func:`~specdec.drafters.draft_model.grow_tree`): each
+        level's expanded nodes go through the head together, each reading its parent's predicted
+        feature and attending to the committed positions and its own ancestors (a tree region of
+        the head's cache, forgotten next round like a chain's drafted positions)."""
+        base = self.cache.seq_len
+        region: list[int] = []
+        slot_of: dict[int, int] = {}
+        feature_of: dict[int, torch.Tensor] = {}  # expanded node → the feature its pair predicted
+        device = self.decoder.device
+
+        def forward(expand: list[int], tokens: list[int], parents: list[int]) -> Generator[ModelCall, torch.Tensor, list[torch.Tensor] | None]:
+            if self.cache.seq_len + len(expand) > self.cache.max_seq_len:
+                return None
+            for node in expand:
+                slot_of[node] = len(region)
+                region.append(-1 if parents[node] < 0 else slot_of[parents[node]])
+            layout = TreeLayout(base, list(region))
+            inputs = torch.cat([predicted if parents[n] < 0 else feature_of[parents[n]] for n in expand])
+            out = self.head(inputs, self._embed([tokens[n] for n in expand]), layout.positions(len(expand), device) + self.first,
+                            self.cache, layout.mask(len(expand), device))
+            self.model_forwards += 1
+            feature_of.update({node: out[i : i + 1] for i, node in enumerate(expand)})
+            return [ranking_probs(row, self.params) for row in self._score_rows(out)]
+            yield  # runs at once: a generator that yields nothing  # noqa: unreachable
+
+        return (yield from grow_tree(ranking_probs(self._scores(predicted), self.params), depth, EAGLE_TREE_WIDTH, forward))
+
     def finish(self) -> None:
         self.cache.truncate(0)
         self.read = 0
@@ -110,10 +153,11 @@ def make_eagle_drafter(res: DrafterResources) -> EagleDrafter:
     spec = res.spec
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
     return EagleDrafter(head, res.target_backend, res.params, res.generator, res.max_seq_len,
-                        spec.draft_context_window, threshold, res.constraint)
+                        spec.draft_context_window, threshold, res.constraint, tree_nodes_for(res))
 
 
 METHODS = (MethodInfo("eagle", make_eagle_drafter,
                       "a one-layer head on the target's own features drafts (EAGLE; train it with `specdec train-drafter`)",
                       needs_torch_backend=True,
-                      options=("num_speculative_tokens", "drafter_path", "draft_context_window", "draft_confidence_threshold")),)
+                      options=("num_speculative_tokens", "drafter_path", "draft_context_window", "draft_confidence_threshold",
+                               "spec_tree")),)

@@ -65,25 +65,46 @@ class History:
     seconds: float = 0.0  # of training, over every resumed run
 
 
+#: one training row's loss: ``(data, row, generator)`` → (loss, info with "tokens", "top1",
+#: "top1_steps"); ``generator`` None means evaluation (no noise)
+RowLoss = Callable[[dict[str, torch.Tensor], int, "torch.Generator | None"], tuple[torch.Tensor, dict]]
+
+
 @torch.no_grad()
-def evaluate(head: DraftHead, parts: TargetParts, data: dict[str, torch.Tensor], config: TrainConfig,
-             steps: int = 4) -> dict[str, float | list[float]]:
-    """Held-out loss and top-1 agreement with the target's greedy token: ``top1`` teacher-forced
-    (Medusa: the first head), ``top1_steps`` at each of ``steps`` draft steps (EAGLE: unrolled on
-    its own predictions, as drafting runs; Medusa: head k). ``loss`` is the training objective's."""
+def evaluate_rows(row_loss: RowLoss, data: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
+    """Token-weighted mean loss and per-step top-1 of ``row_loss`` over every row of ``data``."""
     total = tokens = 0.0
     step_sums: list[float] = []
     for row in range(data["tokens"].shape[0]):
-        args = (head, parts, data["tokens"][row], data["features"][row], data["target_ids"][row], 0.0,
-                config.reg_weight, config.cls_weight)
-        loss, info = head_loss(*args, unroll_steps=config.unroll_steps, step_decay=config.step_decay)
-        if steps != config.unroll_steps and not isinstance(head, MedusaHeads):
-            _, info = head_loss(*args, unroll_steps=steps)
+        loss, info = row_loss(data, row, None)
         total += float(loss) * info["tokens"]
         tokens += info["tokens"]
         step_sums = [a + b * info["tokens"] for a, b in zip(step_sums or [0.0] * len(info["top1_steps"]), info["top1_steps"])]
     top1_steps = [value / tokens for value in step_sums]
     return {"loss": total / tokens, "top1": top1_steps[0], "top1_steps": top1_steps}
+
+
+def head_row_loss(head: DraftHead, parts: TargetParts, config: TrainConfig, unroll_steps: int | None = None) -> RowLoss:
+    """:func:`~specdec.train.losses.head_loss` on a row of feature shards (noise only in training)."""
+
+    def row_loss(data: dict[str, torch.Tensor], row: int, generator: torch.Generator | None) -> tuple[torch.Tensor, dict]:
+        return head_loss(head, parts, data["tokens"][row], data["features"][row], data["target_ids"][row],
+                         config.noise if generator is not None else 0.0, config.reg_weight, config.cls_weight, generator,
+                         unroll_steps or config.unroll_steps, config.step_decay)
+
+    return row_loss
+
+
+def evaluate(head: DraftHead, parts: TargetParts, data: dict[str, torch.Tensor], config: TrainConfig,
+             steps: int = 4) -> dict[str, float | list[float]]:
+    """Held-out loss (the training objective's) and top-1 agreement with the target's greedy token:
+    ``top1`` teacher-forced (Medusa: the first head), ``top1_steps`` at each of ``steps`` draft
+    steps (EAGLE: unrolled on its own predictions, as drafting runs; Medusa: head k)."""
+    result = evaluate_rows(head_row_loss(head, parts, config), data)
+    if steps != config.unroll_steps and not isinstance(head, MedusaHeads):
+        by_step = evaluate_rows(head_row_loss(head, parts, config, steps), data)
+        result.update(top1=by_step["top1"], top1_steps=by_step["top1_steps"])
+    return result
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:
@@ -92,20 +113,36 @@ def learning_rate(config: TrainConfig, step: int) -> float:
 
 
 def train_head(head: DraftHead, parts: TargetParts, train: dict[str, torch.Tensor], held_out: dict[str, torch.Tensor],
-                out_dir: Path, config: TrainConfig, resume: bool = False, training_info: dict | None = None,
-                progress: bool = False, log: Callable[[str], None] = lambda _line: None) -> History:
+               out_dir: Path, config: TrainConfig, resume: bool = False, training_info: dict | None = None,
+               progress: bool = False, log: Callable[[str], None] = lambda _line: None) -> History:
     """Train ``head`` in place until the budget (or ``max_steps``/``max_epochs``) runs out; checkpoints
     and the head directory go to ``out_dir``. ``resume`` continues from ``out_dir/checkpoint.pt``."""
+    return train_module(head, f"{head.config.kind} head", head_row_loss(head, parts, config),
+                        lambda: evaluate(head, parts, held_out, config),
+                        lambda info: save_head(head, out_dir, training=info), train, out_dir, config, resume,
+                        training_info, progress, log)
+
+
+def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_out: Callable[[], dict],
+                 save_weights: Callable[[dict], object], train: dict[str, torch.Tensor], out_dir: Path,
+                 config: TrainConfig, resume: bool = False, training_info: dict | None = None, progress: bool = False,
+                 log: Callable[[str], None] = lambda _line: None) -> History:
+    """The loop every trained drafter shares: AdamW over ``module``'s trainable parameters with
+    warm-up, ``config.batch_size`` random rows of ``train`` per step, a held-out evaluation every
+    ``eval_every`` steps, ``save_weights(training_info)`` plus ``out_dir/checkpoint.pt`` every
+    ``checkpoint_minutes`` and at the end; stops at the time budget or ``max_steps``/``max_epochs``.
+    ``resume`` continues from the checkpoint (weights, optimizer, step, history, data order)."""
     from tqdm import tqdm
 
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
+    parameters = [param for param in module.parameters() if param.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     history, step, seconds = History(), 0, 0.0
     checkpoint = out_dir / "checkpoint.pt"
     if resume and checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False)
-        head.load_state_dict(saved["head"])
+        module.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         history, step = History(**saved["history"]), saved["step"]
         seconds = history.seconds
@@ -117,18 +154,29 @@ def train_head(head: DraftHead, parts: TargetParts, train: dict[str, torch.Tenso
     if config.max_steps:
         last_step = min(last_step, config.max_steps)
     budget = config.budget_minutes * 60
-    bar = tqdm(total=budget, initial=min(seconds, budget), desc=f"training {head.config.kind} head", unit="s", disable=not progress,
+    bar = tqdm(total=budget, initial=min(seconds, budget), desc=f"training {name}", unit="s", disable=not progress,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s {postfix}")
     last_save = time.perf_counter()
 
     def save() -> None:
         info = dict(training_info or {}, steps=step, minutes=round(seconds / 60, 1),
                     train_tokens_seen=history.tokens[-1] if history.tokens else 0, config=asdict(config))
-        save_head(head, out_dir, training=info)
-        torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "history": asdict(history),
+        save_weights(info)
+        torch.save({"head": module.state_dict(), "optimizer": optimizer.state_dict(), "history": asdict(history),
                     "step": step, "generator": generator.get_state()}, checkpoint)
 
-    head.train()
+    def record_evaluation() -> str:
+        module.eval()
+        result = evaluate_held_out()
+        module.train()
+        history.eval_steps.append(step)
+        history.eval_loss.append(result["loss"])
+        history.eval_top1.append(result["top1"])
+        history.eval_top1_steps.append(result["top1_steps"])
+        steps_top1 = "/".join(f"{value:.2f}" for value in result["top1_steps"])
+        return f"held-out {result['loss']:.3f} top-1 by step {steps_top1}"
+
+    module.train()
     while step < last_step and seconds < budget:
         began = time.perf_counter()
         order = torch.randint(rows, (config.batch_size,), generator=generator)
@@ -137,13 +185,11 @@ def train_head(head: DraftHead, parts: TargetParts, train: dict[str, torch.Tenso
         optimizer.zero_grad(set_to_none=True)
         batch_loss, batch_tokens = 0.0, 0
         for row in order.tolist():
-            loss, info = head_loss(head, parts, train["tokens"][row], train["features"][row], train["target_ids"][row],
-                                   config.noise, config.reg_weight, config.cls_weight, generator, config.unroll_steps,
-                                   config.step_decay)
+            loss, info = row_loss(train, row, generator)
             (loss / config.batch_size).backward()
             batch_loss += loss.item() / config.batch_size
             batch_tokens += info["tokens"]
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         step += 1
         seconds += time.perf_counter() - began
@@ -152,27 +198,15 @@ def train_head(head: DraftHead, parts: TargetParts, train: dict[str, torch.Tenso
         history.tokens.append((history.tokens[-1] if history.tokens else 0) + batch_tokens)
         history.loss.append(batch_loss)
         if step % config.eval_every == 0 or step == last_step or seconds >= budget:
-            head.eval()
-            result = evaluate(head, parts, held_out, config)
-            head.train()
-            history.eval_steps.append(step)
-            history.eval_loss.append(result["loss"])
-            history.eval_top1.append(result["top1"])
-            history.eval_top1_steps.append(result["top1_steps"])
-            steps_top1 = "/".join(f"{value:.2f}" for value in result["top1_steps"])
-            bar.set_postfix_str(f"step {step} loss {batch_loss:.3f} held-out {result['loss']:.3f} top-1 by step {steps_top1}")
+            bar.set_postfix_str(f"step {step} loss {batch_loss:.3f} {record_evaluation()}")
         bar.update(min(seconds, budget) - bar.n)
         if time.perf_counter() - last_save > config.checkpoint_minutes * 60:
             save()
             last_save = time.perf_counter()
     bar.close()
-    head.eval()
     if not history.eval_steps or history.eval_steps[-1] != step:
-        result = evaluate(head, parts, held_out, config)
-        history.eval_steps.append(step)
-        history.eval_loss.append(result["loss"])
-        history.eval_top1.append(result["top1"])
-        history.eval_top1_steps.append(result["top1_steps"])
+        record_evaluation()
+    module.eval()
     save()
     return history
 

@@ -13,12 +13,14 @@ from typing import Callable
 
 import torch
 
+from specdec.config import SpecConfig
 from specdec.errors import SpecdecError
+from specdec.models.registry import DEFAULT_DRAFT
 from specdec.train.data import extract_features, load_documents, load_shards, token_sequences
 from specdec.train.loop import TrainConfig, describe, train_head
 from specdec.train.target_parts import TargetParts
 
-KINDS = ("eagle", "medusa")
+KINDS = ("eagle", "medusa", "distill")
 
 
 @dataclass
@@ -37,6 +39,9 @@ class DrafterTraining:
     draft_vocab_size: int = 32768
     intermediate_size: int = 0  # eagle: the head's MLP width (0: 2 × hidden)
     num_medusa_heads: int = 4  # medusa: K heads (tokens per round)
+    draft_model: str = DEFAULT_DRAFT  # distill: the draft model to align
+    trainable_layers: int = 2  # distill: the draft's last N layers (and final norm) train
+    divergence: str = "kl"  # distill: kl | tvd
     resume: bool = False
     eval_prompts: int = 8
     eval_prompt_tokens: int = 128
@@ -44,6 +49,19 @@ class DrafterTraining:
     gamma: int = 4
     skip_eval: bool = False
     train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def target_mode(job: DrafterTraining) -> str:
+    """The target's execution while extracting features: ``auto`` resolves to what ``--quantize auto``
+    runs the target with *when speculating with this kind* (not plain decoding's choice: int4 here,
+    while speculation verifies in int8), so the features are the ones the drafter will read."""
+    if job.quantize != "auto" or torch.cuda.is_available():
+        return job.quantize
+    from specdec.api import plan_execution
+
+    if job.kind == "distill":
+        return plan_execution(job.model, job.draft_model, "draft_model").target_mode
+    return plan_execution(job.model, None, job.kind).target_mode
 
 
 def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[str], None] = lambda _line: None) -> Path:
@@ -61,7 +79,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
         raise SpecdecError(f"{out} already holds a training run: pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
 
-    target = specdec.load_model(job.model, quantize=job.quantize, progress=progress)
+    target = specdec.load_model(job.model, quantize=target_mode(job), progress=progress)
     log(f"target {target.name}: {target.backend.dtype_name}")
     docs = load_documents(job.data)
     encode = target.tokenizer.encode
@@ -84,23 +102,75 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     train_tokens = int((train_data["tokens"] >= 0).sum())
     log(f"features: {shards} shards, {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens")
 
+    info = {"kind": job.kind, "target": target.name, "data": job.data, "feature_mode": target.backend.dtype_name,
+            "train_sequences": train_data["tokens"].shape[0], "train_tokens": train_tokens,
+            "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
+            "extract_minutes": round(extract_minutes, 1), "cpu": cpu_description()}
+    prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
+    if job.kind == "distill":
+        return distill_draft(job, target, train_data, held_data, prompts, info, progress, log)
+
     config = HeadConfig.for_target(target.config, job.draft_vocab_size, job.intermediate_size or None, job.kind,
                                    job.num_medusa_heads)
     torch.manual_seed(job.train.seed)
     head = new_head(config)
     parts = TargetParts(target.backend.decoder, config.draft_vocab_size)
-    info = {"kind": job.kind, "target": target.name, "data": job.data, "feature_mode": target.backend.dtype_name,
-            "train_sequences": train_data["tokens"].shape[0], "train_tokens": train_tokens,
-            "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
-            "extract_minutes": round(extract_minutes, 1), "draft_vocab_size": config.draft_vocab_size,
-            "head_parameters": sum(p.numel() for p in head.parameters()), "cpu": cpu_description()}
+    info.update(draft_vocab_size=config.draft_vocab_size, head_parameters=sum(p.numel() for p in head.parameters()))
     history = train_head(head, parts, train_data, held_data, out, job.train, resume=job.resume, training_info=info,
-                          progress=progress, log=log)
+                         progress=progress, log=log)
     info["train_minutes"] = round(history.seconds / 60, 1)
     log(f"trained: {describe(history)}")
     result = None
     if not job.skip_eval:
-        prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
-        result = measure_speculation(target, out, job.kind, prompts, job.eval_new_tokens, min(job.gamma, job.num_medusa_heads) if job.kind == "medusa" else job.gamma)
+        gamma = min(job.gamma, job.num_medusa_heads) if job.kind == "medusa" else job.gamma
+        spec = SpecConfig(method=job.kind, drafter_path=str(out), num_speculative_tokens=gamma)
+        result = measure_speculation(target, prompts, spec, job.eval_new_tokens)
         log(result.line())
     return write_report(out, history, result, info)
+
+
+def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tensor], held_data: dict[str, torch.Tensor],  # noqa: ANN001 - LoadedModel
+                  prompts: list[list[int]], info: dict, progress: bool, log: Callable[[str], None]) -> Path:
+    """DistillSpec (:mod:`specdec.train.distill`): train the draft's last layers on the target's
+    distributions, save it as a model directory, and measure α before and after by speculating."""
+    import specdec
+    from specdec.train.distill import (DIVERGENCES, DraftTail, add_frozen_hidden, check_pair, distill_row_loss,
+                                       save_draft)
+    from specdec.train.loop import evaluate_rows, train_module
+    from specdec.train.report import measure_speculation, write_report
+
+    if job.divergence not in DIVERGENCES:
+        raise SpecdecError(f"--divergence {job.divergence!r}: choose one of {', '.join(DIVERGENCES)}")
+    out = Path(job.out_dir).expanduser()
+    draft = specdec.load_model(job.draft_model, dtype="float32", device="cpu", quantize="none", progress=progress)
+    check_pair(target.config.vocab_size, draft.config.vocab_size, job.draft_model)
+    decoder = draft.backend.decoder
+    tail = DraftTail(decoder, job.trainable_layers)
+    features = out / "features"
+    train_data = add_frozen_hidden(decoder, tail.split, train_data, features / "train", progress)
+    held_data = add_frozen_hidden(decoder, tail.split, held_data, features / "held_out", progress)
+    parts = TargetParts(target.backend.decoder, target.config.vocab_size)
+    row_loss = distill_row_loss(tail, parts, job.divergence)
+    info.update(draft_model=job.draft_model, trainable_layers=job.trainable_layers, divergence=job.divergence,
+                trained_parameters=sum(p.numel() for p in tail.parameters()))
+    history = train_module(tail, f"{job.draft_model} (last {job.trainable_layers} layers)", row_loss,
+                           lambda: evaluate_rows(row_loss, held_data),
+                           lambda training: save_draft(decoder, draft.tokenizer, out, training), train_data, out,
+                           job.train, resume=job.resume, training_info=info, progress=progress, log=log)
+    info["train_minutes"] = round(history.seconds / 60, 1)
+    log(f"trained: {describe(history)}")
+    result = baseline = None
+    if not job.skip_eval:
+        # both drafts int8 on a quantized CPU target: converted from the same float32 weights the
+        # same way, so only training differs (a GGUF's int4 path reuses its own 4-bit blocks, a
+        # directory's is rounded from float: not comparable)
+        mode = "none" if target.backend.decoder.quantization is None else "int8"
+        spec = SpecConfig(method="draft_model", num_speculative_tokens=job.gamma)
+        before = specdec.load_model(job.draft_model, quantize=mode)
+        baseline = measure_speculation(target, prompts, spec, job.eval_new_tokens, draft=before)
+        log(f"before: {baseline.line()}")
+        del before
+        result = measure_speculation(target, prompts, spec, job.eval_new_tokens,
+                                     draft=specdec.load_model(out, quantize=mode))
+        log(f"after: {result.line()}")
+    return write_report(out, history, result, info, baseline)

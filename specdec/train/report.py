@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.config import SpecConfig
 from specdec.stats import position_counts
 from specdec.train.loop import History
 
@@ -37,22 +38,22 @@ class SpeculationResult:
                 f"(median), outputs identical to plain: {'yes' if self.identical else 'NO'}")
 
 
-def measure_speculation(target, head_dir: Path, kind: str, prompts: list[list[int]], new_tokens: int = 64,  # noqa: ANN001 - LoadedModel
-                        gamma: int = 4) -> SpeculationResult:
-    """Greedy decoding of each prompt with the head and plainly (interleaved, same process)."""
+def measure_speculation(target, prompts: list[list[int]], spec: SpecConfig, new_tokens: int = 64,  # noqa: ANN001 - LoadedModel
+                        draft=None) -> SpeculationResult:  # noqa: ANN001 - LoadedModel
+    """Greedy decoding of each prompt with ``spec`` (and ``draft``, for a draft model) and plainly,
+    interleaved in the same process."""
     import specdec
-    from specdec.config import SpecConfig
     from specdec.sampling import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    spec = SpecConfig(method=kind, drafter_path=str(head_dir), num_speculative_tokens=gamma)
-    specdec.generate(target, prompts[0][:16], params, spec=spec)  # warm-up: loads the head
+    gamma = spec.num_speculative_tokens
+    specdec.generate(target, prompts[0][:16], params, spec=spec, draft=draft)  # warm-up: loads a head, packs weights
     rounds, ratios, costs = [], [], []
     accepted = proposed = forwards = decoded = 0
     identical = True
     for ids in prompts:
         plain = specdec.generate(target, ids, params)
-        out = specdec.generate(target, ids, params, spec=spec)
+        out = specdec.generate(target, ids, params, spec=spec, draft=draft)
         identical &= out.token_ids == plain.token_ids
         stats = out.stats
         rounds.extend(stats.rounds)
@@ -105,13 +106,21 @@ def plot_history(history: History, path: Path) -> Path:
     return path
 
 
-def write_report(out_dir: Path, history: History, result: SpeculationResult | None, info: dict) -> Path:
-    """``report.md`` + ``report.json`` + ``loss.png`` in ``out_dir``."""
+def write_report(out_dir: Path, history: History, result: SpeculationResult | None, info: dict,
+                 baseline: SpeculationResult | None = None) -> Path:
+    """``report.md`` + ``report.json`` + ``loss.png`` in ``out_dir``; ``baseline``: the same
+    measurement before training (distill: the draft as it was)."""
     plot_history(history, out_dir / "loss.png")
     data = {"training": info, "history": history.__dict__,
-            "speculation": None if result is None else result.__dict__}
+            "speculation": None if result is None else result.__dict__,
+            "speculation_before": None if baseline is None else baseline.__dict__}
+    kind = info.get("kind", "eagle")
+    made = (f"{info.get('draft_model')} distilled ({info.get('divergence')}, last {info.get('trainable_layers')} layers, "
+            f"{info.get('trained_parameters')} parameters trained)" if kind == "distill" else
+            f"{info.get('head_parameters')} parameters, {info.get('draft_vocab_size')} draft-vocabulary rows")
     (out_dir / "report.json").write_text(json.dumps(data, indent=1) + "\n")
-    lines = [f"# {info.get('kind', 'eagle')} head for {info.get('target', '?')}", "",
+    title = f"{info.get('draft_model')} aligned to" if kind == "distill" else f"{kind} head for"
+    lines = [f"# {title} {info.get('target', '?')}", "",
              f"- data: {info.get('data')} — {info.get('train_sequences')} training sequences "
              f"({info.get('train_tokens')} tokens), {info.get('held_out_sequences')} held-out sequences "
              f"({info.get('held_out_tokens')} tokens) from documents never trained on",
@@ -122,9 +131,10 @@ def write_report(out_dir: Path, history: History, result: SpeculationResult | No
              + (f"; top-1 by draft step (on its own predictions): "
                 f"{', '.join(f'{v:.3f}' for v in history.eval_top1_steps[-1])}" if history.eval_top1_steps else "")
              if history.eval_loss else "- held-out: not evaluated",
-             f"- head: {info.get('head_parameters')} parameters, {info.get('draft_vocab_size')} draft-vocabulary rows",
+             f"- {'draft' if kind == 'distill' else 'head'}: {made}",
              "", "## Speculating on held-out prompts", "",
-             result.line() if result is not None else "not measured (--skip-eval)",
+             *([f"- before: {baseline.line()}", f"- after: {result.line()}" if result is not None else ""]
+               if baseline is not None else [result.line() if result is not None else "not measured (--skip-eval)"]),
              "", "![loss](loss.png)", ""]
     (out_dir / "report.md").write_text("\n".join(lines))
     return out_dir / "report.md"

@@ -1,0 +1,152 @@
+"""DistillSpec (Zhou et al. 2024): align a draft model to its target by knowledge distillation.
+
+Speculation accepts a drafted token with probability ``Σ min(p, q)`` (sampling) or when the draft's
+argmax is the target's (greedy), so the draft that pays is the one closest to the *target*, not to
+the data. DistillSpec trains the draft on the target's own distributions, with the divergence
+chosen per task: forward KL(p‖q) (here ``kl``) or the total variation distance ``½Σ|p − q|``
+(``tvd``, exactly 1 − α under sampling at temperature 1).
+
+What fits a 2-core CPU: only the draft's last ``trainable_layers`` decoder layers and its final
+norm train (float32); its embedding and LM head (tied in small Qwen models) stay frozen. The frozen
+layers run once per sequence, before training (their outputs are stored beside the target's
+feature shards, so a resumed run does not recompute them), and the target's distributions come from
+its recorded features through its own final norm and LM head — no target forward during training.
+
+The result is an ordinary model directory (``config.json``, ``model.safetensors``, tokenizer) that
+``--draft-model DIR`` loads like any draft.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.errors import SpecdecError
+from specdec.models.transformer import Decoder
+from specdec.train.loop import RowLoss
+from specdec.train.target_parts import TargetParts
+
+DIVERGENCES = ("kl", "tvd")
+
+
+class DraftTail(nn.Module):
+    """The trainable end of a draft model: its last ``trainable_layers`` decoder layers and final
+    norm (the decoder's own modules, shared, in float32). The frozen embedding, earlier layers and
+    LM head are read from ``decoder`` and are not part of this module's state."""
+
+    def __init__(self, decoder: Decoder, trainable_layers: int) -> None:
+        super().__init__()
+        layers = decoder.config.num_layers
+        if not 1 <= trainable_layers <= layers:
+            raise SpecdecError(f"--trainable-layers must be between 1 and the draft's {layers} layers, got {trainable_layers}")
+        self.split = layers - trainable_layers
+        self.layers = nn.ModuleList(decoder.model.layers[self.split:])
+        self.norm = decoder.model.norm
+        object.__setattr__(self, "decoder", decoder)  # not a child: its frozen weights are not trained or checkpointed
+        decoder.requires_grad_(False)
+        self.requires_grad_(True)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [T, hidden]`` (the frozen layers' output for positions 0..T-1) → next-token
+        logits ``[T, vocab]``. A fresh cache per layer: each is written once and read once, so
+        autograd sees no in-place change to a tensor it saved."""
+        seq = hidden.shape[0]
+        decoder = self.decoder
+        cos, sin = decoder.rope_cos[:seq], decoder.rope_sin[:seq]
+        x = hidden
+        for layer in self.layers:
+            x = layer(x, cos, sin, decoder.new_cache(seq, torch.float32), 0, None)
+        return decoder.lm_head(self.norm(x))
+
+
+@torch.no_grad()
+def frozen_hidden(decoder: Decoder, split: int, tokens: list[int]) -> torch.Tensor:
+    """The draft's hidden states after its first ``split`` layers for ``tokens`` → ``[T, hidden]``."""
+    seq = len(tokens)
+    ids = torch.tensor(tokens, dtype=torch.long)
+    x = decoder.model.embed_tokens(ids).float()
+    cos, sin = decoder.rope_cos[:seq], decoder.rope_sin[:seq]
+    cache = decoder.new_cache(seq, torch.float32)
+    for layer in decoder.model.layers[:split]:
+        x = layer(x, cos, sin, cache, 0, None)
+    return x
+
+
+def add_frozen_hidden(decoder: Decoder, split: int, data: dict[str, torch.Tensor], directory: Path,
+                      progress: bool = False) -> dict[str, torch.Tensor]:
+    """``data`` (feature shards' rows) plus ``draft_hidden [N, T, hidden]`` (float16), computed once
+    and kept in ``directory`` (keyed by the split and row count) so a resumed run reads them back."""
+    from safetensors.torch import load_file, save_file
+    from tqdm import tqdm
+
+    rows, longest = data["tokens"].shape
+    path = Path(directory) / f"draft-hidden-split{split}-rows{rows}.safetensors"
+    if path.is_file():
+        return dict(data, draft_hidden=load_file(str(path))["draft_hidden"])
+    hidden = torch.zeros(rows, longest, decoder.config.hidden_size, dtype=torch.float16)
+    for row in tqdm(range(rows), desc=f"draft layers 0-{split - 1} → {path.parent.name}", unit="seq", disable=not progress):
+        length = int((data["tokens"][row] >= 0).sum())
+        hidden[row, :length] = frozen_hidden(decoder, split, data["tokens"][row, :length].tolist()).half()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    save_file({"draft_hidden": hidden}, str(partial))
+    partial.rename(path)
+    return dict(data, draft_hidden=hidden)
+
+
+def divergence_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, divergence: str) -> torch.Tensor:
+    """Mean over rows of KL(p‖q) or ½Σ|p − q|, p = softmax(target_logits), q = softmax(draft_logits)."""
+    target_log_probs = torch.log_softmax(target_logits.float(), dim=-1)
+    draft_log_probs = torch.log_softmax(draft_logits.float(), dim=-1)
+    if divergence == "kl":
+        return (target_log_probs.exp() * (target_log_probs - draft_log_probs)).sum(-1).mean()
+    if divergence == "tvd":
+        return 0.5 * (target_log_probs.exp() - draft_log_probs.exp()).abs().sum(-1).mean()
+    raise SpecdecError(f"unknown divergence {divergence!r}; available: {', '.join(DIVERGENCES)}")
+
+
+def distill_row_loss(tail: DraftTail, parts: TargetParts, divergence: str) -> RowLoss:
+    """One sequence: the draft's next-token distribution at every position against the target's
+    (from its recorded feature there); ``top1``: the draft's argmax is the target's greedy token
+    (greedy acceptance, teacher-forced)."""
+
+    def row_loss(data: dict[str, torch.Tensor], row: int, generator: torch.Generator | None) -> tuple[torch.Tensor, dict]:
+        length = int((data["tokens"][row] >= 0).sum())
+        logits = tail(data["draft_hidden"][row, :length].float())
+        with torch.no_grad():
+            target_logits = parts.logits(data["features"][row, :length].float())
+        loss = divergence_loss(logits, target_logits, divergence)
+        top1 = float((logits.argmax(-1) == data["target_ids"][row, :length].long()).float().mean())
+        return loss, {"tokens": length, "top1": top1, "top1_steps": [top1]}
+
+    return row_loss
+
+
+def save_draft(decoder: Decoder, tokenizer, directory: Path, training: dict) -> Path:  # noqa: ANN001 - Tokenizer
+    """``decoder`` as a model directory ``--draft-model`` loads: HF ``config.json``, float32
+    ``model.safetensors`` (HF tensor names), the tokenizer, and ``distill.json`` (how it was made)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach().float().contiguous() for name, tensor in decoder.state_dict().items()
+             if name not in ("rope_cos", "rope_sin")}
+    if decoder.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    partial = directory / "model.safetensors.partial"
+    save_file(state, str(partial))
+    partial.rename(directory / "model.safetensors")
+    (directory / "config.json").write_text(json.dumps(decoder.config.to_hf_dict(), indent=2) + "\n")
+    tokenizer.hf.save_pretrained(str(directory))
+    (directory / "distill.json").write_text(json.dumps(training, indent=1) + "\n")
+    return directory
+
+
+def check_pair(target_vocab: int, draft_vocab: int, draft_name: str) -> None:
+    if target_vocab != draft_vocab:
+        raise SpecdecError(f"draft {draft_name} has a vocabulary of {draft_vocab} ids, the target {target_vocab}: "
+                           "distillation compares their distributions id by id, so they must share one tokenizer")
