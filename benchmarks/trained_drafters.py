@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4, help="γ of the draft model and of the heads")
     parser.add_argument("--head-gammas", default="", help="more γ for the heads, comma-separated (e.g. 1,2)")
+    parser.add_argument("--tree", action="store_true", help="also the heads at γ with --spec-tree auto (EAGLE-2 trees)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -55,6 +56,9 @@ def main() -> None:
     for method, path in (("eagle", args.eagle), ("medusa", args.medusa)):
         for gamma in head_gammas if path else []:
             plan[f"{method} γ={gamma}"] = specdec.SpecConfig(method=method, drafter_path=path, num_speculative_tokens=gamma)
+        if path and args.tree and method == "eagle":
+            plan[f"{method} γ={args.gamma} tree"] = specdec.SpecConfig(method=method, drafter_path=path,
+                                                                     num_speculative_tokens=args.gamma, spec_tree="auto")
     draft_of: dict[str, specdec.LoadedModel] = {}
     for name, loaded in drafts.items():
         plan[f"{name} γ={args.gamma}"] = specdec.SpecConfig(method="draft_model", num_speculative_tokens=args.gamma)

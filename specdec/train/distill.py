@@ -146,6 +146,22 @@ def save_draft(decoder: Decoder, tokenizer, directory: Path, training: dict) -> 
     return directory
 
 
+def check_job(model: str, draft_model: str, trainable_layers: int, divergence: str) -> None:
+    """Refuse a distillation that cannot run before any minute is spent extracting features: the
+    pair's configs only (no weights read)."""
+    from specdec.models.registry import resolve_model
+    from specdec.models.weights import read_config
+
+    if divergence not in DIVERGENCES:
+        raise SpecdecError(f"--divergence {divergence!r}: choose one of {', '.join(DIVERGENCES)}")
+    target_cfg = read_config(resolve_model(str(model), auto_pull=True))
+    draft_cfg = read_config(resolve_model(str(draft_model), auto_pull=True))
+    check_pair(target_cfg.vocab_size, draft_cfg.vocab_size, draft_model)
+    if not 1 <= trainable_layers <= draft_cfg.num_layers:
+        raise SpecdecError(f"--trainable-layers must be between 1 and the draft's {draft_cfg.num_layers} layers, "
+                           f"got {trainable_layers}")
+
+
 def check_pair(target_vocab: int, draft_vocab: int, draft_name: str) -> None:
     if target_vocab != draft_vocab:
         raise SpecdecError(f"draft {draft_name} has a vocabulary of {draft_vocab} ids, the target {target_vocab}: "

@@ -176,6 +176,8 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
         steps_top1 = "/".join(f"{value:.2f}" for value in result["top1_steps"])
         return f"held-out {result['loss']:.3f} top-1 by step {steps_top1}"
 
+    if not history.eval_steps:  # where training starts from: the report's "before"
+        bar.set_postfix_str(f"step 0 {record_evaluation()}")
     module.train()
     while step < last_step and seconds < budget:
         began = time.perf_counter()

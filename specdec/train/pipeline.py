@@ -74,6 +74,10 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
 
     if job.kind not in KINDS:
         raise SpecdecError(f"--kind {job.kind!r} is not available yet; available: {', '.join(KINDS)}")
+    if job.kind == "distill":
+        from specdec.train.distill import check_job
+
+        check_job(job.model, job.draft_model, job.trainable_layers, job.divergence)
     out = Path(job.out_dir).expanduser()
     if (out / "checkpoint.pt").is_file() and not job.resume:
         raise SpecdecError(f"{out} already holds a training run: pass --resume to continue it, or choose another --out")
@@ -134,13 +138,10 @@ def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tens
     """DistillSpec (:mod:`specdec.train.distill`): train the draft's last layers on the target's
     distributions, save it as a model directory, and measure α before and after by speculating."""
     import specdec
-    from specdec.train.distill import (DIVERGENCES, DraftTail, add_frozen_hidden, check_pair, distill_row_loss,
-                                       save_draft)
+    from specdec.train.distill import DraftTail, add_frozen_hidden, check_pair, distill_row_loss, save_draft
     from specdec.train.loop import evaluate_rows, train_module
     from specdec.train.report import measure_speculation, write_report
 
-    if job.divergence not in DIVERGENCES:
-        raise SpecdecError(f"--divergence {job.divergence!r}: choose one of {', '.join(DIVERGENCES)}")
     out = Path(job.out_dir).expanduser()
     draft = specdec.load_model(job.draft_model, dtype="float32", device="cpu", quantize="none", progress=progress)
     check_pair(target.config.vocab_size, draft.config.vocab_size, job.draft_model)

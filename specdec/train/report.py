@@ -127,7 +127,9 @@ def write_report(out_dir: Path, history: History, result: SpeculationResult | No
              f"- features: {info.get('feature_mode')} target, {info.get('extract_minutes')} min of extraction",
              f"- training: {history.steps[-1] if history.steps else 0} steps, {history.tokens[-1] if history.tokens else 0} "
              f"tokens seen, {info.get('train_minutes')} min; CPU: {info.get('cpu')}",
-             f"- held-out: loss {history.eval_loss[-1]:.3f}, teacher-forced top-1 {history.eval_top1[-1]:.3f}"
+             (f"- held-out before training: loss {history.eval_loss[0]:.3f}, teacher-forced top-1 {history.eval_top1[0]:.3f}\n"
+              if history.eval_steps and history.eval_steps[0] == 0 and len(history.eval_steps) > 1 else "")
+             + f"- held-out: loss {history.eval_loss[-1]:.3f}, teacher-forced top-1 {history.eval_top1[-1]:.3f}"
              + (f"; top-1 by draft step (on its own predictions): "
                 f"{', '.join(f'{v:.3f}' for v in history.eval_top1_steps[-1])}" if history.eval_top1_steps else "")
              if history.eval_loss else "- held-out: not evaluated",
