@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from specdec.models.heads import DraftHead, MedusaHeads, save_head
+from specdec.models.heads import DraftHead, save_head
 from specdec.train.losses import head_loss
 from specdec.train.target_parts import TargetParts
 
@@ -84,13 +83,14 @@ def evaluate_rows(row_loss: RowLoss, data: dict[str, torch.Tensor]) -> dict[str,
     return {"loss": total / tokens, "top1": top1_steps[0], "top1_steps": top1_steps}
 
 
-def head_row_loss(head: DraftHead, parts: TargetParts, config: TrainConfig, unroll_steps: int | None = None) -> RowLoss:
-    """:func:`~specdec.train.losses.head_loss` on a row of feature shards (noise only in training)."""
+def head_row_loss(head: DraftHead, parts: TargetParts, config: TrainConfig, report_steps: int = 0) -> RowLoss:
+    """:func:`~specdec.train.losses.head_loss` on a row of feature shards (noise only in training);
+    ``report_steps``: top-1 for that many draft steps (EAGLE), whatever the loss unrolls."""
 
     def row_loss(data: dict[str, torch.Tensor], row: int, generator: torch.Generator | None) -> tuple[torch.Tensor, dict]:
         return head_loss(head, parts, data["tokens"][row], data["features"][row], data["target_ids"][row],
                          config.noise if generator is not None else 0.0, config.reg_weight, config.cls_weight, generator,
-                         unroll_steps or config.unroll_steps, config.step_decay)
+                         config.unroll_steps, config.step_decay, report_steps)
 
     return row_loss
 
@@ -100,10 +100,8 @@ def evaluate(head: DraftHead, parts: TargetParts, data: dict[str, torch.Tensor],
     """Held-out loss (the training objective's) and top-1 agreement with the target's greedy token:
     ``top1`` teacher-forced (Medusa: the first head), ``top1_steps`` at each of ``steps`` draft
     steps (EAGLE: unrolled on its own predictions, as drafting runs; Medusa: head k)."""
-    result = evaluate_rows(head_row_loss(head, parts, config), data)
-    if steps != config.unroll_steps and not isinstance(head, MedusaHeads):
-        by_step = evaluate_rows(head_row_loss(head, parts, config, steps), data)
-        result.update(top1=by_step["top1"], top1_steps=by_step["top1_steps"])
+    result = evaluate_rows(head_row_loss(head, parts, config, steps), data)
+    result["top1_steps"] = result["top1_steps"][:steps]  # an unroll longer than ``steps`` reports only those
     return result
 
 

@@ -23,11 +23,13 @@ from specdec.train.target_parts import TargetParts
 
 def head_loss(head: DraftHead, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
               target_ids: torch.Tensor, noise: float, reg_weight: float, cls_weight: float,
-              generator: torch.Generator | None = None, unroll_steps: int = 1, step_decay: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+              generator: torch.Generator | None = None, unroll_steps: int = 1, step_decay: float = 1.0,
+              report_steps: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of ``head`` on one sequence (see :func:`eagle_loss` for the arguments)."""
     if isinstance(head, MedusaHeads):
         return medusa_loss(head, parts, tokens, features, target_ids)
-    return eagle_loss(head, parts, tokens, features, target_ids, noise, reg_weight, cls_weight, generator, unroll_steps, step_decay)
+    return eagle_loss(head, parts, tokens, features, target_ids, noise, reg_weight, cls_weight, generator, unroll_steps,
+                      step_decay, report_steps)
 
 
 def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
@@ -39,7 +41,8 @@ def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> tor
 
 def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
                target_ids: torch.Tensor, noise: float, reg_weight: float, cls_weight: float,
-               generator: torch.Generator | None = None, unroll_steps: int = 1, step_decay: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+               generator: torch.Generator | None = None, unroll_steps: int = 1, step_decay: float = 1.0,
+               report_steps: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
     """One sequence: ``tokens [T]`` (-1 past its end), ``features [T, hidden]``, ``target_ids [T]``
     (the target's greedy next token per position). Pair i = (f_i, x_{i+1}) predicts f_{i+1} and the
     token after it, target_ids[i+1].
@@ -49,7 +52,9 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
     round (:func:`~specdec.models.heads.unroll_mask`); every step's loss counts equally, gradients
     flow through the chain. Teacher forcing alone (1 step) never shows the head its own errors: the
     first trained head's acceptance fell from 0.24 at draft position 1 to 0.01 at position 2.
-    ``top1`` is step 0's teacher-forced agreement; ``top1_steps`` each step's."""
+    ``top1`` is step 0's teacher-forced agreement; ``top1_steps`` each step's, for
+    ``max(unroll_steps, report_steps)`` steps (evaluation reports more steps than the loss counts,
+    from the same unrolled pass: earlier steps do not depend on later ones)."""
     length = int((tokens >= 0).sum())
     pairs = length - 1
     f = features[:length].float()
@@ -65,18 +70,22 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
     total = torch.zeros(())
     reg_sum = cls_sum = 0.0
     top1_steps: list[float] = []
-    for step, predicted in enumerate(head.unroll(f_in, embeds, unroll_steps)):
+    loss_steps = 0
+    for step, predicted in enumerate(head.unroll(f_in, embeds, max(unroll_steps, report_steps))):
         valid = predicted[step:]  # rows p < step have no drafting round behind them
-        reg = F.smooth_l1_loss(valid / rms[step:], f_next[step:] / rms[step:])
         logits = parts.logits(valid)
+        top1_steps.append(float((logits.argmax(-1) == wanted[step:]).float().mean()))
+        if step >= unroll_steps:
+            continue
+        reg = F.smooth_l1_loss(valid / rms[step:], f_next[step:] / rms[step:])
         cls = -(target_probs[step:] * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
         total = total + step_decay**step * (reg_weight * reg + cls_weight * cls)
         reg_sum += reg.item()
         cls_sum += cls.item()
-        top1_steps.append(float((logits.argmax(-1) == wanted[step:]).float().mean()))
-    steps = len(top1_steps)
-    return total / sum(step_decay**step for step in range(steps)), {"reg": reg_sum / steps, "cls": cls_sum / steps, "top1": top1_steps[0],
-                           "top1_steps": top1_steps, "tokens": pairs}
+        loss_steps += 1
+    return total / sum(step_decay**step for step in range(loss_steps)), {
+        "reg": reg_sum / loss_steps, "cls": cls_sum / loss_steps, "top1": top1_steps[0], "top1_steps": top1_steps,
+        "tokens": pairs}
 
 
 def medusa_loss(head: MedusaHeads, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
