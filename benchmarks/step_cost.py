@@ -25,6 +25,8 @@ import torch
 import specdec
 import specdec.api
 from specdec.backends.torch_backend import TorchBackend
+from specdec.cpu import cpu_flags
+from specdec.kernels.build import kernel
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import Decoder
 
@@ -75,6 +77,9 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,2,4,8,16", help="verification chunk sizes to time")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--eager", action="store_true", help="CUDA: no CUDA graphs (SPECDEC_CUDA_GRAPHS=0)")
+    parser.add_argument("--kernel-path", default="auto",
+                        help="int4 modes: the C++ dot-product path (auto = the best this CPU has; all = every "
+                             "path this CPU runs, interleaved per chunk size; or a name: avx512-vnni, avx2)")
     args = parser.parse_args()
     if args.eager:
         os.environ["SPECDEC_CUDA_GRAPHS"] = "0"
@@ -91,16 +96,34 @@ def main() -> None:
     context = torch.randint(0, vocab, (args.context + max(sizes),), generator=torch.Generator().manual_seed(0)).tolist()
     gpu = torch.cuda.get_device_name(backend.device) if backend.device.type == "cuda" else f"{torch.get_num_threads()} threads"
     graphs = ", CUDA graphs" if getattr(backend, "graphs", None) is not None else ""
+    paths = kernel_paths(args.kernel_path) if backend.dtype_name.startswith("int4") else [None]
     print(f"# {label}, {backend.dtype_name} on {backend.device} ({gpu}{graphs}), context {args.context}, "
           f"median of {args.repeats}; weights {backend.weight_bytes / 1e9:.2f} GB per step")
-    print("| tokens T | ms per step | × the T=1 step | ms per token | weight GB/s |")
-    print("|---|---|---|---|---|")
-    base = None
+    print(f"# CPU flags: {' '.join(cpu_flags()) or 'none of avx2/avx512/vnni'}")
+    print("| tokens T | kernel path | ms per step | × the T=1 step | ms per token | weight GB/s |")
+    print("|---|---|---|---|---|---|")
+    base: dict[str | None, float] = {}
     for tokens in sizes:
-        seconds = time_step(backend, context[: args.context], context[args.context : args.context + tokens], args.repeats)
-        base = base or seconds
-        print(f"| {tokens} | {seconds * 1e3:.2f} | {seconds / base:.2f} | {seconds * 1e3 / tokens:.2f} | "
-              f"{backend.weight_bytes / seconds / 1e9:.0f} |")
+        for path in paths:  # interleaved: every path measured at each size before the next size
+            if path is not None:
+                kernel().set_kernel_path(path)
+            seconds = time_step(backend, context[: args.context], context[args.context : args.context + tokens],
+                                args.repeats)
+            base.setdefault(path, seconds)
+            print(f"| {tokens} | {path or '-'} | {seconds * 1e3:.2f} | {seconds / base[path]:.2f} | "
+                  f"{seconds * 1e3 / tokens:.2f} | {backend.weight_bytes / seconds / 1e9:.0f} |", flush=True)
+
+
+def kernel_paths(choice: str) -> list[str]:
+    """The kernel paths ``--kernel-path`` names: every path this CPU runs, one, or the default."""
+    available = kernel().kernel_paths()
+    if choice == "all":
+        return available
+    if choice == "auto":
+        return [available[0]]
+    if choice not in available:
+        raise SystemExit(f"--kernel-path {choice}: this CPU runs {', '.join(available)}")
+    return [choice]
 
 
 if __name__ == "__main__":

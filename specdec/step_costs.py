@@ -41,8 +41,9 @@ PROBE_CONTEXT = 128
 #: a step reading weights slower than this was measured on a busy machine (these CPUs stream
 #: 20-30 GB/s): the curve is used for this run but not cached, so the next run measures again
 MIN_PLAUSIBLE_GB_S = 3.0
-#: bump when kernels change enough to invalidate cached curves (3: measured up to 32 rows)
-CURVE_VERSION = 3
+#: bump when kernels change enough to invalidate cached curves (3: measured up to 32 rows; 4: the
+#: AVX-512 VNNI dot products, which flatten the int4 curve where the CPU has them)
+CURVE_VERSION = 4
 #: acceptance assumed before a request has been seen: the 0.5B/1.5B Qwen pair measures 0.69-0.73
 #: on code on both machine kinds; draft-free methods (suffix, n-gram) propose far less often
 PRIOR_ALPHA = {"draft": 0.7, "free": 0.5}

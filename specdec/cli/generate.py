@@ -52,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
     note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
     chosen = " (chosen by --quantize auto from step costs measured on this CPU)" if plan is not None and args.quantize == "auto" else ""
     draft_note = f", draft {draft.backend.dtype_name}" if draft is not None else ""
+    modes = [target.backend.dtype_name] + ([draft.backend.dtype_name] if draft is not None else [])
+    if any(mode.startswith("int4") for mode in modes):  # the C++ kernels run: name their instruction set
+        from specdec.kernels.build import kernel_path
+
+        draft_note += f", {kernel_path()} kernels"
     print(f"execution: {target.backend.dtype_name}{draft_note} on {target.backend.device} [{cpu_description()}]{chosen}{note}",
           file=sys.stderr)
     stats = None

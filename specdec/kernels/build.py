@@ -1,7 +1,9 @@
 """The C++ extension ``specdec_cpu_kernels``: built once per machine, then imported.
 
 It holds every CPU kernel of the quantized paths: the 4-bit, 6-bit and int8-weight linears
-(``linear_kernels.cpp``) and the rest of a decoder layer — RMSNorm, RoPE, the KV-cache write,
+(``linear_kernels.cpp``, with AVX-512 VNNI versions of their dot products in
+``linear_kernels_avx512.cpp``, chosen at run time by what the CPU reports: :func:`kernel_paths`) and
+the rest of a decoder layer — RMSNorm, RoPE, the KV-cache write,
 attention (``layer_ops.cpp``). The build (~40 s, g++ and ninja) lands in
 ``specdec_home()/ext/specdec_cpu_kernels-<key>``; the key hashes the sources, the compiler flags and
 the torch and Python versions, so a change to any of them builds afresh instead of reusing a stale
@@ -17,6 +19,7 @@ directory, so later starts neither need nor run ninja.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -26,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import torch
 
@@ -36,8 +40,8 @@ from specdec.paths import specdec_home
 EXTENSION_NAME = "specdec_cpu_kernels"
 _HERE = Path(__file__).parent
 #: compiled sources: the linear kernels (with the module definition), the rest of a layer
-SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "layer_ops.cpp")
-HEADERS = (_HERE / "simd.h",)
+SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_avx512.cpp", _HERE / "layer_ops.cpp")
+HEADERS = (_HERE / "simd.h", _HERE / "dot_kernels.h")
 #: -ffp-contract=off: no fused multiply-adds the source does not write, so results do not depend on
 #: the compiler's choices (bit-identity of a row alone and in a chunk is checked with torch.equal)
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off")
@@ -103,6 +107,31 @@ def available() -> bool:
     except SpecdecError:
         return False
     return True
+
+
+def kernel_paths() -> list[str]:
+    """The dot-product paths (instruction sets) this CPU runs, best first, e.g. ``["avx512-vnni", "avx2"]``.
+    Every path gives the same output bits (``dot_kernels.h``); they differ only in speed."""
+    return list(kernel().kernel_paths())
+
+
+def kernel_path() -> str:
+    """The path the linear kernels use now: the best this CPU has unless :func:`use_kernel_path` chose."""
+    return str(kernel().kernel_path())
+
+
+@contextlib.contextmanager
+def use_kernel_path(name: str) -> Iterator[None]:
+    """Run the kernels with path ``name`` inside the block (tests and benchmarks compare paths; the
+    setting is process-wide). Raises :class:`SpecdecError` when this CPU cannot run it."""
+    if name not in kernel_paths():
+        raise SpecdecError(f"kernel path {name!r} does not run on this CPU (it runs {', '.join(kernel_paths())})")
+    previous = kernel_path()
+    kernel().set_kernel_path(name)
+    try:
+        yield
+    finally:
+        kernel().set_kernel_path(previous)
 
 
 def _build(directory: Path) -> None:

@@ -26,8 +26,11 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include "simd.h"
+#include "dot_kernels.h"
 #include <cmath>
+#include <atomic>
 #include <cstring>
+#include <string>
 #include <vector>
 
 // Software prefetch distance (bytes ahead in the weight stream of the current thread's rows): a
@@ -168,13 +171,24 @@ void dot_rows(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
     dot_pass<R - 4>(qs, sc, mn, d, dmin, groups, xq + 4 * K, gsum + 4 * gstride, K, gstride, result + 4);
 }
 
-using DotFn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, const float*, int64_t,
-                       const int8_t*, const int32_t*, int64_t, int64_t, float*);
-constexpr int kMaxRows = 8;
+using specdec_kernels::DotFn;
+using specdec_kernels::DotQ6Fn;
+using specdec_kernels::DotQ8Fn;
+using specdec_kernels::kMaxRows;
 const DotFn kDot[kMaxRows + 1] = {nullptr, dot_rows<1>, dot_rows<2>, dot_rows<3>, dot_rows<4>,
                                   dot_rows<5>, dot_rows<6>, dot_rows<7>, dot_rows<8>};
 
 }  // namespace
+
+// The instruction set the dot products run with: the best this CPU has unless set_kernel_path chose
+// another (tests run every supported path). Every path gives the same bits (dot_kernels.h).
+struct KernelPath {
+  const char* name;
+  const DotFn* q4;
+  const DotQ8Fn* q8;
+  const DotQ6Fn* q6;
+};
+const KernelPath& active_path();
 
 // Shared by the kernels: check x, quantize every activation row, then for blocks of 32 weight rows
 // (kept in L2 while each 8-row activation tile passes over them, for prefill) let row_dot(n, rows,
@@ -227,8 +241,9 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   const float* dp = d.data_ptr<float>();
   const float* dmp = dmin.data_ptr<float>();
   const int64_t gstride = group_stride(K);
+  const DotFn* dot = active_path().q4;
   return tiled_linear(x, N, bias, Layout::kQ4, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
-    kDot[rows](qsp + n * (K / 2), scp + n * blocks * 8, mnp + n * blocks * 8, dp + n * blocks, dmp + n * blocks,
+    dot[rows](qsp + n * (K / 2), scp + n * blocks * 8, mnp + n * blocks * 8, dp + n * blocks, dmp + n * blocks,
                groups, xq, gsum, K, gstride, result);
   });
 }
@@ -238,7 +253,7 @@ namespace {
 // R activation rows against one int8 weight row (symmetric, per-row scale applied by the caller):
 // exact int32 sums, |a|·(w·sign a) keeps maddubs' unsigned×signed form without saturation (127·127·2).
 template <int R>
-void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, int32_t* result) {
+void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t*, int64_t, int32_t* result) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
@@ -259,7 +274,6 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, int32_t* result) 
   }
 }
 
-using DotQ8Fn = void (*)(const int8_t*, const int8_t*, int64_t, int32_t*);
 const DotQ8Fn kDotQ8[kMaxRows + 1] = {nullptr, dot_rows_q8<1>, dot_rows_q8<2>, dot_rows_q8<3>, dot_rows_q8<4>,
                                       dot_rows_q8<5>, dot_rows_q8<6>, dot_rows_q8<7>, dot_rows_q8<8>};
 
@@ -272,9 +286,11 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, 
   TORCH_CHECK(w.size(1) == K, "weights take ", w.size(1), " inputs, x has ", K);
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  return tiled_linear(x, N, bias, Layout::kNatural, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t*, float* result) {
+  const int64_t gstride = group_stride(K);
+  const DotQ8Fn* dot = active_path().q8;
+  return tiled_linear(x, N, bias, Layout::kNatural, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
     int32_t sums[kMaxRows];
-    kDotQ8[rows](wp + n * K, xq, K, sums);
+    dot[rows](wp + n * K, xq, K, gsum, gstride, sums);
     for (int64_t r = 0; r < rows; ++r) result[r] = static_cast<float>(sums[r]) * sp[n];
   });
 }
@@ -341,8 +357,6 @@ void dot_rows_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const f
     dot_pass_q6<R - 4>(ql, qh, sc, d, blocks, xq + 4 * K, asum + 4 * astride, K, astride, result + 4);
 }
 
-using DotQ6Fn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, int64_t, const int8_t*,
-                         const int16_t*, int64_t, int64_t, float*);
 const DotQ6Fn kDotQ6[kMaxRows + 1] = {nullptr, dot_rows_q6<1>, dot_rows_q6<2>, dot_rows_q6<3>, dot_rows_q6<4>,
                                       dot_rows_q6<5>, dot_rows_q6<6>, dot_rows_q6<7>, dot_rows_q6<8>};
 
@@ -359,10 +373,60 @@ torch::Tensor q6_linear(torch::Tensor x, torch::Tensor ql, torch::Tensor qh, tor
   const int8_t* scp = sc.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
   const int64_t astride = 2 * group_stride(K);  // int16 sums per row in the int32 group-sum buffer
+  const DotQ6Fn* dot = active_path().q6;
   return tiled_linear(x, N, bias, Layout::kQ6, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
-    kDotQ6[rows](qlp + n * (K / 2), qhp + n * (K / 4), scp + n * (K / 16), dp + n * blocks, blocks, xq,
+    dot[rows](qlp + n * (K / 2), qhp + n * (K / 4), scp + n * (K / 16), dp + n * blocks, blocks, xq,
                  reinterpret_cast<const int16_t*>(gsum), K, astride, result);
   });
+}
+
+
+// Paths in order of preference; a path is usable when the CPU reports every feature it needs
+// (__builtin_cpu_supports also checks that the OS saves the AVX-512 registers).
+const KernelPath kPaths[] = {
+    {"avx512-vnni", specdec_kernels::kDotAvx512Vnni, specdec_kernels::kDotQ8Avx512Vnni, specdec_kernels::kDotQ6Avx512Vnni},
+    {"avx2", kDot, kDotQ8, kDotQ6},
+};
+constexpr int kNumPaths = sizeof(kPaths) / sizeof(kPaths[0]);
+
+bool path_supported(int i) {
+  __builtin_cpu_init();
+  if (std::strcmp(kPaths[i].name, "avx512-vnni") == 0)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("avx512dq");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+int best_path() {
+  for (int i = 0; i < kNumPaths; ++i)
+    if (path_supported(i)) return i;
+  return kNumPaths - 1;
+}
+
+std::atomic<int> g_path{best_path()};
+
+const KernelPath& active_path() { return kPaths[g_path.load(std::memory_order_relaxed)]; }
+
+// The dot-product paths this CPU can run, best first.
+std::vector<std::string> kernel_paths() {
+  std::vector<std::string> names;
+  for (int i = 0; i < kNumPaths; ++i)
+    if (path_supported(i)) names.emplace_back(kPaths[i].name);
+  return names;
+}
+
+std::string kernel_path() { return active_path().name; }
+
+// Use `name` for every later call (process-wide); refused when this CPU lacks its instructions.
+void set_kernel_path(const std::string& name) {
+  for (int i = 0; i < kNumPaths; ++i) {
+    if (name != kPaths[i].name) continue;
+    TORCH_CHECK(path_supported(i), "this CPU cannot run the ", name, " kernels");
+    g_path.store(i);
+    return;
+  }
+  TORCH_CHECK(false, "unknown kernel path ", name);
 }
 
 // layer_ops.cpp: the rest of a decoder layer (one extension, specdec_cpu_kernels: build.py)
@@ -375,6 +439,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &q4_linear, "4-bit x int8 linear (see source)");
   m.def("q6_linear", &q6_linear, "6-bit (Q6_K values) x int8 linear (see source)");
   m.def("q8_linear", &q8_linear, "int8 x int8 linear, per-row weight scales (see source)");
+  m.def("kernel_paths", &kernel_paths, "the dot-product paths this CPU runs, best first");
+  m.def("kernel_path", &kernel_path, "the path the linear kernels use now");
+  m.def("set_kernel_path", &set_kernel_path, "use this path (tests; same bits on every path)");
   m.def("rms_norm", &rms_norm, "x += residual (in place, optional); RMSNorm(x) * w");
   m.def("attention", &attention, "RoPE, KV-cache write and row-wise attention for one layer");
 }

@@ -1,0 +1,31 @@
+// The per-weight-row dot products of the linear kernels, as tables indexed by the number of activation
+// rows (1..kMaxRows): one table per instruction set, chosen at run time (linear_kernels.cpp).
+//
+// Every path computes the same exact int32 sums per weight group and then the same float operations in
+// the same order, so all paths give bit-identical results (tests/test_kernel_paths.py checks it): a
+// machine's choice changes speed, never an output bit.
+//
+// No inline functions here: linear_kernels_avx512.cpp is compiled for AVX-512, and an inline function
+// both files emitted could be linked from its AVX-512 copy into AVX2-only code.
+#pragma once
+#include <cstdint>
+
+namespace specdec_kernels {
+
+constexpr int kMaxRows = 8;
+
+// 4-bit (Q4_K values): qs, sc, mn, d, dmin, groups, xq, group sums, K, group-sum stride, result
+using DotFn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, const float*, int64_t,
+                       const int8_t*, const int32_t*, int64_t, int64_t, float*);
+// int8 weights: w, xq, K, group sums of 32 (per row, stride), stride, int32 result
+using DotQ8Fn = void (*)(const int8_t*, const int8_t*, int64_t, const int32_t*, int64_t, int32_t*);
+// 6-bit (Q6_K values): ql, qh, sc, d, blocks, xq, int16 sums per 16, K, sum stride, result
+using DotQ6Fn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, int64_t, const int8_t*,
+                         const int16_t*, int64_t, int64_t, float*);
+
+// AVX-512 VNNI (vpdpbusd / vpdpwssd on 256-bit registers, 32 of them): linear_kernels_avx512.cpp
+extern const DotFn kDotAvx512Vnni[kMaxRows + 1];
+extern const DotQ8Fn kDotQ8Avx512Vnni[kMaxRows + 1];
+extern const DotQ6Fn kDotQ6Avx512Vnni[kMaxRows + 1];
+
+}  // namespace specdec_kernels

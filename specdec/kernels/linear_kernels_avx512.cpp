@@ -1,0 +1,186 @@
+// AVX-512 VNNI versions of the linear kernels' dot products (formats: linear_kernels.cpp).
+//
+// Why: on AVX2 a verification chunk is multiply-bound — every 4 weights x 1 activation row cost a
+// maddubs, an add and part of a madd, so each extra verified token of the 1.5B target adds ~10 ms.
+// vpdpbusd multiplies u8 x s8 and accumulates 4 products per int32 lane in one instruction, and
+// AVX-512VL gives 32 vector registers, so 8 activation rows share one unpacking of a weight block.
+//
+// Exactness: the int32 sums per weight group are exact on both paths (no saturation anywhere), and
+// the float operations after them are the same operations in the same order as the AVX2 code, so a
+// row's output is bit-identical on either path — and, as there, identical alone and inside a chunk.
+//
+// This file is compiled for AVX-512 (the pragma below) and runs only where the CPU reports
+// avx512f/bw/vl/vnni (linear_kernels.cpp decides). Everything in it has internal linkage except the
+// three tables, so no AVX-512 copy of a shared inline function can reach AVX2-only code.
+#include <immintrin.h>
+#include <cstdint>
+#include "dot_kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
+
+namespace {
+
+constexpr int64_t kPrefetch = 2048;  // as linear_kernels.cpp
+
+// The same fixed-order sum of 8 floats as simd.h's hsum (own copy: internal linkage, see above).
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int32_t hsum8_epi32(__m256i v) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_hadd_epi32(t, t);
+  t = _mm_hadd_epi32(t, t);
+  return _mm_cvtsi128_si32(t);
+}
+
+inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 4-bit: up to 8 activation rows against one weight row. A full block: vector v holds 4 codes of each
+// group g in int32 lane g, so 8 vpdpbusd leave lane g = the group's exact sum, and one vpmulld applies
+// its scale — the int32 the AVX2 path gets from 8 maddubs + madd.
+template <int R>
+void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
+              int64_t groups, const int8_t* xq, const int32_t* gsum, int64_t K, int64_t gstride, float* result) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m512i low512 = _mm512_set1_epi8(0x0F);
+  const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const int64_t blocks = (groups + 7) / 8, full = groups / 8;
+  __m256 acc[R], min_acc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); min_acc[r] = _mm256_setzero_ps(); }
+  for (int64_t b = 0; b < blocks; ++b) {
+    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch + 64), _MM_HINT_T0);
+    const __m256 D = _mm256_set1_ps(d[b]);
+    const __m256 mins = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + b * 8)))),
+        _mm256_set1_ps(dmin[b]));
+    // each row's block result goes straight into its accumulators (no per-row temporaries held: with 8
+    // rows they would not fit the registers); per row, the same float operations as the AVX2 pass
+    auto accumulate = [&](int r, __m256i isum) {
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
+      min_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(load(gsum + r * gstride + b * 8)), mins, min_acc[r]);
+    };
+    if (b < full) {
+      // zmm i = vectors 2i (low nibbles) and 2i+1 (high nibbles) of the block, beside each other as
+      // the activations are (a + 64 i): 4 vpdpbusd of 512 bits per row; lanes g and 8 + g both hold
+      // group g, added before the scale (integers: the same sums in any order)
+      __m512i w[4];
+      for (int i = 0; i < 4; ++i) {
+        const __m512i packed = _mm512_broadcast_i64x4(load(qs + b * 128 + 32 * i));
+        w[i] = _mm512_and_si512(_mm512_srlv_epi16(packed, nibble_shift), low512);
+      }
+      const __m256i scales = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + b * 8)));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* a = xq + r * K + b * 256;
+        __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_loadu_si512(a));
+        __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_loadu_si512(a + 64));
+        even = _mm512_dpbusd_epi32(even, w[2], _mm512_loadu_si512(a + 128));
+        odd = _mm512_dpbusd_epi32(odd, w[3], _mm512_loadu_si512(a + 192));
+        const __m512i both = _mm512_add_epi32(even, odd);
+        const __m256i groups8 = _mm256_add_epi32(_mm512_castsi512_si256(both), _mm512_extracti64x4_epi64(both, 1));
+        accumulate(r, _mm256_mullo_epi32(groups8, scales));
+      }
+    } else {  // a partial last block: pairs of groups in Q4_K's layout, activations in order
+      for (int r = 0; r < R; ++r) {
+        __m256i isum = _mm256_setzero_si256();
+        for (int64_t g = b * 8; g < groups; g += 2) {
+          const __m256i packed = load(qs + g * 16);
+          const __m256i w0 = _mm256_and_si256(packed, low);
+          const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+          const int8_t* a = xq + r * K + g * 32;
+          const __m256i p0 = _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w0, load(a)),
+                                                _mm256_set1_epi32(sc[g]));
+          const __m256i p1 = _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w1, load(a + 32)),
+                                                _mm256_set1_epi32(sc[g + 1]));
+          isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+        }
+        accumulate(r, isum);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) result[r] = hsum8(acc[r]) - hsum8(min_acc[r]);
+}
+
+// int8 weights: vpdpbusd wants an unsigned operand, so each weight byte is read as w + 128 (xor 0x80)
+// and 128 x (the row's activation sum) is taken off after: exact, and one instruction per 32 bytes and
+// row (AVX2: two sign ops, maddubs, madd, add).
+template <int R>
+void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gsum, int64_t gstride, int32_t* result) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256i acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+  for (int64_t k = 0; k < K; k += 32) {
+    if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k + kPrefetch), _MM_HINT_T0);
+    const __m256i wv = _mm256_xor_si256(load(w + k), flip);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_dpbusd_epi32(acc[r], wv, load(xq + r * K + k));
+  }
+  for (int r = 0; r < R; ++r) {
+    int32_t row_sum = 0;
+    for (int64_t g = 0; g < K / 32; ++g) row_sum += gsum[r * gstride + g];
+    result[r] = hsum8_epi32(acc[r]) - 128 * row_sum;
+  }
+}
+
+// 6-bit: the AVX2 pass with each madd + add of group scales fused into one vpdpwssd (same int32s).
+template <int R>
+void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
+                 const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
+  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    _mm_prefetch(reinterpret_cast<const char*>(ql + b * 128 + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(ql + b * 128 + kPrefetch + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(qh + b * 64 + kPrefetch / 2), _MM_HINT_T0);
+    __m256i w[8];
+    for (int i = 0; i < 4; ++i) {
+      const __m256i packed = load(ql + b * 128 + 32 * i);
+      w[2 * i] = _mm256_and_si256(packed, low);
+      w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256i high = load(qh + b * 64 + 32 * h);
+      w[4 * h] = _mm256_or_si256(w[4 * h], _mm256_and_si256(_mm256_slli_epi16(high, 4), top));
+      w[4 * h + 1] = _mm256_or_si256(w[4 * h + 1], _mm256_and_si256(_mm256_slli_epi16(high, 2), top));
+      w[4 * h + 2] = _mm256_or_si256(w[4 * h + 2], _mm256_and_si256(high, top));
+      w[4 * h + 3] = _mm256_or_si256(w[4 * h + 3], _mm256_and_si256(_mm256_srli_epi16(high, 2), top));
+    }
+    const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16)));
+    const __m256 D = _mm256_set1_ps(d[b]);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = xq + r * K + b * 256;
+      const __m256i sums = load(asum + r * astride + b * 16);
+      // the -32 offset first (a negative start), then the four pairs of maddubs
+      __m256i isum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sums, scales), 5));
+      for (int i = 0; i < 8; i += 2) {
+        const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w[i], load(a + 32 * i)),
+                                           _mm256_maddubs_epi16(w[i + 1], load(a + 32 * i + 32)));
+        isum = _mm256_dpwssd_epi32(isum, t, scales);
+      }
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) result[r] = hsum8(acc[r]);
+}
+
+}  // namespace
+
+#pragma GCC pop_options
+
+namespace specdec_kernels {
+
+const DotFn kDotAvx512Vnni[kMaxRows + 1] = {nullptr, dot_pass<1>, dot_pass<2>, dot_pass<3>, dot_pass<4>,
+                                            dot_pass<5>, dot_pass<6>, dot_pass<7>, dot_pass<8>};
+const DotQ8Fn kDotQ8Avx512Vnni[kMaxRows + 1] = {nullptr, dot_rows_q8<1>, dot_rows_q8<2>, dot_rows_q8<3>,
+                                                dot_rows_q8<4>, dot_rows_q8<5>, dot_rows_q8<6>, dot_rows_q8<7>,
+                                                dot_rows_q8<8>};
+const DotQ6Fn kDotQ6Avx512Vnni[kMaxRows + 1] = {nullptr, dot_pass_q6<1>, dot_pass_q6<2>, dot_pass_q6<3>,
+                                                dot_pass_q6<4>, dot_pass_q6<5>, dot_pass_q6<6>, dot_pass_q6<7>,
+                                                dot_pass_q6<8>};
+
+}  // namespace specdec_kernels

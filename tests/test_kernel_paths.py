@@ -1,0 +1,149 @@
+"""The linear kernels' instruction-set paths (AVX2, AVX-512 VNNI): each path batch-invariant on its own
+(a row's output bit-identical alone and inside a chunk), every path giving the same bits as every
+other, and the path chosen at run time by what the CPU reports.
+
+Paths this CPU lacks are skipped with the reason: a CPU without AVX-512 VNNI runs only the AVX2 path.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.kernels.build import kernel
+
+try:
+    kernel()
+except Exception as exc:  # no compiler / no AVX2: see tests/test_q4.py
+    if os.environ.get("CI"):
+        raise
+    pytest.skip(f"int4 kernel unavailable: {exc}", allow_module_level=True)
+
+from specdec.kernels.build import kernel_path, kernel_paths, use_kernel_path
+from specdec.kernels.q4 import Q4Linear, Q8Linear
+from specdec.kernels.q6 import Q6K_BLOCK_BYTES, Q6Linear
+
+ALL_PATHS = ("avx512-vnni", "avx2")
+
+
+def cpu_flags() -> set[str]:
+    from specdec.cpu import cpu_flags as flags
+
+    return set(flags())
+
+
+@pytest.fixture(params=ALL_PATHS)
+def path(request):
+    """Each kernel path in turn, skipped where this CPU cannot run it."""
+    if request.param not in kernel_paths():
+        pytest.skip(f"this CPU has no {request.param} (flags: {' '.join(sorted(cpu_flags()))})")
+    with use_kernel_path(request.param):
+        yield request.param
+
+
+def random_q6k(rows: int, blocks: int, seed: int) -> np.ndarray:
+    """Random Q6_K bytes: every code 0..63 and every int8 scale occur (the kernels' exactness edges)."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, blocks, Q6K_BLOCK_BYTES), dtype=np.uint8)
+    raw[..., 208:210] = rng.uniform(1e-4, 1e-3, size=(rows, blocks, 1)).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, blocks * Q6K_BLOCK_BYTES)
+
+
+def make_layer(kind: str, width: int, seed: int) -> torch.nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "q6":
+        return Q6Linear.from_q6k(random_q6k(40, width // 256, seed))
+    weight = torch.randn(40, width, generator=gen) * 0.05
+    return (Q4Linear if kind == "q4" else Q8Linear).from_float(weight, torch.randn(40, generator=gen))
+
+
+def make_rows(rows: int, width: int, seed: int) -> torch.Tensor:
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(seed))
+    x[min(1, rows - 1)] *= 50  # an outlier row must not change its neighbours (per-token scales)
+    return x
+
+
+# 768: whole blocks; 896: a partial last block of 4 groups (the 0.5B draft's width); 320: 2 groups
+LAYERS = [("q4", 768), ("q4", 896), ("q4", 320), ("q8", 768), ("q8", 896), ("q6", 768)]
+
+
+def test_the_best_path_this_cpu_has_is_the_default():
+    paths = kernel_paths()
+    assert paths and set(paths) <= set(ALL_PATHS) and "avx2" in paths
+    assert kernel_path() == paths[0]
+    flags = cpu_flags()
+    has_vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
+    assert ("avx512-vnni" in paths) == has_vnni, f"flags {sorted(flags)} but paths {paths}"
+
+
+def test_an_unknown_or_unsupported_path_is_refused_and_the_setting_restored():
+    before = kernel_path()
+    with pytest.raises(SpecdecError, match="does not run on this CPU"):
+        with use_kernel_path("avx9000"):
+            pass
+    with pytest.raises(RuntimeError, match="unknown kernel path"):
+        kernel().set_kernel_path("avx9000")
+    with pytest.raises(KeyError):
+        with use_kernel_path("avx2"):
+            assert kernel_path() == "avx2"
+            raise KeyError("inside")
+    assert kernel_path() == before
+
+
+@pytest.mark.parametrize("rows", [2, 4, 5, 8, 9, 17])  # one pass of ≤ 8 rows, tiles of 8, remainders
+@pytest.mark.parametrize("kind,width", LAYERS)
+def test_each_path_rows_bit_identical_alone_and_in_a_chunk(path, kind, width, rows):
+    layer = make_layer(kind, width, seed=rows)
+    x = make_rows(rows, width, seed=rows + 100)
+    chunk = layer(x)
+    for i in range(rows):
+        assert torch.equal(chunk[i], layer(x[i : i + 1])[0]), f"{path}: row {i} of {rows}"
+
+
+@pytest.mark.parametrize("kind,width", LAYERS)
+def test_every_path_gives_the_same_bits(kind, width):
+    paths = kernel_paths()
+    if len(paths) < 2:
+        pytest.skip(f"this CPU runs one kernel path ({paths[0]})")
+    layer = make_layer(kind, width, seed=7)
+    x = make_rows(11, width, seed=8)
+    outputs = {}
+    for name in paths:
+        with use_kernel_path(name):
+            outputs[name] = layer(x)
+    for name in paths[1:]:
+        assert torch.equal(outputs[name], outputs[paths[0]]), f"{name} differs from {paths[0]}"
+
+
+def test_each_path_close_to_the_float_weights(path):
+    """The exact-integer claim checked against float: a wrong lane order or scale would be far off."""
+    for kind, width in LAYERS:
+        layer = make_layer(kind, width, seed=3)
+        x = make_rows(6, width, seed=4)
+        weight = layer.dequantized() if kind != "q8" else layer.w8.float() * layer.w8_scales[:, None]
+        exact = torch.nn.functional.linear(x, weight, layer.bias)
+        out = layer(x)
+        error = ((out - exact).norm(dim=-1) / exact.norm(dim=-1)).max()
+        assert error < 0.02, f"{path} {kind} {width}: relative error {error:.4f}"
+
+
+def test_a_whole_int4_model_gives_the_same_logits_on_every_path(tmp_path):
+    import specdec
+    from tests.conftest import make_tiny_model_dir
+    from tests.model_fixtures import TINY_QWEN2_Q4, assert_chunk_equals_single_tokens
+
+    target = specdec.load_model(make_tiny_model_dir(tmp_path / "t", TINY_QWEN2_Q4, seed=3), dtype="float32",
+                                device="cpu", quantize="int4")
+    decoder = target.backend.decoder
+    tokens = torch.tensor([5, 9, 2, 77, 31, 8, 4, 19])
+    logits = {}
+    for name in kernel_paths():
+        with use_kernel_path(name):
+            assert_chunk_equals_single_tokens(decoder, 6)
+            logits[name] = decoder(tokens, torch.arange(len(tokens)), decoder.new_cache(16))
+    for name, value in logits.items():
+        assert torch.equal(value, logits[kernel_paths()[0]]), name
