@@ -50,19 +50,24 @@ def random_backend(shape: str, dtype: torch.dtype, device: str) -> TorchBackend:
     return TorchBackend(decoder.eval())
 
 
-def time_step(backend: TorchBackend, context: list[int], new: list[int], repeats: int) -> float:
-    """Median seconds of one forward of the ``new`` tokens after ``context`` (cache rolled back)."""
+def time_steps(backend: TorchBackend, context: list[int], new: list[int], repeats: int,
+               paths: list[str | None]) -> dict[str | None, float]:
+    """Median seconds of one forward of the ``new`` tokens after ``context`` (cache rolled back each
+    time), per kernel path; the paths take turns at every repeat, so drift hits them alike."""
     state = backend.new_state(len(context) + len(new) + 1)
     backend.forward(state, context, num_logits=1)
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        state.truncate(len(context))
-        backend.synchronize()
-        start = time.perf_counter()
-        backend.forward(state, new)
-        backend.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    times: dict[str | None, list[float]] = {path: [] for path in paths}
+    for _ in range(repeats + 1):  # the first round is a warm-up
+        for path in paths:
+            if path is not None:
+                kernel().set_kernel_path(path)
+            state.truncate(len(context))
+            backend.synchronize()
+            start = time.perf_counter()
+            backend.forward(state, new)
+            backend.synchronize()
+            times[path].append(time.perf_counter() - start)
+    return {path: statistics.median(samples[1:]) for path, samples in times.items()}
 
 
 def main() -> None:
@@ -79,7 +84,7 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="CUDA: no CUDA graphs (SPECDEC_CUDA_GRAPHS=0)")
     parser.add_argument("--kernel-path", default="auto",
                         help="int4 modes: the C++ dot-product path (auto = the best this CPU has; all = every "
-                             "path this CPU runs, interleaved per chunk size; or a name: avx512-vnni, avx2)")
+                             "path this CPU runs, taking turns at every repeat; or a name: avx512-vnni, avx2)")
     args = parser.parse_args()
     if args.eager:
         os.environ["SPECDEC_CUDA_GRAPHS"] = "0"
@@ -104,11 +109,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     base: dict[str | None, float] = {}
     for tokens in sizes:
-        for path in paths:  # interleaved: every path measured at each size before the next size
-            if path is not None:
-                kernel().set_kernel_path(path)
-            seconds = time_step(backend, context[: args.context], context[args.context : args.context + tokens],
-                                args.repeats)
+        medians = time_steps(backend, context[: args.context], context[args.context : args.context + tokens],
+                             args.repeats, paths)
+        for path, seconds in medians.items():
             base.setdefault(path, seconds)
             print(f"| {tokens} | {path or '-'} | {seconds * 1e3:.2f} | {seconds / base[path]:.2f} | "
                   f"{seconds * 1e3 / tokens:.2f} | {backend.weight_bytes / seconds / 1e9:.0f} |", flush=True)

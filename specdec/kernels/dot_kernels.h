@@ -14,16 +14,17 @@ namespace specdec_kernels {
 
 constexpr int kMaxRows = 8;
 
-// 4-bit (Q4_K values): qs, sc, mn, d, dmin, groups, xq, group sums, K, group-sum stride, result
+// 4-bit (Q4_K values): qs, sc, mn, d, dmin, groups, xq, group sums (as floats), K, group-sum stride, result
 using DotFn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, const float*, int64_t,
-                       const int8_t*, const int32_t*, int64_t, int64_t, float*);
-// int8 weights: w, xq, K, group sums of 32 (per row, stride), stride, int32 result
+                       const int8_t*, const float*, int64_t, int64_t, float*);
+// int8 weights: w, xq, K, activation totals (one per row, `stride` apart), stride, int32 result
 using DotQ8Fn = void (*)(const int8_t*, const int8_t*, int64_t, const int32_t*, int64_t, int32_t*);
 // 6-bit (Q6_K values): ql, qh, sc, d, blocks, xq, int16 sums per 16, K, sum stride, result
 using DotQ6Fn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, int64_t, const int8_t*,
                          const int16_t*, int64_t, int64_t, float*);
 
-// AVX-512 VNNI (vpdpbusd / vpdpwssd on 256-bit registers, 32 of them): linear_kernels_avx512.cpp
+// AVX-512 VNNI (vpdpbusd / vpdpwssd, 32 vector registers): linear_kernels_avx512.cpp; entries from 2
+// rows (one row runs the AVX2 code: see kPaths in linear_kernels.cpp)
 extern const DotFn kDotAvx512Vnni[kMaxRows + 1];
 extern const DotQ8Fn kDotQ8Avx512Vnni[kMaxRows + 1];
 extern const DotQ6Fn kDotQ6Avx512Vnni[kMaxRows + 1];

@@ -45,7 +45,7 @@ inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<
 // its scale — the int32 the AVX2 path gets from 8 maddubs + madd.
 template <int R>
 void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
-              int64_t groups, const int8_t* xq, const int32_t* gsum, int64_t K, int64_t gstride, float* result) {
+              int64_t groups, const int8_t* xq, const float* gsum, int64_t K, int64_t gstride, float* result) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m512i low512 = _mm512_set1_epi8(0x0F);
   const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
@@ -63,7 +63,7 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
     // rows they would not fit the registers); per row, the same float operations as the AVX2 pass
     auto accumulate = [&](int r, __m256i isum) {
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
-      min_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(load(gsum + r * gstride + b * 8)), mins, min_acc[r]);
+      min_acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(gsum + r * gstride + b * 8), mins, min_acc[r]);
     };
     if (b < full) {
       // zmm i = vectors 2i (low nibbles) and 2i+1 (high nibbles) of the block, beside each other as
@@ -77,11 +77,11 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
       const __m256i scales = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + b * 8)));
       for (int r = 0; r < R; ++r) {
         const int8_t* a = xq + r * K + b * 256;
-        __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_loadu_si512(a));
-        __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_loadu_si512(a + 64));
-        even = _mm512_dpbusd_epi32(even, w[2], _mm512_loadu_si512(a + 128));
-        odd = _mm512_dpbusd_epi32(odd, w[3], _mm512_loadu_si512(a + 192));
-        const __m512i both = _mm512_add_epi32(even, odd);
+        // one chain per row (the 8 rows' chains overlap): no extra add to join two
+        __m512i both = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_loadu_si512(a));
+        both = _mm512_dpbusd_epi32(both, w[1], _mm512_loadu_si512(a + 64));
+        both = _mm512_dpbusd_epi32(both, w[2], _mm512_loadu_si512(a + 128));
+        both = _mm512_dpbusd_epi32(both, w[3], _mm512_loadu_si512(a + 192));
         const __m256i groups8 = _mm256_add_epi32(_mm512_castsi512_si256(both), _mm512_extracti64x4_epi64(both, 1));
         accumulate(r, _mm256_mullo_epi32(groups8, scales));
       }
@@ -120,9 +120,7 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gs
     for (int r = 0; r < R; ++r) acc[r] = _mm256_dpbusd_epi32(acc[r], wv, load(xq + r * K + k));
   }
   for (int r = 0; r < R; ++r) {
-    int32_t row_sum = 0;
-    for (int64_t g = 0; g < K / 32; ++g) row_sum += gsum[r * gstride + g];
-    result[r] = hsum8_epi32(acc[r]) - 128 * row_sum;
+    result[r] = hsum8_epi32(acc[r]) - 128 * gsum[r * gstride];  // the row's activation total
   }
 }
 
@@ -174,12 +172,13 @@ void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const f
 
 namespace specdec_kernels {
 
-const DotFn kDotAvx512Vnni[kMaxRows + 1] = {nullptr, dot_pass<1>, dot_pass<2>, dot_pass<3>, dot_pass<4>,
+// Entry 1 stays empty: a single row is memory-bound and runs the AVX2 code (linear_kernels.cpp).
+const DotFn kDotAvx512Vnni[kMaxRows + 1] = {nullptr, nullptr, dot_pass<2>, dot_pass<3>, dot_pass<4>,
                                             dot_pass<5>, dot_pass<6>, dot_pass<7>, dot_pass<8>};
-const DotQ8Fn kDotQ8Avx512Vnni[kMaxRows + 1] = {nullptr, dot_rows_q8<1>, dot_rows_q8<2>, dot_rows_q8<3>,
+const DotQ8Fn kDotQ8Avx512Vnni[kMaxRows + 1] = {nullptr, nullptr, dot_rows_q8<2>, dot_rows_q8<3>,
                                                 dot_rows_q8<4>, dot_rows_q8<5>, dot_rows_q8<6>, dot_rows_q8<7>,
                                                 dot_rows_q8<8>};
-const DotQ6Fn kDotQ6Avx512Vnni[kMaxRows + 1] = {nullptr, dot_pass_q6<1>, dot_pass_q6<2>, dot_pass_q6<3>,
+const DotQ6Fn kDotQ6Avx512Vnni[kMaxRows + 1] = {nullptr, nullptr, dot_pass_q6<2>, dot_pass_q6<3>,
                                                 dot_pass_q6<4>, dot_pass_q6<5>, dot_pass_q6<6>, dot_pass_q6<7>,
                                                 dot_pass_q6<8>};
 
