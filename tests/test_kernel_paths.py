@@ -147,3 +147,16 @@ def test_a_whole_int4_model_gives_the_same_logits_on_every_path(tmp_path):
             logits[name] = decoder(tokens, torch.arange(len(tokens)), decoder.new_cache(16))
     for name, value in logits.items():
         assert torch.equal(value, logits[kernel_paths()[0]]), name
+
+
+def test_the_environment_can_name_the_path_for_a_whole_command():
+    import subprocess
+    import sys
+
+    script = "from specdec.kernels.build import kernel_path; print(kernel_path())"
+    env = {**os.environ, "SPECDEC_KERNEL_PATH": "avx2"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "avx2", done.stderr
+    env["SPECDEC_KERNEL_PATH"] = "avx9000"
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "SPECDEC_KERNEL_PATH=avx9000: this CPU runs" in done.stderr

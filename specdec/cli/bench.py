@@ -61,10 +61,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    import platform
+    import os
     from pathlib import Path
 
+    import torch
+
     from specdec.bench.report import compare_runs
+    from specdec.cpu import cpu_description
 
     if args.compare:
         print(compare_runs(Path(args.compare[0]), Path(args.compare[1])))
@@ -123,9 +126,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if close_peers is not None:
             close_peers()
-    meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]), "machine": f"{platform.machine()}, "
-            f"{__import__('os').cpu_count()} cores, torch {__import__('torch').__version__}", "model": args.model,
-            "draft_model": args.draft_model if draft else None, "execution": target.backend.dtype_name,
+    execution = target.backend.dtype_name
+    if execution.startswith("int4") or (draft is not None and draft.backend.dtype_name.startswith("int4")):
+        from specdec.kernels.build import kernel_path
+
+        execution += f", {kernel_path()} kernels"  # which instruction set ran: results differ by CPU
+    meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]),
+            "machine": f"{cpu_description()}, {os.cpu_count()} cores, torch {torch.__version__}", "model": args.model,
+            "draft_model": args.draft_model if draft else None, "execution": execution,
             "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": args.temperature,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "concurrency": args.concurrency}
     summary = write_results(Path(args.out), results, meta)

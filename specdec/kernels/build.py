@@ -87,7 +87,7 @@ def kernel() -> ModuleType:
         _build(directory)
         built_now = True
     try:
-        return _import(library)
+        return _loaded(_import(library))
     except ImportError as exc:
         if built_now:
             raise SpecdecError(f"the C++ CPU kernels built but do not load: {exc}; use --quantize int8") from exc
@@ -95,9 +95,20 @@ def kernel() -> ModuleType:
     library.unlink(missing_ok=True)
     _build(directory)
     try:
-        return _import(library)
+        return _loaded(_import(library))
     except ImportError as exc:
         raise SpecdecError(f"the C++ CPU kernels built but do not load: {exc}; use --quantize int8") from exc
+
+
+def _loaded(module: ModuleType) -> ModuleType:
+    """``module`` with the kernel path ``SPECDEC_KERNEL_PATH`` names, when set (to compare paths with
+    whole commands, e.g. ``SPECDEC_KERNEL_PATH=avx2 specdec generate …``; outputs are the same bits)."""
+    wanted = os.environ.get("SPECDEC_KERNEL_PATH", "").strip()
+    if wanted:
+        if wanted not in module.kernel_paths():
+            raise SpecdecError(f"SPECDEC_KERNEL_PATH={wanted}: this CPU runs {', '.join(module.kernel_paths())}")
+        module.set_kernel_path(wanted)
+    return module
 
 
 def available() -> bool:

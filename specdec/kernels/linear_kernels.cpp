@@ -46,7 +46,8 @@ namespace {
 enum class Layout { kNatural, kQ4, kQ6 };
 
 // One activation row -> int8 (symmetric, 127 levels, its own scale), laid out for `layout`, and the
-// sums of its codes per group of 32 (kQ4: as float32; kNatural: only their int32 total, first) or 16 (kQ6: int16, in group_sum's memory).
+// sums of its codes per group of 32 (kQ4: as float32; kNatural: only their int32 total, first) or 16
+// (kQ6: int16), in group_sum's memory.
 void quantize_row(const float* x, int64_t K, int8_t* xq, float* scale, int32_t* group_sum, Layout layout) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 vmax = _mm256_setzero_ps();
