@@ -79,3 +79,21 @@ def assert_chunk_equals_single_tokens(decoder, k: int, prefix: int = 20) -> tupl
         single = decoder(ids[prefix + i : prefix + i + 1], torch.tensor([prefix + i]), single_cache)
         assert torch.equal(chunk[i], single[0]), f"row {i} of a {k}-token chunk differs"
     return chunk_cache, single_cache
+
+
+def require_cpu_kernels() -> None:
+    """Skip the calling test module (with the reason) where the C++ CPU kernels cannot be built — no
+    compiler, no AVX2: the int8 path still works there. On CI (``CI`` set) a build failure fails:
+    its machine has g++ and AVX2."""
+    import os
+
+    import pytest
+
+    from specdec.kernels.build import kernel
+
+    try:
+        kernel()
+    except Exception as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"int4 kernel unavailable: {exc}", allow_module_level=True)

@@ -15,13 +15,9 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.kernels.build import kernel
+from tests.model_fixtures import require_cpu_kernels
 
-try:
-    kernel()
-except Exception as exc:  # no compiler / no AVX2: see tests/test_q4.py
-    if os.environ.get("CI"):
-        raise
-    pytest.skip(f"int4 kernel unavailable: {exc}", allow_module_level=True)
+require_cpu_kernels()
 
 from specdec.kernels.build import kernel_path, kernel_paths, use_kernel_path
 from specdec.kernels.q4 import Q4Linear, Q8Linear

@@ -3,21 +3,16 @@ weights reproduced exactly, and bit-identical logits alone vs inside a verificat
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 import torch
 
 from specdec.kernels.build import kernel
+from tests.model_fixtures import require_cpu_kernels
 from specdec.kernels.q4 import Q4Linear
 
-try:
-    kernel()
-except Exception as exc:  # no compiler / no AVX2: the int8 path still works; say why these are skipped
-    if os.environ.get("CI"):  # CI's machine has g++ and AVX2: a build failure there is a failure
-        raise
-    pytest.skip(f"int4 kernel unavailable: {exc}", allow_module_level=True)
+require_cpu_kernels()
 
 
 # 320 / 704: whole blocks (interleaved codes) and a partial one of 2 / 6 groups (Q4_K's pair layout)

@@ -3,20 +3,14 @@ against float, and bit-identical rows alone vs inside a verification chunk."""
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 import torch
 
-from specdec.kernels.build import kernel
+from tests.model_fixtures import require_cpu_kernels
 
-try:
-    kernel()
-except Exception as exc:  # no compiler / no AVX2: see tests/test_q4.py
-    if os.environ.get("CI"):
-        raise
-    pytest.skip(f"int4 kernel unavailable: {exc}", allow_module_level=True)
+require_cpu_kernels()
 
 from specdec.kernels.q6 import Q6K_BLOCK_BYTES, Q6Linear
 

@@ -282,12 +282,7 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t*, i
       acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
     }
   }
-  for (int r = 0; r < R; ++r) {
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(acc[r]), _mm256_extracti128_si256(acc[r], 1));
-    t = _mm_hadd_epi32(t, t);
-    t = _mm_hadd_epi32(t, t);
-    result[r] = _mm_cvtsi128_si32(t);
-  }
+  for (int r = 0; r < R; ++r) result[r] = hsum_epi32(acc[r]);
 }
 
 const DotQ8Fn kDotQ8[kMaxRows + 1] = {nullptr, dot_rows_q8<1>, dot_rows_q8<2>, dot_rows_q8<3>, dot_rows_q8<4>,
@@ -326,7 +321,6 @@ namespace {
 template <int R>
 void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
                  const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
-  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -334,18 +328,7 @@ void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const f
     _mm_prefetch(reinterpret_cast<const char*>(ql + b * 128 + kPrefetch + 64), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(qh + b * 64 + kPrefetch / 2), _MM_HINT_T0);
     __m256i w[8];
-    for (int i = 0; i < 4; ++i) {
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + b * 128 + 32 * i));
-      w[2 * i] = _mm256_and_si256(packed, low);
-      w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-    }
-    for (int h = 0; h < 2; ++h) {
-      const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + b * 64 + 32 * h));
-      w[4 * h] = _mm256_or_si256(w[4 * h], _mm256_and_si256(_mm256_slli_epi16(high, 4), top));
-      w[4 * h + 1] = _mm256_or_si256(w[4 * h + 1], _mm256_and_si256(_mm256_slli_epi16(high, 2), top));
-      w[4 * h + 2] = _mm256_or_si256(w[4 * h + 2], _mm256_and_si256(high, top));
-      w[4 * h + 3] = _mm256_or_si256(w[4 * h + 3], _mm256_and_si256(_mm256_srli_epi16(high, 2), top));
-    }
+    unpack_q6_block(ql + b * 128, qh + b * 64, w);
     const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16)));
     const __m256 D = _mm256_set1_ps(d[b]);
     for (int r = 0; r < R; ++r) {

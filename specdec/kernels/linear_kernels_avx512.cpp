@@ -11,32 +11,19 @@
 //
 // This file is compiled for AVX-512 (the pragma below) and runs only where the CPU reports
 // avx512f/bw/vl/vnni (linear_kernels.cpp decides). Everything in it has internal linkage except the
-// three tables, so no AVX-512 copy of a shared inline function can reach AVX2-only code.
+// three tables (simd.h's helpers are `static inline`), so no AVX-512 copy of a shared inline function
+// can reach AVX2-only code.
 #include <immintrin.h>
 #include <cstdint>
 #include "dot_kernels.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
+#include "simd.h"  // static inline helpers: this file's own copies, compiled for AVX-512
 
 namespace {
 
 constexpr int64_t kPrefetch = 2048;  // as linear_kernels.cpp
-
-// The same fixed-order sum of 8 floats as simd.h's hsum (own copy: internal linkage, see above).
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline int32_t hsum8_epi32(__m256i v) {
-  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  t = _mm_hadd_epi32(t, t);
-  t = _mm_hadd_epi32(t, t);
-  return _mm_cvtsi128_si32(t);
-}
 
 inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
@@ -103,7 +90,7 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
       }
     }
   }
-  for (int r = 0; r < R; ++r) result[r] = hsum8(acc[r]) - hsum8(min_acc[r]);
+  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]) - hsum(min_acc[r]);
 }
 
 // int8 weights: vpdpbusd wants an unsigned operand, so each weight byte is read as w + 128 (xor 0x80)
@@ -120,7 +107,7 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gs
     for (int r = 0; r < R; ++r) acc[r] = _mm256_dpbusd_epi32(acc[r], wv, load(xq + r * K + k));
   }
   for (int r = 0; r < R; ++r) {
-    result[r] = hsum8_epi32(acc[r]) - 128 * gsum[r * gstride];  // the row's activation total
+    result[r] = hsum_epi32(acc[r]) - 128 * gsum[r * gstride];  // the row's activation total
   }
 }
 
@@ -128,7 +115,6 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gs
 template <int R>
 void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
                  const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
-  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -136,18 +122,7 @@ void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const f
     _mm_prefetch(reinterpret_cast<const char*>(ql + b * 128 + kPrefetch + 64), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(qh + b * 64 + kPrefetch / 2), _MM_HINT_T0);
     __m256i w[8];
-    for (int i = 0; i < 4; ++i) {
-      const __m256i packed = load(ql + b * 128 + 32 * i);
-      w[2 * i] = _mm256_and_si256(packed, low);
-      w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-    }
-    for (int h = 0; h < 2; ++h) {
-      const __m256i high = load(qh + b * 64 + 32 * h);
-      w[4 * h] = _mm256_or_si256(w[4 * h], _mm256_and_si256(_mm256_slli_epi16(high, 4), top));
-      w[4 * h + 1] = _mm256_or_si256(w[4 * h + 1], _mm256_and_si256(_mm256_slli_epi16(high, 2), top));
-      w[4 * h + 2] = _mm256_or_si256(w[4 * h + 2], _mm256_and_si256(high, top));
-      w[4 * h + 3] = _mm256_or_si256(w[4 * h + 3], _mm256_and_si256(_mm256_srli_epi16(high, 2), top));
-    }
+    unpack_q6_block(ql + b * 128, qh + b * 64, w);
     const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16)));
     const __m256 D = _mm256_set1_ps(d[b]);
     for (int r = 0; r < R; ++r) {
@@ -163,7 +138,7 @@ void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const f
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) result[r] = hsum8(acc[r]);
+  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
 }
 
 }  // namespace
