@@ -6,6 +6,7 @@ A kernel layer is an ``nn.Module`` computing ``y = x Wᵀ + b`` from the tensors
 
 * ``on_matrix(rows)``: the kernel call itself, contiguous float32 ``[M, K]`` in, ``[M, N]`` out
   (the C++ layer glue calls it directly: module dispatch costs ~3 ms per 1.5B step);
+* ``spec()``: its format name, tensors and bias, for the layer loop in C++ (``layer_stack.cpp``);
 * ``first_rows(n)``: the layer cut to its first ``n`` outputs, sharing memory (Decoder.head_rows);
 * ``concat(parts)``: one layer computing ``parts`` side by side (fused q|k|v, gate|up).
 
@@ -47,6 +48,8 @@ class KernelLinear(nn.Module):
 
     #: the layer's tensors, in constructor order (also its serialized names); rows = output channels
     BUFFERS: tuple[str, ...] = ()
+    #: the format's name in the extension's C++ layer loop (layer_stack.cpp: "q4", "q6" or "q8")
+    FORMAT = ""
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], bias: torch.Tensor | None, in_features: int) -> None:
         super().__init__()
@@ -62,6 +65,10 @@ class KernelLinear(nn.Module):
     def on_matrix(self, rows: torch.Tensor) -> torch.Tensor:
         """The kernel call itself: contiguous float32 ``[M, K]`` in, ``[M, N]`` out."""
         raise NotImplementedError
+
+    def spec(self) -> tuple[str, list[torch.Tensor], torch.Tensor | None]:
+        """``(format, tensors, bias)``: what the C++ layer loop (``LayerStack``) calls the kernel with."""
+        return self.FORMAT, [getattr(self, name) for name in self.BUFFERS], self.bias
 
     def first_rows(self: L, rows: int) -> L:
         """This layer's first ``rows`` outputs, views of its memory (a draft's reduced vocabulary)."""

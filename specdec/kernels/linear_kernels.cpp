@@ -450,6 +450,8 @@ torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, t
 torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
                         c10::optional<torch::Tensor> mask);
+// layer_stack.cpp: the layer loop of a quantized decoder in one call
+void register_layer_stack(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &q4_linear, "4-bit x int8 linear (see source)");
@@ -460,4 +462,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_kernel_path", &set_kernel_path, "use this path (tests; same bits on every path)");
   m.def("rms_norm", &rms_norm, "x += residual (in place, optional); RMSNorm(x) * w");
   m.def("attention", &attention, "RoPE, KV-cache write and row-wise attention for one layer");
+  register_layer_stack(m);
 }

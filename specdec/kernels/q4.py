@@ -45,6 +45,7 @@ class Q4Linear(KernelLinear):
     whole blocks of 8 groups (zero-padded when the input size is not a multiple of 256)."""
 
     BUFFERS = Q4_BUFFERS
+    FORMAT = "q4"
 
     def __init__(self, qs: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,
                  bias: torch.Tensor | None) -> None:
@@ -144,6 +145,7 @@ class Q8Linear(KernelLinear):
     small layers (0.6 ms per v projection)."""
 
     BUFFERS = ("w8", "w8_scales")
+    FORMAT = "q8"
 
     def __init__(self, w8: torch.Tensor, w8_scales: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__((w8, w8_scales.float()), bias, in_features=w8.shape[1])

@@ -42,6 +42,7 @@ class Q6Linear(KernelLinear):
     ``qh`` top 2 bits)."""
 
     BUFFERS = ("ql", "qh", "sc6", "d6")
+    FORMAT = "q6"
 
     def __init__(self, ql: torch.Tensor, qh: torch.Tensor, sc6: torch.Tensor, d6: torch.Tensor,
                  bias: torch.Tensor | None) -> None:
