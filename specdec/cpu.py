@@ -48,3 +48,31 @@ def cpu_description() -> str:
 def cpu_signature() -> str:
     """A short key for measurements that hold only on this kind of CPU (model name + flags)."""
     return hashlib.sha256(cpu_description().encode()).hexdigest()[:12]
+
+
+#: assumed when the OS does not say (a server CPU's last-level cache is tens of MiB)
+DEFAULT_LAST_LEVEL_CACHE = 32 * 2**20
+
+
+@functools.lru_cache(maxsize=1)
+def last_level_cache_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The largest CPU cache this machine reports (sysfs ``index*/size``), in bytes.
+
+    Why it matters: a step-cost probe whose weights fit in it times cache reads, not the memory
+    reads a real decode step pays (see :func:`specdec.step_costs.measure_curves`)."""
+    sizes = []
+    for index in cache_dir.glob("index*"):
+        try:
+            sizes.append(parse_cache_size((index / "size").read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=0) or DEFAULT_LAST_LEVEL_CACHE
+
+
+def parse_cache_size(text: str) -> int:
+    """sysfs' cache size (``32768K``, ``2M``, ``512``) in bytes; ValueError if it is none of those."""
+    text = text.strip().upper()
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
