@@ -84,13 +84,18 @@ def test_features_are_the_final_hidden_states_of_each_cached_position(tiny_dirs,
     _, hidden = backend.forward(state, ids, return_hidden=True)
     assert torch.equal(decoder.model.norm(state.features[: len(ids)]), hidden)  # before the norm, every row
     # rows written by a later chunk land at their own slots; truncate + rewrite replaces them
+    first = state.features[:20].clone()
     state.truncate(15)
     backend.forward(state, ids[15:])
+    assert torch.equal(state.features[:15], first[:15])  # untouched below the truncation
     alone = backend.new_state(32)
     alone.record_features(model.config.hidden_size)
     backend.forward(alone, ids[:15])
     backend.forward(alone, ids[15:])
-    assert torch.equal(state.features[:20], alone.features[:20])
+    if quantize == "int8":  # batch-invariant: the same bits whatever the chunking
+        assert torch.equal(state.features[:20], alone.features[:20])
+    else:  # float GEMMs round differently for 20 and 15 rows on some CPUs (MKL's AVX-512 kernels here)
+        torch.testing.assert_close(state.features[:20], alone.features[:20], rtol=1e-4, atol=1e-4)
 
 
 def test_keep_moves_the_features_with_the_keys_and_values(tiny_target):
