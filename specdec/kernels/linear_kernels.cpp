@@ -33,12 +33,6 @@
 #include <string>
 #include <vector>
 
-// Software prefetch distance (bytes ahead in the weight stream of the current thread's rows): a
-// single-token step streams ~1 GB of weights and the hardware prefetcher alone left it at ~60 % of
-// the 2-thread read bandwidth; 2 KB ahead took 5-15 % off a 1.5B int4 step and the 0.5B draft step
-// on an AVX2 EPYC (chunks of 4+ rows are compute-bound and unchanged). Addresses past the end are
-// harmless: a prefetch never faults.
-constexpr int64_t kPrefetch = 2048;
 namespace {
 
 // How a kernel wants a quantized activation row: in order (int8 weights), or in the vector order
@@ -321,30 +315,9 @@ namespace {
 template <int R>
 void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
                  const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    _mm_prefetch(reinterpret_cast<const char*>(ql + b * 128 + kPrefetch), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(ql + b * 128 + kPrefetch + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(qh + b * 64 + kPrefetch / 2), _MM_HINT_T0);
-    __m256i w[8];
-    unpack_q6_block(ql + b * 128, qh + b * 64, w);
-    const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16)));
-    const __m256 D = _mm256_set1_ps(d[b]);
-    for (int r = 0; r < R; ++r) {
-      const __m256i* a = reinterpret_cast<const __m256i*>(xq + r * K + b * 256);
-      __m256i isum = _mm256_setzero_si256();
-      for (int i = 0; i < 8; i += 2) {
-        const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w[i], _mm256_loadu_si256(a + i)),
-                                           _mm256_maddubs_epi16(w[i + 1], _mm256_loadu_si256(a + i + 1)));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(t, scales));
-      }
-      const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(asum + r * astride + b * 16));
-      isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(sums, scales), 5));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  q6_pass<R>(ql, qh, sc, d, blocks, xq, asum, K, astride, result, [](__m256i isum, __m256i t, __m256i scales) {
+    return _mm256_add_epi32(isum, _mm256_madd_epi16(t, scales));
+  });
 }
 
 template <int R>

@@ -23,8 +23,6 @@
 
 namespace {
 
-constexpr int64_t kPrefetch = 2048;  // as linear_kernels.cpp
-
 inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // 4-bit: up to 8 activation rows against one weight row. A full block: vector v holds 4 codes of each
@@ -111,34 +109,13 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gs
   }
 }
 
-// 6-bit: the AVX2 pass with each madd + add of group scales fused into one vpdpwssd (same int32s).
+// 6-bit: the AVX2 pass (simd.h's q6_pass) with each madd + add of group scales fused into one vpdpwssd.
 template <int R>
 void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
                  const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    _mm_prefetch(reinterpret_cast<const char*>(ql + b * 128 + kPrefetch), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(ql + b * 128 + kPrefetch + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(qh + b * 64 + kPrefetch / 2), _MM_HINT_T0);
-    __m256i w[8];
-    unpack_q6_block(ql + b * 128, qh + b * 64, w);
-    const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16)));
-    const __m256 D = _mm256_set1_ps(d[b]);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* a = xq + r * K + b * 256;
-      const __m256i sums = load(asum + r * astride + b * 16);
-      // the -32 offset first (a negative start), then the four pairs of maddubs
-      __m256i isum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sums, scales), 5));
-      for (int i = 0; i < 8; i += 2) {
-        const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w[i], load(a + 32 * i)),
-                                           _mm256_maddubs_epi16(w[i + 1], load(a + 32 * i + 32)));
-        isum = _mm256_dpwssd_epi32(isum, t, scales);
-      }
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  q6_pass<R>(ql, qh, sc, d, blocks, xq, asum, K, astride, result, [](__m256i isum, __m256i t, __m256i scales) {
+    return _mm256_dpwssd_epi32(isum, t, scales);
+  });
 }
 
 }  // namespace
