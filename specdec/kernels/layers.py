@@ -98,12 +98,15 @@ def _direct(layer: nn.Module) -> Projection:
     return getattr(layer, "on_matrix", layer)
 
 
+def _parts(fused: nn.Module | None, module: nn.Module, names: tuple[str, ...]) -> list[nn.Module]:
+    """The layers computing ``names`` side by side: the fused one, or each of them."""
+    return [fused] if fused is not None else [getattr(module, name) for name in names]
+
+
 def _projections(fused: nn.Module | None, module: nn.Module, names: tuple[str, ...]) -> Projection:
     """The side-by-side outputs of ``names``: one call when they were fused."""
-    if fused is not None:
-        return _direct(fused)
-    parts = [_direct(getattr(module, name)) for name in names]
-    return lambda x: torch.cat([part(x) for part in parts], dim=-1)
+    parts = [_direct(part) for part in _parts(fused, module, names)]
+    return parts[0] if len(parts) == 1 else lambda x: torch.cat([part(x) for part in parts], dim=-1)
 
 
 def _layer_stack(decoder: nn.Module, ops: Any) -> Any | None:
@@ -113,8 +116,8 @@ def _layer_stack(decoder: nn.Module, ops: Any) -> Any | None:
     stack = ops.LayerStack(decoder.config.rms_norm_eps)
     for layer in decoder.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = [attn.fused_qkv] if attn.fused_qkv is not None else [getattr(attn, n) for n in attn.FUSABLE_PROJECTIONS]
-        gate_up = [mlp.fused_gate_up] if mlp.fused_gate_up is not None else [getattr(mlp, n) for n in mlp.FUSABLE_PROJECTIONS]
+        qkv = _parts(attn.fused_qkv, attn, attn.FUSABLE_PROJECTIONS)
+        gate_up = _parts(mlp.fused_gate_up, mlp, mlp.FUSABLE_PROJECTIONS)
         if not all(isinstance(p, KernelLinear) for p in (*qkv, *gate_up, attn.o_proj, mlp.down_proj)):
             return None
         stack.add_layer(layer.input_layernorm.weight, [p.spec() for p in qkv], attn.num_heads, attn.num_kv_heads,
