@@ -95,15 +95,17 @@ def resolve_quantize(quantize: str, device: str) -> str:
 
 
 def plan_execution(model: str | Path, draft_model: str | Path | None = None, method: str | None = None,
-                   auto_pull: bool = True, draft_vocab_size: int | None = None) -> ExecutionPlan:
+                   auto_pull: bool = True, draft_vocab_size: int | None = None, concurrency: int = 1) -> ExecutionPlan:
     """What ``--quantize auto`` runs on this CPU for this target (and draft) and method, chosen from
     step-cost curves measured here (:mod:`specdec.step_costs`; cached per CPU and shape).
-    ``draft_vocab_size``: the draft's reduced vocabulary (SpecConfig.draft_vocab_size), if any."""
+    ``draft_vocab_size``: the draft's reduced vocabulary (SpecConfig.draft_vocab_size), if any.
+    ``concurrency``: requests served at once (a server's ``--max-num-seqs``): the mode with the most
+    total tokens/s at that load, which can differ from the fastest for one request."""
     target_cfg = read_config(resolve_model(str(model), auto_pull=auto_pull))
     draft_cfg = read_config(resolve_model(str(draft_model), auto_pull=auto_pull)) if draft_model is not None else None
     drafting = None if method is None else ("draft" if needs_draft_model(method) else "free")
     return step_costs.plan_execution(target_cfg, draft_cfg if drafting == "draft" else None, drafting,
-                                     draft_vocab=draft_vocab_size)
+                                     draft_vocab=draft_vocab_size, concurrency=concurrency)
 
 
 def load_model(

@@ -139,10 +139,12 @@ def generate_stream(
     generator: torch.Generator | None = None,
     speculate: Callable[[], int | None] | None = None,
     constraint: GrammarConstraint | None = None,
+    saving_under_load: Callable[[], float | None] | None = None,
 ) -> Iterator[StreamChunk]:
     """Generate from ``prompt_ids``; yields one :class:`StreamChunk` per target forward (the
     arguments are :func:`generate_steps`'s, which this drives, running each forward at once)."""
-    steps = generate_steps(target, prompt_ids, params, drafter, spec, tokenizer, generator, speculate, constraint)
+    steps = generate_steps(target, prompt_ids, params, drafter, spec, tokenizer, generator, speculate, constraint,
+                           saving_under_load=saving_under_load)
     try:
         logits = None
         while True:
@@ -171,6 +173,7 @@ def generate_steps(
     constraint: GrammarConstraint | None = None,
     prefill_chunk: int = 0,
     alpha_prior: float | None = None,
+    saving_under_load: Callable[[], float | None] | None = None,
 ) -> Generator[StreamChunk | ModelCall, torch.Tensor | None, None]:
     """Generate from ``prompt_ids``: yields a :class:`~specdec.calls.ModelCall` whenever it needs
     the target or the drafter's model (and must be sent the logits back: one call at a time,
@@ -179,6 +182,10 @@ def generate_steps(
 
     ``speculate`` is asked before every step: the most tokens the step may draft (0: none, None: no
     cap) — a server drafts less or nothing under load, where verification rows cost throughput.
+    ``saving_under_load`` is asked once, before a draft model's first pass over the prompt: the
+    seconds of forward time per committed token speculation saves at the server's current load
+    (None: the request is alone, and its own γ controller's estimate decides) — the prompt pass must
+    be paid back from that, and sharing forwards with other requests saves less than drafting alone.
     ``constraint``: this request's grammar state when ``params.structured`` is set — the one the
     drafter masks its own distribution with (:func:`specdec.api.prepare` builds both); built here
     when not given, and then only the target's rows are masked (still exact, see
@@ -239,10 +246,13 @@ def generate_steps(
         drafter.start(list(prompt_ids))
         if gamma is not None:  # γ=auto: a draft model's prompt pass must be paid back by this request's tokens
             catch_up = drafter.catch_up_seconds(len(context))
-            drafting_pays = not catch_up or (params.max_tokens - 1) * gamma.saving_per_token() > catch_up
+            loaded = saving_under_load() if saving_under_load is not None and catch_up else None
+            saving = gamma.saving_per_token() if loaded is None else loaded
+            drafting_pays = not catch_up or (params.max_tokens - 1) * saving > catch_up
             if not drafting_pays:
                 stats.speculation_note = (f"not drafting: the draft's pass over the prompt (~{catch_up * 1e3:.0f} ms measured "
-                                          f"cost) would not be paid back by {params.max_tokens - 1} more tokens")
+                                          f"cost) would not be paid back by {params.max_tokens - 1} more tokens"
+                                          + (" at the server's load" if loaded is not None else ""))
     try:
         if out.finish_reason is None:
             yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params))

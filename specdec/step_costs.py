@@ -9,10 +9,11 @@ the model's own shape with random weights (step time is shapes, not values) and 
 at chunk sizes T = 1, 2, 4, 8, scales it to the full depth and vocabulary, and caches the curve
 per (CPU, shape, mode) under ``specdec_home()/step_costs``: a few seconds once per machine.
 
-The choice then maximises expected tokens per second (:func:`specdec.adaptive.expected_tokens`):
-plain decoding takes the cheapest single step; a drafter with prior acceptance α and draft cost D
-per token takes the mode with the best ``E(α, γ) / (V(γ + 1) + γ·D)`` over γ. Every candidate is
-exact (batch-invariant), so the choice moves speed only, never the output.
+The choice (:mod:`specdec.cost_model`) then maximises expected tokens per second: plain decoding
+takes the cheapest single step; a drafter with prior acceptance α and draft cost D per token takes
+the mode with the best ``E(α, γ) / (V(γ + 1) + γ·D)`` over γ; a server, the mode with the most total
+tokens/s at its ``--max-num-seqs`` concurrent requests. Every candidate is exact (batch-invariant),
+so the choice moves speed only, never the output.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from typing import Callable
 
 import torch
 
-from specdec.adaptive import expected_tokens
-from specdec.cpu import cpu_description, cpu_signature, last_level_cache_bytes
+from specdec.cost_model import Curve, ModeChoice, choose_mode, choose_mode_for_load
+from specdec.cpu import cpu_signature, last_level_cache_bytes
 from specdec.models.config import ModelConfig
 from specdec.paths import specdec_home
 
@@ -39,9 +40,6 @@ CHUNK_SIZES = (1, 2, 4, 8, 16, 32)
 PROBE_LAYERS = 2
 PROBE_VOCAB = 4096
 PROBE_CONTEXT = 128
-#: a step reading weights slower than this was measured on a busy machine (these CPUs stream
-#: 20-30 GB/s): the curve is used for this run but not cached, so the next run measures again
-MIN_PLAUSIBLE_GB_S = 3.0
 #: bump when kernels change enough to invalidate cached curves (3: measured up to 32 rows; 4: the
 #: AVX-512 VNNI dot products, which flatten the int4 curve where the CPU has them; 5: the probe's
 #: weights are evicted from the CPU caches before every timed forward)
@@ -49,59 +47,6 @@ CURVE_VERSION = 5
 #: acceptance assumed before a request has been seen: the 0.5B/1.5B Qwen pair measures 0.69-0.73
 #: on code on both machine kinds; draft-free methods (suffix, n-gram) propose far less often
 PRIOR_ALPHA = {"draft": 0.7, "free": 0.5}
-
-
-@dataclass
-class Curve:
-    """Seconds of one forward of T tokens (T → s) for a model shape in one execution mode."""
-
-    mode: str
-    seconds: dict[int, float]
-    #: weight bytes per T=1 step / its time: a probe timed while other processes held the cores
-    #: reads far below the memory bandwidth, and is then not cached (see curves_for)
-    gb_per_s: float = 0.0
-    weight_gb: float = 0.0  # of the full model in this mode
-
-    @property
-    def plausible(self) -> bool:
-        """Small models are call overhead, not bytes: only a big one's bandwidth says anything."""
-        return self.weight_gb < 0.1 or self.gb_per_s >= MIN_PLAUSIBLE_GB_S
-
-    def cost(self, tokens: int) -> float:
-        known = sorted(self.seconds.items())
-        if tokens <= known[0][0]:
-            return known[0][1]
-        for (t0, s0), (t1, s1) in zip(known, known[1:]):
-            if tokens <= t1:
-                return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
-        (t0, s0), (t1, s1) = known[-2], known[-1]  # beyond the last size: the last slope
-        return s1 + (s1 - s0) / (t1 - t0) * (tokens - t1)
-
-
-@dataclass
-class ModeChoice:
-    """What ``auto`` chose and why (``specdec generate --explain`` prints :meth:`explain`)."""
-
-    mode: str
-    curves: dict[str, Curve]
-    rates: dict[str, float]  # expected tokens/s per candidate mode
-    gammas: dict[str, int]  # the γ that rate assumes
-    alpha: float | None = None
-    draft_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    def explain(self) -> str:
-        lines = [f"CPU: {cpu_description()}"]
-        sizes = sorted({t for c in self.curves.values() for t in c.seconds})
-        lines.append("step cost (ms) | " + " | ".join(f"T={t}" for t in sizes) + " | expected tok/s | γ")
-        for mode, curve in self.curves.items():
-            cells = " | ".join(f"{curve.cost(t) * 1e3:.1f}" for t in sizes)
-            lines.append(f"{mode:>14} | {cells} | {self.rates.get(mode, 0):.1f} | {self.gammas.get(mode, 0)}")
-        if self.alpha is not None:
-            lines.append(f"assumed acceptance α={self.alpha:.2f}, draft step {self.draft_seconds * 1e3:.1f} ms")
-        lines.extend(self.notes)
-        lines.append(f"chosen: {self.mode}")
-        return "\n".join(lines)
 
 
 def probe_config(cfg: ModelConfig) -> ModelConfig:
@@ -264,27 +209,6 @@ def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = N
     return curves
 
 
-def best_rate(curve: Curve, alpha: float | None, draft_seconds: float, max_gamma: int) -> tuple[float, int]:
-    """(expected tokens/s, γ) of the best γ in 0..max_gamma; α None = plain decoding (γ = 0)."""
-    best = (1.0 / curve.cost(1), 0)
-    if alpha is None:
-        return best
-    for gamma in range(1, max_gamma + 1):
-        rate = expected_tokens(alpha, gamma) / (curve.cost(gamma + 1) + gamma * draft_seconds)
-        best = max(best, (rate, gamma))
-    return best
-
-
-def choose_mode(curves: dict[str, Curve], alpha: float | None = None, draft_seconds: float = 0.0,
-                max_gamma: int = 8) -> ModeChoice:
-    """The candidate with the highest expected tokens/s (ties: the first given)."""
-    rates, gammas = {}, {}
-    for mode, curve in curves.items():
-        rates[mode], gammas[mode] = best_rate(curve, alpha, draft_seconds, max_gamma)
-    mode = max(curves, key=lambda m: rates[m])
-    return ModeChoice(mode, curves, rates, gammas, alpha, draft_seconds)
-
-
 @dataclass
 class ExecutionPlan:
     """The execution modes ``--quantize auto`` picked for a target (and its draft model)."""
@@ -322,11 +246,13 @@ def cpu_candidates(cfg: ModelConfig, modes: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def plan_execution(target_cfg: ModelConfig, draft_cfg: ModelConfig | None = None, drafting: str | None = None,
-                   max_gamma: int = 8, draft_vocab: int | None = None) -> ExecutionPlan:
+                   max_gamma: int = 8, draft_vocab: int | None = None, concurrency: int = 1) -> ExecutionPlan:
     """CPU modes for a target (and draft) by measured step costs. ``drafting``: None (plain
     decoding), ``"draft"`` (a draft model proposes: its step cost counts) or ``"free"`` (a table
     proposes at no model cost). ``draft_vocab``: the draft scores only its first ``draft_vocab``
-    token ids (``--draft-vocab-size``), so its step is timed with that head."""
+    token ids (``--draft-vocab-size``), so its step is timed with that head. ``concurrency`` > 1:
+    the target mode that serves that many requests at once fastest (a server's ``--max-num-seqs``,
+    :func:`specdec.cost_model.choose_mode_for_load`), not the fastest for one."""
     targets = cpu_candidates(target_cfg, ("int8", "int4"))
     if not targets:
         return ExecutionPlan("none")
@@ -344,58 +270,10 @@ def plan_execution(target_cfg: ModelConfig, draft_cfg: ModelConfig | None = None
     if len(targets) == 1:
         return ExecutionPlan(targets[0], draft_mode, None, draft_curves)
     alpha = None if drafting is None else PRIOR_ALPHA["draft" if drafting == "draft" else "free"]
-    choice = choose_mode(curves_for(target_cfg, targets), alpha, draft_seconds, max_gamma)
+    curves = curves_for(target_cfg, targets)
+    if concurrency > 1:
+        drafting_curve = draft_curves[draft_mode].seconds if drafting == "draft" and draft_curves else None
+        choice = choose_mode_for_load(curves, concurrency, alpha, drafting_curve, max_gamma)
+    else:
+        choice = choose_mode(curves, alpha, draft_seconds, max_gamma)
     return ExecutionPlan(choice.mode, draft_mode, choice, draft_curves)
-
-
-#: speculation under load must beat plain decoding by this factor to be chosen: the prior α and the
-#: curves extrapolated to many rows are estimates, and a predicted gain below 5 % is within their error
-BATCH_SPECULATION_MARGIN = 1.05
-
-
-def batch_gammas(step_seconds: dict[int, float] | None, alpha: float, gamma: int | None,
-                 draft_step_seconds: dict[int, float] | None, max_requests: int, max_gamma: int = 8) -> dict[int, int] | None:
-    """γ per number of concurrent requests, from the measured curves (what vLLM's
-    ``num_speculative_tokens_per_batch_size`` sets by hand): ``{N: γ}`` for N = 1..max_requests,
-    0 where speculation is expected to lose to plain decoding (and for every larger N after the first
-    such one); None when the target's step costs were never measured (then nothing is capped).
-
-    N requests stepped together: plain decoding commits N tokens per forward of N rows; speculation
-    with γ commits N·τ(α, γ) per forward of N·(γ+1) rows plus γ draft forwards of N rows each (the
-    draft model's steps are batched too: specdec.scheduler). ``draft_step_seconds``: the draft
-    model's curve (rows → seconds; None or empty: drafting costs no model, a table); a single
-    point is taken as growing linearly with rows. On a CPU whose forward cost grows with rows (AVX2
-    int8: 8 decode rows cost 1.4× one, 40 verification rows 4×+) speculation pays only for a few
-    requests, with shorter drafts as they grow; where the curve is flat (VNNI, GPU) for more. The
-    curve beyond its largest measured size follows its last slope — an underestimate of many-row
-    forwards (measured: benchmarks/results/2026-11-25/ragged-step-int8.md), so this errs toward
-    speculating. ``gamma``: the requests' γ, the most any N gets (None: γ=auto, up to ``max_gamma``)."""
-    if not step_seconds:
-        return None
-    curve = Curve("target", dict(step_seconds))
-    draft_curve = Curve("draft", dict(draft_step_seconds)) if draft_step_seconds and len(draft_step_seconds) > 1 else None
-
-    def draft_step(rows: int) -> float:
-        if draft_curve is not None:
-            return draft_curve.cost(rows)
-        return rows * next(iter(draft_step_seconds.values())) if draft_step_seconds else 0.0
-
-    table: dict[int, int] = {}
-    for requests in range(1, max_requests + 1):
-        best_rate_, best_gamma = BATCH_SPECULATION_MARGIN * requests / curve.cost(requests), 0  # plain decoding
-        if not table or table[requests - 1]:
-            for candidate in range(1, (gamma or max_gamma) + 1):
-                rate = (requests * expected_tokens(alpha, candidate)
-                        / (curve.cost(requests * (candidate + 1)) + candidate * draft_step(requests)))
-                if rate > best_rate_:
-                    best_rate_, best_gamma = rate, candidate
-        table[requests] = best_gamma
-    return table
-
-
-def batch_speculation_limit(step_seconds: dict[int, float] | None, alpha: float, gamma: int | None,
-                            draft_step_seconds: dict[int, float] | None, max_requests: int, max_gamma: int = 8) -> int | None:
-    """The most concurrent requests at which speculation is still expected to beat plain decoding
-    (:func:`batch_gammas` > 0; the server's ``--disable-speculation-above auto``); None when unmeasured."""
-    table = batch_gammas(step_seconds, alpha, gamma, draft_step_seconds, max_requests, max_gamma)
-    return None if table is None else sum(1 for g in table.values() if g)

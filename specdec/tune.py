@@ -29,7 +29,8 @@ from specdec.api import LoadedModel
 from specdec.bench.datasets import PromptRow
 from specdec.bench.runner import BenchConfig, RequestResult, parse_variant, run_benchmark, summarize
 from specdec.errors import SpecdecError
-from specdec.step_costs import ExecutionPlan, ModeChoice, choose_mode
+from specdec.cost_model import ModeChoice, choose_mode
+from specdec.step_costs import ExecutionPlan
 
 #: the selected configuration must beat plain decoding by this factor, or tune picks plain decoding
 #: (a 2 % "win" on a handful of prompts is inside the noise of these machines)

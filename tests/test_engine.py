@@ -304,3 +304,33 @@ def test_a_request_too_short_to_pay_back_the_drafts_prompt_pass_does_not_specula
     assert runs[3].stats.proposed_tokens == 0 and runs[3].stats.draft_forwards == 0
     assert "not drafting" in runs[3].stats.summary_line()  # the user is told why
     assert runs[60].stats.proposed_tokens > 0 and not runs[60].stats.speculation_note
+
+
+def test_under_load_the_prompt_pass_must_be_paid_back_from_the_loaded_saving(tiny_target, tiny_draft):
+    """A server passes ``saving_under_load``: what speculating saves per token with the requests the
+    new one will share forwards with. A request long enough to repay its draft's prompt pass alone
+    does not draft when the loaded saving is too small, drafts when the server says it is alone
+    (None), and its output is the plain output either way."""
+    from specdec.engine import collect, generate_stream
+
+    target_seconds = {t: 0.070 + 0.004 * (t - 1) for t in range(1, 10)}
+    draft_seconds = {t: 0.013 * t for t in range(1, 10)}
+    saved = tiny_target.backend.step_seconds, tiny_draft.backend.step_seconds
+    tiny_target.backend.step_seconds, tiny_draft.backend.step_seconds = target_seconds, draft_seconds
+    try:
+        ids = tiny_target.tokenizer.encode(" ".join(["word"] * 13))
+        params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+        spec = SpecConfig(method="draft_model", num_speculative_tokens="auto")
+        plain = generate_ids(tiny_target.backend, ids, params)
+        results, asked = {}, []
+        for name, saving in (("loaded", 1e-4), ("alone", None)):
+            drafter = make_drafter(tiny_target, spec, params, make_generator(0), len(ids) + 60 + 16, draft=tiny_draft)
+            chunks = generate_stream(tiny_target.backend, ids, params, drafter, spec,
+                                     saving_under_load=lambda saving=saving: asked.append(saving) or saving)
+            results[name] = collect(chunks, ids, params)
+            assert results[name].token_ids == plain.token_ids
+    finally:
+        tiny_target.backend.step_seconds, tiny_draft.backend.step_seconds = saved
+    assert asked == [1e-4, None]  # once per request
+    assert results["loaded"].stats.proposed_tokens == 0 and "at the server's load" in results["loaded"].stats.speculation_note
+    assert results["alone"].stats.proposed_tokens > 0

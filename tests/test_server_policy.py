@@ -68,7 +68,7 @@ def test_the_traffic_alpha_moves_the_gamma_table():
     requests computed at it: a drafter the target mostly rejects gets no speculation under load."""
     from specdec.server.policy import AcceptanceMeter, GammaTable
     from specdec.stats import Round
-    from specdec.step_costs import batch_gammas
+    from specdec.cost_model import batch_gammas
 
     meter = AcceptanceMeter(prior=0.7)
     assert meter.alpha == pytest.approx(0.7)
@@ -102,5 +102,8 @@ def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
     target, draft = model({1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105}), model({1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047})
     table = measured_gamma_table(SpecConfig(method="draft_model", num_speculative_tokens=4), target, draft, 8)
     assert table is not None and table.for_alpha(0.7) == {1: 3, 2: 1, 3: 1, 4: 1, 5: 0, 6: 0, 7: 0, 8: 0}
+    # what speculating saves per token shrinks as requests share forwards, and is 0 where γ is
+    savings = [table.saving(0.7, requests) for requests in (1, 2, 4, 5)]
+    assert savings[0] > savings[1] > savings[2] > 0 and savings[3] == 0
     assert measured_gamma_table(SpecConfig(), target, draft, 8) is None  # no method: nothing to cap
     assert measured_gamma_table(SpecConfig(method="draft_model"), model(None), draft, 8) is None  # unmeasured

@@ -8,13 +8,18 @@ import json
 import pytest
 
 from specdec.models.config import ModelConfig
-from specdec.step_costs import Curve, choose_mode, curves_for, plan_execution
+from specdec.cost_model import Curve, choose_mode, choose_mode_for_load
+from specdec.step_costs import curves_for, plan_execution
 
 # per-step seconds at T = 1, 2, 4, 8, as measured for the 1.5B target (benchmarks/step_cost.py)
 AVX2 = {"int8": Curve("int8", {1: 0.067, 2: 0.068, 4: 0.070, 8: 0.075}),
         "int4": Curve("int4", {1: 0.046, 2: 0.056, 4: 0.076, 8: 0.116})}
 AVX512_VNNI = {"int8": Curve("int8", {1: 0.0399, 2: 0.0476, 4: 0.0440, 8: 0.0514}),
                "int4": Curve("int4", {1: 0.0269, 2: 0.0338, 4: 0.0515, 8: 0.0883})}
+
+# the probe's curves to 32 rows on a Zen 4 EPYC with AVX-512 VNNI (curve v5, 1.5B target)
+VNNI_TO_32 = {"int8": Curve("int8", {1: 0.069, 2: 0.065, 4: 0.066, 8: 0.076, 16: 0.117, 32: 0.187}),
+              "int4": Curve("int4", {1: 0.0371, 2: 0.0406, 4: 0.0478, 8: 0.0776, 16: 0.1437, 32: 0.2818})}
 
 TINY = ModelConfig(arch="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=256)
@@ -39,11 +44,37 @@ def test_a_dear_poorly_aligned_draft_keeps_the_fast_single_step():
     assert choice.mode == "int4" and choice.gammas["int4"] <= 1
 
 
+def test_a_server_takes_the_mode_that_serves_its_load_fastest():
+    """int4 decodes one request fastest on the VNNI machine, but its extra rows and prompt tokens cost
+    ~2× int8's: at 8 concurrent requests int8 served 1.75× int4's total tokens/s there (serve-load
+    runs), so a server sized for 8 takes int8 — and one sized for a single user still int4."""
+    assert choose_mode(VNNI_TO_32).mode == "int4"
+    loaded = choose_mode_for_load(VNNI_TO_32, 8)
+    assert loaded.mode == "int8" and loaded.rates["int8"] > 1.2 * loaded.rates["int4"]
+    assert "at 8 concurrent requests" in loaded.summary() and "chosen: int8" in loaded.explain()
+    assert choose_mode_for_load(VNNI_TO_32, 1).mode == "int4"
+    # speculating at that load where it pays: a cheap batched draft on the flat int8 curve
+    draft = {1: 0.009, 2: 0.010, 4: 0.012, 8: 0.016, 16: 0.025, 32: 0.045}
+    speculating = choose_mode_for_load(VNNI_TO_32, 2, alpha=0.8, draft_step_seconds=draft)
+    assert speculating.gammas["int8"] > 0 and speculating.rates["int8"] > choose_mode_for_load(VNNI_TO_32, 2).rates["int8"]
+
+
+def test_plan_execution_chooses_for_the_servers_concurrency(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    draft = Curve("int4-all", {1: 0.010, 2: 0.011, 4: 0.016, 8: 0.027, 16: 0.051, 32: 0.099})
+    monkeypatch.setattr("specdec.step_costs.measure_curves", lambda cfg, modes: {m: VNNI_TO_32.get(m, draft) for m in modes})
+    monkeypatch.setattr("specdec.step_costs.cpu_candidates", lambda cfg, modes: modes)
+    assert plan_execution(TINY).target_mode == "int4"
+    assert plan_execution(TINY, concurrency=8).target_mode == "int8"
+    assert plan_execution(TINY, TINY, "draft", concurrency=8).choice.requests == 8
+
+
 def test_curve_interpolates_and_extends_the_last_slope():
     curve = Curve("x", {1: 1.0, 2: 2.0, 4: 3.0})
     assert curve.cost(3) == pytest.approx(2.5)
     assert curve.cost(6) == pytest.approx(4.0)
     assert curve.cost(1) == 1.0
+    assert curve.row_seconds() == pytest.approx(0.5)  # a long prefill's seconds per prompt token
 
 
 def test_curves_are_measured_once_and_cached_per_cpu(tmp_path, monkeypatch, int4_kernel):
@@ -121,7 +152,7 @@ def test_the_probe_scales_layers_and_head_apart(int4_kernel):
 
 
 def test_batch_speculation_limit_follows_the_measured_curve():
-    from specdec.step_costs import batch_gammas, batch_speculation_limit
+    from specdec.cost_model import batch_gammas, batch_speculation_limit
 
     steep = {1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105}  # AVX2 int8 1.5B, measured: rows cost beyond 8
     draft = {1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047}  # AVX2 int4-all 0.5B, measured

@@ -85,7 +85,8 @@ def test_a_typed_flag_equal_to_its_default_still_wins(tmp_path):
 def test_measured_alpha_decides_the_execution_mode_worth_measuring():
     """int8's verification is flat (1 and 5 tokens cost about the same), int4's plain step is
     cheaper: with a high measured α int8 is expected faster, with none int4 is."""
-    from specdec.step_costs import Curve, ExecutionPlan, ModeChoice
+    from specdec.cost_model import Curve, ModeChoice
+    from specdec.step_costs import ExecutionPlan
     from specdec.tune import faster_mode, mode_rates
 
     curves = {"int8": Curve("int8", {1: 0.040, 5: 0.046, 9: 0.060}), "int4": Curve("int4", {1: 0.025, 5: 0.060, 9: 0.100})}

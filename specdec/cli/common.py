@@ -225,9 +225,10 @@ def draft_quantize(args: argparse.Namespace) -> str:
     return args.draft_quantize or args.quantize
 
 
-def execution_modes(args: argparse.Namespace, method: str | None):  # noqa: ANN201 - (str, str, ExecutionPlan | None)
+def execution_modes(args: argparse.Namespace, method: str | None, concurrency: int = 1):  # noqa: ANN201 - (str, str, ExecutionPlan | None)
     """(target mode, draft mode, plan): ``auto`` resolved by step costs measured on this CPU for this
-    target, draft and method (:func:`specdec.api.plan_execution`); explicit modes pass through."""
+    target, draft and method (:func:`specdec.api.plan_execution`), for ``concurrency`` requests at
+    once (a server's --max-num-seqs); explicit modes pass through."""
     from specdec.api import plan_execution, resolve_device
     from specdec.drafters.registry import needs_draft_model
 
@@ -236,7 +237,7 @@ def execution_modes(args: argparse.Namespace, method: str | None):  # noqa: ANN2
         return target_mode, draft_mode, None
     draft = args.draft_model if needs_draft_model(method) else None
     plan = plan_execution(args.model, draft, method, auto_pull=not args.no_pull,
-                          draft_vocab_size=args.draft_vocab_size)
+                          draft_vocab_size=args.draft_vocab_size, concurrency=concurrency)
     target_mode = plan.target_mode if target_mode == "auto" else target_mode
     draft_mode = (plan.draft_mode or target_mode) if draft_mode == "auto" else draft_mode
     return target_mode, draft_mode, plan

@@ -37,7 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                               "/health and /metrics (Prometheus). Every response carries its speculative stats in "
                                               "usage.speculative; requests may override the method or γ with a 'speculative' field "
                                               "(or disable it with \"speculative\": null).")
-    add_model_args(serve)
+    flags = add_model_args(serve)
+    flags["--quantize"].help += (". A server's auto is the mode with the most total tokens/s at --max-num-seqs concurrent "
+                                 "requests (prefill included), which can differ from the fastest for one request (the "
+                                 "choice and its expected rates are printed at start); name a mode to pin it")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
     serve.add_argument("--max-concurrency", "--max-num-seqs", dest="max_concurrency", type=positive_int, default=8,
@@ -117,7 +120,9 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
         return executor.call(lambda: specdec.load_model(name, args.dtype, args.device, auto_pull=not args.no_pull,
                                                         progress=True, quantize=quantize))
 
-    target_mode, draft_mode, _ = execution_modes(args, spec.method)
+    target_mode, draft_mode, plan = execution_modes(args, spec.method, concurrency=args.max_concurrency)
+    if plan is not None and plan.choice is not None and args.quantize == "auto":
+        print(plan.choice.summary() + "; --quantize names one instead", file=sys.stderr, flush=True)
     target = load(args.model, target_mode)
     draft = None
     if args.draft_model:
@@ -137,13 +142,14 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
 
 
 def measured_gamma_table(spec, target, draft, max_requests: int) -> GammaTable | None:  # noqa: ANN001
-    """``--disable-speculation-above auto``: :func:`specdec.step_costs.batch_gammas` for the server's
+    """``--disable-speculation-above auto``: :func:`specdec.cost_model.batch_gammas` for the server's
     method over the target's and draft's measured curves, at the α its traffic shows (a request
     that overrides the method is held to the same γ per number of requests); None when the
     target's costs are unmeasured (float weights, CUDA: nothing is switched off)."""
     from specdec.drafters.registry import needs_draft_model
     from specdec.server.policy import GammaTable
-    from specdec.step_costs import batch_gammas, full_curve
+    from specdec.cost_model import batch_gammas, batch_saving_per_token
+    from specdec.step_costs import full_curve
 
     if spec.method is None or not target.backend.step_seconds:
         return None
@@ -154,7 +160,9 @@ def measured_gamma_table(spec, target, draft, max_requests: int) -> GammaTable |
         draft_curve = full_curve(draft.config, draft.backend.dtype_name) or draft.backend.step_seconds
     gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
     return GammaTable(lambda alpha: batch_gammas(target_curve, alpha, gamma, draft_curve, max_requests,
-                                                 spec.max_speculative_tokens))
+                                                 spec.max_speculative_tokens),
+                      lambda alpha, requests: batch_saving_per_token(target_curve, requests, alpha, gamma, draft_curve,
+                                                                     spec.max_speculative_tokens))
 
 
 def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
@@ -218,7 +226,7 @@ def run_on_ray(args: argparse.Namespace) -> int:
     driver_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        target_mode, draft_mode, _ = execution_modes(args, spec.method)
+        target_mode, draft_mode, _ = execution_modes(args, spec.method, concurrency=args.max_concurrency)
     finally:
         torch.set_num_threads(driver_threads)
     args = copy.copy(args)

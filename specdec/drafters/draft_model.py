@@ -22,7 +22,7 @@ from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
-from specdec.step_costs import Curve
+from specdec.cost_model import Curve
 from specdec.structured import GrammarConstraint
 from specdec.tree import TreeLayout
 

@@ -35,7 +35,7 @@ from specdec.server.audit import AuditCase, Auditor, auditable
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.params import APIError, sampling_params
-from specdec.server.policy import AcceptanceMeter, GammaTable, LoadAverage, speculation_cap
+from specdec.server.policy import AcceptanceMeter, GammaTable, LoadAverage, requests_now, speculation_cap
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 from specdec.server.responses import logprobs_body, sse, usage_body
 from specdec.server.security import AccessMiddleware, AccessPolicy
@@ -81,6 +81,15 @@ class ServerState:
             gammas = self.gamma_table.for_alpha(self.acceptance.alpha)
             limit = None if gammas is None else sum(1 for g in gammas.values() if g)
         return speculation_cap(limit, gammas, self.active, self.load)
+
+    def speculation_saving(self) -> float | None:
+        """Seconds per token speculating saves at the current load, for a new request's pay-back test
+        (engine.generate_steps): None when it is alone (its own γ controller knows better) or the
+        costs are unmeasured."""
+        requests = requests_now(self.active, self.load)
+        if self.gamma_table is None or requests == 1:
+            return None
+        return self.gamma_table.saving(self.acceptance.alpha, requests)
 
     def count_requests(self) -> None:
         """After ``active`` or ``waiting`` moved: the gauges and the load average."""
@@ -319,7 +328,8 @@ class Job:
         draft = state.draft if needs_draft_model(self.spec.method) else None
         alpha = state.acceptance.alpha if self.spec.method == state.spec.method else None  # this traffic's
         return generate_steps(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
-                              speculate=self._speculate, prefill_chunk=state.prefill_chunk, alpha_prior=alpha)
+                              speculate=self._speculate, prefill_chunk=state.prefill_chunk, alpha_prior=alpha,
+                              saving_under_load=state.speculation_saving)
 
     def _speculate(self) -> int | None:
         """Asked before each round: the server's cap (server/policy.py), but once it said none to this

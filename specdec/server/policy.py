@@ -55,13 +55,18 @@ class LoadAverage:
             return self._average
 
 
+def requests_now(active: int, load: LoadAverage) -> int:
+    """The requests a new one shares forwards with, itself included: the larger of those active now
+    and the recent average (rounded: 1.4 is one user with some overlap, 1.6 is two)."""
+    return max(1, active, math.floor(load.value() + 0.5))
+
+
 def speculation_cap(limit: int | None, gammas: dict[int, int] | None, active: int, load: LoadAverage) -> int | None:
-    """The most tokens a request may draft now: 0 none, None no cap. The requests counted are the
-    larger of those active now and the recent average (rounded: 1.4 is one user with some overlap,
-    1.6 is two); over ``limit`` (None: never) nothing is drafted; else, sharing forwards with others,
-    ``gammas`` (γ per number of requests from a prior α, step_costs.batch_gammas; None: no cap)
+    """The most tokens a request may draft now: 0 none, None no cap. Over ``limit`` requests
+    (:func:`requests_now`; None: never) nothing is drafted; else, sharing forwards with others,
+    ``gammas`` (γ per number of requests from a prior α, cost_model.batch_gammas; None: no cap)
     says how much."""
-    requests = max(1, active, math.floor(load.value() + 0.5))
+    requests = requests_now(active, load)
     if limit is not None and requests > limit:
         return 0
     if gammas is None or requests == 1:  # alone, the request's own γ (its controller knows its α)
@@ -98,15 +103,26 @@ class AcceptanceMeter:
 
 
 class GammaTable:
-    """γ per number of concurrent requests for an α (step_costs.batch_gammas over the measured
-    curves), recomputed when α moves by a step of 0.05."""
+    """γ per number of concurrent requests for an α (cost_model.batch_gammas over the measured
+    curves), recomputed when α moves by a step of 0.05; and what speculating saves per token at a
+    load (cost_model.batch_saving_per_token: a new request's draft prompt pass must repay it)."""
 
-    def __init__(self, gammas_for: Callable[[float], dict[int, int] | None]) -> None:
+    def __init__(self, gammas_for: Callable[[float], dict[int, int] | None],
+                 saving_for: Callable[[float, int], float] | None = None) -> None:
         self.gammas_for = gammas_for
+        self.saving_for = saving_for
         self._cache: dict[float, dict[int, int] | None] = {}
 
+    @staticmethod
+    def _key(alpha: float) -> float:
+        return round(min(max(alpha, 0.0), 0.99) * 20) / 20
+
     def for_alpha(self, alpha: float) -> dict[int, int] | None:
-        key = round(min(max(alpha, 0.0), 0.99) * 20) / 20
+        key = self._key(alpha)
         if key not in self._cache:
             self._cache[key] = self.gammas_for(key)
         return self._cache[key]
+
+    def saving(self, alpha: float, requests: int) -> float | None:
+        """Forward seconds per token speculating saves with ``requests`` sharing forwards (None: unknown)."""
+        return None if self.saving_for is None else self.saving_for(self._key(alpha), requests)
