@@ -20,6 +20,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -139,6 +140,9 @@ def main() -> int:
     parser.add_argument("--dataset", default="humaneval", choices=["humaneval", "mt_bench", "gsm8k"],
                         help="prompts: HumanEval as raw completions (long code prompts), MT-Bench first turns or GSM8K "
                              "questions as chat messages (short)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                        help="also start a server with these extra `specdec serve` flags (e.g. \"budget256=--max-num-batched-tokens "
+                             "256\"), measured level by level beside the default one; repeatable")
     parser.add_argument("--burst", type=int, default=0, help="after the levels, fire this many requests at once (0: skip)")
     parser.add_argument("--png", type=Path, default=None, help="write total tokens/s per concurrency here")
     args = parser.parse_args()
@@ -146,6 +150,9 @@ def main() -> int:
     configs = {"batched": []}
     if args.compare_unbatched:
         configs["one-by-one"] = ["--max-num-batched-tokens", "1"]
+    for variant in args.variant:
+        name, _, flags = variant.partition("=")
+        configs[name] = shlex.split(flags)
     servers = {name: start_server(args, extra) for name, extra in configs.items()}
     rows: dict[tuple[str, bool], dict[int, float]] = {}
     chat = args.dataset != "humaneval"

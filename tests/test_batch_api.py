@@ -138,6 +138,32 @@ def test_chunked_prefill_is_bit_identical_and_shares_forwards(int8_pair):
     assert max(sizes) <= 5 * 4 + 5 * 5  # no whole prompt went in one call
 
 
+def test_the_default_forward_holds_about_one_prompt_chunk_besides_every_verification(int8_pair):
+    """max_num_batched_tokens=None: one prefill chunk plus each running request's largest
+    verification (a CPU forward is compute-bound from a few dozen rows; more prompt per forward only
+    delays first tokens); 2048 when prompts are not chunked. Answers are each prompt's alone."""
+    from specdec.api import WHOLE_PROMPT_BATCH_TOKENS, default_max_num_batched_tokens
+
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3)
+    assert default_max_num_batched_tokens(256, 8, spec) == 256 + 8 * 4
+    assert default_max_num_batched_tokens(256, 8, specdec.SpecConfig(num_speculative_tokens="auto")) == 256 + 8 * 9
+    assert default_max_num_batched_tokens(256, 2, specdec.SpecConfig(num_speculative_tokens=2, spec_tree=6)) == 256 + 2 * 7
+    assert default_max_num_batched_tokens(0, 8, spec) == WHOLE_PROMPT_BATCH_TOKENS
+
+    target, draft = int8_pair
+    prompts = [" ".join(f"word{j}" for j in range(i, i + 16)) for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    sizes = []
+    forward_batch = target.backend.forward_batch
+    target.backend.forward_batch = lambda batch, vocab_limit=None: (sizes.append(sum(len(c[1]) for c in batch)), forward_batch(batch, vocab_limit=vocab_limit))[1]
+    try:
+        outs = specdec.generate_batch(target, prompts, params, draft=draft, spec=spec, max_num_seqs=4, prefill_chunk=8)
+    finally:
+        del target.backend.forward_batch
+    assert [o.token_ids for o in outs] == [specdec.generate(target, p, params).token_ids for p in prompts]
+    assert max(sizes) <= default_max_num_batched_tokens(8, 4, spec) < 4 * 8  # never all four prompts' chunks at once
+
+
 def test_the_scheduler_drafts_first_so_verifications_share_a_forward():
     """Requests whose drafts are in different phases (one mid-draft, one about to verify) must still
     verify in one target forward: the batcher serves draft-model calls until everyone waits on the

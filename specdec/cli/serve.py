@@ -25,6 +25,11 @@ def prefill_chunk_value(text: str) -> int | str:
     return count_or_word(text, ("auto",), 0, "tokens")
 
 
+def batched_tokens_value(text: str) -> int | str:
+    """``--max-num-batched-tokens``: ``auto`` or a number of tokens (at least 1)."""
+    return count_or_word(text, ("auto",), 1, "tokens")
+
+
 def speculation_limit_value(text: str) -> int | str | None:
     """``--disable-speculation-above``: a count, ``auto`` or ``never`` (None)."""
     value = count_or_word(text, ("auto", "never"), 0, "requests")
@@ -46,9 +51,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     serve.add_argument("--max-concurrency", "--max-num-seqs", dest="max_concurrency", type=positive_int, default=8,
                        help="requests generated at once, their target forwards batched into one (continuous batching: "
                             "requests join and leave between forwards); the rest wait (default: 8)")
-    serve.add_argument("--max-num-batched-tokens", type=positive_int, default=2048, metavar="N",
+    serve.add_argument("--max-num-batched-tokens", type=batched_tokens_value, default="auto", metavar="N|auto",
                        help="tokens (prefill chunks, decode tokens, drafts) in one batched target forward; requests over "
-                            "it wait for the next forward, a single larger prompt runs alone (default: 2048)")
+                            "it wait for the next forward, a single larger prompt runs alone. auto (default): one "
+                            "--prefill-chunk plus every running request's largest verification (γ+1 or tree nodes+1), "
+                            "so prompts are prefilled about one chunk per forward while every decode step rides along "
+                            "(a CPU forward is compute-bound from a few dozen rows: bigger forwards only delay first "
+                            "tokens); 2048 without chunked prefill")
     serve.add_argument("--prefill-chunk", type=prefill_chunk_value, default="auto", metavar="N|auto",
                        help="chunked prefill: feed a long prompt N tokens per batched forward, so it shares forwards with "
                             "the other requests' decode steps instead of stalling them; auto (default): 256 where the "
@@ -100,7 +109,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     ``threads``: torch intra-op threads for this process (a Ray Serve replica sets it to the CPUs it
     was given, so replicas sharing a machine do not oversubscribe its cores)."""
     import specdec
-    from specdec.api import default_prefill_chunk
+    from specdec.api import default_max_num_batched_tokens, default_prefill_chunk
     from specdec.server.app import ServerState
     from specdec.server.executor import ModelExecutor
     from specdec.server.security import AccessPolicy, load_api_keys
@@ -110,7 +119,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
         raise SpecdecError(f"--audit-fraction must be between 0 and 1, got {args.audit_fraction}")
     access = AccessPolicy(load_api_keys(args.api_key, args.api_key_file), args.max_body_bytes, args.metrics_require_key)
     # loads on the thread that will run the model (server/executor.py)
-    executor = ModelExecutor(max_num_batched_tokens=args.max_num_batched_tokens)
+    executor = ModelExecutor()
     if threads is not None:
         import torch
 
@@ -130,6 +139,9 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
         from specdec.compat import check_pair
 
         check_pair(target, draft)
+    prefill_chunk = default_prefill_chunk(target) if args.prefill_chunk == "auto" else args.prefill_chunk
+    executor.max_num_batched_tokens = (default_max_num_batched_tokens(prefill_chunk, args.max_concurrency, spec)
+                                       if args.max_num_batched_tokens == "auto" else args.max_num_batched_tokens)
     limit, table = args.disable_speculation_above, None
     if limit == "auto":
         limit, table = None, measured_gamma_table(spec, target, draft, args.max_concurrency)
@@ -138,7 +150,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        disable_speculation_above=limit, gamma_table=table, executor=executor,
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
                        audit_fraction=args.audit_fraction,
-                       prefill_chunk=default_prefill_chunk(target) if args.prefill_chunk == "auto" else args.prefill_chunk)
+                       prefill_chunk=prefill_chunk)
 
 
 def measured_gamma_table(spec, target, draft, max_requests: int) -> GammaTable | None:  # noqa: ANN001
