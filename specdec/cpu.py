@@ -76,3 +76,26 @@ def parse_cache_size(text: str) -> int:
     if text and text[-1] in units:
         return int(text[:-1]) * units[text[-1]]
     return int(text)
+
+
+def cpu_ticks() -> tuple[int, int, int] | None:
+    """(busy ticks of every CPU — steal included: time the hypervisor gave others —, all ticks, this
+    process's ticks), from ``/proc/stat`` and ``/proc/self/stat``; None where they are unreadable."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    return user + nice + system + irq + softirq + steal, sum(fields), int(own[11]) + int(own[12])
+
+
+def other_cpu_share(since: tuple[int, int, int] | None) -> float:
+    """The share of the machine's CPU time that other processes (or other guests, by steal) used
+    since the :func:`cpu_ticks` reading ``since`` — 0.0 when unknown. A timing taken while it is high
+    measured contention, not this machine."""
+    now = cpu_ticks()
+    if since is None or now is None or now[1] <= since[1]:
+        return 0.0
+    others = (now[0] - since[0]) - (now[2] - since[2])
+    return max(0.0, others / (now[1] - since[1]))

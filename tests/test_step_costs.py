@@ -114,6 +114,42 @@ def test_a_curve_timed_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch):
     assert len(calls) == 2 and not (tmp_path / "step_costs").exists()
 
 
+def test_a_curve_timed_while_other_processes_ran_is_not_cached(tmp_path, monkeypatch):
+    """Other processes' CPU time during the probe (or a hypervisor's steal) is contention, not this
+    machine: the curve serves this run and is measured again next time."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    calls = []
+    quiet = {m: Curve(m, {1: 0.03, 2: 0.04}, gb_per_s=25, weight_gb=1.0) for m in ("int8", "int4")}
+    monkeypatch.setattr("specdec.step_costs.measure_curves", lambda cfg, modes: calls.append(modes) or quiet)
+    monkeypatch.setattr("specdec.step_costs.other_cpu_share", lambda since: 0.5)
+    curves_for(TINY, ("int8", "int4"))
+    assert not (tmp_path / "step_costs").exists()
+    monkeypatch.setattr("specdec.step_costs.other_cpu_share", lambda since: 0.02)
+    curves_for(TINY, ("int8", "int4"))
+    curves_for(TINY, ("int8", "int4"))
+    assert len(calls) == 2 and (tmp_path / "step_costs").exists()
+
+
+def test_other_processes_cpu_share_is_read_from_proc():
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from specdec.cpu import cpu_ticks, other_cpu_share
+
+    start = cpu_ticks()
+    if start is None:
+        pytest.skip("no /proc here")
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"])
+    busy.wait()
+    assert other_cpu_share(start) > 0.3 / (os.cpu_count() or 1)  # one of this machine's cores, busy for a second
+    since = cpu_ticks()
+    sum(i * i for i in range(3_000_000))  # this process's own work is not "others"
+    time.sleep(0.05)
+    assert other_cpu_share(since) < 0.5
+
+
 def test_plan_knows_the_plain_choice_from_the_same_curves():
     """--compare-plain times our best plain decoding: the mode auto picks for plain decoding can differ
     from the one it picks for a speculative target, and comes from the same measured curves."""
