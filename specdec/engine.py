@@ -231,10 +231,11 @@ def generate_steps(
     if drafter is not None:  # before the prefill: a feature drafter (EAGLE) has the target keep its features
         drafter.bind_target_state(state)
     fed = 0
+    prompt_runner = target.prompt_backend  # the target itself, or its cheaper-for-prompts twin
     while 0 < prefill_chunk < len(prompt_ids) - fed:
-        yield ModelCall(target, state, list(prompt_ids[fed : fed + prefill_chunk]), 1)  # its logits are not needed
+        yield ModelCall(prompt_runner, state, list(prompt_ids[fed : fed + prefill_chunk]), 1)  # its logits are not needed
         fed += prefill_chunk
-    logits = yield ModelCall(target, state, list(prompt_ids[fed:]), 1)
+    logits = yield ModelCall(prompt_runner, state, list(prompt_ids[fed:]), 1)
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
     _, first = verify([], None, scored, params, generator)
     context = list(prompt_ids) + [first]

@@ -39,6 +39,10 @@ class Backend(Protocol):
     #: forward seconds per chunk size T measured on this machine, or None (the γ cost model's prior)
     step_seconds: dict[int, float] | None
 
+    #: the backend that runs this model's prompt passes: itself, or the same model in an execution
+    #: mode whose many-row forwards are cheaper, writing the same caches (TorchBackend.use_for_prompts)
+    prompt_backend: "Backend"
+
     def new_state(self, max_seq_len: int) -> SequenceState: ...
 
     def forward(self, state: SequenceState, tokens: Sequence[int], num_logits: int | None = None,

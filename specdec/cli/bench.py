@@ -93,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
         args.num_speculative_tokens if args.num_speculative_tokens is not None else 4]
     spec_trees = tree_values(args.spec_trees) if args.spec_trees else [args.spec_tree]
     params = sampling_from_args(args)
-    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize,
+                                prompt_quantize=args.prompt_quantize)
     needs_draft = any(method_needs_draft(m) for m in methods)
     draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
-                               quantize=draft_quantize(args)) if needs_draft else None
+                               quantize=draft_quantize(args), prompt_quantize=args.prompt_quantize) if needs_draft else None
     if draft is not None:
         from specdec.compat import check_pair
 

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     categories = args.categories.split(",") if args.categories else None
     rows = load_prompts(args.dataset, categories=categories, limit=args.prompts)[: args.prompts]
     print(f"loading {args.model} …", file=sys.stderr)
-    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize,
+                                prompt_quantize=args.prompt_quantize)
     prompts = [encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
     layers = target.config.num_layers
     print(f"{target.backend.dtype_name}, {layers} layers, {len(prompts)} prompts × {args.max_tokens} tokens, γ={gamma}, budget {args.budget}",

@@ -44,11 +44,13 @@ def run(args: argparse.Namespace) -> int:
     if plan is not None and args.explain:
         print(plan.explain(), file=sys.stderr)
     print(f"loading {args.model} …", file=sys.stderr)
-    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=target_mode)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=target_mode,
+                                  prompt_quantize=args.prompt_quantize)
     draft = None
     if args.draft_model:
         print(f"loading draft {args.draft_model} …", file=sys.stderr)
-        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_mode)
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_mode,
+                                      prompt_quantize=args.prompt_quantize)
     note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
     chosen = " (chosen by --quantize auto from step costs measured on this CPU)" if plan is not None and args.quantize == "auto" else ""
     draft_note = f", draft {draft.backend.dtype_name}" if draft is not None else ""
@@ -57,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
         from specdec.kernels.build import kernel_path
 
         draft_note += f", {kernel_path()} kernels"
+    prompt_modes = [f"{role} {m.backend.prompt_backend.dtype_name}" for role, m in (("target", target), ("draft", draft))
+                    if m is not None and m.backend.prompt_backend is not m.backend]
+    if prompt_modes:  # a second copy of the weights runs the prompt passes (--prompt-quantize)
+        draft_note += f", prompts in {' and '.join(prompt_modes)}"
     print(f"execution: {target.backend.dtype_name}{draft_note} on {target.backend.device} [{cpu_description()}]{chosen}{note}",
           file=sys.stderr)
     stats = None
@@ -82,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             if plain_mode != target.backend.dtype_name:
                 print(f"loading {args.model} in {plain_mode}, the mode auto picks for plain decoding …", file=sys.stderr)
                 plain_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull,
-                                                  progress=True, quantize=plain_mode)
+                                                  progress=True, quantize=plain_mode, prompt_quantize=args.prompt_quantize)
         plain = specdec.generate(plain_target, prompt, params, chat=args.chat)
         speedup = stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
         # one mode's text is another's only up to quantization: identity is checked within one mode

@@ -127,7 +127,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
 
     def load(name: str, quantize: str) -> "specdec.LoadedModel":
         return executor.call(lambda: specdec.load_model(name, args.dtype, args.device, auto_pull=not args.no_pull,
-                                                        progress=True, quantize=quantize))
+                                                        progress=True, quantize=quantize, prompt_quantize=args.prompt_quantize))
 
     target_mode, draft_mode, plan = execution_modes(args, spec.method, concurrency=args.max_concurrency)
     if plan is not None and plan.choice is not None and args.quantize == "auto":

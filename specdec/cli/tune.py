@@ -75,10 +75,12 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_execution(args.model, args.draft_model, "draft_model" if args.draft_model else "ngram",
                               auto_pull=not args.no_pull, draft_vocab_size=args.draft_vocab_size or None)
         target_mode, draft_mode = plan.target_mode, plan.draft_mode or draft_mode
-    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=target_mode)
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=target_mode,
+                                  prompt_quantize=args.prompt_quantize)
     draft = None
     if args.draft_model:
-        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=draft_mode)
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=draft_mode,
+                                      prompt_quantize=args.prompt_quantize)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=1, datastore=args.datastore,
                          draft_vocab_size=args.draft_vocab_size, spec_trees=trees)
@@ -151,7 +153,8 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
         return record, target
     print(f"tune: {other} is expected {rates.rates[other] / rates.rates[measured_mode]:.2f}× {measured_mode} with the "
           f"measured α; measuring it on the same prompts", file=sys.stderr)
-    other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=other)
+    other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=other,
+                                          prompt_quantize=args.prompt_quantize)
     measured_ids = {r.prompt_id for r in results}
     config = BenchConfig(methods=["ar" if method is None else method], params=params, gammas=[gamma], repeats=1,
                          datastore=args.datastore, draft_vocab_size=args.draft_vocab_size, spec_trees=[tree])

@@ -65,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.skip_greedy:
         target_mode, draft_mode, _ = execution_modes(args, "draft_model")  # what generate would run
         print(f"loading {args.model} ({target_mode}) and {args.draft_model} ({draft_mode}) …", file=sys.stderr)
-        target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=target_mode)
-        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_mode)
+        target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=target_mode,
+                                  prompt_quantize=args.prompt_quantize)
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_mode,
+                                      prompt_quantize=args.prompt_quantize)
     checks = len(methods) * ((not args.skip_greedy) + (0 if args.skip_distribution else len(configs)))
     from tqdm import tqdm
 

@@ -20,12 +20,15 @@ import torch
 from specdec.backends.base import Backend
 from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
+from specdec.cost_model import Curve
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
-from specdec.cost_model import Curve
 from specdec.structured import GrammarConstraint
 from specdec.tree import TreeLayout
 
+#: a draft forward of at least this many tokens is a prompt pass (the catch-up on a new prompt, or on
+#: what was generated while the draft sat out): it runs on the draft's prompt backend
+PROMPT_PASS_ROWS = 16
 #: a draft-model tree: children per branching node (its top choices) …
 DRAFT_TREE_BRANCHES = 3
 #: … the most nodes forwarded per level to branch again (each level costs one draft forward of
@@ -246,12 +249,12 @@ class DraftModelDrafter(Drafter):
     def catch_up_seconds(self, context_len: int) -> float:
         """The prompt pass over what the draft cache lacks (at most its context window), from the
         draft's measured curve (beyond its largest size: its last slope)."""
-        measured = self.backend.step_seconds
-        if not measured or len(measured) < 2:
-            return 0.0
         pending = context_len - self.offset - self.state.seq_len
         if self.context_window:
             pending = min(pending, self.context_window)
+        measured = self._runner(pending).step_seconds
+        if not measured or len(measured) < 2:
+            return 0.0
         return Curve("draft", dict(measured)).cost(pending) if pending > 1 else 0.0
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -277,13 +280,19 @@ class DraftModelDrafter(Drafter):
             self.state.truncate(common - 1)
             self.cached.pop()
             pending = context_ids[-1:]
-        logits = yield from self._forward(pending)
+        logits = yield from self._forward(pending, self._runner(len(pending)))
         self.cached.extend(pending)
         return logits
 
-    def _forward(self, tokens: list[int]) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
+    def _runner(self, pending: int) -> Backend:
+        """A prompt pass (at least PROMPT_PASS_ROWS tokens to catch up on) runs on the draft's prompt
+        backend, the rest on its own: decided by the request's history alone, never by its batch."""
+        return self.backend.prompt_backend if pending >= PROMPT_PASS_ROWS else self.backend
+
+    def _forward(self, tokens: list[int], backend: Backend | None = None) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
         self.model_forwards += 1
-        return (yield from next_token_steps(self.backend, self.state, tokens, self.vocab_limit, self.params.is_greedy))
+        return (yield from next_token_steps(backend or self.backend, self.state, tokens, self.vocab_limit,
+                                            self.params.is_greedy))
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         return run_now(self.propose_steps(context_ids, k))
