@@ -62,3 +62,25 @@ def test_int8_head_rows_equal_the_full_heads_first_rows(tiny_dirs):
 def test_negative_size_is_refused():
     with pytest.raises(SpecdecError, match="draft_vocab_size"):
         SpecConfig(method="draft_model", draft_vocab_size=-1)
+
+
+def test_the_draft_step_prior_is_the_reduced_heads(tiny_draft, monkeypatch):
+    """γ=auto's prior for a draft step reads the curve measured for the reduced vocabulary (the
+    whole head's step overstated a 0.5B draft's by half, and auto declined to draft where it paid)."""
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.sampling import make_generator
+
+    seen = []
+
+    def cached(cfg, mode, max_tokens=9):  # noqa: ANN001, ANN202
+        seen.append(cfg.vocab_size)
+        return {1: 0.004}
+
+    monkeypatch.setattr("specdec.step_costs.cached_seconds", cached)
+    monkeypatch.setattr(tiny_draft.backend, "step_seconds", {1: 0.010, 2: 0.011})
+    params = SamplingParams(temperature=0)
+    reduced = DraftModelDrafter(tiny_draft.backend, params, make_generator(0), 64, vocab_limit=128)
+    assert reduced.step_seconds == 0.004 and seen == [128]
+    assert DraftModelDrafter(tiny_draft.backend, params, make_generator(0), 64).step_seconds == 0.010
+    monkeypatch.setattr("specdec.step_costs.cached_seconds", lambda cfg, mode, max_tokens=9: None)
+    assert reduced.step_seconds == 0.010  # never measured for that head: the whole head's, an upper bound

@@ -26,8 +26,9 @@ def test_prompt_passes_run_on_the_prompt_backend(hybrid_pair):
     target, draft = hybrid_pair
     assert target.backend.prompt_backend is not target.backend
     assert (target.backend.prompt_backend.dtype_name, target.backend.dtype_name) == ("int8", "int4")
-    # one embedding table for both
+    # one embedding table and one LM head for both: only the layers are a second copy
     assert target.backend.prompt_backend.decoder.model.embed_tokens is target.backend.decoder.model.embed_tokens
+    assert target.backend.prompt_backend.decoder.lm_head is target.backend.decoder.lm_head
     seen = []
     prompt_forward = target.backend.prompt_backend.forward
     decode_forward = target.backend.forward

@@ -44,7 +44,9 @@ class TorchBackend:
         """Run this model's prompt passes through ``other``: the same weights in another CPU execution
         mode whose many-row forwards are cheaper (fbgemm's int8 prefills a prompt ~1.8× faster than
         our int4 kernel on an AVX-512 VNNI EPYC, while int4 decodes ~1.7× faster). Its forwards write
-        this backend's caches (same shapes); it shares this one's embedding table. Exact: whether a
+        this backend's caches (same shapes); it shares this one's embedding table and LM head (a
+        prompt pass scores one row: only the layers are worth a second copy — and a draft's cut of an
+        int8 head for its reduced vocabulary cost a second's repacking on first use). Exact: whether a
         row runs here or there depends only on whether it is a prompt row, never on what it is
         batched with, so plain and speculative decoding — alone or under load — read the same cache."""
         if other.config != self.config or other.device != self.device:
@@ -52,6 +54,8 @@ class TorchBackend:
         if other.decoder.float_dtype != self.decoder.float_dtype:
             raise ValueError("a prompt backend must write caches of the same dtype")
         other.decoder.model.embed_tokens = self.decoder.model.embed_tokens  # one table, not two
+        other.decoder.lm_head = self.decoder.lm_head
+        other.decoder._head_rows = self.decoder._head_rows  # the reduced-vocabulary cuts, made once
         self.prompt_backend = other
 
     def new_state(self, max_seq_len: int) -> KVCache:
