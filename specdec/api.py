@@ -142,10 +142,12 @@ def load_model(
     name = str(model) if not Path(str(model)).exists() else path.name
     backend = TorchBackend(decoder)
     if mode in CPU_QUANTIZE_MODES:  # measured here by --quantize auto (or an earlier run): the γ prior
+        backend.mode = mode
         backend.step_seconds = step_costs.cached_seconds(decoder.config, mode, AUTO_MAX_SPECULATIVE_TOKENS + 1)
         prompt_mode = resolve_prompt_quantize(prompt_quantize, decoder.config, mode)
         if prompt_mode != mode:
             prompts = TorchBackend(_load_cpu_decoder(path, prompt_mode, device, progress))
+            prompts.mode = prompt_mode
             prompts.step_seconds = step_costs.full_curve(decoder.config, prompt_mode)
             backend.use_for_prompts(prompts)
     elif prompt_quantize not in (None, "same", "auto"):

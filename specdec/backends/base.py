@@ -36,6 +36,7 @@ class Backend(Protocol):
     config: ModelConfig
     device: torch.device
     dtype_name: str  # execution dtype as users read it: "float32", "bfloat16", "int8" …
+    mode: str  # the execution mode step-cost curves are keyed by ("int4-all" where dtype_name says "int4")
     #: forward seconds per chunk size T measured on this machine, or None (the γ cost model's prior)
     step_seconds: dict[int, float] | None
 

@@ -30,6 +30,9 @@ class TorchBackend:
         self.config = decoder.config
         self.device = decoder.device
         self.dtype_name = decoder.quantization or str(decoder.float_dtype).removeprefix("torch.")
+        #: the execution mode it was loaded in (int8, int4, int4-all: what step-cost curves are keyed
+        #: by; dtype_name says int4 for both 4-bit modes), else dtype_name
+        self.mode = self.dtype_name
         #: seconds of a forward of T tokens (T → s) measured on this machine for this model's shape
         #: and execution mode (specdec.step_costs), when known: the γ cost model starts from it
         self.step_seconds: dict[int, float] | None = None

@@ -254,7 +254,7 @@ class DraftModelDrafter(Drafter):
             return None
         if self.vocab_limit is not None:
             config = dataclasses.replace(self.backend.config, vocab_size=self.vocab_limit)
-            limited = step_costs.cached_seconds(config, self.backend.dtype_name, 1)
+            limited = step_costs.cached_seconds(config, self.backend.mode, 1)
             if limited:
                 return limited[1]
         return measured.get(1)
