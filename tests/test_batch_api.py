@@ -4,6 +4,7 @@ same continuous batching as the server — each answer equal to generating that 
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -119,6 +120,19 @@ def test_bench_concurrency_reports_throughput(tiny_dirs, tmp_path, capsys, int4_
     assert "4 requests in flight" in (out / "report.md").read_text()
 
 
+@contextlib.contextmanager
+def forward_rows(model):  # noqa: ANN001, ANN201 - a LoadedModel; yields the list it fills
+    """The rows of every batched forward of ``model`` while the block runs."""
+    sizes: list[int] = []
+    forward_batch = model.backend.forward_batch
+    model.backend.forward_batch = lambda batch, vocab_limit=None: (sizes.append(sum(len(c[1]) for c in batch)),
+                                                                  forward_batch(batch, vocab_limit=vocab_limit))[1]
+    try:
+        yield sizes
+    finally:
+        del model.backend.forward_batch
+
+
 def test_chunked_prefill_is_bit_identical_and_shares_forwards(int8_pair):
     """A prompt fed 4 tokens per call (chunked prefill) gives the answer of one whole-prompt pass —
     the int8 layers are row by row — while its chunks ride in the same forwards as the others."""
@@ -127,13 +141,8 @@ def test_chunked_prefill_is_bit_identical_and_shares_forwards(int8_pair):
     long_prompts = [" ".join(f"word{j}" for j in range(i, i + 12)) for i in range(5)]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3, spec_tree=4)
-    sizes = []
-    forward_batch = target.backend.forward_batch
-    target.backend.forward_batch = lambda batch, vocab_limit=None: (sizes.append(sum(len(c[1]) for c in batch)), forward_batch(batch, vocab_limit=vocab_limit))[1]
-    try:
+    with forward_rows(target) as sizes:
         outs = specdec.generate_batch(target, long_prompts, params, draft=draft, spec=spec, max_num_seqs=5, prefill_chunk=4)
-    finally:
-        del target.backend.forward_batch
     assert [o.token_ids for o in outs] == [specdec.generate(target, p, params).token_ids for p in long_prompts]
     assert max(sizes) <= 5 * 4 + 5 * 5  # no whole prompt went in one call
 
@@ -153,13 +162,8 @@ def test_the_default_forward_holds_about_one_prompt_chunk_besides_every_verifica
     target, draft = int8_pair
     prompts = [" ".join(f"word{j}" for j in range(i, i + 16)) for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    sizes = []
-    forward_batch = target.backend.forward_batch
-    target.backend.forward_batch = lambda batch, vocab_limit=None: (sizes.append(sum(len(c[1]) for c in batch)), forward_batch(batch, vocab_limit=vocab_limit))[1]
-    try:
+    with forward_rows(target) as sizes:
         outs = specdec.generate_batch(target, prompts, params, draft=draft, spec=spec, max_num_seqs=4, prefill_chunk=8)
-    finally:
-        del target.backend.forward_batch
     assert [o.token_ids for o in outs] == [specdec.generate(target, p, params).token_ids for p in prompts]
     assert max(sizes) <= default_max_num_batched_tokens(8, 4, spec) < 4 * 8  # never all four prompts' chunks at once
 
