@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, gamma_value,
-                                positive_int, sampling_from_args, tree_values)
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
+                                gamma_value, positive_int, sampling_from_args, tree_values)
 from specdec.errors import SpecdecError
 
 
@@ -96,8 +96,13 @@ def run(args: argparse.Namespace) -> int:
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize,
                                 prompt_quantize=args.prompt_quantize)
     needs_draft = any(method_needs_draft(m) for m in methods)
-    draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
-                               quantize=draft_quantize(args), prompt_quantize=args.prompt_quantize) if needs_draft else None
+    draft = None
+    if needs_draft:
+        # the draft's mode as generate picks it for speculation (int4-all, timed with its reduced head),
+        # not the mode plain decoding of the draft model would pick
+        _, draft_mode, _ = execution_modes(args, "draft_model") if draft_quantize(args) == "auto" else (None, draft_quantize(args), None)
+        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
+                                   quantize=draft_mode, prompt_quantize=args.prompt_quantize)
     if draft is not None:
         from specdec.compat import check_pair
 
