@@ -56,9 +56,7 @@ class TorchBackend:
             raise ValueError("a prompt backend must run the same model on the same device")
         if other.decoder.float_dtype != self.decoder.float_dtype:
             raise ValueError("a prompt backend must write caches of the same dtype")
-        other.decoder.model.embed_tokens = self.decoder.model.embed_tokens  # one table, not two
-        other.decoder.lm_head = self.decoder.lm_head
-        other.decoder._head_rows = self.decoder._head_rows  # the reduced-vocabulary cuts, made once
+        other.decoder.share_ends(self.decoder)
         self.prompt_backend = other
 
     def new_state(self, max_seq_len: int) -> KVCache:

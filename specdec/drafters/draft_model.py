@@ -21,8 +21,8 @@ import torch
 from specdec import step_costs
 from specdec.backends.base import Backend
 from specdec.calls import ModelCall, run_now
-from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.cost_model import Curve
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
 from specdec.structured import GrammarConstraint

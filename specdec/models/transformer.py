@@ -366,6 +366,14 @@ class Decoder(nn.Module):
             x = self.model.layers[index](x, cos, sin, cache, start, mask)
         return x
 
+    def share_ends(self, source: "Decoder") -> None:
+        """Use ``source``'s embedding table and LM head (and its cuts of the head, made once) instead
+        of this decoder's own: a twin that runs only the layers in another execution mode
+        (TorchBackend.use_for_prompts) needs no second copy of either."""
+        self.model.embed_tokens = source.model.embed_tokens
+        self.lm_head = source.lm_head
+        self._head_rows = source._head_rows
+
     def head_rows(self, rows: int) -> nn.Module:
         """The LM head restricted to its first ``rows`` outputs, built once per size.
 
