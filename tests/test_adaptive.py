@@ -98,3 +98,44 @@ def test_seeded_verify_costs_without_a_draft_cost_start_with_one_token():
     controller = GammaController.from_measured(8, {t: 0.04 * t for t in range(1, 10)}, None)
     assert controller.choose() == 1
     assert GammaController.from_measured(8, None, None).choose() == 8  # nothing known: as before
+
+
+# The probe curves measured on a Zen 4 EPYC: int4 1.5B target per chunk of k + 1 tokens, and one step
+# of the whole-vocabulary 0.5B int4 draft (seconds).
+ZEN4_INT4_VERIFY = lambda k: [0.0317, 0.0386, 0.0456, 0.0526, 0.0599, 0.0672, 0.0745, 0.0819, 0.0905][k]  # noqa: E731
+ZEN4_DRAFT_S = 0.0147
+
+
+def zen4_controller() -> GammaController:
+    return GammaController.from_measured(8, {k + 1: ZEN4_INT4_VERIFY(k) for k in range(9)}, ZEN4_DRAFT_S)
+
+
+def test_an_unjudged_drafter_is_tried_and_kept_where_it_pays():
+    """With the prior α 0.7 these costs say drafting does not pay, so a request never drafted and never
+    learned that this pair's α on code is 0.88 (γ=4 ran 1.11–1.40× plain there). Until a request has
+    measured its drafter it plans with the optimistic α: it drafts, measures, and keeps drafting."""
+    prompt_pass_s = 0.1  # the draft reading a ~130-token prompt: the engine drafts only if 127 tokens repay it
+    pessimist = zen4_controller()
+    pessimist.optimistic = False
+    assert 127 * pessimist.saving_per_token() < prompt_pass_s  # the old behaviour: not worth a prompt pass
+    controller = zen4_controller()
+    assert 127 * controller.saving_per_token() > prompt_pass_s and controller.choose() > 0
+    plain = 1.0 / ZEN4_INT4_VERIFY(0)
+    rate = simulate(controller.choose, 0.88, ZEN4_DRAFT_S, ZEN4_INT4_VERIFY, 0.02, steps=128, controller=controller, prefill_s=prompt_pass_s)
+    best_fixed = max(simulate(lambda k=k: k, 0.88, ZEN4_DRAFT_S, ZEN4_INT4_VERIFY, 0.02, steps=128, prefill_s=prompt_pass_s)
+                     for k in range(9))
+    assert rate >= 0.93 * best_fixed and rate >= 1.05 * plain, (rate / plain, best_fixed / plain)
+    assert not controller.planning_alpha > controller.alpha  # judged: optimism is over
+
+
+def test_trying_a_drafter_that_does_not_pay_costs_little():
+    controller = zen4_controller()
+    plain = 1.0 / ZEN4_INT4_VERIFY(0)
+    rate = simulate(controller.choose, 0.45, ZEN4_DRAFT_S, ZEN4_INT4_VERIFY, 0.02, steps=128, controller=controller, prefill_s=0.1)
+    assert rate >= 0.9 * plain, rate / plain
+    assert controller.choose() == 0 or controller._steps_at_zero == 0  # back to plain decoding (or exploring)
+
+
+def test_a_prior_measured_on_traffic_is_not_overridden_by_optimism():
+    controller = GammaController.from_measured(8, {k + 1: ZEN4_INT4_VERIFY(k) for k in range(9)}, ZEN4_DRAFT_S, alpha=0.5)
+    assert controller.planning_alpha == 0.5 and controller.choose() == 0

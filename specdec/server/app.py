@@ -326,7 +326,8 @@ class Job:
     def _open(self):  # noqa: ANN202 - a generate_steps generator
         state = self.state
         draft = state.draft if needs_draft_model(self.spec.method) else None
-        alpha = state.acceptance.alpha if self.spec.method == state.spec.method else None  # this traffic's
+        # this traffic's α, once measured (before that the request's controller plans optimistically)
+        alpha = state.acceptance.alpha if self.spec.method == state.spec.method and state.acceptance.measured else None
         return generate_steps(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
                               speculate=self._speculate, prefill_chunk=state.prefill_chunk, alpha_prior=alpha,
                               saving_under_load=state.speculation_saving)

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable
 
-from specdec.adaptive import PRIOR_TRIALS, acceptance_trials
+from specdec.adaptive import PRIOR_TRIALS, TRIALS_TO_JUDGE, acceptance_trials
 
 #: seconds over which the load average forgets (a few requests' length on a CPU)
 LOAD_TIME_CONSTANT_S = 5.0
@@ -86,6 +86,7 @@ class AcceptanceMeter:
         self.decay = decay
         self._lock = threading.Lock()
         self._accepted, self._trials = PRIOR_TRIALS * prior, PRIOR_TRIALS
+        self._observed = 0  # acceptance trials seen in all (not decayed)
 
     def observe(self, rounds: list) -> None:  # noqa: ANN401 - specdec.stats.Round objects
         accepted = sum(r.accepted for r in rounds if r.drafted)
@@ -95,6 +96,14 @@ class AcceptanceMeter:
         with self._lock:
             self._accepted = self.decay * self._accepted + accepted
             self._trials = self.decay * self._trials + trials
+            self._observed += trials
+
+    @property
+    def measured(self) -> bool:
+        """Whether α rests on traffic (enough trials to judge a drafter) rather than on the prior: a
+        request's own controller plans optimistically until then (specdec.adaptive.OPTIMISTIC_ALPHA)."""
+        with self._lock:
+            return self._observed >= TRIALS_TO_JUDGE
 
     @property
     def alpha(self) -> float:
