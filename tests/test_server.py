@@ -266,3 +266,32 @@ def test_the_speculation_limit_switches_drafting_off_and_output_stays_the_same(t
         assert out["choices"][0]["text"] == expected
         drafted[limit] = out["usage"]["speculative"]["draft_tokens"]
     assert drafted["0"] == 0 and drafted["1000"] > 0
+
+
+def test_port_zero_serves_on_the_port_it_prints(tiny_dirs):
+    """`--port 0` lets the OS pick a free port; the start-up line must name that port, not 0."""
+    import re
+
+    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--port", "0", "--model", str(tiny_dirs["target"]),
+                             "--dtype", "float32", "--quantize", "none"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        port = None
+        for line in proc.stderr:
+            found = re.search(r"serving .* on http://127\.0\.0\.1:(\d+)", line)
+            if found:
+                port = int(found.group(1))
+                break
+        assert port, "no start-up line"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+                break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            raise AssertionError(f"nothing answers on port {port}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
