@@ -5,7 +5,9 @@ that runs one request per forward (as before continuous batching), levels interl
     .venv/bin/python benchmarks/serve_load.py --compare-unbatched --requests-per-level 8 --max-tokens 32 --png load.png
     .venv/bin/python benchmarks/serve_load.py --dataset mt_bench --levels 1,2,4,8,16,32 --burst 200 --png load.png
 
-Each of C client threads sends streamed requests back to back until the level's requests are done;
+Each of C client threads sends streamed requests back to back until the level's requests are done
+(``--arrivals staggered``: the clients start spread over one request's latency alone, so prompts do
+not all arrive in the same instant — the steady stream a TTFT goal is about);
 prints requests/s, total tokens/s (and its ratio to one request's, same speculation), p50/p99
 latency, median TTFT, the server's resident memory, errors, and how many greedy outputs differ from
 the same prompt's output at concurrency 1 (they must not: batched forwards are bit-identical to a
@@ -84,11 +86,24 @@ def server_memory_mb(server: subprocess.Popen) -> tuple[float, float]:
 
 
 def run_level(base: str, prompts: list[str], concurrency: int, total: int, max_tokens: int, speculative: bool,
-              chat: bool, alone: dict[int, str]) -> dict:
-    """``alone``: prompt index → its greedy output at concurrency 1 (filled by the first level run)."""
+              chat: bool, alone: dict[int, str], stagger_s: float = 0.0) -> dict:
+    """``alone``: prompt index → its greedy output at concurrency 1 (filled by the first level run).
+    ``stagger_s``: client k sends its first request k × ``stagger_s`` seconds after the level starts
+    (0: all at once), so arrivals spread over a request's lifetime as in a steady stream of users,
+    instead of every client's prompt arriving in the same instant."""
     start = time.perf_counter()
+
+    def client(k: int) -> list[Result]:
+        time.sleep(k * stagger_s)
+        return [one_request(base, prompts[i % len(prompts)], max_tokens, speculative, chat)
+                for i in range(k, total, concurrency)]
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
-        results = list(pool.map(lambda i: one_request(base, prompts[i % len(prompts)], max_tokens, speculative, chat), range(total)))
+        per_client = list(pool.map(client, range(concurrency)))
+    results = [None] * total
+    for k, done_by_client in enumerate(per_client):
+        for j, result in enumerate(done_by_client):
+            results[k + j * concurrency] = result
     wall = time.perf_counter() - start
     done = [r for r in results if r.text is not None]
     differ = 0
@@ -143,6 +158,9 @@ def main() -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                         help="also start a server with these extra `specdec serve` flags (e.g. \"budget256=--max-num-batched-tokens "
                              "256\"), measured level by level beside the default one; repeatable")
+    parser.add_argument("--arrivals", choices=["together", "staggered"], default="together",
+                        help="together: every client sends its first request at once (a burst of C prompts per level); "
+                             "staggered: client k starts k/C of one request's latency alone later (steady arrivals)")
     parser.add_argument("--burst", type=int, default=0, help="after the levels, fire this many requests at once (0: skip)")
     parser.add_argument("--png", type=Path, default=None, help="write total tokens/s per concurrency here")
     args = parser.parse_args()
@@ -157,6 +175,7 @@ def main() -> int:
     rows: dict[tuple[str, bool], dict[int, float]] = {}
     chat = args.dataset != "humaneval"
     alone: dict[int, str] = {}
+    alone_latency: dict[tuple[str, bool], float] = {}  # the first level's p50 latency per server and mode
     try:
         if args.dataset == "mt_bench":
             rows_ = load_prompts("spec_bench", categories=["mt_bench"], limit=None)
@@ -168,7 +187,8 @@ def main() -> int:
             one_request(base, prompts[0], 8, True, chat)  # warm-up
         print(f"# specdec serve, {args.model} ({args.quantize}) <- {args.draft_model} ({args.draft_quantize}), γ={args.num_speculative_tokens}, "
               f"--disable-speculation-above {args.disable_speculation_above}, {args.requests_per_level} requests per level, "
-              f"{args.max_tokens} tokens each, greedy, {len(prompts)} {args.dataset} prompts{' (chat)' if chat else ''}, loopback; "
+              f"{args.max_tokens} tokens each, greedy, {len(prompts)} {args.dataset} prompts{' (chat)' if chat else ''}, "
+              f"arrivals {args.arrivals}, loopback; "
               f"CPU {cpu_description()} ({' '.join(cpu_flags())})")
         print("| server | concurrency | speculation | requests/s | tokens/s | × one request | p50 latency s | p99 latency s "
               "| median TTFT s | RSS MB (peak) | errors | outputs ≠ alone |")
@@ -176,8 +196,12 @@ def main() -> int:
         for level in levels:
             for speculative in (False, True):
                 for name, (server, base) in servers.items():
+                    stagger = 0.0
+                    if args.arrivals == "staggered" and (name, speculative) in alone_latency:
+                        stagger = alone_latency[(name, speculative)] / level
                     r = run_level(base, prompts, level, max(level, args.requests_per_level), args.max_tokens, speculative,
-                                  chat, alone)
+                                  chat, alone, stagger)
+                    alone_latency.setdefault((name, speculative), r["p50"])
                     points = rows.setdefault((name, speculative), {})
                     points[level] = r["tok_s"]
                     rss, peak = server_memory_mb(server)
