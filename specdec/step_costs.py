@@ -192,6 +192,17 @@ def full_curve(cfg: ModelConfig, mode: str) -> dict[int, float] | None:
     return None if not entry else _cached_curve(mode, entry).seconds
 
 
+def draft_curve(cfg: ModelConfig, mode: str, vocab_limit: int | None) -> dict[int, float] | None:
+    """A draft model's cached curve as it drafts: with the head cut to ``vocab_limit`` ids where
+    ``--draft-vocab-size`` cuts it and that curve was timed (--quantize auto times it), else its
+    whole vocabulary's (an upper bound)."""
+    if vocab_limit and vocab_limit < cfg.vocab_size:
+        limited = full_curve(dataclasses.replace(cfg, vocab_size=vocab_limit), mode)
+        if limited:
+            return limited
+    return full_curve(cfg, mode)
+
+
 def _cached_curve(mode: str, entry: dict[str, float]) -> Curve:
     """A curve as the cache file stores it (JSON keys are strings) → a :class:`Curve`."""
     return Curve(mode, {int(t): float(s) for t, s in entry.items()})

@@ -72,15 +72,15 @@ def test_the_draft_step_prior_is_the_reduced_heads(tiny_draft, monkeypatch):
 
     seen = []
 
-    def cached(cfg, mode, max_tokens=9):  # noqa: ANN001, ANN202
+    def cached(cfg, mode):  # noqa: ANN001, ANN202
         seen.append(cfg.vocab_size)
-        return {1: 0.004}
+        return {1: 0.004, 2: 0.005} if cfg.vocab_size == 128 else None
 
-    monkeypatch.setattr("specdec.step_costs.cached_seconds", cached)
+    monkeypatch.setattr("specdec.step_costs.full_curve", cached)
     monkeypatch.setattr(tiny_draft.backend, "step_seconds", {1: 0.010, 2: 0.011})
     params = SamplingParams(temperature=0)
     reduced = DraftModelDrafter(tiny_draft.backend, params, make_generator(0), 64, vocab_limit=128)
     assert reduced.step_seconds == 0.004 and seen == [128]
     assert DraftModelDrafter(tiny_draft.backend, params, make_generator(0), 64).step_seconds == 0.010
-    monkeypatch.setattr("specdec.step_costs.cached_seconds", lambda cfg, mode, max_tokens=9: None)
+    monkeypatch.setattr("specdec.step_costs.full_curve", lambda cfg, mode: None)
     assert reduced.step_seconds == 0.010  # never measured for that head: the whole head's, an upper bound

@@ -162,19 +162,19 @@ def measured_gamma_table(spec, target, draft, max_requests: int) -> GammaTable |
     from specdec.drafters.registry import needs_draft_model
     from specdec.server.policy import GammaTable
     from specdec.cost_model import batch_gammas, batch_saving_per_token
-    from specdec.step_costs import full_curve
+    from specdec.step_costs import draft_curve, full_curve
 
     if spec.method is None or not target.backend.step_seconds:
         return None
-    target_curve = full_curve(target.config, target.backend.dtype_name) or target.backend.step_seconds
+    target_curve = full_curve(target.config, target.backend.mode) or target.backend.step_seconds
     model_drafts = needs_draft_model(spec.method)
-    draft_curve = None
+    drafting = None
     if model_drafts and draft is not None and draft.backend.step_seconds:
-        draft_curve = full_curve(draft.config, draft.backend.dtype_name) or draft.backend.step_seconds
+        drafting = draft_curve(draft.config, draft.backend.mode, spec.draft_vocab_size or None) or draft.backend.step_seconds
     gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
-    return GammaTable(lambda alpha: batch_gammas(target_curve, alpha, gamma, draft_curve, max_requests,
+    return GammaTable(lambda alpha: batch_gammas(target_curve, alpha, gamma, drafting, max_requests,
                                                  spec.max_speculative_tokens),
-                      lambda alpha, requests: batch_saving_per_token(target_curve, requests, alpha, gamma, draft_curve,
+                      lambda alpha, requests: batch_saving_per_token(target_curve, requests, alpha, gamma, drafting,
                                                                      spec.max_speculative_tokens))
 
 

@@ -13,7 +13,6 @@ context is accepted a little less often, never changes the output.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Generator
 
 import torch
@@ -252,12 +251,8 @@ class DraftModelDrafter(Drafter):
         measured = self.backend.step_seconds
         if measured is None:
             return None
-        if self.vocab_limit is not None:
-            config = dataclasses.replace(self.backend.config, vocab_size=self.vocab_limit)
-            limited = step_costs.cached_seconds(config, self.backend.mode, 1)
-            if limited:
-                return limited[1]
-        return measured.get(1)
+        curve = step_costs.draft_curve(self.backend.config, self.backend.mode, self.vocab_limit)
+        return Curve(self.backend.mode, curve).cost(1) if curve else measured.get(1)
 
     def catch_up_seconds(self, context_len: int) -> float:
         """The prompt pass over what the draft cache lacks (at most its context window), from the
