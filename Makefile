@@ -28,7 +28,7 @@ browser:
 	  { $$(command -v sudo) apt-get update -qq && $$(command -v sudo) apt-get install -y -qq --no-install-recommends chromium; }
 
 run: models
-	$(SPECDEC) generate --method draft_suffix --draft-model qwen2.5-coder-0.5b --draft-vocab-size 32768 --num-speculative-tokens auto --explain --compare-plain --max-tokens 128 "$$(printf '$(PROMPT)')"
+	$(SPECDEC) generate --method draft_suffix --draft-model qwen2.5-coder-0.5b --num-speculative-tokens auto --explain --compare-plain --max-tokens 128 "$$(printf '$(PROMPT)')"
 
 test: models
 	$(PY) -m pytest

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import sys
 
-from specdec.config import DEFAULT_DRAFT_CONTEXT_WINDOW, QUANTIZE_MODES
+from specdec.config import DEFAULT_DRAFT_CONTEXT_WINDOW, DEFAULT_DRAFT_VOCAB_SIZE, QUANTIZE_MODES
 from specdec.errors import SpecdecError
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -116,9 +116,10 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
         help="draft_model, draft_suffix: the draft model reads at most the last N prompt tokens — its prompt pass "
              "is paid inside decoding, so on long prompts a short window pays; output unchanged; 0 = the whole "
              f"prompt (default: {DEFAULT_DRAFT_CONTEXT_WINDOW})")
-    add("--draft-vocab-size", type=int, default=0, metavar="N",
+    add("--draft-vocab-size", type=int, default=DEFAULT_DRAFT_VOCAB_SIZE, metavar="N",
         help="draft_model, layer-skip, early-exit: the draft scores only the first N token ids (BPE ids "
-             "are ordered by frequency; FR-Spec) — a cheaper draft LM head, output unchanged; 0 = all (default: 0)")
+             "are ordered by frequency; FR-Spec) — a cheaper draft LM head, output unchanged; 0 = all; a "
+             f"vocabulary of at most N ids is untouched (default: {DEFAULT_DRAFT_VOCAB_SIZE})")
     add("--datastore", default=None, metavar="PATH",
         help="retrieval: datastore directory built with `specdec datastore build`")
     add("--drafter-path", default=None, metavar="DIR",
