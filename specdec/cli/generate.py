@@ -53,17 +53,17 @@ def run(args: argparse.Namespace) -> int:
                                       prompt_quantize=args.prompt_quantize)
     note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
     chosen = " (chosen by --quantize auto from step costs measured on this CPU)" if plan is not None and args.quantize == "auto" else ""
-    draft_note = f", draft {draft.backend.dtype_name}" if draft is not None else ""
-    modes = [target.backend.dtype_name] + ([draft.backend.dtype_name] if draft is not None else [])
+    draft_note = f", draft {draft.backend.mode}" if draft is not None else ""  # mode: int4-all where dtype_name says int4
+    modes = [target.backend.mode] + ([draft.backend.mode] if draft is not None else [])
     if any(mode.startswith("int4") for mode in modes):  # the C++ kernels run: name their instruction set
         from specdec.kernels.build import kernel_path
 
         draft_note += f", {kernel_path()} kernels"
-    prompt_modes = [f"{role} {m.backend.prompt_backend.dtype_name}" for role, m in (("target", target), ("draft", draft))
+    prompt_modes = [f"{role} {m.backend.prompt_backend.mode}" for role, m in (("target", target), ("draft", draft))
                     if m is not None and m.backend.prompt_backend is not m.backend]
     if prompt_modes:  # a second copy of the weights runs the prompt passes (--prompt-quantize)
         draft_note += f", prompts in {' and '.join(prompt_modes)}"
-    print(f"execution: {target.backend.dtype_name}{draft_note} on {target.backend.device} [{cpu_description()}]{chosen}{note}",
+    print(f"execution: {target.backend.mode}{draft_note} on {target.backend.device} [{cpu_description()}]{chosen}{note}",
           file=sys.stderr)
     stats = None
     text_parts = []
