@@ -14,52 +14,29 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-import torch
+from interleaved import add_pair_args, group_prompts, header, load_pair
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import specdec  # noqa: E402
-from specdec.bench.datasets import load_prompts  # noqa: E402
-from specdec.cpu import cpu_description  # noqa: E402
-
-GROUPS = {"humaneval": ("humaneval", None), "gsm8k": ("gsm8k", None), "mt_bench": ("spec_bench", ["mt_bench"])}
+import specdec
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--quantize", default="int4", help="target execution mode (default: int4, what generate picks here)")
-    parser.add_argument("--prompt-quantize", default="auto")
-    parser.add_argument("--draft-quantize", default="int4-all")
-    parser.add_argument("--groups", default="humaneval,gsm8k,mt_bench", help=f"prompt groups: {', '.join(GROUPS)}")
-    parser.add_argument("--limit", type=int, default=6, help="prompts per group")
-    parser.add_argument("--max-tokens", type=int, default=128)
+    add_pair_args(parser)
     parser.add_argument("--sizes", default="0,65536,32768", help="draft vocabulary sizes to compare (0 = whole)")
     parser.add_argument("--gamma", default="auto", help="num_speculative_tokens (default: auto)")
-    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    target = specdec.load_model(args.model, quantize=args.quantize, prompt_quantize=args.prompt_quantize)
-    draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize, prompt_quantize=args.prompt_quantize)
+    target, draft = load_pair(args)
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     gamma: int | str = int(args.gamma) if args.gamma.isdigit() else args.gamma
-    sizes = [int(s) for s in args.sizes.split(",")]
     plan: dict[str, specdec.SpecConfig | None] = {"plain": None}
-    for size in sizes:
+    for size in (int(s) for s in args.sizes.split(",")):
         plan[f"vocab {size or 'all'}"] = specdec.SpecConfig(method="draft_model", num_speculative_tokens=gamma,
                                                             draft_vocab_size=size)
-    print(f"# {args.model} {args.quantize} (prompts {args.prompt_quantize}) + {args.draft_model} {args.draft_quantize}; "
-          f"CPU: {cpu_description()}; {args.threads} threads; greedy, {args.max_tokens} tokens, γ={gamma}", flush=True)
-    for group in args.groups.split(","):
-        dataset, categories = GROUPS[group]
-        rows = load_prompts(dataset, categories, args.limit)
+    print(header(args, f"γ={gamma}"), flush=True)
+    for group, prompt_ids in group_prompts(target, args):
         results: dict[str, dict[str, list[float]]] = {name: {} for name in plan}
-        for row in rows:
-            ids = specdec.api.encode_prompt(target, row.turns[0], chat=row.chat)
+        for number, ids in enumerate(prompt_ids):
             plain_tokens, plain_speed = None, 1.0
             for name, spec in plan.items():
                 out = specdec.generate(target, ids, params, draft=None if spec is None else draft, spec=spec)
@@ -68,15 +45,14 @@ def main() -> None:
                 if spec is None:
                     plain_tokens, plain_speed = out.token_ids, speed
                 elif out.token_ids != plain_tokens:
-                    print(f"MISMATCH {name} on {row.id}", flush=True)
+                    print(f"MISMATCH {name} on {group} prompt {number}", flush=True)
                 size = spec.draft_vocab_size if spec is not None else 0
                 values = {"alpha": s.acceptance_rate, "tau": s.mean_accepted_len, "speed": speed, "ratio": speed / plain_speed,
                           "draft_ms": 1e3 * s.draft_time_s / s.proposed_tokens if s.proposed_tokens else 0.0,
                           "uncovered": (sum(t >= size for t in out.token_ids) / len(out.token_ids)) if size else 0.0}
                 for key, value in values.items():
                     results[name].setdefault(key, []).append(value)
-            print(f"  {group} {row.id}: done", flush=True)
-        print(f"\n## {group} ({len(rows)} prompts, medians)\n")
+        print(f"\n## {group} ({len(prompt_ids)} prompts, medians)\n")
         print("| config | α | τ | draft ms/token | e2e tok/s | × plain | target tokens outside the draft vocabulary |")
         print("|---|---|---|---|---|---|---|")
         for name, values in results.items():

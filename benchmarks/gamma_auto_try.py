@@ -13,52 +13,31 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-import torch
+from interleaved import add_pair_args, group_prompts, header, load_pair
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import specdec  # noqa: E402
-from specdec import adaptive  # noqa: E402
-from specdec.bench.datasets import load_prompts  # noqa: E402
-from specdec.cpu import cpu_description  # noqa: E402
-from specdec.drafters.suffix import clear_global_caches  # noqa: E402
-
-GROUPS = {"humaneval": ("humaneval", None), "mt_bench": ("spec_bench", ["mt_bench"]), "gsm8k": ("gsm8k", None)}
+import specdec
+from specdec import adaptive
+from specdec.drafters.suffix import clear_global_caches
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--quantize", default="int4")
-    parser.add_argument("--prompt-quantize", default="auto")
-    parser.add_argument("--draft-quantize", default="int4-all")
-    parser.add_argument("--groups", default="humaneval,mt_bench,gsm8k", help=f"prompt groups: {', '.join(GROUPS)}")
+    add_pair_args(parser)
     parser.add_argument("--methods", default="draft_model,draft_suffix")
-    parser.add_argument("--limit", type=int, default=6, help="prompts per group")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    target = specdec.load_model(args.model, quantize=args.quantize, prompt_quantize=args.prompt_quantize)
-    draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize, prompt_quantize=args.prompt_quantize)
+    target, draft = load_pair(args)
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     optimistic = adaptive.OPTIMISTIC_ALPHA
     plan: dict[str, tuple[str | None, float]] = {"plain": (None, optimistic)}
     for method in args.methods.split(","):
         plan[f"{method} old"] = (method, 0.0)
         plan[f"{method} new"] = (method, optimistic)
-    print(f"# {args.model} {args.quantize} (prompts {args.prompt_quantize}) + {args.draft_model} {args.draft_quantize}; "
-          f"CPU: {cpu_description()}; {args.threads} threads; greedy, {args.max_tokens} tokens, γ=auto", flush=True)
+    print(header(args, "γ=auto"), flush=True)
     print("| group | config | e2e tok/s | × plain | α | tokens drafted |\n|---|---|---|---|---|---|")
-    for group in args.groups.split(","):
-        dataset, categories = GROUPS[group]
+    for group, prompt_ids in group_prompts(target, args):
         results: dict[str, list[tuple[float, ...]]] = {}
-        for row in load_prompts(dataset, categories, args.limit):
-            ids = specdec.api.encode_prompt(target, row.turns[0], chat=row.chat)
+        for number, ids in enumerate(prompt_ids):
             plain_speed, plain_tokens = 0.0, None
             for name, (method, floor) in plan.items():
                 adaptive.OPTIMISTIC_ALPHA = floor  # 0: plan with the running α from the first round
@@ -70,7 +49,7 @@ def main() -> None:
                 if spec is None:
                     plain_speed, plain_tokens = speed, out.token_ids
                 elif out.token_ids != plain_tokens:
-                    print(f"MISMATCH {name} on {row.id}", flush=True)
+                    print(f"MISMATCH {name} on {group} prompt {number}", flush=True)
                 results.setdefault(name, []).append((speed, speed / plain_speed, s.acceptance_rate, s.proposed_tokens))
         adaptive.OPTIMISTIC_ALPHA = optimistic
         for name, values in results.items():

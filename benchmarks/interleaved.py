@@ -1,0 +1,54 @@
+"""Shared by the benchmarks that run a target and a draft model over prompt groups, configurations
+interleaved per prompt (draft_vocab.py, gamma_auto_try.py): the groups, the model flags, loading."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import specdec  # noqa: E402
+from specdec.bench.datasets import load_prompts  # noqa: E402
+from specdec.cpu import cpu_description  # noqa: E402
+
+#: group name → (dataset, categories) for load_prompts
+GROUPS = {"humaneval": ("humaneval", None), "gsm8k": ("gsm8k", None), "mt_bench": ("spec_bench", ["mt_bench"])}
+
+
+def add_pair_args(parser: argparse.ArgumentParser) -> None:
+    """The target / draft / execution-mode / group flags every such benchmark takes."""
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--quantize", default="int4", help="target execution mode (default: int4, what generate picks here)")
+    parser.add_argument("--prompt-quantize", default="auto")
+    parser.add_argument("--draft-quantize", default="int4-all")
+    parser.add_argument("--groups", default="humaneval,gsm8k,mt_bench", help=f"prompt groups: {', '.join(GROUPS)}")
+    parser.add_argument("--limit", type=int, default=6, help="prompts per group")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+
+
+def load_pair(args: argparse.Namespace) -> tuple[specdec.LoadedModel, specdec.LoadedModel]:
+    torch.set_num_threads(args.threads)
+    target = specdec.load_model(args.model, quantize=args.quantize, prompt_quantize=args.prompt_quantize)
+    draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize, prompt_quantize=args.prompt_quantize)
+    return target, draft
+
+
+def header(args: argparse.Namespace, what: str) -> str:
+    """The first line of a result file: the models, their modes and this CPU's flags."""
+    return (f"# {args.model} {args.quantize} (prompts {args.prompt_quantize}) + {args.draft_model} {args.draft_quantize}; "
+            f"CPU: {cpu_description()}; {args.threads} threads; greedy, {args.max_tokens} tokens, {what}")
+
+
+def group_prompts(target: specdec.LoadedModel, args: argparse.Namespace) -> Iterator[tuple[str, list[list[int]]]]:
+    """(group, its prompts as token ids — chat ones through the chat template) for each of --groups."""
+    for group in args.groups.split(","):
+        dataset, categories = GROUPS[group]
+        rows = load_prompts(dataset, categories, args.limit)
+        yield group, [specdec.api.encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
