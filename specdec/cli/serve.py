@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -205,30 +204,16 @@ def run(args: argparse.Namespace) -> int:
         limit = state.disable_speculation_above
         speculative = (state.spec.method or "off") + ("" if state.spec.method is None or limit is None
                                                       else f" while at most {limit} request(s) are active")
-    # bind first, so the address printed is the one that serves (--port 0: the port the OS picked)
-    listening = bind_socket(args.host, args.port)
+    # bind first (uvicorn's own binding), so the address printed is the one that serves (--port 0: the
+    # port the OS picked)
+    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
+    listening = config.bind_socket()
     port = listening.getsockname()[1]
     print(f"serving {state.model_name} ({state.target.backend.mode}, speculative: {speculative}, {keys}) "
           f"on http://{args.host}:{port}",
           file=sys.stderr, flush=True)
-    config = uvicorn.Config(create_app(state), log_level="debug" if args.debug else "warning")
     uvicorn.Server(config).run(sockets=[listening])
     return 0
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (IPv6 when the host is an IPv6 address), as uvicorn would bind it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listening = socket.socket(family, socket.SOCK_STREAM)
-    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listening.bind((host, port))
-    except OSError as error:
-        listening.close()
-        raise SpecdecError(f"cannot listen on {host}:{port}: {error.strerror}") from error
-    listening.listen(2048)
-    listening.set_inheritable(True)
-    return listening
 
 
 def run_on_ray(args: argparse.Namespace) -> int:
