@@ -162,9 +162,10 @@ class GammaController:
         if proposed and accepted == proposed:
             self._explore_wait = 0  # the draft was right: stop backing off exploration
         if proposed:
-            self._trials_seen += acceptance_trials(proposed, accepted)
+            trials = acceptance_trials(proposed, accepted)
+            self._trials_seen += trials
             self._accepted = self._ema(self._accepted, accepted)
-            self._trials = self._ema(self._trials, acceptance_trials(proposed, accepted))
+            self._trials = self._ema(self._trials, trials)
             self.alpha = self._accepted / self._trials
             if self._last_k != 0:  # not a catch-up (or prefill) round
                 self.draft_s_per_token = self._ema(self.draft_s_per_token, draft_s / proposed)
