@@ -65,8 +65,10 @@ class VerifyCosts:
         (``Backend.step_seconds``: k drafted tokens are a chunk of k + 1), or from nothing."""
         return cls({t - 1: s for t, s in (verify_seconds or {}).items() if t >= 1})
 
-    def update(self, k: int, seconds: float) -> None:
-        self.seconds[k] = ema(self.seconds.get(k), seconds, self.smoothing)
+    def update(self, k: int, seconds: float | None) -> None:
+        """A verification of k drafted tokens took ``seconds`` (None: not timed — nothing learnt)."""
+        if seconds is not None:
+            self.seconds[k] = ema(self.seconds.get(k), seconds, self.smoothing)
 
     def cost(self, k: int) -> float:
         if k in self.seconds:
@@ -154,9 +156,10 @@ class GammaController:
     def _ema(self, old: float | None, new: float) -> float:
         return ema(old, new, self.smoothing)
 
-    def update(self, proposed: int, accepted: int, draft_s: float, verify_s: float | None) -> None:
+    def update(self, proposed: int, accepted: int, draft_s: float | None, verify_s: float | None) -> None:
         """A round that drafted ``proposed`` tokens (one model step each) and had ``accepted`` of
-        them accepted; ``verify_s`` None: its verification was not a chain of ``proposed``."""
+        them accepted; ``verify_s`` None: its verification was not a chain of ``proposed`` (or not
+        timed); ``draft_s`` None: not timed (α is still learnt)."""
         if verify_s is not None:
             self.verify.update(proposed, verify_s)
         if proposed and accepted == proposed:
@@ -167,17 +170,17 @@ class GammaController:
             self._accepted = self._ema(self._accepted, accepted)
             self._trials = self._ema(self._trials, trials)
             self.alpha = self._accepted / self._trials
-            if self._last_k != 0:  # not a catch-up (or prefill) round
+            if self._last_k != 0 and draft_s is not None:  # not a catch-up (or prefill) round
                 self.draft_s_per_token = self._ema(self.draft_s_per_token, draft_s / proposed)
         self._last_k = proposed
 
-    def update_tree(self, depth: int, accepted: int, nodes: int, draft_s: float, verify_s: float) -> None:
+    def update_tree(self, depth: int, accepted: int, nodes: int, draft_s: float | None, verify_s: float | None) -> None:
         """A token tree a model grew level by level (one draft step per level): to α and the draft
         cost a chain of its depth, with its accepted path; to the verify costs a chunk of its nodes."""
         self.update(depth, accepted, draft_s, None)
         self.verify.update(nodes, verify_s)
 
-    def update_free_round(self, proposed: int, verify_s: float) -> None:
+    def update_free_round(self, proposed: int, verify_s: float | None) -> None:
         """A round whose draft cost no model step and whose length the cost model chose (a draft
         with ``prefix_accept``: suffix tables): it says nothing about the draft model's α or cost,
         only about verification; the next model round catches up on the tokens it committed."""

@@ -21,7 +21,7 @@ import torch
 from specdec import step_costs
 from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
-from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, QUANTIZE_MODES, SpecConfig
+from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_DRAFT_METHOD, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
 from specdec.drafters.registry import method_info, needs_draft_model
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
@@ -238,7 +238,7 @@ def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, 
     params = params or SamplingParams()
     spec = spec or SpecConfig()
     if draft is not None and spec.method is None:  # a draft model given without a method: use it
-        spec = dataclasses.replace(spec, method="draft_model")
+        spec = dataclasses.replace(spec, method=DEFAULT_DRAFT_METHOD)
     prompt_ids = encode_prompt(target, prompt, chat)
     generator = make_generator(params.seed, target.backend.device)
     max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1

@@ -225,6 +225,10 @@ def generate_steps(
         gamma = GammaController.from_measured(max_k, target.step_seconds, drafter.step_seconds, alpha_prior)
     # for drafts with prefix_accept and trees: what verifying k drafted tokens costs here
     verify_costs = gamma.verify if gamma is not None else VerifyCosts.from_measured(target.step_seconds)
+    # a seeded sampled request must give the same text every run, and how many random draws a round
+    # makes follows its draft length: lengths then come from the measured priors and this request's
+    # acceptance only, never from this run's wall-clock timings
+    learn_timings = params.is_greedy or params.seed is None
 
     start = time.perf_counter()
     state = target.new_state(cache_len)
@@ -319,16 +323,17 @@ def generate_steps(
             t1, t2 = t1 - idle, t2 - idle - idle_verify  # this round's own draft and verify times
 
             stats.record_step(drafted, drafter_accepted, t1 - t0, t2 - t1)
+            draft_s, verify_s = (t1 - t0, t2 - t1) if learn_timings else (None, None)
             stats.grammar_forced_tokens += num_accepted - drafter_accepted
             stats.rounds.append(Round(verified_as, drafter_accepted, num_accepted - drafter_accepted, new_tokens))
             if gamma is not None and draft.is_tree and drafter.model_forwards is not None:
-                gamma.update_tree(max(depths(draft.parents), default=0), drafter_accepted, len(draft), t1 - t0, t2 - t1)
+                gamma.update_tree(max(depths(draft.parents), default=0), drafter_accepted, len(draft), draft_s, verify_s)
             elif gamma is not None and draft.prefix_accept is None:
-                gamma.update(drafted, drafter_accepted, t1 - t0, t2 - t1)
+                gamma.update(drafted, drafter_accepted, draft_s, verify_s)
             elif gamma is not None:
-                gamma.update_free_round(drafted, t2 - t1)
+                gamma.update_free_round(drafted, verify_s)
             else:
-                verify_costs.update(len(draft), t2 - t1)
+                verify_costs.update(len(draft), verify_s)
             context.extend(new_tokens)
             committed = commit_tokens(out, constraint, new_tokens)
             stats.generated_tokens = len(out.token_ids)

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.config import SpecConfig
+from specdec.config import DEFAULT_DRAFT_METHOD, SpecConfig
 from specdec.errors import SpecdecError
 
 ENGINES = ("vllm", "sglang", "llamacpp")
@@ -64,7 +64,7 @@ def export(engine: str, model: str, spec: SpecConfig, draft_model: str | None = 
     """``spec`` (what ``specdec generate`` / ``serve`` ran with ``model`` and ``draft_model``) for ``engine``."""
     if engine not in ENGINES:
         raise SpecdecError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
-    method = spec.method or ("draft_model" if draft_model else None)
+    method = spec.method or (DEFAULT_DRAFT_METHOD if draft_model else None)
     if method is None:
         raise SpecdecError("nothing to export: give a speculative method (--method, or --draft-model)")
     if method in ("draft_model", "draft_suffix") and not draft_model:

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from specdec.cli import main
+from specdec.config import DEFAULT_DRAFT_METHOD
 
 
 def run_cli(*args: str, env=None) -> subprocess.CompletedProcess:
@@ -88,7 +89,7 @@ def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method, r
         assert main(["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
                      "--max-tokens", "12", "--dtype", "float32", "--ignore-eos", "--num-speculative-tokens", "3"]) == 0
         assert "acceptance_rate=" in capsys.readouterr().err
-    assert f"method={method[1] if method else 'draft_model'}" in captured.err
+    assert f"method={method[1] if method else DEFAULT_DRAFT_METHOD}" in captured.err
     if method:  # the execution line names the modes and the kernels' instruction set
         from specdec.kernels.build import kernel_path
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 import specdec
+from specdec.config import DEFAULT_DRAFT_METHOD
 from specdec.sampling import SamplingParams
 
 
@@ -68,7 +69,7 @@ def test_completion_equals_library_greedy(client, tiny_target):
     expected = specdec.generate(tiny_target, "def fibonacci(n):", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
     assert out.choices[0].text == expected.text
     usage = out.usage.model_dump()
-    assert usage["completion_tokens"] == 16 and usage["speculative"]["method"] == "draft_model"
+    assert usage["completion_tokens"] == 16 and usage["speculative"]["method"] == DEFAULT_DRAFT_METHOD
 
 
 def test_streamed_completion_and_chat(client, tiny_target):

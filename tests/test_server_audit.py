@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from specdec.config import DEFAULT_DRAFT_METHOD
 from specdec.sampling import SamplingParams
 from specdec.server.audit import AuditCase, Auditor
 from specdec.server.executor import ModelExecutor
@@ -39,7 +40,7 @@ def test_a_request_can_ask_for_its_own_audit(audited):
     body = {**GREEDY, "speculative": {"audit": True}}
     out = httpx.post(f"{audited}/v1/completions", json=body, timeout=60).json()
     assert out["usage"]["speculative"]["audit"] == "identical"
-    assert out["usage"]["speculative"]["method"] == "draft_model" and out["usage"]["speculative"]["draft_tokens"] > 0
+    assert out["usage"]["speculative"]["method"] == DEFAULT_DRAFT_METHOD and out["usage"]["speculative"]["draft_tokens"] > 0
     with httpx.stream("POST", f"{audited}/v1/chat/completions", timeout=60,
                       json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
                             "temperature": 0, "stream": True, "speculative": {"audit": True}}) as response:

@@ -104,7 +104,9 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
     add("--model", default=DEFAULT_TARGET,
         help=f"target model: a built-in name (see `specdec models`), a .gguf file or an HF directory (default: {DEFAULT_TARGET})")
     add("--draft-model", default=None,
-        help="draft model for speculative decoding (built-in name, .gguf or HF dir); implies --method draft_model")
+        help="draft model for speculative decoding (built-in name, .gguf or HF dir); without --method it runs "
+             "draft_suffix: the draft model, except where the request's suffix table already knows the text "
+             "(--method draft_model: the draft model alone)")
     add("--method", default=None, help="speculative method: " + methods_help()
         + "; omit for plain decoding unless --draft-model is given")
     add("--skip-layers", default=None, metavar="LIST|auto",
@@ -252,12 +254,12 @@ def execution_modes(args: argparse.Namespace, method: str | None, concurrency: i
 
 
 def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
-    from specdec.config import DEFAULT_NUM_SPECULATIVE_TOKENS, SpecConfig
+    from specdec.config import DEFAULT_DRAFT_METHOD, DEFAULT_NUM_SPECULATIVE_TOKENS, SpecConfig
 
     gamma = args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS
     from specdec.drafters.registry import needs_draft_model, resolve_method
 
-    method = resolve_method(args.method) if args.method else ("draft_model" if args.draft_model else None)
+    method = resolve_method(args.method) if args.method else (DEFAULT_DRAFT_METHOD if args.draft_model else None)
     if needs_draft_model(method) and not args.draft_model:
         raise SpecdecError(f"method {method!r} needs a draft model: add --draft-model NAME_OR_PATH")
     warn_unread_flags(args, method)
