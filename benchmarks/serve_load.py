@@ -10,8 +10,13 @@ Each of C client threads sends streamed requests back to back until the level's 
 not all arrive in the same instant — the steady stream a TTFT goal is about);
 prints requests/s, total tokens/s (and its ratio to one request's, same speculation), p50/p99
 latency, median TTFT, the server's resident memory, errors, and how many greedy outputs differ from
-the same prompt's output at concurrency 1 (they must not: batched forwards are bit-identical to a
-request's own). ``--burst N`` then fires N requests at once (queueing beyond --max-num-seqs).
+the same prompt's first answer — at concurrency 1 alone, at later levels with speculation off (they
+must not: batched forwards are bit-identical to a request's own, speculation is exact).
+Each level sends prompts no earlier level sent: the server's suffix table is shared across requests,
+and a prompt answered before would be drafted from its own earlier output — a near-perfect draft no
+real request gets (measured: draft_suffix at 8 concurrent MT-Bench requests 1.27x speculation off
+with repeated prompts). Where the dataset runs out, prompts repeat and the header says so.
+``--burst N`` then fires N requests at once (queueing beyond --max-num-seqs).
 Speculation is requested per request ("speculative": null turns it off); the servers' own
 --disable-speculation-above is off by default here (1000) so both modes are measured at every C.
 """
@@ -86,8 +91,9 @@ def server_memory_mb(server: subprocess.Popen) -> tuple[float, float]:
 
 
 def run_level(base: str, prompts: list[str], concurrency: int, total: int, max_tokens: int, speculative: bool,
-              chat: bool, alone: dict[int, str], stagger_s: float = 0.0) -> dict:
-    """``alone``: prompt index → its greedy output at concurrency 1 (filled by the first level run).
+              chat: bool, alone: dict[int, str], stagger_s: float = 0.0, first: int = 0) -> dict:
+    """Requests for prompts ``first``, ``first + 1``, … (``total`` of them, wrapping around before the
+    last prompt, the warm-up's). ``alone``: prompt index → its first greedy answer (filled as it goes).
     ``stagger_s``: client k sends its first request k × ``stagger_s`` seconds after the level starts
     (0: all at once), so arrivals spread over a request's lifetime as in a steady stream of users,
     instead of every client's prompt arriving in the same instant."""
@@ -95,7 +101,7 @@ def run_level(base: str, prompts: list[str], concurrency: int, total: int, max_t
 
     def client(k: int) -> list[Result]:
         time.sleep(k * stagger_s)
-        return [one_request(base, prompts[i % len(prompts)], max_tokens, speculative, chat)
+        return [one_request(base, prompts[(first + i) % (len(prompts) - 1)], max_tokens, speculative, chat)
                 for i in range(k, total, concurrency)]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -109,7 +115,7 @@ def run_level(base: str, prompts: list[str], concurrency: int, total: int, max_t
     differ = 0
     for i, r in enumerate(results):
         if r.text is not None:
-            expected = alone.setdefault(i % len(prompts), r.text)
+            expected = alone.setdefault((first + i) % (len(prompts) - 1), r.text)
             differ += r.text != expected
     latencies = sorted(r.latency for r in done) or [0.0]
     return {"req_s": len(done) / wall, "tok_s": sum(r.tokens for r in done) / wall, "p50": statistics.median(latencies),
@@ -181,26 +187,31 @@ def main() -> int:
             rows_ = load_prompts("spec_bench", categories=["mt_bench"], limit=None)
         else:
             rows_ = load_prompts(args.dataset)
-        # as many prompts as the first level (run alone) sends: each later output must equal its output there
-        prompts = [row.turns[0] for row in rows_][: max(args.requests_per_level, levels[0])]
+        prompts = [row.turns[0] for row in rows_]
+        # each level its own prompts (see the module docstring); the warm-up gets one no level sends
+        needed = sum(max(level, args.requests_per_level) for level in levels)
+        repeats = needed + 1 > len(prompts)
+        starts = [sum(max(level, args.requests_per_level) for level in levels[:i]) % (len(prompts) - 1)
+                  for i in range(len(levels))]
         for _, base in servers.values():
-            one_request(base, prompts[0], 8, True, chat)  # warm-up
+            one_request(base, prompts[-1], 8, True, chat)  # warm-up
         print(f"# specdec serve, {args.model} ({args.quantize}) <- {args.draft_model} ({args.draft_quantize}), γ={args.num_speculative_tokens}, "
               f"--disable-speculation-above {args.disable_speculation_above}, {args.requests_per_level} requests per level, "
-              f"{args.max_tokens} tokens each, greedy, {len(prompts)} {args.dataset} prompts{' (chat)' if chat else ''}, "
+              f"{args.max_tokens} tokens each, greedy, {min(needed, len(prompts) - 1)} {args.dataset} prompts"
+              f"{' (chat)' if chat else ''}{', REPEATED across levels (too few)' if repeats else ', new ones at each level'}, "
               f"arrivals {args.arrivals}, loopback; "
               f"CPU {cpu_description()} ({' '.join(cpu_flags())})")
         print("| server | concurrency | speculation | requests/s | tokens/s | × one request | p50 latency s | p99 latency s "
-              "| median TTFT s | RSS MB (peak) | errors | outputs ≠ alone |")
+              "| median TTFT s | RSS MB (peak) | errors | outputs ≠ first answer |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for level in levels:
+        for level, first in zip(levels, starts):
             for speculative in (False, True):
                 for name, (server, base) in servers.items():
                     stagger = 0.0
                     if args.arrivals == "staggered" and (name, speculative) in alone_latency:
                         stagger = alone_latency[(name, speculative)] / level
                     r = run_level(base, prompts, level, max(level, args.requests_per_level), args.max_tokens, speculative,
-                                  chat, alone, stagger)
+                                  chat, alone, stagger, first)
                     alone_latency.setdefault((name, speculative), r["p50"])
                     points = rows.setdefault((name, speculative), {})
                     points[level] = r["tok_s"]
