@@ -14,7 +14,9 @@ from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_arg
 from specdec.errors import SpecdecError
 
 
-DEFAULT_METHODS = "ar,draft,ngram,suffix"
+#: plain decoding, what `--draft-model` runs by default (draft-suffix) and the draft model and the draft-free
+#: methods alone beside it
+DEFAULT_METHODS = "ar,draft-suffix,draft,ngram,suffix"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     bench.add_argument("--limit", type=positive_int, default=None, help="first N prompts per category (default: all)")
     bench.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated methods to compare: ar (plain decoding) and any name or alias "
                             "from `specdec methods`, e.g. draft, ngram, suffix, draft-suffix, retrieval, layer-skip, early-exit; "
-                            "peers as in --peers (default: ar,draft,ngram,suffix)")
+                            f"peers as in --peers (default: {DEFAULT_METHODS})")
     bench.add_argument("--gammas", default=None, help="several γ to sweep, e.g. 2,4,6,auto (overrides --num-speculative-tokens)")
     bench.add_argument("--spec-trees", default=None, metavar="LIST",
                        help="several token trees to run for the methods that branch (draft, draft-suffix, suffix, ngram), each "
