@@ -225,10 +225,9 @@ def generate_steps(
         gamma = GammaController.from_measured(max_k, target.step_seconds, drafter.step_seconds, alpha_prior)
     # for drafts with prefix_accept and trees: what verifying k drafted tokens costs here
     verify_costs = gamma.verify if gamma is not None else VerifyCosts.from_measured(target.step_seconds)
-    # a seeded sampled request must give the same text every run, and how many random draws a round
-    # makes follows its draft length: lengths then come from the measured priors and this request's
-    # acceptance only, never from this run's wall-clock timings
-    learn_timings = params.is_greedy or params.seed is None
+    # a seeded sampled request plans its draft lengths from the measured priors and its own acceptance
+    # only, never from this run's wall-clock timings (SamplingParams.is_seeded_sampling)
+    learn_timings = not params.is_seeded_sampling
 
     start = time.perf_counter()
     state = target.new_state(cache_len)

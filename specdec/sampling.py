@@ -105,6 +105,12 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def is_seeded_sampling(self) -> bool:
+        """Sampling whose text must be the same on every run: nothing that changes how many random
+        draws a round makes (draft lengths) may depend on wall-clock timings or on other requests."""
+        return not self.is_greedy and self.seed is not None
+
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

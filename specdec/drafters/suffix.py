@@ -278,7 +278,7 @@ def make_suffix_drafter(res: DrafterResources) -> SuffixDrafter:
     A seeded sampled request gets a cache of its own instead: what the shared one proposes depends on
     the requests before it, and the random draws a round makes on its draft, so the same seed would
     not give the same text twice in one process (greedy output never depends on the draft)."""
-    if not res.params.is_greedy and res.params.seed is not None:
+    if res.params.is_seeded_sampling:
         return SuffixDrafter(cache=GlobalSuffixCache(), tree_nodes=tree_nodes_for(res))
     if res.tokenizer is not None:
         key = f"tokenizer:{tokenizer_fingerprint(res.tokenizer)}"
