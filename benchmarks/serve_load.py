@@ -99,9 +99,12 @@ def run_level(base: str, prompts: list[str], concurrency: int, total: int, max_t
     instead of every client's prompt arriving in the same instant."""
     start = time.perf_counter()
 
+    def prompt_index(i: int) -> int:  # request i's prompt (the last one is the warm-up's)
+        return (first + i) % (len(prompts) - 1)
+
     def client(k: int) -> list[Result]:
         time.sleep(k * stagger_s)
-        return [one_request(base, prompts[(first + i) % (len(prompts) - 1)], max_tokens, speculative, chat)
+        return [one_request(base, prompts[prompt_index(i)], max_tokens, speculative, chat)
                 for i in range(k, total, concurrency)]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -115,7 +118,7 @@ def run_level(base: str, prompts: list[str], concurrency: int, total: int, max_t
     differ = 0
     for i, r in enumerate(results):
         if r.text is not None:
-            expected = alone.setdefault((first + i) % (len(prompts) - 1), r.text)
+            expected = alone.setdefault(prompt_index(i), r.text)
             differ += r.text != expected
     latencies = sorted(r.latency for r in done) or [0.0]
     return {"req_s": len(done) / wall, "tok_s": sum(r.tokens for r in done) / wall, "p50": statistics.median(latencies),
