@@ -29,6 +29,7 @@ from specdec.cpu import cpu_flags
 from specdec.kernels.build import kernel
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import Decoder
+from specdec.tree import TreeLayout
 
 SHAPES: dict[str, ModelConfig] = {  # the built-in Qwen2.5-Coder pair (../shared/models.md)
     "qwen2.5-1.5b": ModelConfig(arch="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
@@ -50,10 +51,18 @@ def random_backend(shape: str, dtype: torch.dtype, device: str) -> TorchBackend:
     return TorchBackend(decoder.eval())
 
 
+def binary_tree(size: int, base: int) -> TreeLayout:
+    """A tree region of ``size`` slots from ``base``: the last committed token, then nodes in a binary
+    tree under it (depth ~log2 T: the widest shape a verification step sees)."""
+    return TreeLayout(base, [-1] + [(node - 1) // 2 for node in range(1, size)])
+
+
 def time_steps(backend: TorchBackend, context: list[int], new: list[int], repeats: int,
-               paths: list[str | None]) -> dict[str | None, float]:
+               paths: list[str | None], tree: bool = False) -> dict[str | None, float]:
     """Median seconds of one forward of the ``new`` tokens after ``context`` (cache rolled back each
-    time), per kernel path; the paths take turns at every repeat, so drift hits them alike."""
+    time; ``tree``: as a binary token tree, tree attention), per kernel path; the paths take turns
+    at every repeat, so drift hits them alike."""
+    layout = binary_tree(len(new), len(context)) if tree else None
     state = backend.new_state(len(context) + len(new) + 1)
     backend.forward(state, context, num_logits=1)
     times: dict[str | None, list[float]] = {path: [] for path in paths}
@@ -64,7 +73,7 @@ def time_steps(backend: TorchBackend, context: list[int], new: list[int], repeat
             state.truncate(len(context))
             backend.synchronize()
             start = time.perf_counter()
-            backend.forward(state, new)
+            backend.forward(state, new, tree=layout)
             backend.synchronize()
             times[path].append(time.perf_counter() - start)
     return {path: statistics.median(samples[1:]) for path, samples in times.items()}
@@ -81,6 +90,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512, help="tokens already in the cache")
     parser.add_argument("--tokens", default="1,2,4,8,16", help="verification chunk sizes to time")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--tree", action="store_true",
+                        help="also time each T as a token tree (tree attention: what tree speculation verifies)")
     parser.add_argument("--eager", action="store_true", help="CUDA: no CUDA graphs (SPECDEC_CUDA_GRAPHS=0)")
     parser.add_argument("--kernel-path", default="auto",
                         help="int4 modes: the C++ dot-product path (auto = the best this CPU has; all = every "
@@ -105,16 +116,18 @@ def main() -> None:
     print(f"# {label}, {backend.dtype_name} on {backend.device} ({gpu}{graphs}), context {args.context}, "
           f"median of {args.repeats}; weights {backend.weight_bytes / 1e9:.2f} GB per step")
     print(f"# CPU flags: {' '.join(cpu_flags()) or 'none of avx2/avx512/vnni'}")
-    print("| tokens T | kernel path | ms per step | × the T=1 step | ms per token | weight GB/s |")
-    print("|---|---|---|---|---|---|")
+    print("| tokens T | shape | kernel path | ms per step | × the T=1 step | ms per token | weight GB/s |")
+    print("|---|---|---|---|---|---|---|")
     base: dict[str | None, float] = {}
     for tokens in sizes:
-        medians = time_steps(backend, context[: args.context], context[args.context : args.context + tokens],
-                             args.repeats, paths)
-        for path, seconds in medians.items():
-            base.setdefault(path, seconds)
-            print(f"| {tokens} | {path or '-'} | {seconds * 1e3:.2f} | {seconds / base[path]:.2f} | "
-                  f"{seconds * 1e3 / tokens:.2f} | {backend.weight_bytes / seconds / 1e9:.0f} |", flush=True)
+        for tree in (False, True) if args.tree and tokens > 1 else (False,):
+            medians = time_steps(backend, context[: args.context], context[args.context : args.context + tokens],
+                                 args.repeats, paths, tree)
+            for path, seconds in medians.items():
+                base.setdefault(path, seconds)
+                print(f"| {tokens} | {'tree' if tree else 'chain'} | {path or '-'} | {seconds * 1e3:.2f} | "
+                      f"{seconds / base[path]:.2f} | {seconds * 1e3 / tokens:.2f} | "
+                      f"{backend.weight_bytes / seconds / 1e9:.0f} |", flush=True)
 
 
 def kernel_paths(choice: str) -> list[str]:

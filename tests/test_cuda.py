@@ -124,6 +124,45 @@ def test_cuda_graphs_replay_what_eager_steps_compute(tiny_dirs):
     assert g_state.seq_len == e_state.seq_len == len(ids)
 
 
+@pytest.mark.parametrize("method", ["draft_model", "suffix", "ngram", "draft_suffix"])
+@pytest.mark.parametrize("tree", [3, "auto"])
+def test_greedy_tree_speculation_equals_plain_on_cuda(cuda_pair, method, tree):
+    """Token trees on the GPU (verification and the draft model's tree levels replay graphs)."""
+    target, draft = cuda_pair
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    for prompt in PROMPTS:
+        plain = specdec.generate(target, prompt, params)
+        spec = specdec.generate(target, prompt, params, draft=draft,
+                                spec=SpecConfig(method=method, num_speculative_tokens=3, spec_tree=tree))
+        assert spec.token_ids == plain.token_ids, (method, tree, prompt)
+
+
+def test_cuda_graphs_replay_tree_steps_as_eager_ones(tiny_dirs):
+    """A tree forward replayed from a graph (slots and ancestor mask in device buffers) against the
+    eager tree forward: same logits within float rounding, same cache; a second tree of the same
+    size replays the recorded graph with its own mask."""
+    from specdec.tree import TreeLayout
+
+    graphed = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cuda")
+    eager = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cuda")
+    eager.backend.graphs = None
+    ids = graphed.tokenizer.encode(PROMPTS[2])
+    g_state, e_state = graphed.backend.new_state(64), eager.backend.new_state(64)
+    graphed.backend.forward(g_state, ids[:-1])
+    eager.backend.forward(e_state, ids[:-1])
+    base = len(ids) - 1
+    for parents in ([-1, 0, 0, 1, 1, 2, 3], [-1, 0, 1, 2, 0, 4, 0]):
+        tree = TreeLayout(base, parents)
+        tokens = [ids[-1], 11, 12, 13, 14, 15, 16]
+        got = graphed.backend.forward(g_state, tokens, tree=tree)
+        want = eager.backend.forward(e_state, tokens, tree=tree)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(g_state.k[:, :, : g_state.seq_len], e_state.k[:, :, : e_state.seq_len])
+        g_state.truncate(base)
+        e_state.truncate(base)
+    assert sum(1 for key in graphed.backend.graphs.graphs if key[2]) == 1  # one tree graph, replayed
+
+
 def test_cuda_graph_cache_overflow_is_a_clear_error(tiny_dirs):
     target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cuda")
     state = target.backend.new_state(4)

@@ -124,10 +124,32 @@ def test_static_cache_steps_match_the_dynamic_path(pair):
     torch.testing.assert_close(static.v[:, :, :15], dynamic.v[:, :, :15])
 
 
+def test_static_cache_tree_steps_match_the_dynamic_path(pair):
+    """The CUDA-graph form of a tree step (nodes at shared positions written to their own slots,
+    attention over the whole cache under a [T, capacity] ancestor mask, as the graph runner fills its
+    buffers) gives every node the logits and cache entries of the ordinary tree forward."""
+    from specdec.tree import TreeLayout
+
+    _, ours = pair
+    gen = torch.Generator().manual_seed(5)
+    context = torch.randint(0, 512, (10,), generator=gen)
+    nodes = torch.randint(0, 512, (6,), generator=gen)
+    dynamic, static = ours.new_cache(40), ours.new_cache(40)
+    ours(context, torch.arange(10), dynamic)
+    ours(context, torch.arange(10), static)
+    tree = TreeLayout(10, [-1, -1, 0, 0, 1, 2])
+    positions, mask = tree.positions(6), tree.mask(6)
+    expected = ours(nodes, positions, dynamic, mask)
+    capacity_mask = torch.zeros(6, static.k.shape[2], dtype=torch.bool)
+    capacity_mask[:, : mask.shape[1]] = mask
+    got = ours(nodes, positions, static, capacity_mask, static_cache=True, slots=torch.arange(10, 16))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(static.k[:, :, :16], dynamic.k[:, :, :16])
+
 def test_graph_runner_pools_cache_storage(pair):
     """The CUDA-graph runner's cache pool (CPU-checkable: recording itself needs a GPU): capacities
     round up to SLOT_ROUNDING, a dead cache's storage goes to the next request of that capacity — the
-    graphs recorded on it stay valid — and only pooled caches with plain chunks are routed to graphs."""
+    graphs recorded on it stay valid — and only pooled caches with whole-model chunks are routed to graphs."""
     import gc
 
     from specdec.backends.cuda_graphs import MAX_GRAPH_TOKENS, SLOT_ROUNDING, CudaGraphRunner

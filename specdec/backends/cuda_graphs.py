@@ -9,15 +9,20 @@ A graph replays fixed kernels on fixed tensor addresses, so a recorded step may 
 numbers that change between steps. The decoder's ``static_cache`` mode provides that: the new
 tokens' ids and positions come from two device tensors, keys/values are written at slots
 ``positions``, and attention covers the whole cache under a mask built from ``positions`` on the
-device. One graph is recorded per (cache storage, chunk size T) the first time it is needed; cache
-storage comes from a pool (capacity rounded up to ``SLOT_ROUNDING``) so the next request reuses the
-same tensors, and with them the graphs already recorded. Prefill chunks, tree masks, reduced
-vocabularies and layer subsets run eagerly.
+device. Token trees (tree speculation: nodes at one depth share a position but not a slot) record
+graphs of their own, whose slots and ``[T, capacity]`` ancestor mask are device buffers too, copied
+in before each replay: a tree of T nodes then costs what a T-token chain costs, the premise of
+trees on a GPU, where a 16-token step costs ~1.2 single-token steps (an eager tree step was ~4× a
+graphed one: launch-bound). One graph is recorded per (cache storage, chunk size T, chain or tree)
+the first time it is needed; cache storage comes from a pool (capacity rounded up to
+``SLOT_ROUNDING``) so the next request reuses the same tensors, and with them the graphs already
+recorded. Prefill chunks, reduced vocabularies and layer subsets run eagerly.
 """
 
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -25,10 +30,22 @@ import torch
 from specdec.models.kv_cache import KVCache
 from specdec.models.transformer import Decoder
 
-#: chunks of up to this many tokens (decode steps and verification chunks) are replayed as graphs
-MAX_GRAPH_TOKENS = 16
+#: chunks of up to this many tokens (decode steps, verification chunks, trees) are replayed as graphs
+MAX_GRAPH_TOKENS = 24
 #: cache capacities are rounded up to a multiple of this, so requests of similar lengths share storage
 SLOT_ROUNDING = 256
+
+
+@dataclass
+class RecordedStep:
+    """One recorded graph and the device buffers it reads and writes (fixed addresses)."""
+
+    graph: torch.cuda.CUDAGraph
+    ids: torch.Tensor  # [T] token ids
+    positions: torch.Tensor  # [T] RoPE positions
+    slots: torch.Tensor | None  # [T] cache slots (trees; None: a chain's slots are its positions)
+    mask: torch.Tensor | None  # [T, capacity] bool, True = may attend (trees; None: causal)
+    logits: torch.Tensor  # [T, vocab] float32, written by each replay
 
 
 class CudaGraphRunner:
@@ -40,8 +57,8 @@ class CudaGraphRunner:
         self.device = decoder.device
         self.memory_pool = None  # one pool for all graphs (they replay one at a time); made at first record
         self.free_storage: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        #: (data pointer of the storage's keys, T) → (graph, ids buffer, positions buffer, logits)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        #: (data pointer of the storage's keys, T, is a tree) → its recorded step
+        self.graphs: dict[tuple[int, int, bool], RecordedStep] = {}
         self.pooled: weakref.WeakSet[KVCache] = weakref.WeakSet()
 
     def new_cache(self, max_seq_len: int) -> KVCache:
@@ -65,38 +82,53 @@ class CudaGraphRunner:
                 and cache.features is None  # recorded graphs do not store features (EAGLE runs eagerly)
                 and (vocab_limit is None or vocab_limit >= self.decoder.config.vocab_size))
 
-    def forward(self, cache: KVCache, ids: torch.Tensor, num_logits: int | None) -> torch.Tensor:
-        """Logits of the chunk ``ids`` appended at ``cache.seq_len`` (as ``Decoder.forward``)."""
+    def forward(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                num_logits: int | None) -> torch.Tensor:
+        """Logits of the chunk ``ids [T]`` appended at ``cache.seq_len`` (as ``Decoder.forward``):
+        ``positions [T]`` on the device; ``mask [T, seq_len + T]`` a tree's (None: a chain)."""
         tokens = ids.numel()
         start = cache.reserve(tokens)
-        key = (cache.k.data_ptr(), tokens)
-        entry = self.graphs.get(key)
-        if entry is None:
-            entry = self.graphs[key] = self._record(cache, ids, start)
+        key = (cache.k.data_ptr(), tokens, mask is not None)
+        step = self.graphs.get(key)
+        fresh = step is None
+        if step is None:
+            step = self.graphs[key] = self._buffers(cache, tokens, mask is not None)
+        step.ids.copy_(ids, non_blocking=True)
+        step.positions.copy_(positions, non_blocking=True)
+        if step.slots is not None and step.mask is not None and mask is not None:
+            step.slots.copy_(torch.arange(start, start + tokens), non_blocking=True)
+            width = mask.shape[1]
+            step.mask[:, :width].copy_(mask, non_blocking=True)
+            step.mask[:, width:].fill_(False)
+        if fresh:
+            self._record(cache, step)
         else:
-            graph, static_ids, static_positions, _ = entry
-            static_ids.copy_(ids, non_blocking=True)
-            static_positions.copy_(torch.arange(start, start + tokens), non_blocking=True)
-            graph.replay()
+            step.graph.replay()
         cache.advance(tokens)
-        logits = entry[3]
-        return (logits if num_logits is None else logits[-num_logits:]).clone()
+        return (step.logits if num_logits is None else step.logits[-num_logits:]).clone()
 
-    def _record(self, cache: KVCache, ids: torch.Tensor, start: int
-                ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Record this step's graph: the warm-up run computes the step for real (same inputs), the
-        recording only captures, and a first replay produces the logits."""
-        static_ids = ids.to(self.device).clone()
-        static_positions = torch.arange(start, start + ids.numel(), device=self.device)
+    def _buffers(self, cache: KVCache, tokens: int, tree: bool) -> RecordedStep:
+        """A step's input buffers (its graph and logits come with the recording)."""
+        def zeros(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=self.device)
+        capacity = cache.k.shape[2]
+        return RecordedStep(torch.cuda.CUDAGraph(), zeros(tokens), zeros(tokens),
+                            zeros(tokens) if tree else None,
+                            zeros(tokens, capacity, dtype=torch.bool) if tree else None, zeros(0))
+
+    def _run(self, cache: KVCache, step: RecordedStep) -> torch.Tensor:
+        return self.decoder(step.ids, step.positions, cache, step.mask, static_cache=True, slots=step.slots)
+
+    def _record(self, cache: KVCache, step: RecordedStep) -> None:
+        """Record ``step``'s graph over its filled buffers: the warm-up run computes the step for
+        real, the recording only captures, and a first replay produces the logits."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # warm-up off the capture: lazy cuBLAS/allocator set-up happens here
-            self.decoder(static_ids, static_positions, cache, static_cache=True)
+            self._run(cache, step)
         torch.cuda.current_stream(self.device).wait_stream(side)
         if self.memory_pool is None:
             self.memory_pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.memory_pool):
-            logits = self.decoder(static_ids, static_positions, cache, static_cache=True)
-        graph.replay()
-        return graph, static_ids, static_positions, logits
+        with torch.cuda.graph(step.graph, pool=self.memory_pool):
+            step.logits = self._run(cache, step)
+        step.graph.replay()

@@ -76,8 +76,8 @@ class TorchBackend:
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``tree``: the tokens end this tree region of the cache (tree attention, specdec/tree.py)."""
         ids, positions, mask = self._inputs(state, tokens, tree)
-        if tree is None and self.graphs is not None and self.graphs.can_run(state, ids.numel(), layers, return_hidden, vocab_limit):
-            return self.graphs.forward(state, ids, num_logits)
+        if self.graphs is not None and self.graphs.can_run(state, ids.numel(), layers, return_hidden, vocab_limit):
+            return self.graphs.forward(state, ids, positions, mask, num_logits)
         return self.decoder(ids, positions, state, mask, num_logits=num_logits, layers=layers,
                             return_hidden=return_hidden, vocab_limit=vocab_limit)
 

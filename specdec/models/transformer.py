@@ -279,6 +279,7 @@ class Decoder(nn.Module):
         return_hidden: bool = False,
         vocab_limit: int | None = None,
         static_cache: bool = False,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run ``T`` new tokens appended to the cache; return float32 logits ``[T or num_logits, vocab]``.
 
@@ -288,16 +289,18 @@ class Decoder(nn.Module):
         ``num_logits`` computes the LM head for the last ``num_logits`` positions only (prefill needs 1).
         ``vocab_limit`` computes logits for token ids ``0 .. vocab_limit-1`` only (a drafter's reduced
         vocabulary: see :meth:`head_rows`).
-        ``static_cache`` (CUDA-graph capture, backends/cuda_graphs.py): keys/values go to slots
-        ``positions`` and every query attends over the whole cache under a mask computed on the device
-        from ``positions``, so no Python integer of this step is baked into the recorded kernels; the
-        caller moves ``cache.seq_len``. Chains only (slot == position).
+        ``static_cache`` (CUDA-graph capture, backends/cuda_graphs.py): keys/values go to cache slots
+        ``slots [T]`` (default: ``positions``, a chain's) and every query attends over the whole cache
+        under ``attn_mask [T, capacity]`` (default: computed on the device from the slots: causal), so
+        no Python integer of this step is baked into the recorded kernels; the caller moves
+        ``cache.seq_len``. A tree's nodes share positions, so a tree step passes its slots and mask.
         """
         seq = input_ids.shape[-1]
         input_ids = input_ids.reshape(seq)
         if static_cache:
-            start: int | torch.Tensor = positions
-            attn_mask = torch.arange(cache.k.shape[2], device=positions.device) <= positions[:, None]
+            start: int | torch.Tensor = positions if slots is None else slots
+            if attn_mask is None:
+                attn_mask = torch.arange(cache.k.shape[2], device=positions.device) <= start[:, None]
         else:
             start = cache.reserve(seq)
         cos = self.rope_cos[positions].to(self.rope_dtype)
