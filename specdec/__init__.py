@@ -1,7 +1,7 @@
 """specdec: lossless speculative decoding for LLMs.
 
 Public API: :func:`load_model`, :func:`generate`, :func:`generate_batch`, :func:`stream`, :class:`SamplingParams`,
-:class:`SpecConfig`, :class:`Stats`, :class:`StructuredOutput`. Imported lazily so ``import specdec.errors`` (and the CLI's
+:class:`SpecConfig`, :class:`Stats`, :class:`StructuredOutput`, :func:`enable_prefix_caching`. Imported lazily so ``import specdec.errors`` (and the CLI's
 ``--help``) does not pay for torch and transformers.
 """
 
@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LoadedModel": "specdec.api",
     "generate": "specdec.api",
+    "enable_prefix_caching": "specdec.api",
     "generate_batch": "specdec.api",
     "load_model": "specdec.api",
     "stream": "specdec.api",

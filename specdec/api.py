@@ -21,7 +21,7 @@ import torch
 from specdec import step_costs
 from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
-from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_DRAFT_METHOD, QUANTIZE_MODES, SpecConfig
+from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
 from specdec.drafters.registry import method_info, needs_draft_model
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
@@ -29,6 +29,7 @@ from specdec.errors import SpecdecError
 from specdec.models.registry import resolve_model
 from specdec.models.transformer import Decoder
 from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_decoder, read_config
+from specdec.prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache
 from specdec.sampling import SamplingParams, make_generator
 from specdec.step_costs import ExecutionPlan
 from specdec.structured import GrammarConstraint
@@ -281,11 +282,35 @@ def generate(
 PREFILL_CHUNK = 256
 
 
+def rows_independent(model: LoadedModel) -> bool:
+    """Do this model's forwards compute every row on its own, prompt passes included (the int8/int4
+    CPU paths)? Then a row's keys, values and logits do not depend on which rows share its forward:
+    chunked prefill and prefix caching are bit-exact. Float GEMMs may round a chunk differently."""
+    backend = model.backend
+    return backend.decoder.ragged_layer_runner is not None and backend.prompt_backend.decoder.ragged_layer_runner is not None
+
+
 def default_prefill_chunk(target: LoadedModel) -> int:
-    """Chunked prefill's chunk for this target: PREFILL_CHUNK where its layers batch row by row (the
-    int8/int4 CPU paths: a chunked prompt's logits are bit-identical to one pass, as every row's
-    are), else 0 — the whole prompt in one call (float GEMMs may round a chunk differently)."""
-    return PREFILL_CHUNK if target.backend.decoder.ragged_layer_runner is not None else 0
+    """Chunked prefill's chunk for this target: PREFILL_CHUNK where its rows are computed
+    independently (:func:`rows_independent`: a chunked prompt's logits are bit-identical to one
+    pass), else 0 — the whole prompt in one call."""
+    return PREFILL_CHUNK if rows_independent(target) else 0
+
+
+def enable_prefix_caching(model: LoadedModel, gb: float = DEFAULT_PREFIX_CACHE_GB,
+                          block_size: int = DEFAULT_BLOCK_SIZE) -> PrefixCache:
+    """Let ``model``'s requests start from the keys/values earlier prompts computed for the same
+    leading tokens (specdec/prefix_cache.py), within ``gb`` gigabytes. Exact only where rows are
+    computed independently (:func:`rows_independent`), so refused elsewhere rather than changing
+    outputs. Returns the cache (its ``hit_tokens`` / ``queried_tokens`` count its use)."""
+    if not rows_independent(model):
+        raise SpecdecError(f"prefix caching is exact only where prompt passes compute each row on its own "
+                           f"(--quantize int8, int4 or int4-all on the CPU); {model.backend.dtype_name} on "
+                           f"{model.backend.device} may round a shorter prompt pass differently")
+    if gb < 0:
+        raise SpecdecError(f"the prefix cache's size must be >= 0 GB, got {gb}")
+    model.backend.prefix_cache = PrefixCache(int(gb * 1e9), block_size)
+    return model.backend.prefix_cache
 
 
 #: rows of one batched forward where prompts are not chunked (float weights, CUDA): it must hold them

@@ -30,6 +30,9 @@ DEFAULT_DRAFT_CONTEXT_WINDOW = 128
 #: 1.07 / 1.14 / 1.14, GSM8K 1.09 / 1.12 / 1.08, MT-Bench 0.95 / 1.03 / 0.99 (benchmarks/draft_vocab.py,
 #: results 2026-11-26). Vocabularies of at most this many ids are untouched.
 DEFAULT_DRAFT_VOCAB_SIZE = 65536
+#: a server's prefix cache per model (specdec/prefix_cache.py), in GB: the 1.5B target's float32
+#: keys/values take ~57 KB per token, so ~17 k tokens of earlier prompts
+DEFAULT_PREFIX_CACHE_GB = 1.0
 #: Largest γ ``auto`` will try; beyond this verification cost on CPU grows faster than acceptance.
 AUTO_MAX_SPECULATIVE_TOKENS = 8
 #: ``spec_tree="auto"``: the most tree nodes a round may verify, per token of γ (the engine verifies

@@ -233,12 +233,15 @@ def generate_steps(
     state = target.new_state(cache_len)
     if drafter is not None:  # before the prefill: a feature drafter (EAGLE) has the target keep its features
         drafter.bind_target_state(state)
-    fed = 0
+    prefix_cache = target.prefix_cache  # earlier prompts' keys/values, where enabled (exact)
+    fed = stats.cached_prompt_tokens = prefix_cache.restore(state, prompt_ids) if prefix_cache is not None else 0
     prompt_runner = target.prompt_backend  # the target itself, or its cheaper-for-prompts twin
     while 0 < prefill_chunk < len(prompt_ids) - fed:
         yield ModelCall(prompt_runner, state, list(prompt_ids[fed : fed + prefill_chunk]), 1)  # its logits are not needed
         fed += prefill_chunk
     logits = yield ModelCall(prompt_runner, state, list(prompt_ids[fed:]), 1)
+    if prefix_cache is not None:
+        prefix_cache.store(state, prompt_ids)
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
     _, first = verify([], None, scored, params, generator)
     context = list(prompt_ids) + [first]

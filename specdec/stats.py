@@ -37,6 +37,8 @@ class Stats:
     method: str = "ar"
     dtype: str = "float32"
     prompt_tokens: int = 0
+    #: of those, tokens whose keys/values came from the prefix cache (specdec/prefix_cache.py)
+    cached_prompt_tokens: int = 0
     generated_tokens: int = 0
     target_forwards: int = 0  # decode-phase verification passes (prefill not counted)
     proposed_tokens: int = 0  # draft tokens sent to verification
@@ -135,6 +137,7 @@ class Stats:
             "method": self.method,
             "dtype": self.dtype,
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "generated_tokens": self.generated_tokens,
             "target_forwards": self.target_forwards,
             "proposed_tokens": self.proposed_tokens,
@@ -194,6 +197,7 @@ def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
     draft_forwards = 0
     for s in items:
         total.prompt_tokens += s.prompt_tokens
+        total.cached_prompt_tokens += s.cached_prompt_tokens
         total.generated_tokens += s.generated_tokens
         total.target_forwards += s.target_forwards
         total.proposed_tokens += s.proposed_tokens

@@ -64,6 +64,7 @@ def test_trusted_table_drafts_past_the_rounds_gamma_and_skips_the_draft_model(ti
     forward = drafter.draft.backend.forward
     drafter.draft.backend = type("Spy", (), {"config": tiny_draft.backend.config,
                                              "prompt_backend": property(lambda self: self),  # prompt passes here too
+                                             "prefix_cache": None,
                                              "forward": lambda self, state, tokens, **kw: steps.append(tokens) or forward(state, tokens, **kw)})()
     repeated = [7, 8, 9, 10, 11, 12, 13, 14] * 3
     drafter.start(repeated)

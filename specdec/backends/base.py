@@ -14,6 +14,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 
 from specdec.models.config import ModelConfig
+from specdec.prefix_cache import PrefixCache
 from specdec.tree import TreeLayout
 
 
@@ -43,6 +44,9 @@ class Backend(Protocol):
     #: the backend that runs this model's prompt passes: itself, or the same model in an execution
     #: mode whose many-row forwards are cheaper, writing the same caches (TorchBackend.use_for_prompts)
     prompt_backend: "Backend"
+    #: keys/values of earlier prompts' blocks this model's prompt passes may start from, or None
+    #: (specdec/prefix_cache.py; :func:`specdec.api.enable_prefix_caching` sets it where it is exact)
+    prefix_cache: PrefixCache | None
 
     def new_state(self, max_seq_len: int) -> SequenceState: ...
 

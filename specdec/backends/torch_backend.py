@@ -10,6 +10,7 @@ import torch
 from specdec.backends.cuda_graphs import CudaGraphRunner
 from specdec.models.kv_cache import KVCache
 from specdec.models.transformer import Decoder, RaggedInput
+from specdec.prefix_cache import PrefixCache
 from specdec.tree import TreeLayout
 
 #: one request's part of :meth:`TorchBackend.forward_batch`: (state, tokens, num_logits, tree)
@@ -38,6 +39,8 @@ class TorchBackend:
         self.step_seconds: dict[int, float] | None = None
         #: runs this model's prompt passes (engine prefill, a draft model's catch-up): see use_for_prompts
         self.prompt_backend: TorchBackend = self
+        #: earlier prompts' keys/values (specdec/prefix_cache.py), where enabled
+        self.prefix_cache: PrefixCache | None = None
         use_graphs = cuda_graphs_enabled() if cuda_graphs is None else cuda_graphs
         self.graphs: CudaGraphRunner | None = None
         if use_graphs and self.device.type == "cuda" and decoder.layer_runner is None and decoder.quantization is None:

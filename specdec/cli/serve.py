@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from specdec.cli.common import add_debug_flag, add_model_args, count_or_word, execution_modes, positive_int, spec_from_args
+from specdec.config import DEFAULT_PREFIX_CACHE_GB
 from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
 
@@ -62,6 +63,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="chunked prefill: feed a long prompt N tokens per batched forward, so it shares forwards with "
                             "the other requests' decode steps instead of stalling them; auto (default): 256 where the "
                             "target's layers batch bit-identically (int8/int4 on CPU), else 0 = whole prompts")
+    serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                       help="start each prompt pass from the keys/values earlier prompts computed for the same leading "
+                            "tokens (a chat template's system turn, a conversation's earlier turns, a shared preamble), "
+                            "for the target and the draft model; usage.prompt_tokens_details.cached_tokens says how many. "
+                            "Default: on where it is bit-exact (int8/int4 on the CPU, whose rows do not depend on their "
+                            "neighbours), off elsewhere; asking for it on a float mode is an error")
+    serve.add_argument("--prefix-cache-gb", type=float, default=DEFAULT_PREFIX_CACHE_GB, metavar="GB",
+                       help=f"memory for cached prefixes per model, least recently used dropped first "
+                            f"(default: {DEFAULT_PREFIX_CACHE_GB:g}; 1.5B target in float32: ~57 KB per token)")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before HTTP 429 (default: 64)")
     serve.add_argument("--disable-speculation-above", type=speculation_limit_value, default="auto", metavar="N|auto|never",
                        help="switch speculation off for requests that find more than N requests active or waiting, now or "
@@ -109,7 +119,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     ``threads``: torch intra-op threads for this process (a Ray Serve replica sets it to the CPUs it
     was given, so replicas sharing a machine do not oversubscribe its cores)."""
     import specdec
-    from specdec.api import default_max_num_batched_tokens, default_prefill_chunk
+    from specdec.api import default_max_num_batched_tokens, default_prefill_chunk, enable_prefix_caching, rows_independent
     from specdec.server.app import ServerState
     from specdec.server.executor import ModelExecutor
     from specdec.server.security import AccessPolicy, load_api_keys
@@ -139,6 +149,9 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
         from specdec.compat import check_pair
 
         check_pair(target, draft)
+    for model in (target, draft) if args.enable_prefix_caching is not False else ():
+        if model is not None and (args.enable_prefix_caching or rows_independent(model)):
+            enable_prefix_caching(model, args.prefix_cache_gb)
     prefill_chunk = default_prefill_chunk(target) if args.prefill_chunk == "auto" else args.prefill_chunk
     executor.max_num_batched_tokens = (default_max_num_batched_tokens(prefill_chunk, args.max_concurrency, spec)
                                        if args.max_num_batched_tokens == "auto" else args.max_num_batched_tokens)

@@ -20,6 +20,8 @@ class Metrics:
         self.ttft = Histogram("specdec_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("specdec_time_per_output_token_seconds", "Time per output token after the first", buckets=TOKEN_BUCKETS, registry=r)
         self.prompt_tokens = Counter("specdec_prompt_tokens_total", "Prompt tokens processed", registry=r)
+        self.cached_prompt_tokens = Counter("specdec_prefix_cache_hit_tokens_total",
+                                            "Prompt tokens whose keys/values came from the target's prefix cache", registry=r)
         self.generation_tokens = Counter("specdec_generation_tokens_total", "Tokens generated", registry=r)
         self.draft_tokens = Counter("specdec_spec_decode_num_draft_tokens_total", "Draft tokens proposed", ["method"], registry=r)
         self.accepted_tokens = Counter("specdec_spec_decode_num_accepted_tokens_total", "Draft tokens accepted", ["method"], registry=r)
@@ -45,6 +47,7 @@ class Metrics:
         if stats.generated_tokens > 1:
             self.tpot.observe(stats.tpot_s)
         self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_prompt_tokens.inc(stats.cached_prompt_tokens)
         self.generation_tokens.inc(stats.generated_tokens)
         if stats.proposed_tokens:
             self.draft_tokens.labels(stats.method).inc(stats.proposed_tokens)

@@ -37,6 +37,7 @@ def usage_body(stats) -> dict[str, Any]:  # noqa: ANN001
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
         "speculative": {"method": stats.method, "draft_tokens": stats.proposed_tokens, "accepted_tokens": stats.accepted_tokens,
                         "acceptance_rate": round(stats.acceptance_rate, 4), "mean_accepted_len": round(stats.mean_accepted_len, 4),
                         "tokens_per_s": round(stats.tokens_per_s, 3), "ttft_s": round(stats.ttft_s, 4)},
