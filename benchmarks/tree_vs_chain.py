@@ -9,6 +9,13 @@ per prompt, greedy (every output checked identical to plain decoding).
 group and configuration the medians over prompts of τ, decode tok/s and its ratio to plain (per
 prompt, then the median), nodes verified per round and the rounds won by a non-first branch. The
 CPU flags go in the header so results from different machines are not mixed up.
+
+``--costs flat`` spends the verification budget as on a GPU, where verifying 16 tokens costs ~1.2
+single-token steps (benchmarks/results/2026-11-24/cuda_step_cost.md): the verify-cost model is flat
+and learns nothing from this CPU's timings (so no chain or tree is cut short because a CPU's wider
+forwards cost more), and the draft model's trees forward 4 nodes per level. τ under greedy does not
+depend on the device, so this measures on the CPU the τ a GPU run of the same pair would get; the
+tok/s columns are this CPU's and mean little then.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import specdec  # noqa: E402
+import specdec.adaptive  # noqa: E402
+import specdec.api  # noqa: E402
 from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.cpu import cpu_description  # noqa: E402
 from specdec.drafters.suffix import clear_global_caches  # noqa: E402
@@ -51,16 +60,21 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4, help="chain length, and the tree=γ budget")
     parser.add_argument("--methods", default="draft_model,suffix,ngram")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--costs", choices=("measured", "flat"), default="measured",
+                        help="verify costs the budget is spent by: this machine's measured curve, or flat (a GPU's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     methods = args.methods.split(",")
     target = specdec.load_model(args.model, quantize=args.quantize)
     needs_draft = any(specdec.drafters.registry.needs_draft_model(m) for m in methods)
     draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize) if needs_draft else None
+    if args.costs == "flat":
+        flatten_costs(target, draft)
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     plan = configs(methods, args.gamma)
     print(f"# {args.model} {args.quantize} + {args.draft_model} {args.draft_quantize}; CPU: {cpu_description()}; "
-          f"{args.threads} threads; greedy, {args.max_tokens} tokens, γ={args.gamma}", flush=True)
+          f"{args.threads} threads; greedy, {args.max_tokens} tokens, γ={args.gamma}, {args.costs} verify costs",
+          flush=True)
     for group in args.groups.split(","):
         dataset, categories = GROUPS[group]
         rows = load_prompts(dataset, categories, args.limit)
@@ -95,6 +109,14 @@ def main() -> None:
                 f"{statistics.median(a / b for a, b in zip(values['tau'], chain['tau']) if b):.2f}"
             print(f"| {name} | {m['tau']:.2f} | {tau_ratio} | {m['speed']:.1f} | {m['ratio']:.2f} | {m['gbs']:.1f} | "
                   f"{m['nodes']:.1f} | {m['wins']:.0%} |", flush=True)
+
+
+def flatten_costs(target: specdec.api.LoadedModel, draft: specdec.api.LoadedModel | None) -> None:
+    """Plan drafts and trees with a GPU's flat cost curves instead of this CPU's (see ``--costs``)."""
+    target.backend.step_seconds = None  # VerifyCosts.from_measured(None): every k costs the same
+    specdec.adaptive.VerifyCosts.update = lambda self, k, seconds: None  # and stays so
+    if draft is not None:  # a GPU forwards 4 draft rows for ~1.1 single-row steps: the widest trees
+        draft.backend.step_seconds = {rows: 1.0 for rows in range(1, 9)}
 
 
 def spec_is_plain(name: str) -> bool:
