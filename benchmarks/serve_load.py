@@ -55,15 +55,18 @@ class Result:
     ttft: float
     tokens: int
     text: str | None  # None: the request failed
+    cached: int = 0  # prompt tokens the server's prefix cache held (usage.prompt_tokens_details)
 
 
-def one_request(base: str, prompt: str, max_tokens: int, speculative: bool, chat: bool) -> Result:
+def one_request(base: str, prompt: str | list[dict], max_tokens: int, speculative: bool, chat: bool) -> Result:
+    """One streamed greedy request; ``prompt``: text, or a conversation's messages (chat)."""
     body: dict = {"max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
-    body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    body.update({"messages": messages} if chat else {"prompt": prompt})
     if not speculative:
         body["speculative"] = None
     start = time.perf_counter()
-    ttft, tokens, pieces = None, 0, []
+    ttft, tokens, pieces, cached = None, 0, [], 0
     try:
         with httpx.stream("POST", f"{base}/v1/{'chat/completions' if chat else 'completions'}", json=body, timeout=1200) as response:
             if response.status_code != 200:
@@ -79,9 +82,10 @@ def one_request(base: str, prompt: str, max_tokens: int, speculative: bool, chat
                     pieces.append(piece)
                 if "usage" in event:
                     tokens = event["usage"]["completion_tokens"]
+                    cached = event["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
     except httpx.HTTPError:
         return Result(time.perf_counter() - start, 0.0, 0, None)
-    return Result(time.perf_counter() - start, ttft or 0.0, tokens, "".join(pieces))
+    return Result(time.perf_counter() - start, ttft or 0.0, tokens, "".join(pieces), cached)
 
 
 def server_memory_mb(server: subprocess.Popen) -> tuple[float, float]:

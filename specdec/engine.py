@@ -344,6 +344,10 @@ def generate_steps(
                 break
             yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params))
             committed = []
+        if prefix_cache is not None and prompt_runner is target:
+            # every row came from the kernels a prompt pass runs: the answer is a reusable prefix too
+            # (a chat client sends it back with its next message)
+            prefix_cache.store(state, context[: state.seq_len])
         stats.generated_tokens = len(out.token_ids)
         stats.decode_time_s = time.perf_counter() - decode_start
         stats.total_time_s = time.perf_counter() - start

@@ -3,7 +3,7 @@
 Why: on a CPU a prompt pass is compute-bound (~0.5–0.8 s for a 100-token chat prompt on the 1.5B
 target), and under load prompts are what stalls everyone's next token. Many prompts start the same
 way: the chat template's system turn, a shared few-shot preamble, and above all the earlier turns of
-a conversation, which a chat client sends again with every new message. vLLM and SGLang keep such
+a conversation (questions and answers), which a chat client sends again with every new message. vLLM and SGLang keep such
 prefixes (automatic prefix caching, RadixAttention); so do we, for our static per-request caches.
 
 How: a prompt is cut into blocks of ``block_size`` tokens. Block i of a prompt is keyed by (the key
@@ -15,8 +15,10 @@ runs its prompt pass over the rest only (at least the last prompt token, whose l
 Exactness: the copied keys/values must be the bits the request's own prompt pass would have
 written. That holds where the prompt pass computes each row independently of the rows beside it
 (the int8/int4 CPU paths: :func:`specdec.api.default_prefill_chunk`'s condition, checked by
-``tests/test_prefix_cache.py`` with ``torch.equal``), and only for rows a prompt pass computed: a
-conversation's earlier *answers* were decoded (other kernels on the int4 path) and are computed again.
+``tests/test_prefix_cache.py`` with ``torch.equal``), and only for rows computed by the kernels a
+prompt pass runs: where decoding runs them too (int8; int4 without a prompt twin) a finished
+request's answer is stored with its prompt — the next turn of a conversation starts after it — and
+where prompts run on a twin (int4 decoding, int8 prompt passes) only the prompt is.
 
 Memory: entries live in a byte budget, least recently used evicted first. A lookup touches its
 blocks from the last to the first, so a block is always at least as recent as any block after it

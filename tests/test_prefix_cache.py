@@ -232,3 +232,27 @@ def test_server_reuses_a_conversations_earlier_turns(tiny_dirs, int4_kernel):
         assert hits == cached[1]
     with pytest.raises(RuntimeError, match="exact only where"):
         launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none", "--enable-prefix-caching")
+
+
+def test_a_conversations_next_turn_starts_after_the_cached_answer(quantized_pair):
+    """Where decoding runs the prompt pass's kernels (int8; int4 alone) the answer's keys/values are
+    stored too, so the next turn reuses prompt and answer; with an int8 prompt twin beside int4
+    decoding only the prompt is reused. Either way the next turn's output is its output cold."""
+    target, draft = quantized_pair
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3)
+    first = target.tokenizer.encode(CHAT[0])
+    answer = specdec.generate(target, first, params, draft=draft, spec=spec).token_ids
+    second = first + answer + target.tokenizer.encode("\nQ: and 3+3?")
+    cold = specdec.generate(target, second, params, draft=draft, spec=spec).token_ids
+    specdec.enable_prefix_caching(target, gb=0.1, block_size=4)
+    try:
+        assert specdec.generate(target, first, params, draft=draft, spec=spec).token_ids == answer
+        warm = specdec.generate(target, second, params, draft=draft, spec=spec)
+    finally:
+        target.backend.prefix_cache = None
+    assert warm.token_ids == cold
+    if target.backend.prompt_backend is target.backend:
+        assert warm.stats.cached_prompt_tokens >= len(first) + len(answer) - 4
+    else:
+        assert warm.stats.cached_prompt_tokens <= len(first)
