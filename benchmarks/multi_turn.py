@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import one_request, server_memory_mb, start_server  # noqa: E402
+from serve_load import one_request, server_memory_mb, start_server, stop_servers  # noqa: E402
 
 from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.cpu import cpu_description  # noqa: E402
@@ -73,9 +73,7 @@ def main() -> int:
                   f"{statistics.median(r.ttft for r in done):.3f} | {statistics.median(ratios):.2f} | "
                   f"{statistics.median(r.latency for r in done):.2f} | {rss:.0f} ({peak:.0f}) | {errors} | {differ} |", flush=True)
     finally:
-        for server, _ in servers.values():
-            server.terminate()
-            server.wait(timeout=30)
+        stop_servers(servers)
     return 0
 
 

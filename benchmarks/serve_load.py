@@ -10,12 +10,15 @@ Each of C client threads sends streamed requests back to back until the level's 
 not all arrive in the same instant — the steady stream a TTFT goal is about);
 prints requests/s, total tokens/s (and its ratio to one request's, same speculation), p50/p99
 latency, median TTFT, the server's resident memory, errors, and how many greedy outputs differ from
-the same prompt's first answer — at concurrency 1 alone, at later levels with speculation off (they
-must not: batched forwards are bit-identical to a request's own, speculation is exact).
-Each level sends prompts no earlier level sent: the server's suffix table is shared across requests,
-and a prompt answered before would be drafted from its own earlier output — a near-perfect draft no
-real request gets (measured: draft_suffix at 8 concurrent MT-Bench requests 1.27x speculation off
-with repeated prompts). Where the dataset runs out, prompts repeat and the header says so.
+the same prompt's answer on the first server (--compare-unbatched or --variant: each pass sends the
+same prompts to every server, and they must not differ: batched forwards are bit-identical to a
+request's own, speculation and prefix caching are exact).
+Each pass (a level, speculation off or on) sends prompts no earlier pass sent: the server's suffix
+table and its prefix cache are shared across requests, and a prompt answered before would be drafted
+from its own earlier output — a near-perfect draft no real request gets (measured: draft_suffix at 8
+concurrent MT-Bench requests 1.27x speculation off with repeated prompts) — and start from its own
+cached prompt (TTFT 0.12 s instead of 0.46 s at level 1). MT-Bench's second turns serve as prompts of
+their own once the first turns are used; where the dataset runs out, prompts repeat and the header says so.
 ``--burst N`` then fires N requests at once (queueing beyond --max-num-seqs).
 Speculation is requested per request ("speculative": null turns it off); the servers' own
 --disable-speculation-above is off by default here (1000) so both modes are measured at every C.
@@ -130,6 +133,12 @@ def run_level(base: str, prompts: list[str], concurrency: int, total: int, max_t
             "ttft": statistics.median(r.ttft for r in done) if done else 0.0, "errors": len(results) - len(done), "differ": differ}
 
 
+def stop_servers(servers: dict[str, tuple[subprocess.Popen, str]]) -> None:
+    for server, _ in servers.values():
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def start_server(args: argparse.Namespace, extra: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     levels = [int(x) for x in args.levels.split(",")]
@@ -194,38 +203,39 @@ def main() -> int:
             rows_ = load_prompts("spec_bench", categories=["mt_bench"], limit=None)
         else:
             rows_ = load_prompts(args.dataset)
-        prompts = [row.turns[0] for row in rows_]
-        # each level its own prompts (see the module docstring); the warm-up gets one no level sends
-        needed = sum(max(level, args.requests_per_level) for level in levels)
+        # first turns, then (MT-Bench) the second turns as prompts of their own where more are needed
+        prompts = [row.turns[0] for row in rows_] + [turn for row in rows_ for turn in row.turns[1:]]
+        # each level and mode its own prompts (see the module docstring); the warm-up gets one no pass sends
+        passes = [(level, speculative) for level in levels for speculative in (False, True)]
+        counts = [max(level, args.requests_per_level) for level, _ in passes]
+        needed = sum(counts)
         repeats = needed + 1 > len(prompts)
-        starts = [sum(max(level, args.requests_per_level) for level in levels[:i]) % (len(prompts) - 1)
-                  for i in range(len(levels))]
+        starts = [sum(counts[:i]) % (len(prompts) - 1) for i in range(len(passes))]
         for _, base in servers.values():
             one_request(base, prompts[-1], 8, True, chat)  # warm-up
         print(f"# specdec serve, {args.model} ({args.quantize}) <- {args.draft_model} ({args.draft_quantize}), γ={args.num_speculative_tokens}, "
               f"--disable-speculation-above {args.disable_speculation_above}, {args.requests_per_level} requests per level, "
               f"{args.max_tokens} tokens each, greedy, {min(needed, len(prompts) - 1)} {args.dataset} prompts"
-              f"{' (chat)' if chat else ''}{', REPEATED across levels (too few)' if repeats else ', new ones at each level'}, "
+              f"{' (chat)' if chat else ''}{', REPEATED across passes (too few)' if repeats else ', new ones for each level and mode'}, "
               f"arrivals {args.arrivals}, loopback; "
               f"CPU {cpu_description()} ({' '.join(cpu_flags())})")
         print("| server | concurrency | speculation | requests/s | tokens/s | × one request | p50 latency s | p99 latency s "
-              "| median TTFT s | RSS MB (peak) | errors | outputs ≠ first answer |")
+              "| median TTFT s | RSS MB (peak) | errors | outputs ≠ first server's |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for level, first in zip(levels, starts):
-            for speculative in (False, True):
-                for name, (server, base) in servers.items():
-                    stagger = 0.0
-                    if args.arrivals == "staggered" and (name, speculative) in alone_latency:
-                        stagger = alone_latency[(name, speculative)] / level
-                    r = run_level(base, prompts, level, max(level, args.requests_per_level), args.max_tokens, speculative,
-                                  chat, alone, stagger, first)
-                    alone_latency.setdefault((name, speculative), r["p50"])
-                    points = rows.setdefault((name, speculative), {})
-                    points[level] = r["tok_s"]
-                    rss, peak = server_memory_mb(server)
-                    print(f"| {name} | {level} | {'on' if speculative else 'off'} | {r['req_s']:.2f} | {r['tok_s']:.2f} | "
-                          f"{r['tok_s'] / points[min(points)]:.2f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['ttft']:.3f} | "
-                          f"{rss:.0f} ({peak:.0f}) | {r['errors']} | {r['differ']} |", flush=True)
+        for (level, speculative), first in zip(passes, starts):  # every server, the same prompts
+            for name, (server, base) in servers.items():
+                stagger = 0.0
+                if args.arrivals == "staggered" and (name, speculative) in alone_latency:
+                    stagger = alone_latency[(name, speculative)] / level
+                r = run_level(base, prompts, level, max(level, args.requests_per_level), args.max_tokens, speculative,
+                              chat, alone, stagger, first)
+                alone_latency.setdefault((name, speculative), r["p50"])
+                points = rows.setdefault((name, speculative), {})
+                points[level] = r["tok_s"]
+                rss, peak = server_memory_mb(server)
+                print(f"| {name} | {level} | {'on' if speculative else 'off'} | {r['req_s']:.2f} | {r['tok_s']:.2f} | "
+                      f"{r['tok_s'] / points[min(points)]:.2f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['ttft']:.3f} | "
+                      f"{rss:.0f} ({peak:.0f}) | {r['errors']} | {r['differ']} |", flush=True)
         if args.burst:
             for name, (server, base) in servers.items():
                 r = run_level(base, prompts, args.burst, args.burst, args.max_tokens, True, chat, alone)
@@ -234,9 +244,7 @@ def main() -> int:
                       f"p50 latency {r['p50']:.1f} s, p99 {r['p99']:.1f} s, RSS {rss:.0f} MB (peak {peak:.0f}), "
                       f"errors {r['errors']}, outputs ≠ alone {r['differ']}", flush=True)
     finally:
-        for server, _ in servers.values():
-            server.terminate()
-            server.wait(timeout=30)
+        stop_servers(servers)
     if args.png:
         import matplotlib
 
