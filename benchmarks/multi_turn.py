@@ -21,26 +21,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import one_request, server_memory_mb, start_server, stop_servers  # noqa: E402
+from serve_load import add_server_args, one_request, server_memory_mb, start_server, stop_servers  # noqa: E402
 
 from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.cpu import cpu_description  # noqa: E402
 
-SERVERS = {"prefix cache on": [], "prefix cache off": ["--no-enable-prefix-caching"]}
+POLICY = ["--disable-speculation-above", "never"]  # one request at a time: the load policy never acts
+SERVERS = {"prefix cache on": POLICY, "prefix cache off": [*POLICY, "--no-enable-prefix-caching"]}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--quantize", default="int8", help="target mode (fixed, so both servers run the same kernels)")
-    parser.add_argument("--draft-quantize", default="int4-all")
-    parser.add_argument("--num-speculative-tokens", default="auto")
+    add_server_args(parser, gamma="auto")
     parser.add_argument("--conversations", type=int, default=8, help="MT-Bench conversations (two turns each)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
     parser.add_argument("--speculation", choices=("on", "off"), default="on", help="requests ask for speculation")
     args = parser.parse_args()
-    args.levels, args.burst, args.disable_speculation_above = "1", 0, "never"  # what start_server reads
     rows = [row for row in load_prompts("spec_bench", categories=["mt_bench"], limit=None) if len(row.turns) >= 2]
     rows = rows[: args.conversations]
     servers = {name: start_server(args, extra) for name, extra in SERVERS.items()}

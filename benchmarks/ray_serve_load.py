@@ -31,6 +31,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_load import add_server_args  # noqa: E402
+
 from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.cpu import cpu_description, cpu_flags  # noqa: E402
 
@@ -103,11 +106,7 @@ def burst(base: str, prompts: list[str], max_tokens: int, speculative: bool) -> 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--quantize", default="int8", help="target mode, fixed so every configuration runs the same kernels")
-    parser.add_argument("--draft-quantize", default="int4-all")
-    parser.add_argument("--num-speculative-tokens", default="4")
+    add_server_args(parser, gamma="4")
     parser.add_argument("--requests", type=int, default=20, help="concurrent requests per burst")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)

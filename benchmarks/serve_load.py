@@ -139,14 +139,23 @@ def stop_servers(servers: dict[str, tuple[subprocess.Popen, str]]) -> None:
         server.wait(timeout=30)
 
 
-def start_server(args: argparse.Namespace, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def add_server_args(parser: argparse.ArgumentParser, gamma: str) -> None:
+    """The flags every load benchmark passes to its `specdec serve` (``gamma``: the default γ)."""
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--quantize", default="int8", help="target mode (fixed, so every server runs the same kernels)")
+    parser.add_argument("--draft-quantize", default="int4-all")
+    parser.add_argument("--num-speculative-tokens", default=gamma)
+
+
+def start_server(args: argparse.Namespace, extra: list[str], max_concurrency: int = 1,
+                 max_queue: int = 64) -> tuple[subprocess.Popen, str]:
+    """`specdec serve` of :func:`add_server_args`'s models with ``extra`` flags, once healthy."""
     port = free_port()
-    levels = [int(x) for x in args.levels.split(",")]
     server = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--model", args.model, "--draft-model", args.draft_model,
                                "--quantize", args.quantize, "--draft-quantize", args.draft_quantize, "--port", str(port),
-                               "--max-concurrency", str(max(levels)), "--max-queue", str(max(args.burst, 64)),
-                               "--num-speculative-tokens", args.num_speculative_tokens,
-                               "--disable-speculation-above", str(args.disable_speculation_above), *extra],
+                               "--max-concurrency", str(max_concurrency), "--max-queue", str(max_queue),
+                               "--num-speculative-tokens", args.num_speculative_tokens, *extra],
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"
     for _ in range(900):
@@ -162,15 +171,11 @@ def start_server(args: argparse.Namespace, extra: list[str]) -> tuple[subprocess
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--quantize", default="int8", help="target mode (fixed, so both servers run the same kernels)")
+    add_server_args(parser, gamma="4")
     parser.add_argument("--levels", default="1,2,4,8")
     parser.add_argument("--requests-per-level", type=int, default=8, help="requests per level (at least the level's concurrency)")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--draft-quantize", default="int4-all")
     parser.add_argument("--disable-speculation-above", default="1000", help="the servers' policy (a number, auto or never)")
-    parser.add_argument("--num-speculative-tokens", default="4")
     parser.add_argument("--compare-unbatched", action="store_true",
                         help="also run a server with --max-num-batched-tokens 1 (one request per forward, as before "
                              "continuous batching), the levels interleaved between the two")
@@ -193,7 +198,8 @@ def main() -> int:
     for variant in args.variant:
         name, _, flags = variant.partition("=")
         configs[name] = shlex.split(flags)
-    servers = {name: start_server(args, extra) for name, extra in configs.items()}
+    policy = ["--disable-speculation-above", str(args.disable_speculation_above)]
+    servers = {name: start_server(args, policy + extra, max(levels), max(args.burst, 64)) for name, extra in configs.items()}
     rows: dict[tuple[str, bool], dict[int, float]] = {}
     chat = args.dataset != "humaneval"
     alone: dict[int, str] = {}

@@ -3,8 +3,9 @@
 Why: on a CPU a prompt pass is compute-bound (~0.5–0.8 s for a 100-token chat prompt on the 1.5B
 target), and under load prompts are what stalls everyone's next token. Many prompts start the same
 way: the chat template's system turn, a shared few-shot preamble, and above all the earlier turns of
-a conversation (questions and answers), which a chat client sends again with every new message. vLLM and SGLang keep such
-prefixes (automatic prefix caching, RadixAttention); so do we, for our static per-request caches.
+a conversation (questions and answers), which a chat client sends again with every new message.
+vLLM and SGLang keep such prefixes (automatic prefix caching, RadixAttention); so do we, for our
+static per-request caches.
 
 How: a prompt is cut into blocks of ``block_size`` tokens. Block i of a prompt is keyed by (the key
 of block i-1, its tokens) — exact token equality, no hashing, so two prompts share an entry only if
@@ -112,7 +113,8 @@ class PrefixCache:
 
     def store(self, state: KVCache, prompt: Sequence[int]) -> None:
         """After ``state``'s prompt pass over ``prompt``: keep its full blocks not cached yet."""
-        if state.features is not None or self.max_bytes <= 0:
+        block_bytes = 2 * state.k[:, :, : self.block_size].numel() * state.k.element_size()
+        if state.features is not None or block_bytes > self.max_bytes:  # (a budget under one block holds none)
             return
         length = min(len(prompt), state.seq_len)
         found = self._keys(prompt, length)
@@ -121,8 +123,6 @@ class PrefixCache:
         for start in range(len(found) * self.block_size, length - self.block_size + 1, self.block_size):
             block = Block(self._next_id, state.k[:, :, start : start + self.block_size].clone(),
                           state.v[:, :, start : start + self.block_size].clone())
-            if block.nbytes > self.max_bytes:
-                break
             self._next_id += 1
             key = (parent, tuple(prompt[start : start + self.block_size]))
             self.blocks[key] = block
@@ -136,10 +136,6 @@ class PrefixCache:
         while self.nbytes > self.max_bytes and self.blocks:
             _, block = self.blocks.popitem(last=False)
             self.nbytes -= block.nbytes
-
-    def clear(self) -> None:
-        self.blocks.clear()
-        self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self.blocks)

@@ -95,7 +95,8 @@ class CudaGraphRunner:
             step = self.graphs[key] = self._buffers(cache, tokens, mask is not None)
         step.ids.copy_(ids, non_blocking=True)
         step.positions.copy_(positions, non_blocking=True)
-        if step.slots is not None and step.mask is not None and mask is not None:
+        if mask is not None:  # a tree: its key gave it slot and mask buffers
+            assert step.slots is not None and step.mask is not None
             step.slots.copy_(torch.arange(start, start + tokens), non_blocking=True)
             width = mask.shape[1]
             step.mask[:, :width].copy_(mask, non_blocking=True)

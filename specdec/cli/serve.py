@@ -149,8 +149,9 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
         from specdec.compat import check_pair
 
         check_pair(target, draft)
-    for model in (target, draft) if args.enable_prefix_caching is not False else ():
-        if model is not None and (args.enable_prefix_caching or rows_independent(model)):
+    # on where exact unless switched off; asked for explicitly, a model where it is not exact refuses
+    for model in [m for m in (target, draft) if m is not None and args.enable_prefix_caching is not False]:
+        if args.enable_prefix_caching or rows_independent(model):
             enable_prefix_caching(model, args.prefix_cache_gb)
     prefill_chunk = default_prefill_chunk(target) if args.prefill_chunk == "auto" else args.prefill_chunk
     executor.max_num_batched_tokens = (default_max_num_batched_tokens(prefill_chunk, args.max_concurrency, spec)

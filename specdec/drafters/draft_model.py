@@ -286,13 +286,12 @@ class DraftModelDrafter(Drafter):
         # the first pass over a prompt starts from earlier prompts' blocks where the draft keeps them;
         # it runs where a cold pass of that length would (the prompt backend), so cached and computed
         # rows are the same bits and a seeded request drafts the same tokens either way
-        prefix_cache = self.backend.prefix_cache if not self.cached else None
+        prefix_cache = self.backend.prefix_cache
         runner = self._runner(len(context_ids) - common)
-        if prefix_cache is not None and runner is self.backend.prompt_backend:
+        first_prompt_pass = prefix_cache is not None and not self.cached and runner is self.backend.prompt_backend
+        if first_prompt_pass:
             common = prefix_cache.restore(self.state, context_ids)
             self.cached = context_ids[:common]
-        else:
-            prefix_cache = None
         pending = context_ids[common:]
         if not pending:  # the context is entirely cached: re-score the last token
             self.state.truncate(common - 1)
@@ -301,7 +300,7 @@ class DraftModelDrafter(Drafter):
             runner = self._runner(1)
         logits = yield from self._forward(pending, runner)
         self.cached.extend(pending)
-        if prefix_cache is not None:
+        if first_prompt_pass:
             prefix_cache.store(self.state, context_ids)
         return logits
 
