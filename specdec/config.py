@@ -8,6 +8,8 @@ from specdec.errors import SpecdecError
 
 #: --quantize / --draft-quantize values (api.resolve_quantize says what each means)
 QUANTIZE_MODES = ("auto", "none", "int8", "int4", "int4-all")
+#: train-drafter --precision values (train/precision.py chooses what auto means on this CPU)
+TRAIN_PRECISIONS = ("auto", "float32", "bfloat16")
 
 #: The method a draft model runs when none is named: the draft model, except where the request's own
 #: suffix table already knows the continuation (drafters/draft_suffix.py). Measured on a 2-core Zen 4

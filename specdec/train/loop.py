@@ -19,6 +19,7 @@ from torch import nn
 
 from specdec.models.heads import DraftHead, save_head
 from specdec.train.losses import head_loss
+from specdec.train.precision import mixed_precision
 from specdec.train.target_parts import TargetParts
 
 
@@ -47,6 +48,9 @@ class TrainConfig:
     max_steps: int = 0  # 0: until the budget or max_epochs
     max_epochs: float = 20.0
     seed: int = 0
+    #: the matmuls' precision: float32 | bfloat16 (mixed: float32 weights, optimizer and losses);
+    #: ``auto`` is resolved by :func:`specdec.train.precision.choose_precision` before training
+    precision: str = "float32"
 
 
 @dataclass
@@ -165,7 +169,8 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
 
     def record_evaluation() -> str:
         module.eval()
-        result = evaluate_held_out()
+        with mixed_precision(config.precision):
+            result = evaluate_held_out()
         module.train()
         history.eval_steps.append(step)
         history.eval_loss.append(result["loss"])
@@ -185,7 +190,8 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
         optimizer.zero_grad(set_to_none=True)
         batch_loss, batch_tokens = 0.0, 0
         for row in order.tolist():
-            loss, info = row_loss(train, row, generator)
+            with mixed_precision(config.precision):
+                loss, info = row_loss(train, row, generator)
             (loss / config.batch_size).backward()
             batch_loss += loss.item() / config.batch_size
             batch_tokens += info["tokens"]

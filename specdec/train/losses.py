@@ -102,7 +102,7 @@ def medusa_loss(head: MedusaHeads, parts: TargetParts, tokens: torch.Tensor, fea
         shift = k + 1
         if length <= shift:
             break
-        logits = F.linear(block(normed[: length - shift]), parts.lm_rows)
+        logits = parts.normed_logits(block(normed[: length - shift]))
         total = total + soft_cross_entropy(logits, parts.logits(f[shift:]))
         top1_steps.append(float((logits.argmax(-1) == target_ids[shift:length].long()).float().mean()))
     return total / len(head.blocks), {"top1": top1_steps[0] if top1_steps else 0.0, "top1_steps": top1_steps,

@@ -7,7 +7,7 @@ checkpoint (``resume=True``), so a long run can be cut and restarted with the sa
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +18,7 @@ from specdec.errors import SpecdecError
 from specdec.models.registry import DEFAULT_DRAFT
 from specdec.train.data import extract_features, load_documents, load_shards, token_sequences
 from specdec.train.loop import TrainConfig, describe, train_head
+from specdec.train.precision import choose_precision, precision_name
 from specdec.train.target_parts import TargetParts
 
 KINDS = ("eagle", "medusa", "distill")
@@ -111,6 +112,8 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
             "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
             "extract_minutes": round(extract_minutes, 1), "cpu": cpu_description()}
     prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
+    job = replace(job, train=replace(job.train, precision=precision_name(choose_precision(job.train.precision))))
+    log(f"training precision: {job.train.precision}")
     if job.kind == "distill":
         return distill_draft(job, target, train_data, held_data, prompts, info, progress, log)
 
@@ -118,7 +121,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
                                    job.num_medusa_heads)
     torch.manual_seed(job.train.seed)
     head = new_head(config)
-    parts = TargetParts(target.backend.decoder, config.draft_vocab_size)
+    parts = TargetParts(target.backend.decoder, config.draft_vocab_size, getattr(torch, job.train.precision))
     info.update(draft_vocab_size=config.draft_vocab_size, head_parameters=sum(p.numel() for p in head.parameters()))
     history = train_head(head, parts, train_data, held_data, out, job.train, resume=job.resume, training_info=info,
                          progress=progress, log=log)
@@ -150,7 +153,7 @@ def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tens
     features = out / "features"
     train_data = add_frozen_hidden(decoder, tail.split, train_data, features / "train", progress)
     held_data = add_frozen_hidden(decoder, tail.split, held_data, features / "held_out", progress)
-    parts = TargetParts(target.backend.decoder, target.config.vocab_size)
+    parts = TargetParts(target.backend.decoder, target.config.vocab_size, getattr(torch, job.train.precision))
     row_loss = distill_row_loss(tail, parts, job.divergence)
     info.update(draft_model=job.draft_model, trainable_layers=job.trainable_layers, divergence=job.divergence,
                 trained_parameters=sum(p.numel() for p in tail.parameters()))

@@ -1,0 +1,60 @@
+"""Mixed-precision drafter training (specdec/train/precision.py): the choice, the frozen LM head
+rows' dtype, and that a bfloat16 run still learns while keeping float32 weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.train.loop import TrainConfig, evaluate, train_head
+from specdec.train.precision import choose_precision, mixed_precision
+from specdec.train.target_parts import TargetParts
+from tests.test_heads import periodic_data, random_head
+
+
+def test_explicit_precisions_are_taken_and_auto_times_both(monkeypatch):
+    assert choose_precision("float32") == torch.float32
+    assert choose_precision("bfloat16") == torch.bfloat16
+    with pytest.raises(SpecdecError, match="not one of auto, float32, bfloat16"):
+        choose_precision("fp8")
+    # auto follows the timing, whichever CPU this is
+    timings = {torch.float32: 1.0, torch.bfloat16: 0.5}
+    monkeypatch.setattr("specdec.train.precision.matmul_seconds", lambda dtype: timings[dtype])
+    assert choose_precision("auto") == torch.bfloat16
+    timings[torch.bfloat16] = 0.9  # faster, but not by enough to round activations for it
+    assert choose_precision("auto") == torch.float32
+    timings[torch.bfloat16] = 3.0  # an AVX2 CPU emulating bfloat16
+    assert choose_precision("auto") == torch.float32
+
+
+def test_bfloat16_parts_give_float32_logits_close_to_float32s(tiny_target):
+    decoder = tiny_target.backend.decoder
+    exact, rounded = TargetParts(decoder, 300), TargetParts(decoder, 300, torch.bfloat16)
+    assert rounded.lm_rows.dtype == torch.bfloat16
+    hidden = torch.randn(7, tiny_target.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    logits = rounded.logits(hidden)
+    assert logits.dtype == torch.float32 and logits.shape == (7, 300)
+    reference = exact.logits(hidden)
+    assert not torch.equal(logits, reference)  # it did run in bfloat16
+    assert torch.allclose(logits, reference, atol=0.05 * float(reference.abs().max()))
+
+
+def test_bfloat16_training_lowers_the_loss_with_float32_weights(tiny_target, tmp_path):
+    data = periodic_data(tiny_target, 16)
+    parts = TargetParts(tiny_target.backend.decoder, tiny_target.config.vocab_size, torch.bfloat16)
+    head = random_head(tiny_target)
+    config = TrainConfig(max_steps=60, lr=3e-3, eval_every=30, budget_minutes=5, precision="bfloat16")
+    before = evaluate(head, parts, data, config)
+    train_head(head, parts, data, data, tmp_path, config, progress=False)
+    after = evaluate(head, parts, data, config)
+    assert after["loss"] < 0.9 * before["loss"] and after["top1"] > before["top1"]
+    assert all(param.dtype == torch.float32 for param in head.parameters())
+
+
+def test_mixed_precision_rounds_matmuls_only_when_asked():
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    with mixed_precision("float32"):
+        assert (x @ w).dtype == torch.float32
+    with mixed_precision("bfloat16"):
+        assert (x @ w).dtype == torch.bfloat16
