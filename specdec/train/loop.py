@@ -28,6 +28,10 @@ class TrainConfig:
     batch_size: int = 4  # sequences per optimizer step
     lr: float = 5e-4
     warmup_steps: int = 20
+    #: after warm-up the rate follows a cosine from ``lr`` down to ``lr × final_lr_ratio`` over the
+    #: run's length — its time budget or its step limit, whichever ends it first — so the last
+    #: minutes of a budget anneal instead of bouncing at full rate (1.0: constant)
+    final_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     reg_weight: float = 1.0
     #: EAGLE weighs the token loss 0.1; with little data it is the token loss that moves top-1
@@ -109,9 +113,13 @@ def evaluate(head: DraftHead, parts: TargetParts, data: dict[str, torch.Tensor],
     return result
 
 
-def learning_rate(config: TrainConfig, step: int) -> float:
-    """Linear warm-up, then constant (the run's length is a time budget, not a step count)."""
-    return config.lr * min(1.0, (step + 1) / max(1, config.warmup_steps))
+def learning_rate(config: TrainConfig, step: int, done: float) -> float:
+    """Linear warm-up, then a cosine decay to ``final_lr_ratio`` by ``done``, the fraction of the
+    run behind us (of the time budget or of the steps, whichever is further: the run's length is a
+    time budget, not known in steps). Resuming with a larger budget raises the rate again."""
+    warmup = min(1.0, (step + 1) / max(1, config.warmup_steps))
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, done))))
+    return config.lr * warmup * (config.final_lr_ratio + (1 - config.final_lr_ratio) * cosine)
 
 
 def train_head(head: DraftHead, parts: TargetParts, train: dict[str, torch.Tensor], held_out: dict[str, torch.Tensor],
@@ -186,7 +194,7 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
         began = time.perf_counter()
         order = torch.randint(rows, (config.batch_size,), generator=generator)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(config, step)
+            group["lr"] = learning_rate(config, step, max(seconds / budget if budget else 1.0, step / max(1, last_step)))
         optimizer.zero_grad(set_to_none=True)
         batch_loss, batch_tokens = 0.0, 0
         for row in order.tolist():

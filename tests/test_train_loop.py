@@ -1,4 +1,5 @@
-"""Mixed-precision drafter training (specdec/train/precision.py): the choice, the frozen LM head
+"""The training loop's schedule and precision: the learning rate's warm-up and decay over a time
+budget, and mixed-precision training (specdec/train/precision.py): the choice, the frozen LM head
 rows' dtype, and that a bfloat16 run still learns while keeping float32 weights."""
 
 from __future__ import annotations
@@ -7,10 +8,21 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.train.loop import TrainConfig, evaluate, train_head
+from specdec.train.loop import TrainConfig, evaluate, learning_rate, train_head
 from specdec.train.precision import choose_precision, mixed_precision
 from specdec.train.target_parts import TargetParts
 from tests.test_heads import periodic_data, random_head
+
+
+def test_learning_rate_warms_up_then_decays_to_its_final_ratio_by_the_end_of_the_run():
+    config = TrainConfig(lr=1e-3, warmup_steps=10, final_lr_ratio=0.1)
+    assert learning_rate(config, 0, 0.0) == pytest.approx(1e-4)  # warm-up: step 1 of 10
+    assert learning_rate(config, 9, 0.0) == pytest.approx(1e-3)
+    assert learning_rate(config, 50, 0.5) == pytest.approx(0.55e-3)  # half-way down the cosine
+    assert learning_rate(config, 99, 1.0) == pytest.approx(1e-4)
+    assert learning_rate(config, 99, 1.7) == pytest.approx(1e-4)  # past the budget: stays at the floor
+    constant = TrainConfig(lr=1e-3, warmup_steps=1, final_lr_ratio=1.0)
+    assert {learning_rate(constant, step, step / 10) for step in range(10)} == {1e-3}
 
 
 def test_explicit_precisions_are_taken_and_auto_times_both(monkeypatch):
