@@ -132,6 +132,14 @@ class PrefixCache:
         self._touch(keys)
         self._evict()
 
+    def reset(self) -> int:
+        """Drop every block (``POST /reset_prefix_cache``: a benchmark sending the same prompts
+        twice, or freeing memory); the hit counters keep counting. Returns the blocks dropped."""
+        dropped = len(self.blocks)
+        self.blocks.clear()
+        self.nbytes = 0
+        return dropped
+
     def _evict(self) -> None:
         while self.nbytes > self.max_bytes and self.blocks:
             _, block = self.blocks.popitem(last=False)

@@ -198,7 +198,8 @@ def test_seeded_sampling_draws_the_same_text_with_a_warm_prefix_cache(quantized_
 def test_server_reuses_a_conversations_earlier_turns(tiny_dirs, int4_kernel):
     """`specdec serve` on int8 caches prefixes by default: a conversation's second turn reports
     cached prompt tokens in usage and /metrics, and answers what the library answers with no cache;
-    --no-enable-prefix-caching turns it off; asking for it on float weights refuses to start."""
+    POST /reset_prefix_cache empties it (400 where it is off); --no-enable-prefix-caching turns it
+    off; asking for it on float weights refuses to start."""
     import httpx
 
     from tests.test_server import launch
@@ -222,11 +223,21 @@ def test_server_reuses_a_conversations_earlier_turns(tiny_dirs, int4_kernel):
                 texts.append(response.json()["choices"][0]["message"]["content"])
                 cached.append(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
             metrics = httpx.get(f"{base}/metrics", timeout=10).text
+            reset = httpx.post(f"{base}/reset_prefix_cache", timeout=30)
+            body = {"model": "tiny", "messages": second, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+            again = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
         finally:
             proc.terminate()
             proc.wait(timeout=30)
         assert texts == expected
         assert cached[0] == 0 and (cached[1] >= 16 if caches else cached[1] == 0)
+        # after a reset the same conversation starts cold, and answers the same
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert again["choices"][0]["message"]["content"] == expected[1]
+        if caches:
+            assert reset.status_code == 200 and reset.json()["blocks_dropped"] > 0
+        else:
+            assert reset.status_code == 400 and reset.json()["error"]["code"] == "prefix_caching_disabled"
         hits = float(next(line.split()[-1] for line in metrics.splitlines()
                           if line.startswith("specdec_prefix_cache_hit_tokens_total")))
         assert hits == cached[1]

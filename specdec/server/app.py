@@ -91,6 +91,13 @@ class ServerState:
             return None
         return self.gamma_table.saving(self.acceptance.alpha, requests)
 
+    def reset_prefix_caches(self) -> int | None:
+        """Empty the target's and the draft model's prefix caches (run it on the model thread);
+        the blocks dropped, or None where no model has one."""
+        caches = [model.backend.prefix_cache for model in (self.target, self.draft)
+                  if model is not None and model.backend.prefix_cache is not None]
+        return sum(cache.reset() for cache in caches) if caches else None
+
     def count_requests(self) -> None:
         """After ``active`` or ``waiting`` moved: the gauges and the load average."""
         self.metrics.active.set(self.active)
@@ -151,6 +158,16 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> JSONResponse:
+        """vLLM's endpoint: forget every cached prompt block (requests in flight keep what they
+        restored). 400 where prefix caching is off."""
+        dropped = await state.executor.run(state.reset_prefix_caches)
+        if dropped is None:
+            return JSONResponse(error_body("prefix caching is off on this server", code="prefix_caching_disabled"),
+                                status_code=400)
+        return JSONResponse({"object": "prefix_cache.reset", "blocks_dropped": dropped})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

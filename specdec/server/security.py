@@ -56,6 +56,10 @@ def load_api_keys(keys: list[str] | None, key_file: str | None, environ: dict[st
     return tuple(dict.fromkeys(found))
 
 
+#: endpoints that change the server's state: behind the API key like /v1/
+ADMIN_PATHS = ("/reset_prefix_cache",)
+
+
 @dataclass(frozen=True)
 class AccessPolicy:
     """What the middleware enforces. No keys: the server is open (its default bind is 127.0.0.1)."""
@@ -71,7 +75,8 @@ class AccessPolicy:
     def needs_key(self, path: str) -> bool:
         if not self.api_keys:
             return False
-        return path.startswith("/v1/") or path == "/v1" or (self.metrics_require_key and path.startswith("/metrics"))
+        return (path.startswith("/v1/") or path == "/v1" or path in ADMIN_PATHS
+                or (self.metrics_require_key and path.startswith("/metrics")))
 
     def key_matches(self, authorization: str | None) -> bool:
         """Constant time in the key's content: every configured key is compared, whatever matched."""
