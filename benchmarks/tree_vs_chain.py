@@ -16,6 +16,11 @@ and learns nothing from this CPU's timings (so no chain or tree is cut short bec
 forwards cost more), and the draft model's trees forward 4 nodes per level. τ under greedy does not
 depend on the device, so this measures on the CPU the τ a GPU run of the same pair would get; the
 tok/s columns are this CPU's and mean little then.
+
+``--suffix-history N`` measures suffix decoding where it is meant to run: in a server whose shared
+suffix table has seen earlier requests. Before each run the table holds the plain outputs of N other
+prompts of the group (after the measured ones in the dataset, disjoint from them) and of the measured
+prompts before this one — never this prompt's own output. 0 (default): an empty table per run.
 """
 
 from __future__ import annotations
@@ -34,9 +39,12 @@ import specdec.adaptive  # noqa: E402
 import specdec.api  # noqa: E402
 from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.cpu import cpu_description  # noqa: E402
-from specdec.drafters.suffix import clear_global_caches  # noqa: E402
+from specdec.drafters.suffix import clear_global_caches, global_cache_for, vocabulary_key  # noqa: E402
 
 GROUPS = {"humaneval": ("humaneval", None), "mt_bench": ("spec_bench", ["mt_bench"])}
+#: a finished request enters the shared suffix table with its prompt's last tokens as context
+#: (SuffixDrafter.finish, max_depth 8)
+PROMPT_CONTEXT = 8
 
 
 def configs(methods: list[str], gamma: int) -> dict[str, specdec.SpecConfig | None]:
@@ -62,6 +70,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--costs", choices=("measured", "flat"), default="measured",
                         help="verify costs the budget is spent by: this machine's measured curve, or flat (a GPU's)")
+    parser.add_argument("--suffix-history", type=int, default=0, metavar="N",
+                        help="the shared suffix table holds the plain outputs of N other prompts of the group and of "
+                             "the measured prompts before each one, as a server's would (default: 0, empty)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     methods = args.methods.split(",")
@@ -72,18 +83,26 @@ def main() -> None:
         flatten_costs(target, draft)
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     plan = configs(methods, args.gamma)
+    table = (f"{args.suffix_history} other prompts' outputs + the measured ones before" if args.suffix_history
+             else "empty per run")
     print(f"# {args.model} {args.quantize} + {args.draft_model} {args.draft_quantize}; CPU: {cpu_description()}; "
-          f"{args.threads} threads; greedy, {args.max_tokens} tokens, γ={args.gamma}, {args.costs} verify costs",
+          f"{args.threads} threads; greedy, {args.max_tokens} tokens, γ={args.gamma}, {args.costs} verify costs; "
+          f"suffix table: {table}",
           flush=True)
     for group in args.groups.split(","):
         dataset, categories = GROUPS[group]
-        rows = load_prompts(dataset, categories, args.limit)
+        rows = load_prompts(dataset, categories, args.limit + args.suffix_history)
+        rows, history_rows = rows[: args.limit], rows[args.limit :]
+        history = [served(target, row, params) for row in history_rows]
         results: dict[str, dict[str, list[float]]] = {name: {} for name in plan}
         for row in rows:
             ids = specdec.api.encode_prompt(target, row.turns[0], chat=row.chat)
             plain_tokens, plain_speed = None, 1.0
             for name, spec in plan.items():
                 clear_global_caches()  # no request drafts from an earlier run of itself
+                shared = global_cache_for(vocabulary_key(target.tokenizer, target.config.vocab_size))
+                for tokens in history:
+                    shared.add_request(tokens)
                 uses_draft = spec is not None and specdec.drafters.registry.needs_draft_model(spec.method)
                 out = specdec.generate(target, ids, params, draft=draft if uses_draft else None, spec=spec)
                 s = out.stats
@@ -98,6 +117,8 @@ def main() -> None:
                           "gbs": s.achieved_gb_per_s}
                 for key, value in values.items():
                     results[name].setdefault(key, []).append(value)
+            if args.suffix_history:
+                history.append(ids[-PROMPT_CONTEXT:] + plain_tokens)
             print(f"  {group} {row.id}: done", flush=True)
         print(f"\n## {group} ({len(rows)} prompts, medians)\n")
         print("| config | τ | τ × chain | decode tok/s | × plain | GB/s | verified/round | branch wins |")
@@ -109,6 +130,12 @@ def main() -> None:
                 f"{statistics.median(a / b for a, b in zip(values['tau'], chain['tau']) if b):.2f}"
             print(f"| {name} | {m['tau']:.2f} | {tau_ratio} | {m['speed']:.1f} | {m['ratio']:.2f} | {m['gbs']:.1f} | "
                   f"{m['nodes']:.1f} | {m['wins']:.0%} |", flush=True)
+
+
+def served(target: specdec.api.LoadedModel, row, params: specdec.SamplingParams) -> list[int]:  # noqa: ANN001 - PromptRow
+    """A request the shared suffix table has seen: its prompt's tail and its plain output."""
+    ids = specdec.api.encode_prompt(target, row.turns[0], chat=row.chat)
+    return ids[-PROMPT_CONTEXT:] + specdec.generate(target, ids, params).token_ids
 
 
 def flatten_costs(target: specdec.api.LoadedModel, draft: specdec.api.LoadedModel | None) -> None:

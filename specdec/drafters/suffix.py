@@ -280,11 +280,15 @@ def make_suffix_drafter(res: DrafterResources) -> SuffixDrafter:
     not give the same text twice in one process (greedy output never depends on the draft)."""
     if res.params.is_seeded_sampling:
         return SuffixDrafter(cache=GlobalSuffixCache(), tree_nodes=tree_nodes_for(res))
-    if res.tokenizer is not None:
-        key = f"tokenizer:{tokenizer_fingerprint(res.tokenizer)}"
-    else:
-        key = f"vocab:{res.target_backend.config.vocab_size}"
-    return SuffixDrafter(cache=global_cache_for(key), tree_nodes=tree_nodes_for(res))
+    return SuffixDrafter(cache=global_cache_for(vocabulary_key(res.tokenizer, res.target_backend.config.vocab_size)),
+                         tree_nodes=tree_nodes_for(res))
+
+
+def vocabulary_key(tokenizer, vocab_size: int) -> str:  # noqa: ANN001 - Tokenizer | None
+    """Which shared cache a target's requests use: its tokenizer's fingerprint, else its vocab size."""
+    if tokenizer is not None:
+        return f"tokenizer:{tokenizer_fingerprint(tokenizer)}"
+    return f"vocab:{vocab_size}"
 
 
 METHODS = (MethodInfo("suffix", make_suffix_drafter,
