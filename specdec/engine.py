@@ -25,6 +25,7 @@ from specdec.calls import ModelCall, one, waited
 from specdec.config import SpecConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import ContextLengthError, SpecdecError
+from specdec.output import OutputTracker
 from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
 from specdec.stats import Round, Stats
 from specdec.structured import GrammarConstraint
@@ -52,71 +53,6 @@ class GenerationResult:
     stats: Stats
     prompt_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one per token when params.logprobs was set
-
-
-class _OutputTracker:
-    """Applies max_tokens, stop token ids and stop strings to committed tokens, one token at a time,
-    exactly as plain decoding would — so tokens past a stop inside an accepted block never leak."""
-
-    def __init__(self, params: SamplingParams, stop_ids: frozenset[int], tokenizer) -> None:  # noqa: ANN001
-        self.params = params
-        self.stop_ids = stop_ids
-        self.token_ids: list[int] = []
-        self.finish_reason: str | None = None
-        self.detok = None
-        self.text = ""
-        self.emitted = 0  # characters of self.text already streamed
-        self.holdback = max((len(s) for s in params.stop), default=1) - 1
-        self.stopped_by_string = False
-        if tokenizer is not None:
-            from specdec.tokenizer import IncrementalDetokenizer
-
-            self.detok = IncrementalDetokenizer(tokenizer)
-
-    def add(self, tokens: list[int]) -> list[int]:
-        """Commit tokens in order until one finishes the request; return the ones that count."""
-        taken: list[int] = []
-        for token in tokens:
-            if token in self.stop_ids:
-                self.finish_reason = "stop"
-                break
-            self.token_ids.append(token)
-            taken.append(token)
-            if self.detok is not None:
-                before = len(self.text)
-                self.text += self.detok.push(token)
-                if self.params.stop and self._cut_at_stop_string(before):
-                    self.finish_reason = "stop"
-                    self.stopped_by_string = True
-                    break
-            if len(self.token_ids) >= self.params.max_tokens:
-                self.finish_reason = "length"
-                break
-        return taken
-
-    def end_with_grammar(self, grammar_finished: bool) -> None:
-        """A completed grammar ends the request even when its stop token does not (``ignore_eos``)."""
-        if grammar_finished and self.finish_reason is None:
-            self.finish_reason = "stop"
-
-    def _cut_at_stop_string(self, before: int) -> bool:
-        window_start = max(0, before - self.holdback)
-        hits = [i for s in self.params.stop if (i := self.text.find(s, window_start)) >= 0]
-        if not hits:
-            return False
-        self.text = self.text[: min(hits)]
-        return True
-
-    def new_text(self) -> str:
-        """Text that can no longer change: all of it once finished, else all but a possible
-        stop-string prefix at the end."""
-        if self.finish_reason is not None and not self.stopped_by_string and self.detok is not None:
-            self.text += self.detok.flush()
-            self.detok = None
-        end = len(self.text) if self.finish_reason is not None else len(self.text) - self.holdback
-        chunk = self.text[self.emitted : max(end, self.emitted)]
-        self.emitted = max(end, self.emitted)
-        return chunk
 
 
 def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
@@ -208,7 +144,7 @@ def generate_steps(
         stop_ids |= tokenizer.stop_token_ids
     if params.stop and tokenizer is None:
         raise SpecdecError("stop strings need a tokenizer")
-    out = _OutputTracker(params, stop_ids, tokenizer)
+    out = OutputTracker(params, stop_ids, tokenizer)
     if params.structured is not None and constraint is None:
         if tokenizer is None:
             raise SpecdecError("structured output needs a tokenizer")
@@ -384,7 +320,7 @@ def tree_round(draft: Draft, path: list[int], stats: Stats) -> list[int]:
     return [draft.tokens[n] for n in path] + ([] if tried is None else [draft.tokens[tried]])
 
 
-def commit_tokens(out: _OutputTracker, constraint: GrammarConstraint | None, tokens: list[int]) -> list[int]:
+def commit_tokens(out: OutputTracker, constraint: GrammarConstraint | None, tokens: list[int]) -> list[int]:
     """Commit one step's tokens to the output (stop rules applied) and to the grammar, if any: nothing
     after the token that completes the grammar is output, and a completed grammar ends the request."""
     if constraint is None:
