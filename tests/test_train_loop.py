@@ -1,4 +1,4 @@
-"""The training loop's schedule and precision: the learning rate's warm-up and decay over a time
+"""The training loop's schedule, precision and bookkeeping: the learning rate's warm-up and decay over a time
 budget, and mixed-precision training (specdec/train/precision.py): the choice, the frozen LM head
 rows' dtype, and that a bfloat16 run still learns while keeping float32 weights."""
 
@@ -70,3 +70,11 @@ def test_mixed_precision_rounds_matmuls_only_when_asked():
         assert (x @ w).dtype == torch.float32
     with mixed_precision("bfloat16"):
         assert (x @ w).dtype == torch.bfloat16
+
+
+def test_extraction_minutes_add_up_over_resumed_runs(tmp_path):
+    from specdec.train.data import add_extraction_minutes
+
+    assert add_extraction_minutes(tmp_path, 12.5) == 12.5
+    assert add_extraction_minutes(tmp_path, 0.0) == 12.5  # a resumed run that extracted nothing
+    assert add_extraction_minutes(tmp_path, 2.5) == 15.0

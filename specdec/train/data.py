@@ -17,6 +17,7 @@ extraction resumes at the first missing shard.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import sysconfig
 import time
@@ -157,6 +158,15 @@ def extract_features(backend, sequences: list[list[int]], directory: Path, shard
         done += 1
     bar.close()
     return done
+
+
+def add_extraction_minutes(directory: Path, minutes: float) -> float:
+    """The minutes every run spent extracting into ``directory``, this one's ``minutes`` added (a
+    resumed run extracts little or nothing itself; the report must still say what the data cost)."""
+    path = directory / "extraction.json"
+    total = (json.loads(path.read_text())["minutes"] if path.is_file() else 0.0) + minutes
+    path.write_text(json.dumps({"minutes": total}) + "\n")
+    return total
 
 
 def iter_shards(directory: Path) -> Iterator[dict[str, torch.Tensor]]:

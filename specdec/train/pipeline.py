@@ -16,7 +16,7 @@ import torch
 from specdec.config import SpecConfig
 from specdec.errors import SpecdecError
 from specdec.models.registry import DEFAULT_DRAFT
-from specdec.train.data import extract_features, load_documents, load_shards, token_sequences
+from specdec.train.data import add_extraction_minutes, extract_features, load_documents, load_shards, token_sequences
 from specdec.train.loop import TrainConfig, describe, train_head
 from specdec.train.precision import choose_precision, precision_name
 from specdec.train.target_parts import TargetParts
@@ -102,7 +102,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     extract_features(target.backend, held_out, features / "held_out", progress=progress)
     shards = extract_features(target.backend, train, features / "train", budget_seconds=job.extract_minutes * 60,
                               progress=progress)
-    extract_minutes = (time.perf_counter() - began) / 60
+    extract_minutes = add_extraction_minutes(features, (time.perf_counter() - began) / 60)
     train_data, held_data = load_shards(features / "train"), load_shards(features / "held_out")
     train_tokens = int((train_data["tokens"] >= 0).sum())
     log(f"features: {shards} shards, {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens")
@@ -114,6 +114,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
     job = replace(job, train=replace(job.train, precision=precision_name(choose_precision(job.train.precision))))
     log(f"training precision: {job.train.precision}")
+    info["precision"] = job.train.precision
     if job.kind == "distill":
         return distill_draft(job, target, train_data, held_data, prompts, info, progress, log)
 

@@ -126,7 +126,7 @@ def write_report(out_dir: Path, history: History, result: SpeculationResult | No
              f"({info.get('held_out_tokens')} tokens) from documents never trained on",
              f"- features: {info.get('feature_mode')} target, {info.get('extract_minutes')} min of extraction",
              f"- training: {history.steps[-1] if history.steps else 0} steps, {history.tokens[-1] if history.tokens else 0} "
-             f"tokens seen, {info.get('train_minutes')} min; CPU: {info.get('cpu')}",
+             f"tokens seen, {info.get('train_minutes')} min in {info.get('precision', 'float32')}; CPU: {info.get('cpu')}",
              (f"- held-out before training: loss {history.eval_loss[0]:.3f}, teacher-forced top-1 {history.eval_top1[0]:.3f}\n"
               if history.eval_steps and history.eval_steps[0] == 0 and len(history.eval_steps) > 1 else "")
              + f"- held-out: loss {history.eval_loss[-1]:.3f}, teacher-forced top-1 {history.eval_top1[-1]:.3f}"
