@@ -77,6 +77,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmd.add_argument("--lr", type=float, default=None,
                      help="AdamW learning rate after a 20-step warm-up (default: 5e-4 for heads, 2e-5 for distill: "
                           "a pretrained model's layers move little)")
+    cmd.add_argument("--final-lr-ratio", type=float, default=0.1, metavar="R",
+                     help="after warm-up the learning rate follows a cosine down to lr x R by the end of the budget "
+                          "(1: constant) (default: 0.1)")
     cmd.add_argument("--max-steps", type=int, default=0, metavar="N", help="stop after N steps (0: the budget decides; default: 0)")
     cmd.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
                      help="minutes between checkpoints (the head directory is rewritten each time; default: 5)")
@@ -100,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     lr = args.lr if args.lr is not None else (2e-5 if args.kind == "distill" else 5e-4)
     train = TrainConfig(batch_size=args.batch_size, lr=lr, budget_minutes=args.budget_minutes,
                         checkpoint_minutes=args.checkpoint_minutes, max_steps=args.max_steps, seed=args.seed,
-                        unroll_steps=args.unroll_steps, step_decay=args.step_decay, precision=args.precision)
+                        unroll_steps=args.unroll_steps, step_decay=args.step_decay, precision=args.precision,
+                        final_lr_ratio=args.final_lr_ratio)
     job = DrafterTraining(model=args.model, out_dir=Path(args.out), kind=args.kind, data=args.data, quantize=args.quantize,
                           seq_len=args.seq_len, max_sequences=args.max_sequences, held_out_sequences=args.held_out_sequences,
                           extract_minutes=args.extract_minutes, draft_vocab_size=args.draft_vocab_size,

@@ -30,8 +30,9 @@ class TrainConfig:
     warmup_steps: int = 20
     #: after warm-up the rate follows a cosine from ``lr`` down to ``lr × final_lr_ratio`` over the
     #: run's length — its time budget or its step limit, whichever ends it first — so the last
-    #: minutes of a budget anneal instead of bouncing at full rate (1.0: constant)
-    final_lr_ratio: float = 0.1
+    #: minutes of a budget anneal instead of bouncing at full rate. 1.0 (constant) here, for short
+    #: fixed-step runs; ``train-drafter`` decays to 0.1 (``--final-lr-ratio``)
+    final_lr_ratio: float = 1.0
     weight_decay: float = 0.0
     reg_weight: float = 1.0
     #: EAGLE weighs the token loss 0.1; with little data it is the token loss that moves top-1
