@@ -83,6 +83,7 @@ def main() -> None:
         flatten_costs(target, draft)
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     plan = configs(methods, args.gamma)
+    shared_key = vocabulary_key(target.tokenizer, target.config.vocab_size)  # the table the suffix drafter reads
     table = (f"{args.suffix_history} other prompts' outputs + the measured ones before" if args.suffix_history
              else "empty per run")
     print(f"# {args.model} {args.quantize} + {args.draft_model} {args.draft_quantize}; CPU: {cpu_description()}; "
@@ -100,7 +101,7 @@ def main() -> None:
             plain_tokens, plain_speed = None, 1.0
             for name, spec in plan.items():
                 clear_global_caches()  # no request drafts from an earlier run of itself
-                shared = global_cache_for(vocabulary_key(target.tokenizer, target.config.vocab_size))
+                shared = global_cache_for(shared_key)
                 for tokens in history:
                     shared.add_request(tokens)
                 uses_draft = spec is not None and specdec.drafters.registry.needs_draft_model(spec.method)

@@ -18,7 +18,7 @@ from specdec.errors import SpecdecError
 from specdec.models.registry import DEFAULT_DRAFT
 from specdec.train.data import add_extraction_minutes, extract_features, load_documents, load_shards, token_sequences
 from specdec.train.loop import TrainConfig, describe, train_head
-from specdec.train.precision import choose_precision, precision_name
+from specdec.train.precision import choose_precision
 from specdec.train.target_parts import TargetParts
 
 KINDS = ("eagle", "medusa", "distill")
@@ -112,7 +112,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
             "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
             "extract_minutes": round(extract_minutes, 1), "cpu": cpu_description()}
     prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
-    job = replace(job, train=replace(job.train, precision=precision_name(choose_precision(job.train.precision))))
+    job = replace(job, train=replace(job.train, precision=choose_precision(job.train.precision)))
     log(f"training precision: {job.train.precision}")
     info["precision"] = job.train.precision
     if job.kind == "distill":

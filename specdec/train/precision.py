@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from specdec.config import TRAIN_PRECISIONS
 from specdec.errors import SpecdecError
+
 #: bfloat16 must beat float32 by this much to be chosen: mixed precision rounds activations, so a
 #: tie is not worth it
 MIN_SPEEDUP = 1.25
@@ -40,15 +41,16 @@ def matmul_seconds(dtype: torch.dtype, rows: int = 256, hidden: int = 1536, out:
     return best
 
 
-def choose_precision(requested: str) -> torch.dtype:
-    """``requested`` (one of :data:`~specdec.config.TRAIN_PRECISIONS`) → the dtype a CPU training's matmuls run in.
-    ``auto``: bfloat16 only if it times ≥ :data:`MIN_SPEEDUP`× faster than float32 here."""
+def choose_precision(requested: str) -> str:
+    """``requested`` (one of :data:`~specdec.config.TRAIN_PRECISIONS`) → what a CPU training's
+    matmuls run in, ``float32`` or ``bfloat16`` (``TrainConfig.precision``). ``auto``: bfloat16
+    only if it times ≥ :data:`MIN_SPEEDUP`× faster than float32 here."""
     if requested not in TRAIN_PRECISIONS:
         raise SpecdecError(f"precision {requested!r} is not one of {', '.join(TRAIN_PRECISIONS)}")
     if requested != "auto":
-        return getattr(torch, requested)
+        return requested
     speedup = matmul_seconds(torch.float32) / matmul_seconds(torch.bfloat16)
-    return torch.bfloat16 if speedup >= MIN_SPEEDUP else torch.float32
+    return "bfloat16" if speedup >= MIN_SPEEDUP else "float32"
 
 
 @contextlib.contextmanager
@@ -62,7 +64,3 @@ def mixed_precision(precision: str) -> Iterator[None]:
     with warnings.catch_warnings(), torch.autocast("cpu", dtype=getattr(torch, precision)):
         warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
         yield
-
-
-def precision_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
