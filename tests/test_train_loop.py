@@ -78,3 +78,15 @@ def test_extraction_minutes_add_up_over_resumed_runs(tmp_path):
     assert add_extraction_minutes(tmp_path, 12.5) == 12.5
     assert add_extraction_minutes(tmp_path, 0.0) == 12.5  # a resumed run that extracted nothing
     assert add_extraction_minutes(tmp_path, 2.5) == 15.0
+
+
+@pytest.mark.parametrize("flag, value, message", [("--final-lr-ratio", "1.5", "between 0 and 1"),
+                                                  ("--final-lr-ratio", "-0.1", "between 0 and 1"),
+                                                  ("--precision", "fp8", "invalid choice")])
+def test_train_drafter_refuses_bad_schedule_and_precision_flags(flag, value, message, tmp_path, capsys):
+    from specdec.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train-drafter", "--out", str(tmp_path / "head"), flag, value])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "head").exists()  # refused before anything was loaded or written

@@ -77,7 +77,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmd.add_argument("--lr", type=float, default=None,
                      help="AdamW learning rate after a 20-step warm-up (default: 5e-4 for heads, 2e-5 for distill: "
                           "a pretrained model's layers move little)")
-    cmd.add_argument("--final-lr-ratio", type=float, default=0.1, metavar="R",
+    cmd.add_argument("--final-lr-ratio", type=lr_ratio, default=0.1, metavar="R",
                      help="after warm-up the learning rate follows a cosine down to lr x R by the end of the budget "
                           "(1: constant) (default: 0.1)")
     cmd.add_argument("--max-steps", type=int, default=0, metavar="N", help="stop after N steps (0: the budget decides; default: 0)")
@@ -94,6 +94,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_debug_flag(cmd)
     cmd.set_defaults(func=run)
     return cmd
+
+
+def lr_ratio(text: str) -> float:
+    """--final-lr-ratio: a fraction of the learning rate, 0 to 1."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (a fraction of --lr), got {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
