@@ -117,6 +117,8 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
     __m256i isum[R];
     _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kFarPrefetch), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kFarPrefetch + 64), _MM_HINT_T1);
     if (b < full) {
       __m256i w[8];
       for (int i = 0; i < 4; ++i) {
@@ -268,7 +270,10 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t*, i
   __m256i acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
   for (int64_t k = 0; k < K; k += 32) {
-    if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k + kPrefetch), _MM_HINT_T0);
+    if ((k & 63) == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + k + kPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + k + kFarPrefetch), _MM_HINT_T1);
+    }
     const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k));
     for (int r = 0; r < R; ++r) {
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + k));
