@@ -30,6 +30,7 @@ import torch
 
 from specdec.cost_model import Curve, ModeChoice, choose_mode, choose_mode_for_load
 from specdec.cpu import cpu_signature, cpu_ticks, last_level_cache_bytes, other_cpu_share
+from specdec.kernels.build import build_key, unsupported_reason
 from specdec.models.config import ModelConfig
 from specdec.paths import specdec_home
 
@@ -47,9 +48,10 @@ PROBE_CONTEXT = 128
 #: cached while something else ran put the 1.5B int8 step at 69 ms where the quiet machine measures
 #: 49.6 (and int4 at 37.1 for 31.0; Zen 4 EPYC), and every later choice read it
 MAX_OTHER_CPU_SHARE = 0.1
-#: bump when kernels change enough to invalidate cached curves (3: measured up to 32 rows; 4: the
-#: AVX-512 VNNI dot products, which flatten the int4 curve where the CPU has them; 5: the probe's
-#: weights are evicted from the CPU caches before every timed forward; 6: not cached when timed busy)
+#: bump when the way curves are measured changes (3: measured up to 32 rows; 4: the AVX-512 VNNI dot
+#: products, which flatten the int4 curve where the CPU has them; 5: the probe's weights are evicted
+#: from the CPU caches before every timed forward; 6: not cached when timed busy). A change to the C++
+#: kernels needs no bump: the cache file is also keyed by their build (``kernels.build.build_key``).
 CURVE_VERSION = 6
 #: acceptance assumed before a request has been seen: the 0.5B/1.5B Qwen pair measures 0.69-0.73
 #: on code on both machine kinds; draft-free methods (suffix, n-gram) propose far less often
@@ -163,8 +165,12 @@ def _shape_key(cfg: ModelConfig) -> str:
 
 
 def _cache_path(threads: int | None) -> Path:
+    """This CPU's curves at ``threads`` threads, measured with this build of the C++ kernels (a kernel
+    change, say a new prefetch, moves every int4 curve; curves cached before it would steer
+    ``--quantize auto`` and γ=auto by the old kernels' costs)."""
     threads = threads or torch.get_num_threads()
-    return specdec_home() / "step_costs" / f"{cpu_signature()}-t{threads}-v{CURVE_VERSION}.json"
+    kernels = build_key() if unsupported_reason() is None else "none"
+    return specdec_home() / "step_costs" / f"{cpu_signature()}-t{threads}-v{CURVE_VERSION}-k{kernels}.json"
 
 
 def _read_cache(path: Path) -> dict:

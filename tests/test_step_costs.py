@@ -93,6 +93,32 @@ def test_curves_are_measured_once_and_cached_per_cpu(tmp_path, monkeypatch, int4
     assert {m: c.seconds for m, c in again.items()} == {m: c.seconds for m, c in first.items()}
 
 
+def test_a_kernel_change_measures_the_curves_again(tmp_path, monkeypatch):
+    """Curves are keyed by the C++ kernels' build: a new build (a kernel edit) must not be planned with
+    the old build's costs, and going back to a build finds its own curves again."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    measured = []
+
+    def fake_measure(cfg, modes):  # noqa: ANN001, ANN202
+        measured.append(modes)
+        scale = len(measured)
+        return {mode: Curve(mode, {1: 0.01 * scale, 2: 0.011 * scale, 4: 0.013 * scale, 8: 0.02 * scale})
+                for mode in modes}
+
+    monkeypatch.setattr("specdec.step_costs.measure_curves", fake_measure)
+    monkeypatch.setattr("specdec.step_costs.other_cpu_share", lambda start: 0.0)
+    monkeypatch.setattr("specdec.step_costs.unsupported_reason", lambda: None)
+    monkeypatch.setattr("specdec.step_costs.build_key", lambda: "aaaaaaaaaaaa")
+    old_build = curves_for(TINY, ("int4",))["int4"].cost(1)
+    monkeypatch.setattr("specdec.step_costs.build_key", lambda: "bbbbbbbbbbbb")
+    new_build = curves_for(TINY, ("int4",))["int4"].cost(1)
+    assert len(measured) == 2 and new_build != old_build
+    monkeypatch.setattr("specdec.step_costs.build_key", lambda: "aaaaaaaaaaaa")
+    assert curves_for(TINY, ("int4",))["int4"].cost(1) == old_build and len(measured) == 2
+    assert sorted(p.name.rsplit("-k", 1)[1] for p in (tmp_path / "step_costs").glob("*.json")) == [
+        "aaaaaaaaaaaa.json", "bbbbbbbbbbbb.json"]
+
+
 def test_plan_names_a_mode_for_target_and_draft(tmp_path, monkeypatch, int4_kernel):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     plan = plan_execution(TINY, TINY, "draft")

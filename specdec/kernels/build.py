@@ -65,13 +65,20 @@ def unsupported_reason() -> str | None:
     return None
 
 
-def build_directory() -> Path:
-    """Where this exact build (sources, flags, torch, Python) lives."""
+@functools.lru_cache(maxsize=1)
+def build_key() -> str:
+    """12 hex digits naming this exact build: its sources, compiler flags, torch and Python versions.
+    Also keys what was measured with it (``specdec.step_costs``), so a kernel change re-measures."""
     key = hashlib.sha1()
     for path in SOURCES + HEADERS:
         key.update(path.name.encode() + b"\0" + path.read_bytes())
     key.update(json.dumps([CFLAGS, LDFLAGS, torch.__version__, sys.version_info[:2]]).encode())
-    return specdec_home() / "ext" / f"{EXTENSION_NAME}-{key.hexdigest()[:12]}"
+    return key.hexdigest()[:12]
+
+
+def build_directory() -> Path:
+    """Where this exact build (sources, flags, torch, Python) lives."""
+    return specdec_home() / "ext" / f"{EXTENSION_NAME}-{build_key()}"
 
 
 @functools.lru_cache(maxsize=1)
