@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
@@ -81,10 +81,42 @@ def build_directory() -> Path:
     return specdec_home() / "ext" / f"{EXTENSION_NAME}-{build_key()}"
 
 
-@functools.lru_cache(maxsize=1)
+#: set by :func:`layers_built_with`: the module :func:`kernel` returns instead of this build
+_substitute: ModuleType | None = None
+
+
 def kernel() -> ModuleType:
     """The compiled module, built first if this machine has no build of these sources yet.
     Raises :class:`SpecdecError` (with the way out: int8) where it cannot be built or loaded."""
+    return _substitute if _substitute is not None else _this_build()
+
+
+@contextlib.contextmanager
+def layers_built_with(module: ModuleType) -> Iterator[None]:
+    """Kernel layers made inside take ``module`` (another build: :func:`build_from`) instead of this
+    one; a layer keeps the module it was made with. For benchmarks that hold one model per build in
+    one process and time them forward for forward (benchmarks/kernel_ab.py): separate processes
+    differ by more than a kernel change on a shared machine."""
+    global _substitute
+    previous, _substitute = _substitute, module
+    try:
+        yield
+    finally:
+        _substitute = previous
+
+
+def build_from(source_dir: Path, name: str) -> ModuleType:
+    """Build (once: into ``source_dir/build``) and import another copy of the kernel sources — an
+    earlier revision's, say — as the module ``name``, so it loads beside this build."""
+    directory = source_dir / "build"
+    library = directory / f"{name}.so"
+    if not library.is_file():
+        _build(directory, [source_dir / path.name for path in SOURCES], name)
+    return _import(library, name)
+
+
+@functools.lru_cache(maxsize=1)
+def _this_build() -> ModuleType:
     reason = unsupported_reason()
     if reason is not None:
         raise SpecdecError(f"{reason}; use --quantize int8")
@@ -153,10 +185,10 @@ def use_kernel_path(name: str) -> Iterator[None]:
         kernel().set_kernel_path(previous)
 
 
-def _build(directory: Path) -> None:
+def _build(directory: Path, sources: Sequence[Path] = SOURCES, name: str = EXTENSION_NAME) -> None:
     """Run torch's JIT build in a child process with this interpreter's ``bin`` on its PATH."""
     directory.mkdir(parents=True, exist_ok=True)
-    args = {"name": EXTENSION_NAME, "sources": [str(p) for p in SOURCES], "cflags": list(CFLAGS),
+    args = {"name": name, "sources": [str(p) for p in sources], "cflags": list(CFLAGS),
             "ldflags": list(LDFLAGS), "build_directory": str(directory)}
     env = dict(os.environ)  # a copy for the child: this process's environment stays as it is
     env["PATH"] = os.pathsep.join(filter(None, (str(Path(sys.executable).parent), env.get("PATH"))))
@@ -171,9 +203,9 @@ def _build(directory: Path) -> None:
                            "use --quantize int8")
 
 
-def _import(library: Path) -> ModuleType:
+def _import(library: Path, name: str = EXTENSION_NAME) -> ModuleType:
     """Import the built library as ``torch.utils.cpp_extension.load`` does (not added to sys.modules)."""
-    spec = importlib.util.spec_from_file_location(EXTENSION_NAME, library)
+    spec = importlib.util.spec_from_file_location(name, library)
     if spec is None or spec.loader is None:
         raise ImportError(f"{library} is not an extension module")
     module = importlib.util.module_from_spec(spec)
