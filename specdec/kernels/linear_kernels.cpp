@@ -31,6 +31,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -100,67 +101,100 @@ void quantize_row(const float* x, int64_t K, int8_t* xq, float* scale, int32_t* 
   }
 }
 
+// One block (b) of one weight row against R activation rows: each row's exact int32 group sums, each
+// times its group's sc. Full blocks: 8 maddubs summed in 16 bits, one madd applies the 8 group scales;
+// a partial last block: per pair of groups as in Q4_K's layout. Exact in int32 (255 * 30480 * 2 < 2^31).
+template <int R>
+inline void block_sums(const uint8_t* qs, const uint8_t* sc, int64_t groups, int64_t b, bool full_block,
+                       const int8_t* xq, int64_t K, __m256i isum[R]) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch + 64), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kFarPrefetch), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kFarPrefetch + 64), _MM_HINT_T1);
+  if (full_block) {
+    const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    __m256i w[8];
+    for (int i = 0; i < 4; ++i) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * 128 + 32 * i));
+      w[2 * i] = _mm256_and_si256(packed, low);
+      w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    }
+    const __m256i scales = _mm256_cvtepu8_epi16(
+        _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + b * 8)), dup));
+    for (int r = 0; r < R; ++r) {
+      const __m256i* a = reinterpret_cast<const __m256i*>(xq + r * K + b * 256);
+      __m256i t = _mm256_maddubs_epi16(w[0], _mm256_loadu_si256(a));
+      for (int i = 1; i < 8; ++i) t = _mm256_add_epi16(t, _mm256_maddubs_epi16(w[i], _mm256_loadu_si256(a + i)));
+      isum[r] = _mm256_madd_epi16(t, scales);
+    }
+    return;
+  }
+  for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+  for (int64_t g = b * 8; g < groups; g += 2) {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 16));
+    const __m256i w0 = _mm256_and_si256(packed, low);
+    const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    const __m256i s0 = _mm256_set1_epi16(sc[g]);
+    const __m256i s1 = _mm256_set1_epi16(sc[g + 1]);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = xq + r * K + g * 32;
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))), s0);
+      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32))), s1);
+      isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
+    }
+  }
+}
+
+// Block b's float step for R activation rows: one FMA applies d, one the mins (group sums x mn x dmin).
+template <int R>
+inline void block_accumulate(const int8_t* mn, const float* d, const float* dmin, int64_t b, const __m256i isum[R],
+                             const float* gsum, int64_t gstride, __m256 acc[R], __m256 min_acc[R]) {
+  const __m256 D = _mm256_set1_ps(d[b]);
+  const __m256 mins = _mm256_mul_ps(
+      _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + b * 8)))),
+      _mm256_set1_ps(dmin[b]));
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), D, acc[r]);
+    min_acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(gsum + r * gstride + b * 8), mins, min_acc[r]);
+  }
+}
+
 // Up to 4 activation rows against one weight row (more rows: several passes, so every row runs
-// the same instruction sequence for any M). Full blocks: 8 maddubs summed in 16 bits, one madd
-// applies the 8 group scales; a partial last block: per pair of groups as in Q4_K's layout. Then
-// per block one float FMA applies d and one the mins. Integer parts are exact in int32
-// (255 * 30480 * 2 < 2^31).
+// the same instruction sequence for any M): per block, block_sums then block_accumulate.
 template <int R>
 void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
               int64_t groups, const int8_t* xq, const float* gsum, int64_t K, int64_t gstride, float* result) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const int64_t blocks = (groups + 7) / 8, full = groups / 8;
   __m256 acc[R], min_acc[R];
   for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); min_acc[r] = _mm256_setzero_ps(); }
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i isum[R];
-    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kFarPrefetch), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kFarPrefetch + 64), _MM_HINT_T1);
-    if (b < full) {
-      __m256i w[8];
-      for (int i = 0; i < 4; ++i) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * 128 + 32 * i));
-        w[2 * i] = _mm256_and_si256(packed, low);
-        w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-      }
-      const __m256i scales = _mm256_cvtepu8_epi16(
-          _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + b * 8)), dup));
-      for (int r = 0; r < R; ++r) {
-        const __m256i* a = reinterpret_cast<const __m256i*>(xq + r * K + b * 256);
-        __m256i t = _mm256_maddubs_epi16(w[0], _mm256_loadu_si256(a));
-        for (int i = 1; i < 8; ++i) t = _mm256_add_epi16(t, _mm256_maddubs_epi16(w[i], _mm256_loadu_si256(a + i)));
-        isum[r] = _mm256_madd_epi16(t, scales);
-      }
-    } else {
-      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-      for (int64_t g = b * 8; g < groups; g += 2) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 16));
-        const __m256i w0 = _mm256_and_si256(packed, low);
-        const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-        const __m256i s0 = _mm256_set1_epi16(sc[g]);
-        const __m256i s1 = _mm256_set1_epi16(sc[g + 1]);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* a = xq + r * K + g * 32;
-          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))), s0);
-          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32))), s1);
-          isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
-        }
-      }
-    }
-    const __m256 D = _mm256_set1_ps(d[b]);
-    const __m256 mins = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + b * 8)))),
-        _mm256_set1_ps(dmin[b]));
-    for (int r = 0; r < R; ++r) {
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), D, acc[r]);
-      const __m256 gs = _mm256_loadu_ps(gsum + r * gstride + b * 8);
-      min_acc[r] = _mm256_fmadd_ps(gs, mins, min_acc[r]);
-    }
+    block_sums<R>(qs, sc, groups, b, b < full, xq, K, isum);
+    block_accumulate<R>(mn, d, dmin, b, isum, gsum, gstride, acc, min_acc);
   }
   for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]) - hsum(min_acc[r]);
+}
+
+// One activation row (a decode step) against W consecutive weight rows, their blocks interleaved: per
+// row the operations of dot_pass<1>, so the same bits. Why: a decode step's rows are short (896 or 1536
+// inputs: 448-768 bytes) and one call per row left the end of each row — its two horizontal sums, the
+// call and return — exposed; the 0.5B draft's step spent ~10 % there and ~18 % with the other thread
+// waiting at the barrier.
+constexpr int kWeightRows = 4;
+void dot_weight_rows(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
+                     int64_t groups, const int8_t* xq, const float* gsum, int64_t K, float* result) {
+  const int64_t blocks = (groups + 7) / 8, full = groups / 8;
+  __m256 acc[kWeightRows], min_acc[kWeightRows];
+  for (int j = 0; j < kWeightRows; ++j) { acc[j] = _mm256_setzero_ps(); min_acc[j] = _mm256_setzero_ps(); }
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int j = 0; j < kWeightRows; ++j) {
+      __m256i isum[1];
+      block_sums<1>(qs + j * (K / 2), sc + j * blocks * 8, groups, b, b < full, xq, K, isum);
+      block_accumulate<1>(mn + j * blocks * 8, d + j * blocks, dmin + j * blocks, b, isum, gsum, 0, acc + j, min_acc + j);
+    }
+  }
+  for (int j = 0; j < kWeightRows; ++j) result[j] = hsum(acc[j]) - hsum(min_acc[j]);
 }
 
 // R (1..8) activation rows against one weight row: passes of at most 4 rows (8 would spill the 16
@@ -205,9 +239,16 @@ T* align64(T* p) {
   return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
 }
 
-template <typename RowDot>
+// With a single activation row, `rows_dot(n, xq, gsum, result)`, where given, computes kWeightRows weight
+// rows from n at once (see dot_weight_rows).
+struct NoRowsDot {
+  void operator()(int64_t, const int8_t*, const int32_t*, float*) const {}
+};
+
+template <typename RowDot, typename RowsDot = NoRowsDot>
 torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optional<torch::Tensor>& bias, Layout layout,
-                           RowDot row_dot) {
+                           RowDot row_dot, RowsDot rows_dot = RowsDot()) {
+  constexpr bool kHasRowsDot = !std::is_same_v<RowsDot, NoRowsDot>;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
   const int64_t M = x.size(0), K = x.size(1), gstride = group_stride(K);
   TORCH_CHECK(K % 64 == 0, "input size ", K, " is not a multiple of 64");
@@ -228,7 +269,19 @@ torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optiona
     for (int64_t nb = n0; nb < n1; nb += 32)
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
       const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
-      for (int64_t n = nb; n < std::min<int64_t>(nb + 32, n1); ++n) {
+      const int64_t ne = std::min<int64_t>(nb + 32, n1);
+      int64_t n = nb;
+      if (kHasRowsDot && rows == 1) {
+        for (; n + kWeightRows <= ne; n += kWeightRows) {
+          rows_dot(n, xq_rows + m0 * K, gsum + m0 * gstride, result);
+          for (int64_t j = 0; j < kWeightRows; ++j) {
+            float v = result[j] * xs[m0];
+            if (bp) v = v + bp[n + j];
+            op[m0 * N + n + j] = v;
+          }
+        }
+      }
+      for (; n < ne; ++n) {
         row_dot(n, rows, xq_rows + m0 * K, gsum + m0 * gstride, result);
         for (int64_t r = 0; r < rows; ++r) {
           float v = result[r] * xs[m0 + r];
@@ -257,6 +310,9 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   return tiled_linear(x, N, bias, Layout::kQ4, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
     dot[rows](qsp + n * (K / 2), scp + n * blocks * 8, mnp + n * blocks * 8, dp + n * blocks, dmp + n * blocks,
                groups, xq, reinterpret_cast<const float*>(gsum), K, gstride, result);
+  }, [&](int64_t n, const int8_t* xq, const int32_t* gsum, float* result) {  // one activation row: every path
+    dot_weight_rows(qsp + n * (K / 2), scp + n * blocks * 8, mnp + n * blocks * 8, dp + n * blocks, dmp + n * blocks,
+                    groups, xq, reinterpret_cast<const float*>(gsum), K, result);
   });
 }
 
