@@ -160,6 +160,9 @@ class Stats:
             **dict(zip(("drafted_at_position", "accepted_at_position"), position_counts(self.rounds))),
             **({"tree_rounds": self.tree_rounds, "tree_nodes_per_round": round(self.tree_nodes / self.tree_rounds, 3),
                 "tree_branch_wins": self.tree_branch_wins} if self.tree_rounds else {}),
+            # why a speculative method did not draft (γ=auto judged its prompt pass not worth it): a bench
+            # row with α 0 must say so, not look like a drafter that never agreed with the target
+            **({"speculation_note": self.speculation_note} if self.speculation_note else {}),
         }
 
     def summary_line(self) -> str:

@@ -113,3 +113,22 @@ def test_repeats_do_not_draft_from_their_own_earlier_output(tiny_target, dataset
     for row in rows:
         accepted = {r.stats["accepted_tokens"] for r in results if r.prompt_id == row.id and r.method != "ar"}
         assert len(accepted) == 1, accepted
+
+
+def test_the_report_says_which_requests_did_not_draft_and_why():
+    """A method row with α 0 is either a drafter that never agreed or one γ=auto never asked: the report
+    tells them apart with the engine's reason."""
+    from specdec.bench.report import drafting_notes, markdown_report
+    from specdec.bench.runner import RequestResult
+
+    note = "not drafting: the draft's pass over the prompt (~250 ms measured cost) would not be paid back by 95 more tokens"
+    results = [RequestResult("p0", "code", "draft", 0, 0, [1], {"speculation_note": note}, 0.1),
+               RequestResult("p1", "code", "draft", 0, 0, [1], {}, 0.1),
+               RequestResult("p0", "code", "ar", 0, 0, [1], {}, 0.1)]
+    notes = drafting_notes(results)
+    assert notes == [f"draft: 1 of 2 requests did not draft — {note}"]
+    summary = {"overall": {"draft": {"tokens_per_s": 1.0, "speedup": 1.0, "acceptance_rate": 0.0, "mean_accepted_len": 1.0,
+                                     "ttft_s": 0.1, "tpot_s": 0.01, "mismatches": 0}}}
+    report = markdown_report(summary, {"dataset": "x"}, notes)
+    assert "Not drafting (γ=auto):" in report and notes[0] in report
+    assert "Not drafting" not in markdown_report(summary, {"dataset": "x"})

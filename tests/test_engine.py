@@ -319,7 +319,9 @@ def test_a_request_too_short_to_pay_back_the_drafts_prompt_pass_does_not_specula
         tiny_target.backend.step_seconds, tiny_draft.backend.step_seconds = saved
     assert runs[3].stats.proposed_tokens == 0 and runs[3].stats.draft_forwards == 0
     assert "not drafting" in runs[3].stats.summary_line()  # the user is told why
+    assert "not drafting" in runs[3].stats.to_dict()["speculation_note"]  # and a bench's results.json
     assert runs[60].stats.proposed_tokens > 0 and not runs[60].stats.speculation_note
+    assert "speculation_note" not in runs[60].stats.to_dict()
 
 
 def test_under_load_the_prompt_pass_must_be_paid_back_from_the_loaded_saving(tiny_target, tiny_draft):

@@ -17,12 +17,27 @@ def write_results(out_dir: Path, results: list[RequestResult], meta: dict[str, A
     summary = summarize(results)
     payload = {"meta": meta, "summary": summary, "requests": [asdict(r) for r in results]}
     (out_dir / "results.json").write_text(json.dumps(payload, indent=1))
-    (out_dir / "report.md").write_text(markdown_report(summary, meta))
+    (out_dir / "report.md").write_text(markdown_report(summary, meta, drafting_notes(results)))
     write_plots(out_dir, results, summary)
     return summary
 
 
-def markdown_report(summary: dict, meta: dict[str, Any]) -> str:
+def drafting_notes(results: list[RequestResult]) -> list[str]:
+    """Per method, how many requests γ=auto decoded without drafting, and the engine's reason: a row
+    with α 0 must say whether its drafter failed or was never asked (e.g. step costs timed on a busy
+    machine made its prompt pass look unpayable)."""
+    skipped: dict[str, list[str]] = {}
+    totals: dict[str, int] = {}
+    for result in results:
+        totals[result.method] = totals.get(result.method, 0) + 1
+        note = result.stats.get("speculation_note")
+        if note:
+            skipped.setdefault(result.method, []).append(note)
+    return [f"{method}: {len(notes)} of {totals[method]} requests did not draft — {notes[0]}"
+            for method, notes in skipped.items()]
+
+
+def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None = None) -> str:
     lines = [f"# specdec bench — {meta.get('dataset')}", "",
              f"Command: `{meta.get('command', '')}`", "",
              f"Machine: {meta.get('machine', '')}; target {meta.get('model')} ({meta.get('execution')}), "
@@ -47,6 +62,8 @@ def markdown_report(summary: dict, meta: dict[str, Any]) -> str:
                          f"{cell(m['tpot_s'], '.4f')} | {m['mismatches']} |")
     lines += ["", "tokens/s and speedup are end to end (prefill included, as a user waits); decode speedup compares "
               "time per output token after the first (prefill excluded)."]
+    if notes:
+        lines += ["", "Not drafting (γ=auto):", *(f"- {note}" for note in notes)]
     lines += ["", "Plots: `speedup.png` (speedup per category and method), `accepted_len.png` (accepted-length "
               "histograms), `alpha_per_position.png` (α at each draft position: where drafts go wrong), "
               "`speedup_vs_gamma.png` (when several γ were run)."]
