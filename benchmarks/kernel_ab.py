@@ -21,6 +21,7 @@ tree's own exactness.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -56,9 +57,8 @@ def base_kernels(revision: str) -> object:
 
 
 def load(model: str, quantize: str, kernels: object | None) -> TorchBackend:
-    if kernels is None:
-        return specdec.load_model(model, "auto", "cpu", quantize=quantize).backend
-    with build.layers_built_with(kernels):
+    """``model`` with ``kernels`` (None: this tree's build)."""
+    with build.layers_built_with(kernels) if kernels is not None else contextlib.nullcontext():
         return specdec.load_model(model, "auto", "cpu", quantize=quantize).backend
 
 

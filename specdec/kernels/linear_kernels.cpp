@@ -108,10 +108,7 @@ template <int R>
 inline void block_sums(const uint8_t* qs, const uint8_t* sc, int64_t groups, int64_t b, bool full_block,
                        const int8_t* xq, int64_t K, __m256i isum[R]) {
   const __m256i low = _mm256_set1_epi8(0x0F);
-  _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch + 64), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kFarPrefetch), _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kFarPrefetch + 64), _MM_HINT_T1);
+  prefetch_ahead(qs + b * 128, 2);
   if (full_block) {
     const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     __m256i w[8];
@@ -279,6 +276,11 @@ torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optiona
   std::vector<std::atomic<int64_t>> stolen(threads);   // of those, taken from the back by another thread
   for (int64_t t = 0; t < threads; ++t) { claimed[t] = 0; stolen[t] = 0; }
   auto run_start = [&](int64_t t) { return t * tiles / threads; };
+  auto store = [&](int64_t m, int64_t n, float dot) {  // activation row m's scale, then the bias
+    float v = dot * xs[m];
+    if (bp) v = v + bp[n];
+    op[m * N + n] = v;
+  };
   auto compute_tile = [&](int64_t tile, float* result) {
     const int64_t nb = tile * kTileRows, ne = std::min<int64_t>(nb + kTileRows, N);
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
@@ -287,20 +289,12 @@ torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optiona
       if (kHasRowsDot && rows == 1) {
         for (; n + kWeightRows <= ne; n += kWeightRows) {
           rows_dot(n, xq_rows + m0 * K, gsum + m0 * gstride, result);
-          for (int64_t j = 0; j < kWeightRows; ++j) {
-            float v = result[j] * xs[m0];
-            if (bp) v = v + bp[n + j];
-            op[m0 * N + n + j] = v;
-          }
+          for (int64_t j = 0; j < kWeightRows; ++j) store(m0, n + j, result[j]);
         }
       }
       for (; n < ne; ++n) {
         row_dot(n, rows, xq_rows + m0 * K, gsum + m0 * gstride, result);
-        for (int64_t r = 0; r < rows; ++r) {
-          float v = result[r] * xs[m0 + r];
-          if (bp) v = v + bp[n];
-          op[(m0 + r) * N + n] = v;
-        }
+        for (int64_t r = 0; r < rows; ++r) store(m0 + r, n, result[r]);
       }
     }
   };
@@ -351,10 +345,7 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t*, i
   __m256i acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
   for (int64_t k = 0; k < K; k += 32) {
-    if ((k & 63) == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + k + kPrefetch), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w + k + kFarPrefetch), _MM_HINT_T1);
-    }
+    if ((k & 63) == 0) prefetch_ahead(w + k, 1);
     const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k));
     for (int r = 0; r < R; ++r) {
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + k));

@@ -38,10 +38,7 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
   __m256 acc[R], min_acc[R];
   for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); min_acc[r] = _mm256_setzero_ps(); }
   for (int64_t b = 0; b < blocks; ++b) {
-    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kPrefetch + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kFarPrefetch), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(qs + b * 128 + kFarPrefetch + 64), _MM_HINT_T1);
+    prefetch_ahead(qs + b * 128, 2);
     const __m256 D = _mm256_set1_ps(d[b]);
     const __m256 mins = _mm256_mul_ps(
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + b * 8)))),
@@ -102,10 +99,7 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gs
   __m256i acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
   for (int64_t k = 0; k < K; k += 32) {
-    if ((k & 63) == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + k + kPrefetch), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w + k + kFarPrefetch), _MM_HINT_T1);
-    }
+    if ((k & 63) == 0) prefetch_ahead(w + k, 1);
     const __m256i wv = _mm256_xor_si256(load(w + k), flip);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_dpbusd_epi32(acc[r], wv, load(xq + r * K + k));
   }
