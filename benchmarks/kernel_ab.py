@@ -43,7 +43,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def base_kernels(revision: str) -> object:
     """``revision``'s kernel sources, built once per commit as the module ``specdec_base_kernels``."""
-    commit = subprocess.run(["git", "rev-parse", revision], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    found = subprocess.run(["git", "rev-parse", "--verify", f"{revision}^{{commit}}"], cwd=REPO, capture_output=True, text=True)
+    if found.returncode != 0:
+        raise SystemExit(f"--base {revision}: not a commit of this repository ({found.stderr.strip()})")
+    commit = found.stdout.strip()
     directory = specdec_home() / "ext" / f"kernel-ab-{commit[:12]}"
     directory.mkdir(parents=True, exist_ok=True)
     for path in build.SOURCES + build.HEADERS:

@@ -156,3 +156,26 @@ def test_the_environment_can_name_the_path_for_a_whole_command():
     env["SPECDEC_KERNEL_PATH"] = "avx9000"
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "SPECDEC_KERNEL_PATH=avx9000: this CPU runs" in done.stderr
+
+
+def test_decode_rows_in_groups_of_four_with_a_remainder_match_the_chunk():
+    """A one-row call computes weight rows four at a time (dot_weight_rows) and the rest one by one: with
+    37 outputs (9 groups and 1 left over, over two tiles) every row must still equal the chunk's."""
+    gen = torch.Generator().manual_seed(11)
+    for width in (896, 1536):
+        layer = Q4Linear.from_float(torch.randn(37, width, generator=gen) * 0.05, torch.randn(37, generator=gen))
+        x = make_rows(5, width, seed=width)
+        chunk = layer(x)
+        for i in range(5):
+            assert torch.equal(chunk[i], layer(x[i : i + 1])[0]), f"width {width}: row {i}"
+
+
+def test_layers_made_inside_layers_built_with_take_that_module():
+    """kernel_ab.py's hook: layers made inside take the given build, later layers this one again."""
+    from specdec.kernels import build
+
+    own = build.kernel()
+    sentinel = object()
+    with build.layers_built_with(sentinel):
+        assert build.kernel() is sentinel
+    assert build.kernel() is own
