@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Sequence, Union
 
 import torch
 
-from specdec import step_costs
+from specdec import step_calibration, step_costs
 from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
 from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
@@ -151,6 +151,7 @@ def load_model(
             prompts.mode = prompt_mode
             prompts.step_seconds = step_costs.full_curve(decoder.config, prompt_mode)
             backend.use_for_prompts(prompts)
+        step_calibration.calibrate(backend)  # the probe's curve rescaled to this model (γ=auto's prior)
     elif prompt_quantize not in (None, "same", "auto"):
         raise SpecdecError(f"--prompt-quantize {prompt_quantize} needs a CPU execution mode (--quantize int8, int4 or int4-all)")
     _return_freed_memory()

@@ -27,6 +27,7 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.output import OutputTracker
 from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
+from specdec.step_calibration import planning_curve
 from specdec.stats import Round, Stats
 from specdec.structured import GrammarConstraint
 from specdec.tree import TreeLayout, depths, subtree
@@ -156,14 +157,15 @@ def generate_steps(
         weight_bytes=target.weight_bytes,
         draft_weight_bytes=drafter.weight_bytes if drafter is not None else 0,
     )
+    # a seeded sampled request plans its draft lengths from the cached priors and its own acceptance
+    # only, never from this process's wall-clock timings (SamplingParams.is_seeded_sampling)
+    learn_timings = not params.is_seeded_sampling
+    target_seconds = planning_curve(target, seeded=not learn_timings)
     gamma = None
     if spec.adaptive and drafter is not None:
-        gamma = GammaController.from_measured(max_k, target.step_seconds, drafter.step_seconds, alpha_prior)
+        gamma = GammaController.from_measured(max_k, target_seconds, drafter.step_seconds, alpha_prior)
     # for drafts with prefix_accept and trees: what verifying k drafted tokens costs here
-    verify_costs = gamma.verify if gamma is not None else VerifyCosts.from_measured(target.step_seconds)
-    # a seeded sampled request plans its draft lengths from the measured priors and its own acceptance
-    # only, never from this run's wall-clock timings (SamplingParams.is_seeded_sampling)
-    learn_timings = not params.is_seeded_sampling
+    verify_costs = gamma.verify if gamma is not None else VerifyCosts.from_measured(target_seconds)
 
     start = time.perf_counter()
     state = target.new_state(cache_len)

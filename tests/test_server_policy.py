@@ -98,7 +98,7 @@ def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
 
     def model(seconds):
         return SimpleNamespace(config=SimpleNamespace(vocab_size=1000),
-                               backend=SimpleNamespace(step_seconds=seconds, dtype_name="int8", mode="int8"))
+                               backend=SimpleNamespace(step_seconds=seconds, step_ratios={}, dtype_name="int8", mode="int8"))
 
     target, draft = model({1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105}), model({1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047})
     table = measured_gamma_table(SpecConfig(method="draft_model", num_speculative_tokens=4), target, draft, 8)

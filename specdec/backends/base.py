@@ -40,6 +40,9 @@ class Backend(Protocol):
     mode: str  # the execution mode step-cost curves are keyed by ("int4-all" where dtype_name says "int4")
     #: forward seconds per chunk size T measured on this machine, or None (the γ cost model's prior)
     step_seconds: dict[int, float] | None
+    #: real ÷ probe forward seconds at the chunk sizes timed on the loaded model
+    #: (:mod:`specdec.step_calibration`); {} when not timed
+    step_ratios: dict[int, float]
 
     #: the backend that runs this model's prompt passes: itself, or the same model in an execution
     #: mode whose many-row forwards are cheaper, writing the same caches (TorchBackend.use_for_prompts)

@@ -37,6 +37,8 @@ class TorchBackend:
         #: seconds of a forward of T tokens (T → s) measured on this machine for this model's shape
         #: and execution mode (specdec.step_costs), when known: the γ cost model starts from it
         self.step_seconds: dict[int, float] | None = None
+        #: real ÷ probe seconds at a few chunk sizes, timed after loading (specdec.step_calibration)
+        self.step_ratios: dict[int, float] = {}
         #: runs this model's prompt passes (engine prefill, a draft model's catch-up): see use_for_prompts
         self.prompt_backend: TorchBackend = self
         #: earlier prompts' keys/values (specdec/prefix_cache.py), where enabled

@@ -175,15 +175,19 @@ def measured_gamma_table(spec, target, draft, max_requests: int) -> GammaTable |
     from specdec.drafters.registry import needs_draft_model
     from specdec.server.policy import GammaTable
     from specdec.cost_model import batch_gammas, batch_saving_per_token
+    from specdec.step_calibration import rescaled
     from specdec.step_costs import draft_curve, full_curve
 
     if spec.method is None or not target.backend.step_seconds:
         return None
-    target_curve = full_curve(target.config, target.backend.mode) or target.backend.step_seconds
+    # the probe's curves up to 32 rows, rescaled to the loaded models (specdec.step_calibration)
+    target_curve = rescaled(full_curve(target.config, target.backend.mode) or target.backend.step_seconds,
+                            target.backend.step_ratios)
     model_drafts = needs_draft_model(spec.method)
     drafting = None
     if model_drafts and draft is not None and draft.backend.step_seconds:
-        drafting = draft_curve(draft.config, draft.backend.mode, spec.draft_vocab_size or None) or draft.backend.step_seconds
+        drafting = rescaled(draft_curve(draft.config, draft.backend.mode, spec.draft_vocab_size or None)
+                            or draft.backend.step_seconds, draft.backend.step_ratios)
     gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
     return GammaTable(lambda alpha: batch_gammas(target_curve, alpha, gamma, drafting, max_requests,
                                                  spec.max_speculative_tokens),

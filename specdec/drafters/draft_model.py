@@ -24,6 +24,7 @@ from specdec.cost_model import Curve
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
+from specdec.step_calibration import planning_curve, rescaled
 from specdec.structured import GrammarConstraint
 from specdec.tree import TreeLayout
 
@@ -251,8 +252,9 @@ class DraftModelDrafter(Drafter):
         measured = self.backend.step_seconds
         if measured is None:
             return None
-        curve = step_costs.draft_curve(self.backend.config, self.backend.mode, self.vocab_limit)
-        return Curve(self.backend.mode, curve).cost(1) if curve else measured.get(1)
+        curve = step_costs.draft_curve(self.backend.config, self.backend.mode, self.vocab_limit) or measured
+        ratios = {} if self.params.is_seeded_sampling else self.backend.step_ratios  # see step_calibration
+        return Curve(self.backend.mode, rescaled(curve, ratios)).cost(1)
 
     def catch_up_seconds(self, context_len: int) -> float:
         """The prompt pass over what the draft cache lacks (at most its context window), from the
@@ -260,7 +262,7 @@ class DraftModelDrafter(Drafter):
         pending = context_len - self.offset - self.state.seq_len
         if self.context_window:
             pending = min(pending, self.context_window)
-        measured = self._runner(pending).step_seconds
+        measured = planning_curve(self._runner(pending), seeded=self.params.is_seeded_sampling)
         if not measured or len(measured) < 2:
             return 0.0
         return Curve("draft", dict(measured)).cost(pending) if pending > 1 else 0.0
