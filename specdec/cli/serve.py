@@ -7,6 +7,7 @@ thread that will run them (:class:`specdec.server.executor.ModelExecutor`); the 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -159,6 +160,11 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     limit, table = args.disable_speculation_above, None
     if limit == "auto":
         limit, table = None, measured_gamma_table(spec, target, draft, args.max_concurrency)
+    # what loading left lives as long as the server: a full collection walks it all (~356 k objects with
+    # the default pair, 170 ms on a Zen 4 EPYC — a stall of ~6 decode steps wherever one fires); frozen,
+    # collections see only what requests allocate (gc.collect after the freeze: 0.0 ms). vLLM does the same.
+    gc.collect()
+    gc.freeze()
     return ServerState(target=target, model_name=args.served_model_name or args.model, draft=draft, spec=spec,
                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                        disable_speculation_above=limit, gamma_table=table, executor=executor,
