@@ -94,3 +94,25 @@ def test_garbage_file_is_a_clear_error(tmp_path):
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(WeightsError, match="no such file"):
         load_decoder(tmp_path / "nope.gguf")
+
+
+def test_a_gguf_config_is_read_once_per_version_of_the_file(tmp_path, monkeypatch):
+    """The gguf reader parses every metadata field (a real model's 151 k-token vocabulary: 7.5 s) to
+    answer read_config; the config is kept beside the file and read again only when the file changes."""
+    from specdec.models import weights
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, make_hf_model(TINY_QWEN2), TINY_QWEN2)
+    first = weights.read_config(path)
+    assert len(list(tmp_path.glob("tiny.config.*.json"))) == 1
+    weights._gguf_config.cache_clear()  # as a new process would start
+    real_open = weights.open_gguf
+
+    def refuse(_path):
+        raise AssertionError("the GGUF was parsed again")
+
+    monkeypatch.setattr(weights, "open_gguf", refuse)
+    assert weights.read_config(path) == first
+    monkeypatch.setattr(weights, "open_gguf", real_open)
+    write_tiny_gguf(path, make_hf_model(TINY_LLAMA), TINY_LLAMA)  # another model under the same name
+    assert weights.read_config(path).arch == "llama"
