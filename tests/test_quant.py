@@ -142,3 +142,22 @@ def test_int4_refuses_layer_sizes_it_cannot_run(tmp_path):
     path = make_tiny_model_dir(tmp_path / "llama", TINY_LLAMA)  # hidden 96: not a multiple of 64
     with pytest.raises(SpecdecError, match="multiples of 64.*--quantize int8"):
         specdec.load_model(path, dtype="float32", device="cpu", quantize="int4")
+
+
+def test_a_loaded_int8_model_is_packed_before_its_first_forward(quantized, tmp_path):
+    """The loader fuses q|k|v and gate|up from the int8 rows it read and prepacks every layer once
+    (fused ones included) before returning: nothing is left to pack in a request's first forward."""
+    from safetensors.torch import load_file, save_file
+
+    from specdec.models.transformer import Decoder
+
+    save_file(quantized_state(quantized), str(tmp_path / "q.safetensors"))
+    with torch.device("meta"):
+        skeleton = Decoder(quantized.config)
+    restored = load_quantized_state(skeleton, load_file(str(tmp_path / "q.safetensors")))
+    layers = [m for m in restored.modules() if isinstance(m, Int8Linear)]
+    fused = [m for block in restored.modules() for m in (getattr(block, "fused_qkv", None), getattr(block, "fused_gate_up", None))
+             if isinstance(m, Int8Linear)]
+    assert len(fused) == 2 * quantized.config.num_layers
+    assert all(m._packed is not None and m._unpacked is None for m in fused)
+    assert all(m._unpacked is None and (m._packed is not None or m._rows_in is not None) for m in layers)

@@ -11,6 +11,8 @@ transformer.py), used by duck typing so this package imports nothing of ``specde
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 from torch import nn
@@ -76,13 +78,14 @@ def quantize_decoder_q4(decoder: nn.Module, q4k_blocks: dict[str, np.ndarray] | 
     return _finish(decoder, fuse, layer_ops_required=True)
 
 
-def fuse_projections(decoder: nn.Module) -> nn.Module:
+def fuse_projections(decoder: nn.Module) -> list[nn.Module]:
     """q|k|v and gate|up each become one kernel call where their layers are of one kind: the same
     input is quantized once and a small model's step makes ~3 fewer calls per layer (per-call
     overhead is a large share of a 0.5B draft's step on a CPU). Every output is bit-identical to the
     separate calls' (rows keep their scales); state_dict and weight_bytes are unchanged (see
     ``Attention.set_fused_projections``). Mixed kinds (a Q6_K v projection beside Q4_K q/k) stay
-    separate calls."""
+    separate calls. Returns the fused layers (outside the module tree: :func:`pack_int8_layers`)."""
+    fused = []
     for module in decoder.modules():
         names = getattr(module, "FUSABLE_PROJECTIONS", None)
         if names is None:
@@ -90,8 +93,18 @@ def fuse_projections(decoder: nn.Module) -> nn.Module:
         parts = [getattr(module, n) for n in names]
         kind = type(parts[0])
         if hasattr(kind, "concat") and all(type(p) is kind for p in parts):
-            module.set_fused_projections(kind.concat(parts))
-    return decoder
+            fused.append(kind.concat(parts))
+            module.set_fused_projections(fused[-1])
+    return fused
+
+
+def pack_int8_layers(modules: list[nn.Module]) -> None:
+    """Prepack the int8 layers among ``modules`` not packed yet (a loader's, fused ones), on as many
+    threads as torch uses: fbgemm's prepacking is single-threaded, ~240 MB/s here, and was most of an
+    int8 model's load (9.8 s of the default pair's prompt twins); two threads pack 1.5× faster."""
+    layers = [module for module in modules if isinstance(module, Int8Linear)]
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        list(pool.map(Int8Linear.pack, layers))
 
 
 def set_batch_invariant(decoder: nn.Module, enabled: bool) -> None:
@@ -125,8 +138,8 @@ def load_quantized_state(decoder: nn.Module, state: dict[str, torch.Tensor], fus
                 kind = next((k for k in INT4_MODE_LAYERS if f"{prefix}.{k.BUFFERS[0]}" in state), None)
                 if kind is not None:
                     layer: nn.Module = kind(*(state[f"{prefix}.{b}"].clone() for b in kind.BUFFERS), bias)
-                else:  # prepacking copies the weights
-                    layer = Int8Linear(state[f"{prefix}.qweight"], state[f"{prefix}.scales"].clone(), bias)
+                else:  # packed in _finish, after fusing (prepacking copies the weights: no clone)
+                    layer = Int8Linear(state[f"{prefix}.qweight"], state[f"{prefix}.scales"].clone(), bias, pack=False)
                 kinds.add(type(layer))
                 setattr(module, child_name, layer)
     if "model.embed_tokens.blocks" in state:
@@ -145,7 +158,7 @@ def _finish(decoder: nn.Module, fuse: bool, layer_ops_required: bool) -> nn.Modu
     """What every conversion ends with, in this order: attention row-wise, projections fused, then
     the C++ layer runner (it captures the fused projections when it is made)."""
     set_batch_invariant(decoder, True)
-    if fuse:
-        fuse_projections(decoder)
+    fused = fuse_projections(decoder) if fuse else []
+    pack_int8_layers([*decoder.modules(), *fused])
     use_layer_ops(decoder, required=layer_ops_required)
     return decoder

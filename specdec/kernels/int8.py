@@ -65,13 +65,18 @@ class Int8Linear(nn.Module):
     copy either: the kernel's packed weights are the only one (``qweight`` unpacks them when the
     weights are serialized or sliced; a 1.5B model's process held 2.2 GB more with both)."""
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, pack: bool = True) -> None:
+        """``pack=False``: keep ``qweight`` as it is until :meth:`pack` (a loader that fuses layers
+        first, :meth:`concat`, prepacks each weight once instead of packing, unpacking and packing
+        again: fbgemm's prepacking was most of an int8 model's load)."""
         super().__init__()
         self.in_features = qweight.shape[1]
         self.out_features = qweight.shape[0]
         self.register_buffer("scales", scales.float().contiguous(), persistent=True)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
-        self._packed: object | None = _prepack(qweight.contiguous(), self.scales)
+        #: the int8 weights before packing (pack=False), else None
+        self._unpacked: torch.Tensor | None = None if pack else qweight.contiguous()
+        self._packed: object | None = _prepack(qweight.contiguous(), self.scales) if pack else None
         # One byte seen as [out, in]: every counter that walks a module's tensors (Decoder.weight_bytes,
         # layer skip's skipped bytes, step_costs' head bytes) counts the int8 weights a forward reads,
         # which live in the opaque packed object; not serialized (``qweight`` is).
@@ -85,6 +90,8 @@ class Int8Linear(nn.Module):
         """int8 weights ``[out, in]``, unpacked from the kernel's copy (a new tensor each call)."""
         if self._packed is not None:
             return _unpack(self._packed)
+        if self._unpacked is not None:
+            return self._unpacked
         assert self._rows_in is not None, "an Int8Linear holds its packed weights or is part of a fused one"
         fused, first = self._rows_in
         return fused.qweight[first:first + self.out_features]
@@ -104,8 +111,8 @@ class Int8Linear(nn.Module):
         # A decode step makes ~100 of these calls: every op here costs a few µs of dispatch, so the
         # scale is applied in place and nothing is copied that is already float32 and contiguous.
         shape = x.shape
-        if self._packed is None:  # released by concat(); a direct call still works
-            self._packed = _prepack(self.qweight, self.scales)
+        if self._packed is None:  # not packed yet, or released by concat(); a direct call still works
+            self._packed, self._unpacked = _prepack(self.qweight, self.scales), None
         x2 = x.reshape(-1, shape[-1])
         if x2.dtype != torch.float32:
             x2 = x2.float()
@@ -114,6 +121,12 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             out.add_(self.bias)
         return out if len(shape) == 2 else out.reshape(*shape[:-1], self.out_features)
+
+    def pack(self) -> None:
+        """Prepack the weights for the kernel: a no-op when packed, or when part of a fused layer
+        (:meth:`concat`: that one holds its rows)."""
+        if self._packed is None and self._rows_in is None:
+            self._packed, self._unpacked = _prepack(self.qweight, self.scales), None
 
     def first_rows(self, rows: int) -> "Int8Linear":
         """This layer's first ``rows`` outputs (a draft's reduced vocabulary: Decoder.head_rows), in
@@ -127,10 +140,11 @@ class Int8Linear(nn.Module):
         weight scales and a token keeps its activation scale, so each output is bit-identical to its
         part's. The parts release their packed copies and read their rows from the fused layer when
         serialized."""
-        fused = cls(torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), concat_bias(parts))
+        fused = cls(torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), concat_bias(parts),
+                    pack=False)  # packed on first use, or with the others by convert._finish
         first = 0
         for part in parts:
-            part._packed, part._rows_in = None, (fused, first)
+            part._packed, part._unpacked, part._rows_in = None, None, (fused, first)
             first += part.out_features
         return fused
 
