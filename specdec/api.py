@@ -332,6 +332,14 @@ def default_max_num_batched_tokens(prefill_chunk: int, max_num_seqs: int, spec: 
     return prefill_chunk + max_num_seqs * (max(spec.max_speculative_tokens, spec.max_tree_nodes) + 1)
 
 
+def prompts_per_forward(prefill_chunk: int) -> int | None:
+    """Prompt passes one batched forward may carry (:class:`specdec.scheduler.Batcher`): one where
+    prompts are chunked (the CPU modes, where a prompt pass is compute-bound: two together cost their
+    sum, and both first tokens would wait for it), else None (as many as the rows allow: on a GPU a
+    forward of several prompts costs little more than one)."""
+    return 1 if prefill_chunk > 0 else None
+
+
 def generate_batch(
     target: LoadedModel,
     prompts: Sequence[Prompt],
@@ -369,7 +377,7 @@ def generate_batch(
     jobs: list[dict] = [{} for _ in prompts]  # each request's engine arguments, made when it is admitted
     chunks: list[list[StreamChunk]] = [[] for _ in prompts]
     failures: list[BaseException] = []
-    batcher = Batcher(max_num_batched_tokens)
+    batcher = Batcher(max_num_batched_tokens, prompts_per_forward=prompts_per_forward(chunk))
     bar = None
     if progress:
         from tqdm import tqdm

@@ -35,6 +35,8 @@ class ModelCall:
     tree: TreeLayout | None = None  # a token tree: positions by depth, ancestor mask (specdec.tree)
     vocab_limit: int | None = None  # score only ids < vocab_limit (a drafter's reduced vocabulary)
     role: Literal["target", "draft"] = "target"
+    #: part of the target's pass over a new request's prompt (its first token waits on it)
+    prompt: bool = False
     #: seconds of forward this call was charged, set by whoever ran it (its share of a batched one)
     seconds: float = 0.0
 

@@ -175,9 +175,9 @@ def generate_steps(
     fed = stats.cached_prompt_tokens = prefix_cache.restore(state, prompt_ids) if prefix_cache is not None else 0
     prompt_runner = target.prompt_backend  # the target itself, or its cheaper-for-prompts twin
     while 0 < prefill_chunk < len(prompt_ids) - fed:
-        yield ModelCall(prompt_runner, state, list(prompt_ids[fed : fed + prefill_chunk]), 1)  # its logits are not needed
+        yield ModelCall(prompt_runner, state, list(prompt_ids[fed : fed + prefill_chunk]), 1, prompt=True)  # its logits are not needed
         fed += prefill_chunk
-    logits = yield ModelCall(prompt_runner, state, list(prompt_ids[fed:]), 1)
+    logits = yield ModelCall(prompt_runner, state, list(prompt_ids[fed:]), 1, prompt=True)
     if prefix_cache is not None:
         prefix_cache.store(state, prompt_ids)
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits

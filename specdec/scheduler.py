@@ -65,10 +65,15 @@ class Stream:
 class Batcher:
     """The active streams and the batched forwards that move them on."""
 
-    def __init__(self, max_num_batched_tokens: int = 2048, on_batch: Callable[[int, int], None] | None = None) -> None:
+    def __init__(self, max_num_batched_tokens: int = 2048, on_batch: Callable[[int, int], None] | None = None,
+                 prompts_per_forward: int | None = None) -> None:
         """``max_num_batched_tokens``: rows of one forward (a call larger than this runs alone);
-        ``on_batch(requests, rows)`` hears of each target forward."""
+        ``on_batch(requests, rows)`` hears of each target forward; ``prompts_per_forward``: the most
+        prompt passes (or chunks) one forward carries (None: as many as fit). 1 where prompt passes are
+        compute-bound (chunked prefill on a CPU): two prompts in one forward cost their sum and both
+        first tokens wait for it; one at a time, the first waits only for its own."""
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prompts_per_forward = prompts_per_forward
         self.on_batch = on_batch
         self.streams: list[Stream] = []
 
@@ -101,14 +106,17 @@ class Batcher:
         groups: dict[tuple[int, int | None], tuple[list[Stream], list[int]]] = {}
         for stream in streams:
             assert stream.call is not None
-            batch, rows = groups.setdefault(stream.call.group, ([], [0]))
+            batch, counts = groups.setdefault(stream.call.group, ([], [0, 0]))  # rows, prompt calls
             size = len(stream.call.tokens)
-            if batch and rows[0] + size > self.max_num_batched_tokens:
+            if batch and counts[0] + size > self.max_num_batched_tokens:
+                continue
+            if stream.call.prompt and self.prompts_per_forward is not None and counts[1] >= self.prompts_per_forward:
                 continue
             batch.append(stream)
-            rows[0] += size
-        for batch, rows in groups.values():
-            self._serve(batch, rows[0])
+            counts[0] += size
+            counts[1] += stream.call.prompt
+        for batch, counts in groups.values():
+            self._serve(batch, counts[0])
 
     def _serve(self, batch: list[Stream], rows: int) -> None:
         """One ``forward_batch`` for calls to the same model; each call is charged its rows' share of it."""

@@ -202,3 +202,42 @@ def test_the_scheduler_drafts_first_so_verifications_share_a_forward():
     assert len(done) == 3
     assert target.batches == [3, 3, 3]  # every verification shared by all three
     assert max(draft.batches) == 3
+
+
+def test_one_prompt_per_forward_where_prompts_are_compute_bound():
+    """prompts_per_forward=1 (chunked prefill on a CPU): two prompts arriving together go to two
+    forwards, oldest first — the first one's first token waits only for its own pass — while decode
+    steps ride in both; None keeps packing them by rows (a GPU). Every stream finishes."""
+    from specdec.api import prompts_per_forward
+    from specdec.calls import ModelCall
+    from specdec.scheduler import END, Batcher, Stream
+
+    assert prompts_per_forward(256) == 1 and prompts_per_forward(0) is None
+
+    class Model:
+        def __init__(self):
+            self.batches = []
+
+        def forward_batch(self, calls, vocab_limit=None):
+            self.batches.append([len(tokens) for _, tokens, _, _ in calls])
+            return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
+
+    def request(prompt_len, decode=3):
+        yield ModelCall(target, None, [0] * prompt_len, 1, prompt=True)
+        for _ in range(decode):
+            yield ModelCall(target, None, [0])
+
+    for per_forward, expected in ((1, [[1, 10], [20, 1, 1]]), (None, [[1, 10, 20]])):
+        target, done = Model(), []
+        batcher = Batcher(prompts_per_forward=per_forward)
+        batcher.add(Stream(request(5), lambda item: None, lambda: False))
+        batcher.step()  # the first request's prompt alone
+        for length in (10, 20):
+            batcher.add(Stream(request(length), lambda item: done.append(item) if item is END else None, lambda: False))
+        batcher.step()
+        if per_forward == 1:
+            batcher.step()
+        assert target.batches[1:] == expected
+        while batcher.streams:
+            batcher.step()
+        assert len(done) == 2

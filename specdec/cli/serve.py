@@ -32,6 +32,11 @@ def batched_tokens_value(text: str) -> int | str:
     return count_or_word(text, ("auto",), 1, "tokens")
 
 
+def partial_prefills_value(text: str) -> int | str:
+    """``--max-num-partial-prefills``: ``auto`` or a number of prompts (at least 1)."""
+    return count_or_word(text, ("auto",), 1, "prompts")
+
+
 def speculation_limit_value(text: str) -> int | str | None:
     """``--disable-speculation-above``: a count, ``auto`` or ``never`` (None)."""
     value = count_or_word(text, ("auto", "never"), 0, "requests")
@@ -64,6 +69,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="chunked prefill: feed a long prompt N tokens per batched forward, so it shares forwards with "
                             "the other requests' decode steps instead of stalling them; auto (default): 256 where the "
                             "target's layers batch bit-identically (int8/int4 on CPU), else 0 = whole prompts")
+    serve.add_argument("--max-num-partial-prefills", type=partial_prefills_value, default="auto", metavar="N|auto",
+                       help="prompt passes (or chunks) one batched forward carries (vLLM's name). auto (default): 1 where "
+                            "prompts are chunked (CPU: a prompt pass is compute-bound, two in one forward cost their sum "
+                            "and both first tokens wait for it), else as many as --max-num-batched-tokens holds")
     serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                        help="start each prompt pass from the keys/values earlier prompts computed for the same leading "
                             "tokens (a chat template's system turn, a conversation's earlier turns, a shared preamble), "
@@ -120,7 +129,8 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     ``threads``: torch intra-op threads for this process (a Ray Serve replica sets it to the CPUs it
     was given, so replicas sharing a machine do not oversubscribe its cores)."""
     import specdec
-    from specdec.api import default_max_num_batched_tokens, default_prefill_chunk, enable_prefix_caching, rows_independent
+    from specdec.api import (default_max_num_batched_tokens, default_prefill_chunk, enable_prefix_caching, prompts_per_forward,
+                             rows_independent)
     from specdec.server.app import ServerState
     from specdec.server.executor import ModelExecutor
     from specdec.server.security import AccessPolicy, load_api_keys
@@ -157,6 +167,8 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     prefill_chunk = default_prefill_chunk(target) if args.prefill_chunk == "auto" else args.prefill_chunk
     executor.max_num_batched_tokens = (default_max_num_batched_tokens(prefill_chunk, args.max_concurrency, spec)
                                        if args.max_num_batched_tokens == "auto" else args.max_num_batched_tokens)
+    executor.prompts_per_forward = (prompts_per_forward(prefill_chunk) if args.max_num_partial_prefills == "auto"
+                                    else args.max_num_partial_prefills)
     limit, table = args.disable_speculation_above, None
     if limit == "auto":
         limit, table = None, measured_gamma_table(spec, target, draft, args.max_concurrency)

@@ -37,13 +37,15 @@ class ModelExecutor:
         self._batcher: Batcher | None = None
         #: rows of one batched forward; a call larger than this runs alone
         self.max_num_batched_tokens = max_num_batched_tokens
+        #: the most prompt passes one forward carries (Batcher; None: as many as fit)
+        self.prompts_per_forward: int | None = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def enable_batching(self, on_batch: Callable[[int, int], None] | None = None) -> None:
         """Accept streams from now on (before the first); ``on_batch(requests, tokens)`` hears of every
         target forward (the server's metrics)."""
-        self._batcher = Batcher(self.max_num_batched_tokens, on_batch)
+        self._batcher = Batcher(self.max_num_batched_tokens, on_batch, self.prompts_per_forward)
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the model thread and return its result (raises what it raised)."""
