@@ -241,3 +241,39 @@ def test_one_prompt_per_forward_where_prompts_are_compute_bound():
         while batcher.streams:
             batcher.step()
         assert len(done) == 2
+
+
+def test_the_servers_model_thread_batches_with_its_prompts_per_forward():
+    """ModelExecutor.prompts_per_forward (serve's --max-num-partial-prefills) reaches the Batcher: two
+    prompts that arrive together still go to separate forwards."""
+    import threading
+
+    from specdec.calls import ModelCall
+    from specdec.scheduler import END
+    from specdec.server.executor import ModelExecutor
+
+    batches, finished = [], threading.Semaphore(0)
+
+    class Model:
+        def forward_batch(self, calls, vocab_limit=None):
+            batches.append([len(tokens) for _, tokens, _, _ in calls])
+            return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
+
+    target = Model()
+
+    def request(prompt_len):
+        yield ModelCall(target, None, [0] * prompt_len, 1, prompt=True)
+        yield ModelCall(target, None, [0])
+
+    executor = ModelExecutor(name="test-model-thread")
+    executor.prompts_per_forward = 1
+    executor.enable_batching()
+    hold = threading.Event()
+    holder = threading.Thread(target=executor.call, args=(hold.wait,))
+    holder.start()  # the model thread waits in this call while both requests arrive
+    for length in (10, 20):
+        executor.add_stream(request(length), lambda item: finished.release() if item is END else None, lambda: False)
+    hold.set()
+    holder.join()
+    assert finished.acquire(timeout=10) and finished.acquire(timeout=10)
+    assert batches[:2] == [[10], [20, 1]]

@@ -32,6 +32,7 @@ def test_help_lists_every_generate_flag():
         (["generate", "hi", "--max-tokens", "-3"], "must be >= 1"),
         (["generate", "hi", "--num-speculative-tokens", "lots"], "positive integer"),
         (["serve", "--disable-speculation-above", "soon"], "'auto', 'never' or a number of requests"),
+        (["serve", "--max-num-partial-prefills", "0"], "'auto' or a number of prompts >= 1"),
         (["serve", "--replicas", "2"], "need --ray"),
         (["serve", "--ray", "--replicas", "64"], "more CPUs than this machine's"),
         (["serve", "--ray", "--port", "0"], "needs a fixed --port"),
