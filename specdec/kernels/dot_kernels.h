@@ -29,4 +29,12 @@ extern const DotFn kDotAvx512Vnni[kMaxRows + 1];
 extern const DotQ8Fn kDotQ8Avx512Vnni[kMaxRows + 1];
 extern const DotQ6Fn kDotQ6Avx512Vnni[kMaxRows + 1];
 
+// The int8 mode's GEMM (int8_gemm_avx512.cpp; formats there), AVX-512 VNNI only:
+// rows of x [rows, K] -> int8 xq [rows, K], their scales xs and the totals of their codes
+void int8_quantize_rows_avx512(const float* x, int64_t rows, int64_t K, int8_t* xq, float* xs, int32_t* totals);
+// `rows` quantized activation rows x one packed panel of 64 outputs (`cols` of them real) -> out (row stride ldo)
+void int8_gemm_panel_avx512(const int8_t* xq, const float* xs, const int32_t* totals, int64_t rows, int64_t K,
+                            const uint8_t* panel, const float* ws, const float* bias, int64_t cols, float* out,
+                            int64_t ldo);
+
 }  // namespace specdec_kernels

@@ -11,19 +11,32 @@ from plain output. Here each row is divided by its own max |x| before quantizati
 1/127, zero point 128) and multiplied back after, so a row's result is bit-identical alone or in a
 chunk. Integer accumulation is exact, so nothing else depends on the chunk size.
 
-The kernel (fbgemm's ``linear_with_input_q_dq_qweight_dq_output_fp32`` through ``torch.ops``) is
-wrapped by :class:`Int8Linear` so it can be swapped without touching the model code; it offers the
-kernel layers' ``first_rows``/``concat`` (kernels/linear.py). Converting a whole decoder to int8 is
-kernels/convert.py's ``quantize_decoder``.
+Two kernels, chosen per layer once, when its weights are packed (:func:`int8_kernel`):
+
+* ``vnni`` — ours (kernels/int8_gemm_avx512.cpp), on CPUs with AVX-512 VNNI: 1.2–1.27× fbgemm's
+  speed on the 1.5B target's layers from 1 to 256 rows (2-core Zen 4 EPYC, interleaved), and 8-bit
+  activations (127 levels: vpdpbusd sums in int32, nothing saturates), about half fbgemm's error
+  against float32 here.
+* ``fbgemm`` — ``linear_with_input_q_dq_qweight_dq_output_fp32`` through ``torch.ops``, everywhere else
+  (or with ``SPECDEC_INT8_KERNEL=fbgemm``), with 7-bit activations (see ACT_LEVELS).
+
+Both are batch-invariant; they differ in their last bits, so a process runs one of them for all its
+layers (the choice is fixed per process). :class:`Int8Linear` wraps them so the model code does not
+see which; it offers the kernel layers' ``first_rows``/``concat`` (kernels/linear.py). Converting a
+whole decoder to int8 is kernels/convert.py's ``quantize_decoder``.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import warnings
+from types import ModuleType
 
 import torch
 from torch import nn
 
+from specdec.kernels import build
 from specdec.kernels.linear import concat_bias
 
 #: Activations use 7 of the 8 bits (values 1..127 around zero point 64): fbgemm's AVX2 kernel adds
@@ -42,8 +55,57 @@ def int8_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines or "x86" in torch.backends.quantized.supported_engines
 
 
-def _unpack(packed: object) -> torch.Tensor:
-    """The int8 weights a :func:`_prepack` result holds, exactly (fbgemm keeps them losslessly)."""
+#: outputs per panel of the VNNI kernel's weight format (int8_gemm_avx512.cpp)
+PANEL_OUTPUTS = 64
+
+
+@functools.lru_cache(maxsize=1)
+def _vnni_module() -> ModuleType | None:
+    """The C++ extension where it builds here and this CPU runs its int8 GEMM, else None."""
+    if build.unsupported_reason() is not None or not build.available():
+        return None
+    module = build.kernel()
+    return module if module.int8_gemm_supported() else None
+
+
+@functools.lru_cache(maxsize=1)
+def int8_kernel() -> str:
+    """The kernel this process's int8 layers run: ``vnni`` where the CPU has AVX-512 VNNI (and the C++
+    extension builds), else ``fbgemm``; ``SPECDEC_INT8_KERNEL=fbgemm|vnni`` chooses (vnni where it
+    cannot run is an error). Fixed for the process: the two differ in their last bits."""
+    wanted = os.environ.get("SPECDEC_INT8_KERNEL", "").strip().lower()
+    if wanted not in ("", "auto", "vnni", "fbgemm"):
+        raise ValueError(f"SPECDEC_INT8_KERNEL={wanted!r}: choose vnni, fbgemm or auto")
+    if wanted == "fbgemm":
+        return "fbgemm"
+    if _vnni_module() is not None:
+        return "vnni"
+    if wanted == "vnni":
+        raise RuntimeError("SPECDEC_INT8_KERNEL=vnni: this CPU or build has no AVX-512 VNNI int8 kernel")
+    return "fbgemm"
+
+
+def _pack_panels(qweight: torch.Tensor) -> torch.Tensor:
+    """int8 ``[N, K]`` → the VNNI kernel's panels ``[ceil(N/64), K/4, 64, 4]`` of uint8 ``w + 128``
+    (zero rows pad the last panel)."""
+    rows, inputs = qweight.shape
+    panels = -(-rows // PANEL_OUTPUTS)
+    padded = torch.nn.functional.pad(qweight, (0, 0, 0, panels * PANEL_OUTPUTS - rows))
+    unsigned = padded.view(torch.uint8) ^ 0x80
+    return unsigned.view(panels, PANEL_OUTPUTS, inputs // 4, 4).permute(0, 2, 1, 3).contiguous()
+
+
+def _unpack_panels(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """Inverse of :func:`_pack_panels`: the int8 ``[rows, K]`` weights, exactly."""
+    panels, groups = packed.shape[0], packed.shape[1]
+    unsigned = packed.permute(0, 2, 1, 3).reshape(panels * PANEL_OUTPUTS, groups * 4)[:rows]
+    return (unsigned ^ 0x80).view(torch.int8).contiguous()
+
+
+def _unpack(packed: object, rows: int) -> torch.Tensor:
+    """The int8 weights a :func:`_prepack` result holds, exactly (both kernels keep them losslessly)."""
+    if isinstance(packed, torch.Tensor):
+        return _unpack_panels(packed, rows)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         quantized, _ = torch.ops.quantized.linear_unpack(packed)
@@ -51,7 +113,15 @@ def _unpack(packed: object) -> torch.Tensor:
 
 
 def _prepack(qweight: torch.Tensor, scales: torch.Tensor) -> object:
-    """int8 weights [out, in] with per-output-channel scales → the kernel's packed format."""
+    """int8 weights [out, in] with per-output-channel scales → the packed format of this process's
+    kernel: the VNNI kernel's panels (a tensor) or fbgemm's opaque packed weights."""
+    if int8_kernel() == "vnni" and qweight.shape[1] % 16 == 0:
+        return _pack_panels(qweight)
+    return _prepack_fbgemm(qweight, scales)
+
+
+def _prepack_fbgemm(qweight: torch.Tensor, scales: torch.Tensor) -> object:
+    """fbgemm's packed weights (per-channel quantized tensor → ``linear_prepack``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao quantized tensors print deprecation notices in 2.13
         zero_points = torch.zeros(qweight.shape[0], dtype=torch.long)
@@ -89,7 +159,7 @@ class Int8Linear(nn.Module):
     def qweight(self) -> torch.Tensor:
         """int8 weights ``[out, in]``, unpacked from the kernel's copy (a new tensor each call)."""
         if self._packed is not None:
-            return _unpack(self._packed)
+            return _unpack(self._packed, self.out_features)
         if self._unpacked is not None:
             return self._unpacked
         assert self._rows_in is not None, "an Int8Linear holds its packed weights or is part of a fused one"
@@ -116,11 +186,24 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, shape[-1])
         if x2.dtype != torch.float32:
             x2 = x2.float()
+        if isinstance(self._packed, torch.Tensor):  # the VNNI kernel: scales, bias and all in one call
+            module = _vnni_module()
+            assert module is not None, "VNNI panels are packed only where the kernel runs"
+            out = module.int8_gemm(x2.contiguous(), self._packed, self.scales, self.bias, self.out_features)
+            return out if len(shape) == 2 else out.reshape(*shape[:-1], self.out_features)
         row_scale = x2.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30)
         out = _LINEAR_Q_DQ(x2 / row_scale, INT8_SCALE, INT8_ZERO_POINT, self._packed).mul_(row_scale)
         if self.bias is not None:
             out.add_(self.bias)
         return out if len(shape) == 2 else out.reshape(*shape[:-1], self.out_features)
+
+    def spec(self) -> tuple[str, list[torch.Tensor], torch.Tensor | None] | None:
+        """``("i8", [panels, scales], bias)`` for the C++ layer loop (layer_stack.cpp) where this layer
+        runs the VNNI kernel (packs it first), else None: fbgemm's layers run from Python."""
+        self.pack()
+        if not isinstance(self._packed, torch.Tensor):
+            return None
+        return "i8", [self._packed, self.scales], self.bias
 
     def pack(self) -> None:
         """Prepack the weights for the kernel: a no-op when packed, or when part of a fused layer
@@ -130,7 +213,7 @@ class Int8Linear(nn.Module):
 
     def first_rows(self, rows: int) -> "Int8Linear":
         """This layer's first ``rows`` outputs (a draft's reduced vocabulary: Decoder.head_rows), in
-        its own prepacked copy: fbgemm reads packed weights."""
+        its own packed copy: both kernels read packed weights."""
         bias = None if self.bias is None else self.bias[:rows]
         return Int8Linear(self.qweight[:rows], self.scales[:rows], bias)
 

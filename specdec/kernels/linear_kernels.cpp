@@ -27,6 +27,7 @@
 #include <immintrin.h>
 #include "simd.h"
 #include "dot_kernels.h"
+#include "tile_schedule.h"
 #include <cmath>
 #include <atomic>
 #include <cstring>
@@ -264,24 +265,14 @@ torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optiona
   auto out = torch::empty({M, N}, x.options());
   float* op = out.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  // Each thread owns a contiguous run of tiles (kTileRows weight rows) and takes them front to back; a
-  // thread done with its own run takes the next run's tiles from the back. Why: on a shared 2-core machine
-  // one core often runs slower for a while, and with fixed halves the other waited at the end of every call
-  // (a 0.5B draft step: ~18 % of its samples in the OpenMP barrier). Single tiles handed out in turn broke
-  // each thread's weight stream into 24-140 KB pieces and lost far more: the prefetchers follow one long
-  // stream. Which thread computes a row changes no bit of it.
-  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tiles));
-  std::vector<std::atomic<int64_t>> claimed(threads);  // tiles of each run taken, from either end
-  std::vector<std::atomic<int64_t>> stolen(threads);   // of those, taken from the back by another thread
-  for (int64_t t = 0; t < threads; ++t) { claimed[t] = 0; stolen[t] = 0; }
-  auto run_start = [&](int64_t t) { return t * tiles / threads; };
   auto store = [&](int64_t m, int64_t n, float dot) {  // activation row m's scale, then the bias
     float v = dot * xs[m];
     if (bp) v = v + bp[n];
     op[m * N + n] = v;
   };
-  auto compute_tile = [&](int64_t tile, float* result) {
+  // tiles of kTileRows weight rows, shared among the threads (tile_schedule.h)
+  specdec_kernels::run_tiles((N + kTileRows - 1) / kTileRows, [&](int64_t tile) {
+    float result[kMaxRows];
     const int64_t nb = tile * kTileRows, ne = std::min<int64_t>(nb + kTileRows, N);
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
       const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
@@ -295,18 +286,6 @@ torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optiona
       for (; n < ne; ++n) {
         row_dot(n, rows, xq_rows + m0 * K, gsum + m0 * gstride, result);
         for (int64_t r = 0; r < rows; ++r) store(m0 + r, n, result[r]);
-      }
-    }
-  };
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    float result[kMaxRows];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t count = run_start(t + 1) - run_start(t);
-      for (int64_t taken = 0; claimed[t].fetch_add(1) < count; ++taken) compute_tile(run_start(t) + taken, result);
-      for (int64_t step = 1; step < threads; ++step) {  // then the other runs' last tiles
-        const int64_t other = (t + step) % threads, other_count = run_start(other + 1) - run_start(other);
-        while (claimed[other].fetch_add(1) < other_count)
-          compute_tile(run_start(other + 1) - 1 - stolen[other].fetch_add(1), result);
       }
     }
   });
@@ -502,6 +481,8 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
                         c10::optional<torch::Tensor> mask);
 // layer_stack.cpp: the layer loop of a quantized decoder in one call
 void register_layer_stack(pybind11::module& m);
+// int8_gemm.cpp: the int8 mode's linear layer on AVX-512 VNNI
+void register_int8_gemm(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &q4_linear, "4-bit x int8 linear (see source)");
@@ -513,4 +494,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "x += residual (in place, optional); RMSNorm(x) * w");
   m.def("attention", &attention, "RoPE, KV-cache write and row-wise attention for one layer");
   register_layer_stack(m);
+  register_int8_gemm(m);
 }

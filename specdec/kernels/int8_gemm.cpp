@@ -1,0 +1,73 @@
+// The int8 mode's linear layer on AVX-512 VNNI CPUs: torch-facing wrapper of int8_gemm_avx512.cpp (the
+// format, the kernel and why it exists are described there). Elsewhere the int8 mode runs fbgemm
+// (kernels/int8.py chooses per layer, once, when it packs the weights).
+#include <torch/extension.h>
+#include <algorithm>
+#include <vector>
+#include "dot_kernels.h"
+#include "tile_schedule.h"
+
+namespace {
+
+// Activation rows per pass over the weights: a long prompt's quantized rows (x 8960 inputs for the
+// 1.5B target's down projection) stay in cache while each panel of weights passes over them.
+constexpr int64_t kRowsPerPass = 256;
+constexpr int64_t kPanelOutputs = 64;
+
+bool int8_gemm_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("avx512dq");
+}
+
+}  // namespace
+
+// x [M, K] float32 -> [M, N] float32 (+ bias): packed [ceil(N / 64), K / 4, 64, 4] uint8 (w + 128),
+// weight scales [N] float32.
+torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, c10::optional<torch::Tensor> bias,
+                        int64_t N) {
+  TORCH_CHECK(int8_gemm_supported(), "int8_gemm needs AVX-512 VNNI");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  const int64_t M = x.size(0), K = x.size(1), panels = (N + kPanelOutputs - 1) / kPanelOutputs;
+  TORCH_CHECK(K % 16 == 0, "input size ", K, " is not a multiple of 16");
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 4 &&
+                  packed.size(0) == panels && packed.size(1) * 4 == K && packed.size(2) == kPanelOutputs &&
+                  packed.size(3) == 4,
+              "packed weights: [", panels, ", ", K / 4, ", 64, 4] uint8 for ", N, " outputs of ", K, " inputs");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.numel() == N,
+              "weight scales: [", N, "] float32");
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() && bias->numel() == N,
+                "bias: [", N, "] float32");
+    bp = bias->data_ptr<float>();
+  }
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> xs(M);
+  std::vector<int32_t> totals(M);
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    specdec_kernels::int8_quantize_rows_avx512(xp + m0 * K, m1 - m0, K, xq.data() + m0 * K, xs.data() + m0,
+                                               totals.data() + m0);
+  });
+  auto out = torch::empty({M, N}, x.options());
+  float* op = out.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
+    const int64_t rows = std::min(kRowsPerPass, M - m0);
+    specdec_kernels::run_tiles(panels, [&](int64_t p) {
+      const int64_t n0 = p * kPanelOutputs;
+      specdec_kernels::int8_gemm_panel_avx512(xq.data() + m0 * K, xs.data() + m0, totals.data() + m0, rows, K,
+                                              wp + p * K * kPanelOutputs, sp + n0, bp ? bp + n0 : nullptr,
+                                              std::min(kPanelOutputs, N - n0), op + m0 * N + n0, N);
+    });
+  }
+  return out;
+}
+
+void register_int8_gemm(pybind11::module& m) {
+  m.def("int8_gemm_supported", &int8_gemm_supported, "whether this CPU runs int8_gemm (AVX-512 VNNI)");
+  m.def("int8_gemm", &int8_gemm, "int8 x int8 linear on AVX-512 VNNI, packed weights (see int8_gemm_avx512.cpp)");
+}
