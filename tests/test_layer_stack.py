@@ -9,12 +9,16 @@ import pytest
 import torch
 
 import specdec
+from specdec.kernels.int8 import int8_kernel
 from specdec.kernels.layers import CppLayers
 from specdec.models.transformer import RaggedInput
 
 
-@pytest.fixture(scope="module", params=["int4", "int4-all"])
+@pytest.fixture(scope="module", params=["int4", "int4-all", "int8"])
 def int4_decoder(request, tiny_dirs, int4_kernel):
+    """Each mode whose layers are the extension's kernels: int8 where it runs the VNNI kernel."""
+    if request.param == "int8" and int8_kernel() != "vnni":
+        pytest.skip("int8 runs fbgemm on this CPU: its layers stay in the Python loop")
     model = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize=request.param)
     decoder = model.backend.decoder
     assert isinstance(decoder.layer_runner, CppLayers) and decoder.layer_runner.stack is not None
@@ -92,9 +96,15 @@ def test_unfused_projections_run_as_parts_with_the_same_bits(tiny_dirs, int4_ker
     assert torch.equal(unfused_logits, fused_logits)
 
 
-def test_int8_layers_keep_the_python_loop(tiny_dirs):
+def test_fbgemm_int8_layers_keep_the_python_loop(tiny_dirs, monkeypatch):
     """fbgemm's int8 layers are not the extension's: no C++ stack, the Python loop runs them."""
-    model = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
+    monkeypatch.setenv("SPECDEC_INT8_KERNEL", "fbgemm")
+    int8_kernel.cache_clear()
+    try:
+        model = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
+    finally:
+        monkeypatch.delenv("SPECDEC_INT8_KERNEL")
+        int8_kernel.cache_clear()
     runner = model.backend.decoder.layer_runner
     if runner is not None:
         assert runner.stack is None

@@ -16,6 +16,8 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
 torch::Tensor q6_linear(torch::Tensor x, torch::Tensor ql, torch::Tensor qh, torch::Tensor sc, torch::Tensor d,
                         c10::optional<torch::Tensor> bias);
 torch::Tensor q8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, c10::optional<torch::Tensor> bias);
+torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, c10::optional<torch::Tensor> bias,
+                        int64_t N);
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
 torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
@@ -24,7 +26,8 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
 namespace {
 
 // One of the extension's linear layers: its format and tensors in the constructor order of its
-// Python class (Q4Linear: qs sc mn d dmin; Q6Linear: ql qh sc6 d6; Q8Linear: w8 w8_scales).
+// Python class (Q4Linear: qs sc mn d dmin; Q6Linear: ql qh sc6 d6; Q8Linear: w8 w8_scales), or the int8
+// mode's VNNI layer ("i8": packed panels, scales; Int8Linear.spec).
 struct Linear {
   std::string format;
   std::vector<torch::Tensor> t;
@@ -33,6 +36,7 @@ struct Linear {
   torch::Tensor operator()(const torch::Tensor& x) const {
     if (format == "q4") return q4_linear(x, t[0], t[1], t[2], t[3], t[4], bias);
     if (format == "q6") return q6_linear(x, t[0], t[1], t[2], t[3], bias);
+    if (format == "i8") return int8_gemm(x, t[0], t[1], bias, t[1].numel());
     return q8_linear(x, t[0], t[1], bias);
   }
 };
@@ -68,7 +72,7 @@ using Segment = std::tuple<int64_t, int64_t, torch::Tensor, torch::Tensor, torch
 
 Linear make_linear(const LinearSpec& spec) {
   const auto& [format, tensors, bias] = spec;
-  const size_t expected = format == "q4" ? 5 : format == "q6" ? 4 : format == "q8" ? 2 : 0;
+  const size_t expected = format == "q4" ? 5 : format == "q6" ? 4 : format == "q8" || format == "i8" ? 2 : 0;
   TORCH_CHECK(expected > 0, "unknown linear format ", format);
   TORCH_CHECK(tensors.size() == expected, format, " takes ", expected, " tensors, got ", tensors.size());
   return Linear{format, tensors, bias};

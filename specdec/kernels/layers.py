@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.kernels.build import available, kernel
+from specdec.kernels.int8 import Int8Linear
 from specdec.kernels.linear import KernelLinear
 
 #: a projection's call: contiguous float32 ``[M, K]`` in, ``[M, N]`` out
@@ -44,7 +45,8 @@ class CppLayers:
                 _projections(mlp.fused_gate_up, mlp, mlp.FUSABLE_PROJECTIONS), _direct(mlp.down_proj),
             ))
         #: the same loop in C++ (layer_stack.cpp, same calls, same bits) when every projection is one of
-        #: the extension's kernels; None where one is not (fbgemm's int8 layers): the loop above runs
+        #: the extension's kernels (int8 layers on the VNNI kernel included); None where one is not
+        #: (fbgemm's int8 layers): the loop above runs
         self.stack = _layer_stack(decoder, self.ops)
 
     def __call__(self, decoder: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any,
@@ -112,13 +114,14 @@ def _projections(fused: nn.Module | None, module: nn.Module, names: tuple[str, .
 def _layer_stack(decoder: nn.Module, ops: Any) -> Any | None:
     """The extension's ``LayerStack`` over ``decoder``'s layers (the loop of :meth:`CppLayers.ragged`
     in one C++ call: ~1.4 ms less Python per 0.5B draft step), or None when a projection is not one
-    of the extension's kernel layers."""
+    of the extension's kernel layers (an int8 layer is where it runs the VNNI kernel)."""
     stack = ops.LayerStack(decoder.config.rms_norm_eps)
     for layer in decoder.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         qkv = _parts(attn.fused_qkv, attn, attn.FUSABLE_PROJECTIONS)
         gate_up = _parts(mlp.fused_gate_up, mlp, mlp.FUSABLE_PROJECTIONS)
-        if not all(isinstance(p, KernelLinear) for p in (*qkv, *gate_up, attn.o_proj, mlp.down_proj)):
+        if not all(isinstance(p, KernelLinear) or (isinstance(p, Int8Linear) and p.spec() is not None)
+                   for p in (*qkv, *gate_up, attn.o_proj, mlp.down_proj)):
             return None
         stack.add_layer(layer.input_layernorm.weight, [p.spec() for p in qkv], attn.num_heads, attn.num_kv_heads,
                         attn.o_proj.spec(), layer.post_attention_layernorm.weight, [p.spec() for p in gate_up],
