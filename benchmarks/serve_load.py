@@ -163,14 +163,15 @@ def add_server_args(parser: argparse.ArgumentParser, gamma: str) -> None:
 
 
 def start_server(args: argparse.Namespace, extra: list[str], max_concurrency: int = 1,
-                 max_queue: int = 64) -> tuple[subprocess.Popen, str]:
-    """`specdec serve` of :func:`add_server_args`'s models with ``extra`` flags, once healthy."""
+                 max_queue: int = 64, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`specdec serve` of :func:`add_server_args`'s models with ``extra`` flags (and ``env`` added to
+    its environment), once healthy."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--model", args.model, "--draft-model", args.draft_model,
                                "--quantize", args.quantize, "--draft-quantize", args.draft_quantize, "--port", str(port),
                                "--max-concurrency", str(max_concurrency), "--max-queue", str(max_queue),
                                "--num-speculative-tokens", args.num_speculative_tokens, *extra],
-                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     base = f"http://127.0.0.1:{port}"
     for _ in range(900):
         try:
@@ -198,7 +199,8 @@ def main() -> int:
                              "questions as chat messages (short)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                         help="also start a server with these extra `specdec serve` flags (e.g. \"budget256=--max-num-batched-tokens "
-                             "256\"), measured level by level beside the default one; repeatable")
+                             "256\"), measured level by level beside the default one; leading KEY=VALUE words set its "
+                             "environment (\"fbgemm=SPECDEC_INT8_KERNEL=fbgemm\"); repeatable")
     parser.add_argument("--arrivals", choices=["together", "staggered"], default="together",
                         help="together: every client sends its first request at once (a burst of C prompts per level); "
                              "staggered: client k starts k/C of one request's latency alone later (steady arrivals)")
@@ -206,14 +208,21 @@ def main() -> int:
     parser.add_argument("--png", type=Path, default=None, help="write total tokens/s per concurrency here")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    configs = {"batched": []}
+    configs: dict[str, list[str]] = {"batched": []}
+    environments: dict[str, dict[str, str]] = {}
     if args.compare_unbatched:
         configs["one-by-one"] = ["--max-num-batched-tokens", "1"]
     for variant in args.variant:
         name, _, flags = variant.partition("=")
-        configs[name] = shlex.split(flags)
+        words = shlex.split(flags)
+        settings = [w for w in words[:next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]]
+        if any("=" not in w for w in settings):
+            raise SystemExit(f"--variant {variant!r}: words before the first flag must be KEY=VALUE settings")
+        environments[name] = dict(w.split("=", 1) for w in settings)
+        configs[name] = words[len(settings):]
     policy = ["--disable-speculation-above", str(args.disable_speculation_above)]
-    servers = {name: start_server(args, policy + extra, max(levels), max(args.burst, 64)) for name, extra in configs.items()}
+    servers = {name: start_server(args, policy + extra, max(levels), max(args.burst, 64), environments.get(name))
+               for name, extra in configs.items()}
     rows: dict[tuple[str, bool], dict[int, float]] = {}
     chat = args.dataset != "humaneval"
     alone: dict[int, str] = {}
