@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import specdec  # noqa: E402
 from specdec.bench.datasets import load_prompts  # noqa: E402
+from specdec.drafters.suffix import clear_global_caches  # noqa: E402
 
 
 def main() -> None:
@@ -29,19 +30,25 @@ def main() -> None:
     parser.add_argument("--modes", default="int8,int4", help="target execution modes, comma-separated")
     parser.add_argument("--prompts", type=int, default=4, help="HumanEval prompts")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--draft-quantize", default="int4", help="the draft's mode (make run's: int4-all)")
+    parser.add_argument("--prompt-quantize", default="same", help="the targets' prompt mode (generate's default: auto)")
+    parser.add_argument("--method", default="draft_model", help="draft_model or draft_suffix (make run's)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     modes = args.modes.split(",")
-    targets = {mode: specdec.load_model(args.model, quantize=mode) for mode in modes}
-    draft = specdec.load_model(args.draft_model, quantize="int4")
+    targets = {mode: specdec.load_model(args.model, quantize=mode, prompt_quantize=args.prompt_quantize) for mode in modes}
+    draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize)
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    configs = {"plain": None, "draft γ=4": specdec.SpecConfig(method="draft_model", num_speculative_tokens=4),
-               "draft γ=auto": specdec.SpecConfig(method="draft_model", num_speculative_tokens="auto")}
+    configs = {"plain": None, f"{args.method} γ=4": specdec.SpecConfig(method=args.method, num_speculative_tokens=4),
+               f"{args.method} γ=auto": specdec.SpecConfig(method=args.method, num_speculative_tokens="auto")}
     rates: dict[tuple[str, str], list[float]] = {}
     for row in load_prompts("humaneval", limit=args.prompts):
         for mode, target in targets.items():  # interleaved per prompt
             plain: list[int] | None = None
             for label, spec in configs.items():
+                # every run starts as a new process would: no earlier answer in the suffix cache (the same
+                # prompt's answer from the previous config would be drafted back whole)
+                clear_global_caches()
                 out = specdec.generate(target, row.turns[0], params, chat=row.chat, draft=draft if spec else None, spec=spec)
                 if spec is None:
                     plain = out.token_ids
@@ -50,7 +57,10 @@ def main() -> None:
                 rates.setdefault((mode, label), []).append(out.stats.tokens_per_s)
         print(f"  {row.id} done", file=sys.stderr)
     plain_rate = {mode: statistics.median(rates[(mode, "plain")]) for mode in modes}
-    print(f"# {args.model} ← {args.draft_model} (int4), {args.prompts} HumanEval prompts × {args.max_tokens} tokens, greedy, medians")
+    from specdec.cpu import cpu_description
+
+    print(f"# {args.model} (prompts: {args.prompt_quantize}) ← {args.draft_model} ({args.draft_quantize}), {args.prompts} "
+          f"HumanEval prompts × {args.max_tokens} tokens, greedy, medians, modes interleaved per prompt; CPU {cpu_description()}")
     print("| target | config | tok/s | " + " | ".join(f"vs {m} plain" for m in modes) + " |")
     print("|---|---|---|" + "---|" * len(modes))
     for (mode, label), values in rates.items():
