@@ -53,9 +53,28 @@ MAX_OTHER_CPU_SHARE = 0.1
 #: from the CPU caches before every timed forward; 6: not cached when timed busy). A change to the C++
 #: kernels needs no bump: the cache file is also keyed by their build (``kernels.build.build_key``).
 CURVE_VERSION = 6
-#: acceptance assumed before a request has been seen: the 0.5B/1.5B Qwen pair measures 0.69-0.73
-#: on code on both machine kinds; draft-free methods (suffix, n-gram) propose far less often
-PRIOR_ALPHA = {"draft": 0.7, "free": 0.5}
+#: a choice between modes whose expected rates lie within this fraction of each other is timed again —
+#: the probe of every candidate, the minimum per size kept — until MAX_PROBES probes made the curves.
+#: Why: the busy check reads /proc/stat, which does not see a neighbour's memory traffic; a probe in
+#: such a minute put the 1.5B int8 step at 41-56 ms where the model runs it in 32 (Zen 4 EPYC, session
+#: 26), and the choice it steered stayed for every run of that build.
+CLOSE_CHOICE = 0.15
+MAX_PROBES = 3
+#: ... at least this far apart: contention here came and went over tens of minutes, so runs started
+#: back to back would spend every probe on the same bad minute
+PROBE_SPACING_S = 600.0
+#: the cache entry's keys for how many probes each mode's curve is the minimum of (absent: 1), and when
+#: the last one ran (absent: long ago)
+PROBES_KEY = "_probes"
+PROBED_AT_KEY = "_probed_at"
+#: acceptance assumed before a request has been seen, per token (the α of the geometric model,
+#: cost_model/adaptive.expected_tokens: accepted ÷ acceptance trials). The 0.5B/1.5B Qwen pair's
+#: accepted ÷ *proposed* ratio on code is 0.62-0.73 at γ=4 on both machine kinds — the same rounds give a
+#: per-token α of 0.82-0.88 (HumanEval, Zen 4) — and this prior was once 0.7 from that ratio: in the
+#: per-token formula it undercounted every long draft, and `--quantize auto` kept an int4 target that
+#: speculated 1.12-1.27× slower than int8 on an AVX-512 VNNI EPYC (session 26). Draft-free methods
+#: (suffix, n-gram) propose far less often.
+PRIOR_ALPHA = {"draft": 0.8, "free": 0.5}
 
 
 def probe_config(cfg: ModelConfig) -> ModelConfig:
@@ -229,13 +248,51 @@ def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = N
                     "used for this run only, measured again next time", 100 * busy)
     for mode, curve in fresh.items():
         entry[mode] = {str(t): s for t, s in curve.seconds.items()}
+        entry.setdefault(PROBED_AT_KEY, {})[mode] = time.time()
     curves = {mode: fresh.get(mode) or _cached_curve(mode, entry[mode]) for mode in modes}
     if missing and trusted:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(saved, indent=1))
-        tmp.replace(path)
+        _write_cache(path, saved)
     return curves
+
+
+def _write_cache(path: Path, saved: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(saved, indent=1))
+    tmp.replace(path)
+
+
+def refine_curves(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = None) -> dict[str, Curve] | None:
+    """Time ``modes`` again (together, as :func:`curves_for` does) and cache, size by size, the lower
+    of this probe and the cached curve: other load only adds time, so the minimum over probes taken at
+    different moments is the machine's own cost. None — the cache left alone — when a mode has no
+    cached curve yet, every mode's curve already is the minimum of :data:`MAX_PROBES` probes, or this
+    probe was timed while other processes were busy. Not within :data:`PROBE_SPACING_S` of the last."""
+    path = _cache_path(threads)
+    saved = _read_cache(path)
+    entry = saved.get(_shape_key(cfg), {})
+    counts, probed_at = entry.setdefault(PROBES_KEY, {}), entry.setdefault(PROBED_AT_KEY, {})
+    if any(mode not in entry for mode in modes) or all(counts.get(mode, 1) >= MAX_PROBES for mode in modes):
+        return None
+    if time.time() - max((probed_at.get(mode, 0.0) for mode in modes), default=0.0) < PROBE_SPACING_S:
+        return None
+    start = cpu_ticks()
+    fresh = measure_curves(cfg, modes)
+    if other_cpu_share(start) > MAX_OTHER_CPU_SHARE or not all(curve.plausible for curve in fresh.values()):
+        return None
+    for mode, curve in fresh.items():
+        cached = _cached_curve(mode, entry[mode]).seconds
+        entry[mode] = {str(t): min(seconds, cached.get(t, seconds)) for t, seconds in curve.seconds.items()}
+        counts[mode] = counts.get(mode, 1) + 1
+        probed_at[mode] = time.time()
+    _write_cache(path, saved)
+    return {mode: _cached_curve(mode, entry[mode]) for mode in modes}
+
+
+def _close_call(choice: ModeChoice) -> bool:
+    """Whether the runner-up's expected rate is within :data:`CLOSE_CHOICE` of the chosen mode's."""
+    rates = sorted(choice.rates.values(), reverse=True)
+    return len(rates) > 1 and rates[1] >= (1.0 - CLOSE_CHOICE) * rates[0]
 
 
 @dataclass
@@ -317,10 +374,16 @@ def plan_execution(target_cfg: ModelConfig, draft_cfg: ModelConfig | None = None
     if len(targets) == 1:
         return ExecutionPlan(targets[0], draft_mode, None, draft_curves)
     alpha = None if drafting is None else PRIOR_ALPHA["draft" if drafting == "draft" else "free"]
-    curves = curves_for(target_cfg, targets)
-    if concurrency > 1:
-        drafting_curve = draft_curves[draft_mode].seconds if drafting == "draft" and draft_curves else None
-        choice = choose_mode_for_load(curves, concurrency, alpha, drafting_curve, max_gamma)
-    else:
-        choice = choose_mode(curves, alpha, draft_seconds, max_gamma)
+    drafting_curve = draft_curves[draft_mode].seconds if drafting == "draft" and draft_curves else None
+
+    def choose(curves: dict[str, Curve]) -> ModeChoice:
+        if concurrency > 1:
+            return choose_mode_for_load(curves, concurrency, alpha, drafting_curve, max_gamma)
+        return choose_mode(curves, alpha, draft_seconds, max_gamma)
+
+    choice = choose(curves_for(target_cfg, targets))
+    if _close_call(choice):  # a probe from a contended minute may have decided it: time the candidates again
+        refined = refine_curves(target_cfg, targets)
+        if refined is not None:
+            choice = choose(refined)
     return ExecutionPlan(choice.mode, draft_mode, choice, draft_curves)

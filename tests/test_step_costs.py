@@ -195,7 +195,9 @@ def test_the_draft_step_is_timed_with_the_vocabulary_it_scores(tmp_path, monkeyp
 
     def fake(cfg, modes):  # noqa: ANN001, ANN202
         seen.append(cfg.vocab_size)
-        return {m: Curve(m, {1: 0.01, 2: 0.011, 4: 0.012, 8: 0.02}, gb_per_s=20, weight_gb=0.05) for m in modes}
+        # the modes far apart: no close call to time again (test_a_close_choice_times_…)
+        return {m: Curve(m, {t: s * (3 if m == "int8" else 1) for t, s in {1: 0.01, 2: 0.011, 4: 0.012, 8: 0.02}.items()},
+                         gb_per_s=20, weight_gb=0.05) for m in modes}
 
     monkeypatch.setattr("specdec.step_costs.measure_curves", fake)
     monkeypatch.setattr("specdec.step_costs.cpu_candidates", lambda cfg, modes: modes)
@@ -267,3 +269,72 @@ def test_the_probe_times_weights_read_from_memory(monkeypatch, int4_kernel):
     # (warm-up + 1 repeat) × chunk sizes × 3 parts, each started right after its own eviction
     assert len(evictions) == len(starts) == 2 * len(step_costs.CHUNK_SIZES) * 3
     assert starts == list(range(1, len(evictions) + 1))
+
+
+def _curves(int8: float, int4: float) -> dict[str, Curve]:
+    """Flat-ish curves whose single step costs ``int8`` / ``int4`` seconds."""
+    return {"int8": Curve("int8", {1: int8, 2: int8 * 1.01, 4: int8 * 1.04, 8: int8 * 1.4}, gb_per_s=40, weight_gb=1.5),
+            "int4": Curve("int4", {1: int4, 2: int4 * 1.05, 4: int4 * 1.5, 8: int4 * 2.5}, gb_per_s=30, weight_gb=1.0)}
+
+
+def test_a_close_choice_times_the_candidates_again_and_keeps_the_minimum(tmp_path, monkeypatch):
+    """A probe from a minute of memory contention (which /proc/stat does not show) made int8 look
+    dear; plain decoding's choice was within 15 %, so the candidates are timed again on plans at
+    least PROBE_SPACING_S apart, each size keeping its minimum, up to MAX_PROBES probes — then never
+    again for that build."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    clock = [1000.0]
+    monkeypatch.setattr("specdec.step_costs.time.time", lambda: clock[0])
+    monkeypatch.setattr("specdec.step_costs.cpu_candidates", lambda cfg, modes: modes)
+    monkeypatch.setattr("specdec.step_costs.other_cpu_share", lambda since: 0.0)
+    probes = [_curves(0.040, 0.036), _curves(0.032, 0.0355), _curves(0.045, 0.034)]
+    calls = []
+    monkeypatch.setattr("specdec.step_costs.measure_curves", lambda cfg, modes: calls.append(modes) or probes.pop(0))
+    plan = plan_execution(TINY)  # the contended probe; close (0.036 vs 0.040), but timed just now
+    assert len(calls) == 1 and plan.target_mode == "int4"
+    clock[0] += 60
+    plan_execution(TINY)
+    assert len(calls) == 1  # a minute later: the same minute of the machine, as far as we know
+    clock[0] += 600
+    plan = plan_execution(TINY)  # ten minutes later: timed again, the quiet probe decides
+    assert len(calls) == 2 and plan.target_mode == "int8"
+    assert plan.choice.curves["int8"].cost(1) == pytest.approx(0.032)
+    clock[0] += 600
+    plan = plan_execution(TINY)  # still close (0.032 vs 0.0355): a third probe, minimum kept per size
+    assert len(calls) == 3 and plan.target_mode == "int8"
+    assert plan.choice.curves["int4"].cost(1) == pytest.approx(0.034)
+    assert plan.choice.curves["int8"].cost(1) == pytest.approx(0.032)
+    saved = json.loads(next((tmp_path / "step_costs").iterdir()).read_text())
+    assert next(iter(saved.values()))["_probes"] == {"int8": 3, "int4": 3}
+    clock[0] += 600
+    plan_execution(TINY)  # MAX_PROBES reached: the cache decides
+    assert len(calls) == 3
+
+
+def test_a_clear_choice_is_not_timed_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.setattr("specdec.step_costs.cpu_candidates", lambda cfg, modes: modes)
+    monkeypatch.setattr("specdec.step_costs.other_cpu_share", lambda since: 0.0)
+    calls = []
+    monkeypatch.setattr("specdec.step_costs.measure_curves", lambda cfg, modes: calls.append(modes) or _curves(0.060, 0.030))
+    assert plan_execution(TINY).target_mode == "int4"
+    assert plan_execution(TINY).target_mode == "int4"
+    assert len(calls) == 1
+
+
+def test_a_busy_second_probe_leaves_the_cache_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.setattr("specdec.step_costs.cpu_candidates", lambda cfg, modes: modes)
+    shares = [0.0, 0.5]  # the first probe quiet, the second while other processes ran
+    monkeypatch.setattr("specdec.step_costs.other_cpu_share", lambda since: shares.pop(0))
+    probes = [_curves(0.040, 0.036), _curves(0.001, 0.001)]
+    monkeypatch.setattr("specdec.step_costs.measure_curves", lambda cfg, modes: probes.pop(0))
+    clock = [1000.0]
+    monkeypatch.setattr("specdec.step_costs.time.time", lambda: clock[0])
+    plan_execution(TINY)
+    clock[0] += 600
+    plan = plan_execution(TINY)
+    assert not probes  # timed again, while busy
+    assert plan.target_mode == "int4" and plan.choice.curves["int8"].cost(1) == pytest.approx(0.040)
+    saved = json.loads(next((tmp_path / "step_costs").iterdir()).read_text())
+    assert next(iter(saved.values()))["int8"]["1"] == pytest.approx(0.040)
