@@ -267,7 +267,9 @@ def refine_curves(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None 
     of this probe and the cached curve: other load only adds time, so the minimum over probes taken at
     different moments is the machine's own cost. None — the cache left alone — when a mode has no
     cached curve yet, every mode's curve already is the minimum of :data:`MAX_PROBES` probes, or this
-    probe was timed while other processes were busy. Not within :data:`PROBE_SPACING_S` of the last."""
+    probe was timed while other processes were busy. Not within :data:`PROBE_SPACING_S` of the last.
+    (Seeded sampled requests plan from the cached curve: a refined curve can change their draft lengths,
+    and so their tokens, between a process before it and one after — at most twice per build.)"""
     path = _cache_path(threads)
     saved = _read_cache(path)
     entry = saved.get(_shape_key(cfg), {})
