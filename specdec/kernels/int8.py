@@ -7,14 +7,16 @@ T=5). Verifying γ drafted tokens is then nearly free — the premise of specula
 
 Why per-token activation scales: a dynamic-quantization kernel picks one activation scale for the
 whole chunk, so a token's output changes with its neighbours and speculative output could differ
-from plain output. Here each row is divided by its own max |x| before quantization (fixed scale
-1/127, zero point 128) and multiplied back after, so a row's result is bit-identical alone or in a
-chunk. Integer accumulation is exact, so nothing else depends on the chunk size.
+from plain output. Here each row is quantized with its own scale (its max |x|), so a row's result is
+bit-identical alone or in a chunk. Integer accumulation is exact, so nothing else depends on the
+chunk size.
 
-Two kernels, chosen per layer once, when its weights are packed (:func:`int8_kernel`):
+Two kernels; the process picks one (:func:`int8_kernel`) and a layer takes it when its weights are
+packed (a layer whose input size is not a multiple of 16 stays on fbgemm):
 
 * ``vnni`` — ours (kernels/int8_gemm_avx512.cpp), on CPUs with AVX-512 VNNI: 1.2–1.27× fbgemm's
-  speed on the 1.5B target's layers from 1 to 256 rows (2-core Zen 4 EPYC, interleaved), and 8-bit
+  speed on the 1.5B target's layers from 1 to 256 rows, 1.25–1.36× on the whole model's forwards
+  (2-core Zen 4 EPYC, interleaved), and 8-bit
   activations (127 levels: vpdpbusd sums in int32, nothing saturates), about half fbgemm's error
   against float32 here.
 * ``fbgemm`` — ``linear_with_input_q_dq_qweight_dq_output_fp32`` through ``torch.ops``, everywhere else
