@@ -8,6 +8,7 @@
 // order (silu and the product are the same ATen ops the Python loop called), so every output bit is
 // the one the Python loop gives; tests/test_layer_stack.py checks it with torch.equal.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 #include <tuple>
 #include <vector>
 
@@ -24,6 +25,9 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
                         c10::optional<torch::Tensor> mask);
 
 namespace {
+
+// Rows of the longest segment whose attention shares a parallel region with others' (LayerStack::run)
+constexpr int64_t kShortSegmentRows = 16;
 
 // One of the extension's linear layers: its format and tensors in the constructor order of its
 // Python class (Q4Linear: qs sc mn d dmin; Q6Linear: ql qh sc6 d6; Q8Linear: w8 w8_scales), or the int8
@@ -101,15 +105,30 @@ class LayerStack {
   // attention against its own cache; returns x.
   torch::Tensor run(torch::Tensor x, const std::vector<Segment>& segments, const std::vector<int64_t>& run) const {
     c10::optional<torch::Tensor> pending;  // the last sub-layer's output, added by the next norm
+    // Several short segments (decode steps, drafts of several requests): their attention calls share one
+    // parallel region, the threads taking whole requests, instead of one region per request splitting its
+    // KV heads (a 1-token request's attention is a few µs; 8 regions per layer cost more than the work).
+    // A long segment (a prompt) keeps its own region. Which thread runs a request changes no bit of it.
+    bool spread_segments = segments.size() > 1;
+    for (const auto& segment : segments)
+      spread_segments = spread_segments && std::get<1>(segment) - std::get<0>(segment) <= kShortSegmentRows;
     for (const int64_t index : run) {
       TORCH_CHECK(index >= 0 && index < size(), "layer ", index, " out of range");
       const Layer& layer = layers_[index];
       const torch::Tensor qkv = layer.qkv(rms_norm(x, pending, layer.input_norm, eps_));
-      std::vector<torch::Tensor> outs;
-      outs.reserve(segments.size());
-      for (const auto& [first, end, cos, sin, keys, values, start, mask] : segments)
-        outs.push_back(attention(qkv.narrow(0, first, end - first), cos, sin, keys.select(0, index),
-                                 values.select(0, index), start, layer.heads, layer.kv_heads, mask));
+      std::vector<torch::Tensor> outs(segments.size());
+      auto attend = [&](int64_t i) {
+        const auto& [first, end, cos, sin, keys, values, start, mask] = segments[i];
+        outs[i] = attention(qkv.narrow(0, first, end - first), cos, sin, keys.select(0, index), values.select(0, index),
+                            start, layer.heads, layer.kv_heads, mask);
+      };
+      if (spread_segments) {  // one parallel region for all requests (attention's own runs inline in it)
+        at::parallel_for(0, static_cast<int64_t>(segments.size()), 1, [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) attend(i);
+        });
+      } else {
+        for (int64_t i = 0; i < static_cast<int64_t>(segments.size()); ++i) attend(i);
+      }
       const torch::Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs);
       const torch::Tensor gate_up = layer.gate_up(rms_norm(x, layer.o(out), layer.post_norm, eps_));
       const int64_t inter = gate_up.size(-1) / 2;
