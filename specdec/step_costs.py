@@ -278,6 +278,8 @@ def refine_curves(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None 
         return None
     if time.time() - max((probed_at.get(mode, 0.0) for mode in modes), default=0.0) < PROBE_SPACING_S:
         return None
+    log.info("--quantize auto: %s within %.0f%% of each other; timing them again (probe %d of at most %d)",
+             " and ".join(modes), 100 * CLOSE_CHOICE, 1 + max(counts.get(mode, 1) for mode in modes), MAX_PROBES)
     start = cpu_ticks()
     fresh = measure_curves(cfg, modes)
     if other_cpu_share(start) > MAX_OTHER_CPU_SHARE or not all(curve.plausible for curve in fresh.values()):
