@@ -215,7 +215,7 @@ def main() -> int:
     for variant in args.variant:
         name, _, flags = variant.partition("=")
         words = shlex.split(flags)
-        settings = [w for w in words[:next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]]
+        settings = words[:next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]
         if any("=" not in w for w in settings):
             raise SystemExit(f"--variant {variant!r}: words before the first flag must be KEY=VALUE settings")
         environments[name] = dict(w.split("=", 1) for w in settings)

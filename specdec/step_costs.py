@@ -233,17 +233,24 @@ def _cached_curve(mode: str, entry: dict[str, float]) -> Curve:
     return Curve(mode, {int(t): float(s) for t, s in entry.items()})
 
 
+def _probe(cfg: ModelConfig, modes: tuple[str, ...]) -> tuple[dict[str, Curve], float, bool]:
+    """Time ``modes`` together (they share one moment of the machine): the curves, the share of the CPU
+    other processes used meanwhile, and whether the curves may be cached (plausible, and that share at
+    most :data:`MAX_OTHER_CPU_SHARE`)."""
+    start = cpu_ticks()
+    fresh = measure_curves(cfg, modes)
+    busy = other_cpu_share(start)
+    return fresh, busy, all(curve.plausible for curve in fresh.values()) and busy <= MAX_OTHER_CPU_SHARE
+
+
 def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = None) -> dict[str, Curve]:
     """Cached curves of ``cfg``'s shape for ``modes`` on this CPU (measured and saved when missing)."""
     path = _cache_path(threads)
     saved = _read_cache(path)
     entry = saved.setdefault(_shape_key(cfg), {})
     missing = tuple(mode for mode in modes if mode not in entry)
-    start = cpu_ticks()
-    fresh = measure_curves(cfg, missing) if missing else {}  # together: the modes share one moment of the machine
-    busy = other_cpu_share(start) if missing else 0.0
-    trusted = all(curve.plausible for curve in fresh.values()) and busy <= MAX_OTHER_CPU_SHARE
-    if missing and not trusted:
+    fresh, busy, trusted = _probe(cfg, missing) if missing else ({}, 0.0, True)
+    if not trusted:
         log.warning("step costs timed while the machine was busy (other processes used %.0f%% of the CPU): "
                     "used for this run only, measured again next time", 100 * busy)
     for mode, curve in fresh.items():
@@ -280,9 +287,8 @@ def refine_curves(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None 
         return None
     log.info("--quantize auto: %s within %.0f%% of each other; timing them again (probe %d of at most %d)",
              " and ".join(modes), 100 * CLOSE_CHOICE, 1 + max(counts.get(mode, 1) for mode in modes), MAX_PROBES)
-    start = cpu_ticks()
-    fresh = measure_curves(cfg, modes)
-    if other_cpu_share(start) > MAX_OTHER_CPU_SHARE or not all(curve.plausible for curve in fresh.values()):
+    fresh, _, trusted = _probe(cfg, modes)
+    if not trusted:
         return None
     for mode, curve in fresh.items():
         cached = _cached_curve(mode, entry[mode]).seconds

@@ -29,6 +29,9 @@ extern const DotFn kDotAvx512Vnni[kMaxRows + 1];
 extern const DotQ8Fn kDotQ8Avx512Vnni[kMaxRows + 1];
 extern const DotQ6Fn kDotQ6Avx512Vnni[kMaxRows + 1];
 
+// Whether this CPU runs the AVX-512 VNNI code above and below (linear_kernels.cpp: the one place that asks)
+bool cpu_has_avx512_vnni();
+
 // The int8 mode's GEMM (int8_gemm_avx512.cpp; formats there), AVX-512 VNNI only:
 // rows of x [rows, K] -> int8 xq [rows, K], their scales xs and the totals of their codes
 void int8_quantize_rows_avx512(const float* x, int64_t rows, int64_t K, int8_t* xq, float* xs, int32_t* totals);

@@ -64,7 +64,7 @@ PANEL_OUTPUTS = 64
 @functools.lru_cache(maxsize=1)
 def _vnni_module() -> ModuleType | None:
     """The C++ extension where it builds here and this CPU runs its int8 GEMM, else None."""
-    if build.unsupported_reason() is not None or not build.available():
+    if not build.available():  # also False where the extension cannot run at all (build.unsupported_reason)
         return None
     module = build.kernel()
     return module if module.int8_gemm_supported() else None

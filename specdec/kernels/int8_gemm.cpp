@@ -14,20 +14,13 @@ namespace {
 constexpr int64_t kRowsPerPass = 256;
 constexpr int64_t kPanelOutputs = 64;
 
-bool int8_gemm_supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-         __builtin_cpu_supports("avx512dq");
-}
-
 }  // namespace
 
 // x [M, K] float32 -> [M, N] float32 (+ bias): packed [ceil(N / 64), K / 4, 64, 4] uint8 (w + 128),
 // weight scales [N] float32.
 torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, c10::optional<torch::Tensor> bias,
                         int64_t N) {
-  TORCH_CHECK(int8_gemm_supported(), "int8_gemm needs AVX-512 VNNI");
+  TORCH_CHECK(specdec_kernels::cpu_has_avx512_vnni(), "int8_gemm needs AVX-512 VNNI");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
   const int64_t M = x.size(0), K = x.size(1), panels = (N + kPanelOutputs - 1) / kPanelOutputs;
   TORCH_CHECK(K % 16 == 0, "input size ", K, " is not a multiple of 16");
@@ -68,6 +61,6 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
 }
 
 void register_int8_gemm(pybind11::module& m) {
-  m.def("int8_gemm_supported", &int8_gemm_supported, "whether this CPU runs int8_gemm (AVX-512 VNNI)");
+  m.def("int8_gemm_supported", &specdec_kernels::cpu_has_avx512_vnni, "whether this CPU runs int8_gemm (AVX-512 VNNI)");
   m.def("int8_gemm", &int8_gemm, "int8 x int8 linear on AVX-512 VNNI, packed weights (see int8_gemm_avx512.cpp)");
 }

@@ -434,12 +434,20 @@ const KernelPath kPaths[] = {
 };
 constexpr int kNumPaths = sizeof(kPaths) / sizeof(kPaths[0]);
 
-bool path_supported(int i) {
+namespace specdec_kernels {
+
+bool cpu_has_avx512_vnni() {
   __builtin_cpu_init();
-  if (std::strcmp(kPaths[i].name, "avx512-vnni") == 0)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-           __builtin_cpu_supports("avx512dq");
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("avx512dq");
+}
+
+}  // namespace specdec_kernels
+
+bool path_supported(int i) {
+  if (std::strcmp(kPaths[i].name, "avx512-vnni") == 0) return specdec_kernels::cpu_has_avx512_vnni();
+  __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
