@@ -147,6 +147,17 @@ def deal_prompts(pool: int, counts: list[int]) -> list[list[int]]:
     return dealt
 
 
+def parse_variant(variant: str) -> tuple[str, dict[str, str], list[str]]:
+    """``--variant`` ``NAME=[KEY=VALUE …] [--flag …]`` → (name, the server's extra environment, its extra
+    flags). Raises SystemExit naming the variant when a word before the first flag is not KEY=VALUE."""
+    name, _, rest = variant.partition("=")
+    words = shlex.split(rest)
+    settings = words[:next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]
+    if not name or any("=" not in w for w in settings):
+        raise SystemExit(f"--variant {variant!r}: NAME=, then KEY=VALUE settings, then `specdec serve` flags")
+    return name, dict(w.split("=", 1) for w in settings), words[len(settings):]
+
+
 def stop_servers(servers: dict[str, tuple[subprocess.Popen, str]]) -> None:
     for server, _ in servers.values():
         server.terminate()
@@ -213,13 +224,8 @@ def main() -> int:
     if args.compare_unbatched:
         configs["one-by-one"] = ["--max-num-batched-tokens", "1"]
     for variant in args.variant:
-        name, _, flags = variant.partition("=")
-        words = shlex.split(flags)
-        settings = words[:next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]
-        if any("=" not in w for w in settings):
-            raise SystemExit(f"--variant {variant!r}: words before the first flag must be KEY=VALUE settings")
-        environments[name] = dict(w.split("=", 1) for w in settings)
-        configs[name] = words[len(settings):]
+        name, environment, flags = parse_variant(variant)
+        environments[name], configs[name] = environment, flags
     policy = ["--disable-speculation-above", str(args.disable_speculation_above)]
     servers = {name: start_server(args, policy + extra, max(levels), max(args.burst, 64), environments.get(name))
                for name, extra in configs.items()}
