@@ -232,15 +232,21 @@ def make_drafter(
     return info.factory(resources)
 
 
+def resolve_spec(spec: SpecConfig | None, draft: LoadedModel | None) -> SpecConfig:
+    """``spec``, or the defaults; a draft model given without a method is used (DEFAULT_DRAFT_METHOD)."""
+    spec = spec or SpecConfig()
+    if draft is not None and spec.method is None:
+        spec = dataclasses.replace(spec, method=DEFAULT_DRAFT_METHOD)
+    return spec
+
+
 def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, draft: LoadedModel | None,
              spec: SpecConfig | None, chat: bool) -> dict:
     """The keyword arguments of :func:`specdec.engine.generate_stream` (shared by :func:`stream`,
     :func:`generate` and the server): ids, params, spec, generator, this request's drafter and,
     for structured output, its grammar state (the drafter masks its distribution with the same one)."""
     params = params or SamplingParams()
-    spec = spec or SpecConfig()
-    if draft is not None and spec.method is None:  # a draft model given without a method: use it
-        spec = dataclasses.replace(spec, method=DEFAULT_DRAFT_METHOD)
+    spec = resolve_spec(spec, draft)
     prompt_ids = encode_prompt(target, prompt, chat)
     generator = make_generator(params.seed, target.backend.device)
     max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
@@ -352,6 +358,8 @@ def generate_batch(
     max_num_batched_tokens: int | None = None,
     prefill_chunk: int | None = None,
     progress: bool = False,
+    disable_speculation_above: int | str = "auto",
+    pause_speculation_for_prompts: bool = True,
 ) -> list[GenerationResult]:
     """Generate a completion for every prompt (vLLM's ``LLM.generate`` shape), up to ``max_num_seqs``
     at a time through continuous batching: the requests' target forwards — prefills, drafts and
@@ -360,8 +368,15 @@ def generate_batch(
     prompt alone: bit-identical logits per request where the target batches (int8/int4 on CPU), the
     same forwards one by one elsewhere. ``params``: one for all prompts, or one per prompt.
     ``prefill_chunk``: prompt tokens per call (None: :func:`default_prefill_chunk`; 0: whole
-    prompts). Results come back in the prompts' order."""
+    prompts). How much requests draft while they share forwards is the server's policy
+    (:mod:`specdec.policy`): ``disable_speculation_above`` ``"auto"`` — γ per number of requests in
+    flight from the measured step costs and the batch's α so far (0 where speculating would cost
+    throughput) —, N (no drafts with more than N requests in flight) or ``"never"``;
+    ``pause_speculation_for_prompts``: while a request waits for its prompt pass, the running ones
+    draft nothing (:meth:`specdec.scheduler.Batcher.prompt_pending`). Results come back in the
+    prompts' order."""
     from specdec.engine import StreamChunk, collect, generate_steps
+    from specdec.policy import BatchPolicy, RequestGate
     from specdec.scheduler import END, Batcher, Stream
 
     if max_num_seqs < 1 or (max_num_batched_tokens is not None and max_num_batched_tokens < 1):
@@ -378,6 +393,14 @@ def generate_batch(
     chunks: list[list[StreamChunk]] = [[] for _ in prompts]
     failures: list[BaseException] = []
     batcher = Batcher(max_num_batched_tokens, prompts_per_forward=prompts_per_forward(chunk))
+    # how much each request may draft while others share its forwards (the server's policy, read
+    # against the exact number of requests in flight)
+    if disable_speculation_above == "auto":
+        policy = BatchPolicy.measured(resolve_spec(spec, draft), target, draft, max_num_seqs)
+    elif disable_speculation_above == "never" or isinstance(disable_speculation_above, int):
+        policy = BatchPolicy(None if disable_speculation_above == "never" else disable_speculation_above)
+    else:
+        raise SpecdecError(f"disable_speculation_above must be a number, 'auto' or 'never', got {disable_speculation_above!r}")
     bar = None
     if progress:
         from tqdm import tqdm
@@ -393,6 +416,8 @@ def generate_batch(
                 failures.append(item)
             else:
                 chunks[index].append(item)  # type: ignore[arg-type]
+                if item.stats is not None:  # type: ignore[attr-defined] - the last chunk: α for the next requests
+                    policy.acceptance.observe(item.stats.rounds)  # type: ignore[attr-defined]
         return deliver
 
     waiting = list(range(len(prompts)))
@@ -402,7 +427,12 @@ def generate_batch(
                 index = waiting.pop(0)
                 # the drafter (a draft KV cache) exists only while its request runs
                 jobs[index] = prepare(target, prompts[index], per_prompt[index], draft, spec, chat)
-                batcher.add(Stream(generate_steps(**jobs[index], prefill_chunk=chunk), deliver_to(index), lambda: False))
+                gate = RequestGate.unless_seeded(jobs[index]["params"], lambda: policy.cap(len(batcher.streams)),
+                                                 batcher.prompt_pending if pause_speculation_for_prompts else None)
+                steps = generate_steps(**jobs[index], prefill_chunk=chunk, speculate=gate,
+                                       alpha_prior=policy.measured_alpha(),
+                                       saving_under_load=lambda: policy.saving(len(batcher.streams)))
+                batcher.add(Stream(steps, deliver_to(index), lambda: False))
             batcher.step()
     finally:
         for stream in batcher.streams:  # after a failure: the others' cleanup (drafter state) runs

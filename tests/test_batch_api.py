@@ -40,7 +40,8 @@ def test_batch_answers_equal_each_prompt_alone_and_share_forwards(int8_pair, spe
 
         model.backend.forward_batch = spy
     try:
-        outs = specdec.generate_batch(target, PROMPTS, params, draft=draft, spec=spec, max_num_seqs=4)
+        outs = specdec.generate_batch(target, PROMPTS, params, draft=draft, spec=spec, max_num_seqs=4,
+                                      disable_speculation_above="never")  # drafting at any load: its batching is tested
     finally:
         del target.backend.forward_batch, draft.backend.forward_batch
     alone = [specdec.generate(target, p, q, draft=draft, spec=spec) for p, q in zip(PROMPTS, params)]
@@ -277,3 +278,63 @@ def test_the_servers_model_thread_batches_with_its_prompts_per_forward():
     holder.join()
     assert finished.acquire(timeout=10) and finished.acquire(timeout=10)
     assert batches[:2] == [[10], [20, 1]]
+
+
+def test_a_prompt_is_pending_until_its_first_token():
+    """Batcher.prompt_pending: from a stream's arrival until it delivers its first chunk (its prompt
+    pass, chunked or not, has run) — what the running requests' gates ask before drafting."""
+    from specdec.calls import ModelCall
+    from specdec.scheduler import Batcher, Stream
+
+    class Model:
+        def forward_batch(self, calls, vocab_limit=None):
+            return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
+
+    target, seen = Model(), []
+
+    def request():
+        yield ModelCall(target, None, [0] * 4, 1, prompt=True)  # two chunks of prompt
+        yield ModelCall(target, None, [0] * 4, 1, prompt=True)
+        yield "first token"
+        seen.append(batcher.prompt_pending())  # asked where a request asks its gate
+        yield ModelCall(target, None, [0])
+
+    def running():  # a request already decoding, ahead of the new one in the batcher's order
+        yield "its first token"
+        for _ in range(3):
+            seen.append(("running asks", batcher.prompt_pending()))
+            yield ModelCall(target, None, [0])
+
+    batcher = Batcher()
+    old, new = Stream(running(), lambda item: None, lambda: False), Stream(request(), lambda item: None, lambda: False)
+    batcher.add(old)
+    batcher.add(new)
+    assert batcher.prompt_pending()
+    batcher.step()
+    assert new.prefilling and not old.prefilling and batcher.prompt_pending()  # one chunk done
+    batcher.step()  # the second: the prompt pass has run, its first token is not out yet
+    seen.clear()
+    batcher.step()  # the new stream delivers its first token before the running one asks
+    assert seen == [False, ("running asks", False)]
+    while batcher.streams:
+        batcher.step()
+
+
+def test_running_requests_pause_drafting_while_a_prompt_waits_and_answers_do_not_change(int8_pair):
+    """generate_batch(pause_speculation_for_prompts=True): rounds of running requests while another
+    request's prompt pass waits draft nothing (more empty rounds than without the pause), and every
+    answer is still the prompt's answer alone; the measured policy ("auto") keeps them too."""
+    target, draft = int8_pair
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3)
+    params = [SamplingParams(temperature=0, max_tokens=10 + 3 * i, ignore_eos=True) for i in range(len(PROMPTS))]
+    alone = [specdec.generate(target, p, q, draft=draft, spec=spec).token_ids for p, q in zip(PROMPTS, params)]
+    empty_rounds = {}
+    for pause in (True, False):
+        outs = specdec.generate_batch(target, PROMPTS, params, draft=draft, spec=spec, max_num_seqs=3,
+                                      disable_speculation_above="never", pause_speculation_for_prompts=pause)
+        assert [o.token_ids for o in outs] == alone
+        # a request's last round may draft nothing by itself (one token left): not counted
+        empty_rounds[pause] = sum(1 for o in outs for r in o.stats.rounds[:-1] if not r.drafted)
+    assert empty_rounds[True] > empty_rounds[False] == 0
+    outs = specdec.generate_batch(target, PROMPTS, params, draft=draft, spec=spec, max_num_seqs=3)
+    assert [o.token_ids for o in outs] == alone

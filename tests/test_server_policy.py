@@ -1,10 +1,10 @@
-"""--disable-speculation-above read against the recent load (server/policy.py), with a fake clock."""
+"""--disable-speculation-above read against the recent load (policy.py), with a fake clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from specdec.server.policy import LoadAverage, speculation_cap
+from specdec.policy import LoadAverage, requests_now, speculation_cap
 
 
 class Clock:
@@ -40,15 +40,15 @@ def test_one_user_back_to_back_speculates_and_two_do_not_even_in_their_gaps():
     one = LoadAverage(clock=clock)
     run(one, clock, [(1, 3.0), (0, 0.05)], cycles=20)  # a request of 3 s, then the client's turnaround
     one.set(1)  # its next request starts
-    assert speculation_cap(1, None, 1, one) is None
+    assert speculation_cap(1, None, requests_now(1, one)) is None
 
     clock2 = Clock()
     two = LoadAverage(clock=clock2)
     # two closed-loop clients: both busy, then one is between requests for a moment
     run(two, clock2, [(2, 3.0), (1, 0.05)], cycles=20)
-    assert speculation_cap(1, None, 1, two) == 0  # momentarily alone, but the server is not idle
-    assert speculation_cap(2, None, 1, two) is None  # a limit of 2 allows it
-    assert speculation_cap(2, {1: 5, 2: 2}, 1, two) == 2  # and γ for two requests caps it
+    assert speculation_cap(1, None, requests_now(1, two)) == 0  # momentarily alone, but the server is not idle
+    assert speculation_cap(2, None, requests_now(1, two)) is None  # a limit of 2 allows it
+    assert speculation_cap(2, {1: 5, 2: 2}, requests_now(1, two)) == 2  # and γ for two requests caps it
 
 
 def test_the_load_falling_lets_speculation_back_and_none_never_switches_off():
@@ -56,17 +56,17 @@ def test_the_load_falling_lets_speculation_back_and_none_never_switches_off():
     load = LoadAverage(clock=clock)
     run(load, clock, [(8, 1.0)], cycles=30)
     load.set(1)
-    assert speculation_cap(1, None, 1, load) == 0
+    assert speculation_cap(1, None, requests_now(1, load)) == 0
     clock.now += 30.0  # six time constants of one user
-    assert speculation_cap(1, {1: 3}, 1, load) is None  # alone: the request's own γ
-    assert speculation_cap(1, None, 2, load) == 0  # the count now still counts
-    assert speculation_cap(None, None, 64, load) is None
+    assert speculation_cap(1, {1: 3}, requests_now(1, load)) is None  # alone: the request's own γ
+    assert speculation_cap(1, None, requests_now(2, load)) == 0  # the count now still counts
+    assert speculation_cap(None, None, requests_now(64, load)) is None
 
 
 def test_the_traffic_alpha_moves_the_gamma_table():
     """α from finished requests' rounds (accepted over Bernoulli trials), and the γ per number of
     requests computed at it: a drafter the target mostly rejects gets no speculation under load."""
-    from specdec.server.policy import AcceptanceMeter, GammaTable
+    from specdec.policy import AcceptanceMeter, GammaTable
     from specdec.stats import Round
     from specdec.cost_model import batch_gammas
 
@@ -91,7 +91,7 @@ def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
     from types import SimpleNamespace
 
     from specdec import step_costs
-    from specdec.cli.serve import measured_gamma_table
+    from specdec.policy import measured_gamma_table
     from specdec.config import SpecConfig
 
     monkeypatch.setattr(step_costs, "full_curve", lambda cfg, mode: None)  # no cached curve: the backends' own
@@ -108,3 +108,21 @@ def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
     assert savings[0] > savings[1] > savings[2] > 0 and savings[3] == 0
     assert measured_gamma_table(SpecConfig(), target, draft, 8) is None  # no method: nothing to cap
     assert measured_gamma_table(SpecConfig(method="draft_model"), model(None), draft, 8) is None  # unmeasured
+
+
+def test_a_request_gate_latches_off_but_only_pauses_for_a_waiting_prompt():
+    """RequestGate: the policy's cap, once 0 kept 0 (a draft model would otherwise catch up on all it
+    missed); a prompt waiting stops drafting for that round only; seeded sampling gets no gate."""
+    from specdec.policy import RequestGate
+    from specdec.sampling import SamplingParams
+
+    caps, pending = [3, 2, 0, 4], [False]
+    gate = RequestGate(lambda: caps.pop(0), lambda: pending[0])
+    assert gate() == 3
+    pending[0] = True
+    assert gate() == 0 and gate.speculating  # paused, not off
+    pending[0] = False
+    assert gate() == 0 and not gate.speculating  # the policy said none
+    assert gate() == 0 and caps == [4]  # and it stays none without asking again
+    assert RequestGate.unless_seeded(SamplingParams(temperature=0.8, seed=1), lambda: 0) is None
+    assert isinstance(RequestGate.unless_seeded(SamplingParams(temperature=0), lambda: 0), RequestGate)

@@ -19,7 +19,6 @@ from specdec.server.security import DEFAULT_MAX_BODY_BYTES
 
 if TYPE_CHECKING:
     from specdec.server.app import ServerState
-    from specdec.server.policy import GammaTable
 
 
 def prefill_chunk_value(text: str) -> int | str:
@@ -73,6 +72,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="prompt passes (or chunks) one batched forward carries (vLLM's name). auto (default): 1 where "
                             "prompts are chunked (CPU: a prompt pass is compute-bound, two in one forward cost their sum "
                             "and both first tokens wait for it), else as many as --max-num-batched-tokens holds")
+    serve.add_argument("--pause-speculation-for-prompts", action=argparse.BooleanOptionalAction, default=True,
+                       help="while a new request waits for its prompt pass, the running requests draft nothing: no "
+                            "draft-model steps before it and no verification rows beside it (a forward carrying a prompt "
+                            "is compute-bound, and there a plain decode row commits more per row than a verified draft). "
+                            "Output is unchanged (default: on)")
     serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                        help="start each prompt pass from the keys/values earlier prompts computed for the same leading "
                             "tokens (a chat template's system turn, a conversation's earlier turns, a shared preamble), "
@@ -131,6 +135,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     import specdec
     from specdec.api import (default_max_num_batched_tokens, default_prefill_chunk, enable_prefix_caching, prompts_per_forward,
                              rows_independent)
+    from specdec.policy import BatchPolicy
     from specdec.server.app import ServerState
     from specdec.server.executor import ModelExecutor
     from specdec.server.security import AccessPolicy, load_api_keys
@@ -169,9 +174,8 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                                        if args.max_num_batched_tokens == "auto" else args.max_num_batched_tokens)
     executor.prompts_per_forward = (prompts_per_forward(prefill_chunk) if args.max_num_partial_prefills == "auto"
                                     else args.max_num_partial_prefills)
-    limit, table = args.disable_speculation_above, None
-    if limit == "auto":
-        limit, table = None, measured_gamma_table(spec, target, draft, args.max_concurrency)
+    limit = args.disable_speculation_above
+    policy = BatchPolicy.measured(spec, target, draft, args.max_concurrency) if limit == "auto" else BatchPolicy(limit)
     # what loading left lives as long as the server: a full collection walks it all (~356 k objects with
     # the default pair, 170 ms on a Zen 4 EPYC — a stall of ~6 decode steps wherever one fires); frozen,
     # collections see only what requests allocate (gc.collect after the freeze: 0.0 ms). vLLM does the same.
@@ -179,38 +183,10 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     gc.freeze()
     return ServerState(target=target, model_name=args.served_model_name or args.model, draft=draft, spec=spec,
                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
-                       disable_speculation_above=limit, gamma_table=table, executor=executor,
+                       policy=policy, executor=executor,
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
                        audit_fraction=args.audit_fraction,
-                       prefill_chunk=prefill_chunk)
-
-
-def measured_gamma_table(spec, target, draft, max_requests: int) -> GammaTable | None:  # noqa: ANN001
-    """``--disable-speculation-above auto``: :func:`specdec.cost_model.batch_gammas` for the server's
-    method over the target's and draft's measured curves, at the α its traffic shows (a request
-    that overrides the method is held to the same γ per number of requests); None when the
-    target's costs are unmeasured (float weights, CUDA: nothing is switched off)."""
-    from specdec.drafters.registry import needs_draft_model
-    from specdec.server.policy import GammaTable
-    from specdec.cost_model import batch_gammas, batch_saving_per_token
-    from specdec.step_calibration import rescaled
-    from specdec.step_costs import draft_curve, full_curve
-
-    if spec.method is None or not target.backend.step_seconds:
-        return None
-    # the probe's curves up to 32 rows, rescaled to the loaded models (specdec.step_calibration)
-    target_curve = rescaled(full_curve(target.config, target.backend.mode) or target.backend.step_seconds,
-                            target.backend.step_ratios)
-    model_drafts = needs_draft_model(spec.method)
-    drafting = None
-    if model_drafts and draft is not None and draft.backend.step_seconds:
-        drafting = rescaled(draft_curve(draft.config, draft.backend.mode, spec.draft_vocab_size or None)
-                            or draft.backend.step_seconds, draft.backend.step_ratios)
-    gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
-    return GammaTable(lambda alpha: batch_gammas(target_curve, alpha, gamma, drafting, max_requests,
-                                                 spec.max_speculative_tokens),
-                      lambda alpha, requests: batch_saving_per_token(target_curve, requests, alpha, gamma, drafting,
-                                                                     spec.max_speculative_tokens))
+                       prefill_chunk=prefill_chunk, pause_speculation_for_prompts=args.pause_speculation_for_prompts)
 
 
 def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
@@ -231,13 +207,13 @@ def run(args: argparse.Namespace) -> int:
 
     state = build_state(args)
     keys = f"{len(state.access.api_keys)} API key(s)" if state.access.api_keys else "no API key"
-    if state.gamma_table is not None and state.spec.method is not None:
-        prior = state.gamma_table.for_alpha(state.acceptance.alpha) or {}
+    if state.policy.table is not None and state.spec.method is not None:
+        prior = state.policy.table.for_alpha(state.policy.acceptance.alpha) or {}
         speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior "
-                       f"{state.acceptance.alpha:.2f}: γ ≤ " + ", ".join(f"{g} for {n}" for n, g in prior.items() if g and n > 1)
+                       f"{state.policy.acceptance.alpha:.2f}: γ ≤ " + ", ".join(f"{g} for {n}" for n, g in prior.items() if g and n > 1)
                        + f"; none above {sum(1 for g in prior.values() if g)} requests)")
     else:
-        limit = state.disable_speculation_above
+        limit = state.policy.limit
         speculative = (state.spec.method or "off") + ("" if state.spec.method is None or limit is None
                                                       else f" while at most {limit} request(s) are active")
     # bind first (uvicorn's own binding), so the address printed is the one that serves (--port 0: the

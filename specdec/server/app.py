@@ -35,7 +35,7 @@ from specdec.server.audit import AuditCase, Auditor, auditable
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.params import APIError, sampling_params
-from specdec.server.policy import AcceptanceMeter, GammaTable, LoadAverage, requests_now, speculation_cap
+from specdec.policy import BatchPolicy, LoadAverage, RequestGate, requests_now
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 from specdec.server.responses import logprobs_body, sse, usage_body
 from specdec.server.security import AccessMiddleware, AccessPolicy
@@ -48,13 +48,12 @@ class ServerState:
     spec: SpecConfig = field(default_factory=SpecConfig)
     max_concurrency: int = 8
     max_queue: int = 64
-    disable_speculation_above: int | None = None
-    #: ``--disable-speculation-above auto``: γ per number of requests at the traffic's measured α
-    #: (server/policy.py); the limit is then where it reaches 0
-    gamma_table: GammaTable | None = None
-    acceptance: AcceptanceMeter = field(default_factory=AcceptanceMeter)
+    #: how much requests may draft at the server's load (policy.py: --disable-speculation-above)
+    policy: BatchPolicy = field(default_factory=BatchPolicy)
     #: chunked prefill: prompt tokens per target call (0: whole prompts; engine.generate_steps)
     prefill_chunk: int = 0
+    #: running requests draft nothing while a new one waits for its prompt pass (Batcher.prompt_pending)
+    pause_speculation_for_prompts: bool = True
     #: request limits (None: only the context window bounds them): prompt tokens, max_tokens
     max_prompt_tokens: int | None = None
     max_tokens_limit: int | None = None
@@ -75,21 +74,13 @@ class ServerState:
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     def speculation_cap(self) -> int | None:
-        """The most tokens a request may draft now (0: none; None: no cap): server/policy.py."""
-        limit, gammas = self.disable_speculation_above, None
-        if self.gamma_table is not None:
-            gammas = self.gamma_table.for_alpha(self.acceptance.alpha)
-            limit = None if gammas is None else sum(1 for g in gammas.values() if g)
-        return speculation_cap(limit, gammas, self.active, self.load)
+        """The most tokens a request may draft now (0: none; None: no cap): policy.py, read against
+        the larger of the requests active now and the recent average."""
+        return self.policy.cap(requests_now(self.active, self.load))
 
     def speculation_saving(self) -> float | None:
-        """Seconds per token speculating saves at the current load, for a new request's pay-back test
-        (engine.generate_steps): None when it is alone (its own γ controller knows better) or the
-        costs are unmeasured."""
-        requests = requests_now(self.active, self.load)
-        if self.gamma_table is None or requests == 1:
-            return None
-        return self.gamma_table.saving(self.acceptance.alpha, requests)
+        """Seconds per token speculating saves at the current load (BatchPolicy.saving)."""
+        return self.policy.saving(requests_now(self.active, self.load))
 
     def reset_prefix_caches(self) -> int | None:
         """Empty the target's and the draft model's prefix caches (run it on the model thread);
@@ -332,7 +323,9 @@ class Job:
         self.stats = None
         self.prompt_ids, self.params, self.spec = prompt_ids, params, spec
         self._cancel = threading.Event()
-        self._speculating = True
+        #: asked before each round how much it may draft (policy.py)
+        self._gate = RequestGate.unless_seeded(params, state.speculation_cap,
+                                               state.executor.prompt_pending if state.pause_speculation_for_prompts else None)
         self._stream: Any = None
         self._start = time.perf_counter()
 
@@ -344,22 +337,10 @@ class Job:
         state = self.state
         draft = state.draft if needs_draft_model(self.spec.method) else None
         # this traffic's α, once measured (before that the request's controller plans optimistically)
-        alpha = state.acceptance.alpha if self.spec.method == state.spec.method and state.acceptance.measured else None
+        alpha = state.policy.measured_alpha() if self.spec.method == state.spec.method else None
         return generate_steps(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
-                              speculate=self._speculate, prefill_chunk=state.prefill_chunk, alpha_prior=alpha,
+                              speculate=self._gate, prefill_chunk=state.prefill_chunk, alpha_prior=alpha,
                               saving_under_load=state.speculation_saving)
-
-    def _speculate(self) -> int | None:
-        """Asked before each round: the server's cap (server/policy.py), but once it said none to this
-        request it stays none — resuming when the load drops would first make a draft model catch
-        up on everything generated meanwhile (a prompt pass of the draft), mostly for the few tokens a
-        request near its end has left (the load test's 8-request level ran at 0.86x plain without
-        this rule). A lower or higher cap above 0 costs nothing to change."""
-        if self._speculating:
-            cap = self.state.speculation_cap()
-            self._speculating = cap != 0
-            return cap
-        return 0
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -384,7 +365,7 @@ class Job:
                     self.stats, self.finish_reason = item.stats, item.finish_reason
                     self.state.metrics.observe(item.stats)
                     if item.stats.method == self.state.spec.method:  # the traffic's α for the γ table
-                        self.state.acceptance.observe(item.stats.rounds)
+                        self.state.policy.acceptance.observe(item.stats.rounds)
                     self.state.metrics.latency.observe(time.perf_counter() - self._start)
                     if not self.audit and self.state.auditor is not None:
                         self.state.auditor.finished(self._audit_case())

@@ -47,6 +47,11 @@ class ModelExecutor:
         target forward (the server's metrics)."""
         self._batcher = Batcher(self.max_num_batched_tokens, on_batch, self.prompts_per_forward)
 
+    def prompt_pending(self) -> bool:
+        """Whether a stream still waits for its prompt pass (:meth:`Batcher.prompt_pending`); asked on
+        the model thread, by the streams."""
+        return self._batcher is not None and self._batcher.prompt_pending()
+
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the model thread and return its result (raises what it raised)."""
         return self._submit(fn).result()

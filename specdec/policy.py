@@ -1,0 +1,247 @@
+"""How much requests that share forwards may draft: the server's and the offline batch API's policy.
+
+Sharing a forward, drafts verified together cost rows where plain decoding costs one each, so the
+more requests run at once, the less speculating pays (cost_model.batch_gammas: γ per number of
+requests from the measured step costs and the traffic's α; ``--disable-speculation-above N`` by
+hand). :class:`BatchPolicy` holds that choice; :class:`RequestGate` is one request's side of it.
+
+The server reads it against its load. Why not just the number of active requests at this instant:
+under a steady load of closed-loop clients a request often starts while it is momentarily alone (its
+neighbour's client is between requests). It then speculates, its draft model pays a pass over the
+whole prompt, and the next arrival switches it off again: measured at 2/4/8 concurrent clients on
+the default pair, speculation-on requests ran at 0.96/0.89/0.93× plain
+(benchmarks/results/2026-11-25/serve-load-auto.md). So the server reads the larger of the count now
+and a time-weighted average of recent counts (:class:`LoadAverage`, active plus waiting requests,
+time constant a few requests long): one user's requests back to back stay at ≤ 1 and speculate; two
+users' average ~2 and do not, even in the gaps between their requests. The offline batch API
+(:func:`specdec.api.generate_batch`) knows its count exactly.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from specdec.adaptive import PRIOR_TRIALS, TRIALS_TO_JUDGE, acceptance_trials
+
+if TYPE_CHECKING:
+    from specdec.api import LoadedModel
+    from specdec.config import SpecConfig
+    from specdec.sampling import SamplingParams
+
+#: seconds over which the load average forgets (a few requests' length on a CPU)
+LOAD_TIME_CONSTANT_S = 5.0
+
+
+class LoadAverage:
+    """Time-weighted exponential average of a count that changes at discrete moments (requests in
+    the server): each value counts for as long as it was held. Thread-safe (the event loop moves the
+    count, the model thread asks)."""
+
+    def __init__(self, time_constant_s: float = LOAD_TIME_CONSTANT_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.time_constant_s = time_constant_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._count = 0
+        self._average = 0.0
+        self._since = clock()
+
+    def _advance(self, now: float) -> None:
+        held = max(0.0, now - self._since)
+        weight = math.exp(-held / self.time_constant_s)
+        self._average = self._average * weight + self._count * (1.0 - weight)
+        self._since = now
+
+    def set(self, count: int) -> None:
+        """The count changed to ``count`` now."""
+        with self._lock:
+            self._advance(self.clock())
+            self._count = count
+
+    def value(self) -> float:
+        with self._lock:
+            self._advance(self.clock())
+            return self._average
+
+
+def requests_now(active: int, load: LoadAverage) -> int:
+    """The requests a new one shares forwards with, itself included: the larger of those active now
+    and the recent average (rounded: 1.4 is one user with some overlap, 1.6 is two)."""
+    return max(1, active, math.floor(load.value() + 0.5))
+
+
+def speculation_cap(limit: int | None, gammas: dict[int, int] | None, requests: int) -> int | None:
+    """The most tokens a request may draft now: 0 none, None no cap. Over ``limit`` requests sharing
+    forwards (the server: :func:`requests_now`; None: never) nothing is drafted; else, sharing forwards
+    with others, ``gammas`` (γ per number of requests from a prior α, cost_model.batch_gammas; None:
+    no cap) says how much."""
+    if limit is not None and requests > limit:
+        return 0
+    if gammas is None or requests == 1:  # alone, the request's own γ (its controller knows its α)
+        return None
+    return gammas.get(requests, 0)
+
+
+class RequestGate:
+    """One request's answer to the engine's ``speculate`` question, asked before each round
+    (engine.generate_steps): the policy's cap for the load now, except that
+
+    - once the cap said none, it stays none: resuming when the load drops would first make a draft
+      model catch up on everything generated meanwhile (a prompt pass of the draft), mostly for the
+      few tokens a request near its end has left (the load test's 8-request level ran at 0.86x plain
+      without this rule). A lower or higher cap above 0 costs nothing to change;
+    - while another request waits for its prompt pass (``prompt_pending``: Batcher.prompt_pending),
+      this round drafts nothing, and the next may again (its draft model catches up one token)."""
+
+    def __init__(self, cap: Callable[[], int | None], prompt_pending: Callable[[], bool] | None = None) -> None:
+        self.cap = cap
+        self.prompt_pending = prompt_pending
+        self.speculating = True
+
+    @classmethod
+    def unless_seeded(cls, params: SamplingParams, cap: Callable[[], int | None],
+                      prompt_pending: Callable[[], bool] | None = None) -> "RequestGate | None":
+        """The gate for a request, or None (no cap) for seeded sampling: how much a round drafts
+        decides how many random numbers rejection sampling draws, so a seeded request drafts as it
+        would alone, whatever the load — the same seed, the same tokens."""
+        return None if params.is_seeded_sampling else cls(cap, prompt_pending)
+
+    def __call__(self) -> int | None:
+        if not self.speculating:
+            return 0
+        cap = self.cap()
+        self.speculating = cap != 0
+        if cap != 0 and self.prompt_pending is not None and self.prompt_pending():
+            return 0
+        return cap
+
+
+class AcceptanceMeter:
+    """α of the server's own traffic, from its finished requests' rounds: accepted tokens over
+    acceptance trials (adaptive.acceptance_trials, as a request's own γ controller counts them), as
+    running sums that forget older requests (``decay`` per request). Starts from ``prior`` worth of
+    PRIOR_TRIALS trials, so the first requests move it quickly. The γ per number of requests under load
+    (:class:`GammaTable`) is computed with it: the prior α 0.7 is a code drafter's, chat traffic
+    was measured far lower, and speculating at it under load lost throughput."""
+
+    def __init__(self, prior: float = 0.7, decay: float = 0.8) -> None:
+        self.decay = decay
+        self._lock = threading.Lock()
+        self._accepted, self._trials = PRIOR_TRIALS * prior, PRIOR_TRIALS
+        self._observed = 0  # acceptance trials seen in all (not decayed)
+
+    def observe(self, rounds: list) -> None:  # noqa: ANN401 - specdec.stats.Round objects
+        accepted = sum(r.accepted for r in rounds if r.drafted)
+        trials = sum(acceptance_trials(len(r.drafted), r.accepted) for r in rounds if r.drafted)
+        if not trials:
+            return
+        with self._lock:
+            self._accepted = self.decay * self._accepted + accepted
+            self._trials = self.decay * self._trials + trials
+            self._observed += trials
+
+    @property
+    def measured(self) -> bool:
+        """Whether α rests on traffic (enough trials to judge a drafter) rather than on the prior: a
+        request's own controller plans optimistically until then (specdec.adaptive.OPTIMISTIC_ALPHA)."""
+        with self._lock:
+            return self._observed >= TRIALS_TO_JUDGE
+
+    @property
+    def alpha(self) -> float:
+        with self._lock:
+            return self._accepted / self._trials
+
+
+class GammaTable:
+    """γ per number of concurrent requests for an α (cost_model.batch_gammas over the measured
+    curves), recomputed when α moves by a step of 0.05; and what speculating saves per token at a
+    load (cost_model.batch_saving_per_token: a new request's draft prompt pass must repay it)."""
+
+    def __init__(self, gammas_for: Callable[[float], dict[int, int] | None],
+                 saving_for: Callable[[float, int], float] | None = None) -> None:
+        self.gammas_for = gammas_for
+        self.saving_for = saving_for
+        self._cache: dict[float, dict[int, int] | None] = {}
+
+    @staticmethod
+    def _key(alpha: float) -> float:
+        return round(min(max(alpha, 0.0), 0.99) * 20) / 20
+
+    def for_alpha(self, alpha: float) -> dict[int, int] | None:
+        key = self._key(alpha)
+        if key not in self._cache:
+            self._cache[key] = self.gammas_for(key)
+        return self._cache[key]
+
+    def saving(self, alpha: float, requests: int) -> float | None:
+        """Forward seconds per token speculating saves with ``requests`` sharing forwards (None: unknown)."""
+        return None if self.saving_for is None else self.saving_for(self._key(alpha), requests)
+
+
+@dataclass
+class BatchPolicy:
+    """How much a request may draft while ``requests`` share forwards: ``limit`` requests at most
+    (``--disable-speculation-above N``; None: never switched off) or, under ``auto``, ``table``'s γ per
+    number of requests at the α ``acceptance`` measures on the traffic (the limit is then where γ
+    reaches 0)."""
+
+    limit: int | None = None
+    table: GammaTable | None = None
+    acceptance: AcceptanceMeter = field(default_factory=AcceptanceMeter)
+
+    @classmethod
+    def measured(cls, spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None, max_requests: int) -> "BatchPolicy":
+        """``auto``: the table from the loaded models' measured costs (:func:`measured_gamma_table`);
+        never switched off where those are unmeasured."""
+        return cls(None, measured_gamma_table(spec, target, draft, max_requests))
+
+    def cap(self, requests: int) -> int | None:
+        """The most tokens a request may draft with ``requests`` sharing forwards (0: none, None: no cap)."""
+        limit, gammas = self.limit, None
+        if self.table is not None:
+            gammas = self.table.for_alpha(self.acceptance.alpha)
+            limit = None if gammas is None else sum(1 for g in gammas.values() if g)
+        return speculation_cap(limit, gammas, requests)
+
+    def saving(self, requests: int) -> float | None:
+        """Seconds per token speculating saves with ``requests`` sharing forwards, for a new request's
+        pay-back test (engine.generate_steps): None when it is alone (its own γ controller knows
+        better) or the costs are unmeasured."""
+        if self.table is None or requests == 1:
+            return None
+        return self.table.saving(self.acceptance.alpha, requests)
+
+    def measured_alpha(self) -> float | None:
+        """The traffic's α once measured (a request's γ controller starts from it), else None."""
+        return self.acceptance.alpha if self.acceptance.measured else None
+
+
+def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None,
+                         max_requests: int) -> GammaTable | None:
+    """``--disable-speculation-above auto``: :func:`specdec.cost_model.batch_gammas` for the
+    method over the target's and draft's measured curves, at the α the traffic shows (a request
+    that overrides the method is held to the same γ per number of requests); None when the
+    target's costs are unmeasured (float weights, CUDA: nothing is switched off)."""
+    from specdec.cost_model import batch_gammas, batch_saving_per_token
+    from specdec.drafters.registry import needs_draft_model
+    from specdec.step_calibration import rescaled
+    from specdec.step_costs import draft_curve, full_curve
+
+    if spec.method is None or not target.backend.step_seconds:
+        return None
+    # the probe's curves up to 32 rows, rescaled to the loaded models (specdec.step_calibration)
+    target_curve = rescaled(full_curve(target.config, target.backend.mode) or target.backend.step_seconds,
+                            target.backend.step_ratios)
+    model_drafts = needs_draft_model(spec.method)
+    drafting = None
+    if model_drafts and draft is not None and draft.backend.step_seconds:
+        drafting = rescaled(draft_curve(draft.config, draft.backend.mode, spec.draft_vocab_size or None)
+                            or draft.backend.step_seconds, draft.backend.step_ratios)
+    gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
+    return GammaTable(lambda alpha: batch_gammas(target_curve, alpha, gamma, drafting, max_requests,
+                                                 spec.max_speculative_tokens),
+                      lambda alpha, requests: batch_saving_per_token(target_curve, requests, alpha, gamma, drafting,
+                                                                     spec.max_speculative_tokens))
