@@ -21,7 +21,7 @@ import torch
 from specdec import step_calibration, step_costs
 from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
-from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
+from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
 from specdec.drafters.registry import method_info, needs_draft_model
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
@@ -29,7 +29,7 @@ from specdec.errors import SpecdecError
 from specdec.models.registry import resolve_model
 from specdec.models.transformer import Decoder
 from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_decoder, read_config
-from specdec.prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache
+from specdec.prefix_cache import PrefixCache
 from specdec.sampling import SamplingParams, make_generator
 from specdec.step_costs import ExecutionPlan
 from specdec.structured import GrammarConstraint

@@ -35,11 +35,8 @@ from typing import Sequence
 
 import torch
 
+from specdec.config import DEFAULT_BLOCK_SIZE
 from specdec.models.kv_cache import KVCache
-
-#: tokens per cached block: small enough that a shared chat preamble (~25 tokens) fills a block,
-#: large enough that the per-block bookkeeping is nothing beside a copy
-DEFAULT_BLOCK_SIZE = 16
 
 #: (the previous block's entry id, or -1 for the first block; this block's tokens)
 BlockKey = tuple[int, tuple[int, ...]]

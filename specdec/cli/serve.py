@@ -13,7 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from specdec.cli.common import add_debug_flag, add_model_args, count_or_word, execution_modes, positive_int, spec_from_args
-from specdec.config import DEFAULT_PREFIX_CACHE_GB
+from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
 from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
 
@@ -86,6 +86,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     serve.add_argument("--prefix-cache-gb", type=float, default=DEFAULT_PREFIX_CACHE_GB, metavar="GB",
                        help=f"memory for cached prefixes per model, least recently used dropped first "
                             f"(default: {DEFAULT_PREFIX_CACHE_GB:g}; 1.5B target in float32: ~57 KB per token)")
+    serve.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE, metavar="N",
+                       help=f"prefix caching's granularity: prompts share cached keys/values in whole blocks of N tokens "
+                            f"(default: {DEFAULT_BLOCK_SIZE})")
     serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before HTTP 429 (default: 64)")
     serve.add_argument("--disable-speculation-above", type=speculation_limit_value, default="auto", metavar="N|auto|never",
                        help="switch speculation off for requests that find more than N requests active or waiting, now or "
@@ -168,7 +171,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     # on where exact unless switched off; asked for explicitly, a model where it is not exact refuses
     for model in [m for m in (target, draft) if m is not None and args.enable_prefix_caching is not False]:
         if args.enable_prefix_caching or rows_independent(model):
-            enable_prefix_caching(model, args.prefix_cache_gb)
+            enable_prefix_caching(model, args.prefix_cache_gb, args.block_size)
     prefill_chunk = default_prefill_chunk(target) if args.prefill_chunk == "auto" else args.prefill_chunk
     executor.max_num_batched_tokens = (default_max_num_batched_tokens(prefill_chunk, args.max_concurrency, spec)
                                        if args.max_num_batched_tokens == "auto" else args.max_num_batched_tokens)
