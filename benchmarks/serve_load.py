@@ -13,12 +13,16 @@ latency, median TTFT, the server's resident memory, errors, and how many greedy 
 the same prompt's answer on the first server (--compare-unbatched or --variant: each pass sends the
 same prompts to every server, and they must not differ: batched forwards are bit-identical to a
 request's own, speculation and prefix caching are exact).
-Each pass (a level, speculation off or on) sends prompts no earlier pass sent: the server's suffix
-table and its prefix cache are shared across requests, and a prompt answered before would be drafted
-from its own earlier output — a near-perfect draft no real request gets (measured: draft_suffix at 8
-concurrent MT-Bench requests 1.27x speculation off with repeated prompts) — and start from its own
-cached prompt (TTFT 0.12 s instead of 0.46 s at level 1). MT-Bench's second turns serve as prompts of
-their own once the first turns are used; where the dataset runs out, prompts repeat and the header says so.
+Each level sends prompts no earlier level sent, the same ones with speculation off and on, and every
+pass starts with the server's prefix and suffix caches emptied (POST /reset_prefix_cache,
+/reset_suffix_cache): a prompt answered before would be drafted from its own earlier output — a
+near-perfect draft no real request gets (measured: draft_suffix at 8 concurrent MT-Bench requests
+1.27x speculation off with repeated prompts) — and start from its own cached prompt (TTFT 0.12 s
+instead of 0.46 s at level 1); and two passes over different prompts are not comparable (16 MT-Bench
+prompts' rows differed up to 2x between sets: speculation "on" read 0.82x "off" at 8 concurrent with
+nothing drafted). The outputs with speculation on are then checked against the same prompts' without.
+MT-Bench's second turns serve as prompts of their own once the first turns are used; where the
+dataset runs out, prompts repeat and the header says so.
 ``--burst N`` then fires N requests at once (queueing beyond --max-num-seqs).
 Speculation is requested per request ("speculative": null turns it off); the servers' own
 --disable-speculation-above is off by default here (1000) so both modes are measured at every C.
@@ -133,13 +137,20 @@ def run_level(base: str, prompts: list[str], concurrency: int, total: int, max_t
             "ttft": statistics.median(r.ttft for r in done) if done else 0.0, "errors": len(results) - len(done), "differ": differ}
 
 
+def reset_caches(base: str) -> None:
+    """Empty the server's prefix and suffix caches (a 400 from the first: prefix caching is off)."""
+    for route in ("reset_prefix_cache", "reset_suffix_cache"):
+        response = httpx.post(f"{base}/{route}", timeout=60)
+        if response.status_code != 200 and not (route == "reset_prefix_cache" and response.status_code == 400):
+            raise RuntimeError(f"POST /{route}: HTTP {response.status_code} {response.text}")
+
+
 def deal_prompts(pool: int, counts: list[int]) -> list[list[int]]:
-    """Prompt indices for each pass (``counts[p]`` of them out of ``pool``), spread so that every pass
-    draws evenly from the whole range used: HumanEval's later prompts are longer, and consecutive blocks
-    gave the speculation-on pass of a level ~45 % more prompt rows than its speculation-off pass
-    (measured at 8 concurrent: "on" 18 % slower with nothing drafted at all). Wraps around where the
-    pool is smaller than the passes need."""
-    # every pass's j-th request sits at (j + 0.5) / count of the way through: hand out indices in that order
+    """Prompt indices for each level (``counts[p]`` of them out of ``pool``), spread so that every level
+    draws evenly from the whole range used (HumanEval's later prompts are longer: consecutive blocks
+    gave passes ~45 % more prompt rows than others). Wraps around where the pool is smaller than the
+    levels need."""
+    # every level's j-th request sits at (j + 0.5) / count of the way through: hand out indices in that order
     slots = sorted(((j + 0.5) / count, p) for p, count in enumerate(counts) for j in range(count))
     dealt: list[list[int]] = [[] for _ in counts]
     for next_index, (_, p) in enumerate(slots):
@@ -200,6 +211,10 @@ def main() -> int:
     add_server_args(parser, gamma="4")
     parser.add_argument("--levels", default="1,2,4,8")
     parser.add_argument("--requests-per-level", type=int, default=8, help="requests per level (at least the level's concurrency)")
+    parser.add_argument("--waves", type=int, default=1,
+                        help="at least this many requests per client at every level (a level of C sends max(requests "
+                             "per level, waves x C)): with one wave a high level is mostly ramp-up and tail, not the "
+                             "steady load its throughput stands for")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--disable-speculation-above", default="1000", help="the servers' policy (a number, auto or never)")
     parser.add_argument("--compare-unbatched", action="store_true",
@@ -240,29 +255,31 @@ def main() -> int:
             rows_ = load_prompts(args.dataset)
         # first turns, then (MT-Bench) the second turns as prompts of their own where more are needed
         prompts = [row.turns[0] for row in rows_] + [turn for row in rows_ for turn in row.turns[1:]]
-        # each level and mode its own prompts (see the module docstring); the warm-up gets one no pass sends
-        passes = [(level, speculative) for level in levels for speculative in (False, True)]
-        counts = [max(level, args.requests_per_level) for level, _ in passes]
+        # each level its own prompts, both modes the same (see the module docstring); the warm-up gets
+        # one no pass sends
+        counts = [max(args.waves * level, args.requests_per_level) for level in levels]
         needed = sum(counts)
         repeats = needed + 1 > len(prompts)
         dealt = deal_prompts(len(prompts) - 1, counts)
+        passes = [((level, speculative), indices) for level, indices in zip(levels, dealt) for speculative in (False, True)]
         for _, base in servers.values():
             one_request(base, prompts[-1], 8, True, chat)  # warm-up
         print(f"# specdec serve, {args.model} ({args.quantize}) <- {args.draft_model} ({args.draft_quantize}), γ={args.num_speculative_tokens}, "
-              f"--disable-speculation-above {args.disable_speculation_above}, {args.requests_per_level} requests per level, "
+              f"--disable-speculation-above {args.disable_speculation_above}, {args.requests_per_level} requests per level (at least {args.waves} per client), "
               f"{args.max_tokens} tokens each, greedy, {min(needed, len(prompts) - 1)} {args.dataset} prompts"
-              f"{' (chat)' if chat else ''}{', REPEATED across passes (too few)' if repeats else ', new ones for each level and mode'}, "
+              f"{' (chat)' if chat else ''}{', REPEATED across levels (too few)' if repeats else ', new ones for each level, the same for both modes'}, "
               f"arrivals {args.arrivals}, loopback; "
               f"CPU {cpu_description()} ({' '.join(cpu_flags())})")
         print("| server | concurrency | speculation | requests/s | tokens/s | × one request | p50 latency s | p99 latency s "
               "| median TTFT s | RSS MB (peak) | errors | outputs ≠ first server's |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for (level, speculative), indices in zip(passes, dealt):  # every server, the same prompts
+        for (level, speculative), indices in passes:  # every server, the same prompts
             for name, (server, base) in servers.items():
+                reset_caches(base)
                 stagger = 0.0
                 if args.arrivals == "staggered" and (name, speculative) in alone_latency:
                     stagger = alone_latency[(name, speculative)] / level
-                r = run_level(base, prompts, level, max(level, args.requests_per_level), args.max_tokens, speculative,
+                r = run_level(base, prompts, level, len(indices), args.max_tokens, speculative,
                               chat, alone, stagger, indices)
                 alone_latency.setdefault((name, speculative), r["p50"])
                 points = rows.setdefault((name, speculative), {})

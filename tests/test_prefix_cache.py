@@ -224,12 +224,14 @@ def test_server_reuses_a_conversations_earlier_turns(tiny_dirs, int4_kernel):
                 cached.append(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
             metrics = httpx.get(f"{base}/metrics", timeout=10).text
             reset = httpx.post(f"{base}/reset_prefix_cache", timeout=30)
+            suffix_reset = httpx.post(f"{base}/reset_suffix_cache", timeout=30)
             body = {"model": "tiny", "messages": second, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
             again = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
         finally:
             proc.terminate()
             proc.wait(timeout=30)
         assert texts == expected
+        assert suffix_reset.status_code == 200 and suffix_reset.json()["object"] == "suffix_cache.reset"
         assert cached[0] == 0 and (cached[1] >= 16 if caches else cached[1] == 0)
         # after a reset the same conversation starts cold, and answers the same
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

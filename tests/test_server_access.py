@@ -178,6 +178,7 @@ def test_key_sources_and_bad_configurations(tmp_path):
     assert policy.key_matches("Bearer k2") and policy.key_matches("bearer k1")
     assert not policy.key_matches("Bearer k3") and not policy.key_matches(None) and not policy.key_matches("Bearer ")
     assert policy.needs_key("/v1/completions") and not policy.needs_key("/health") and not policy.needs_key("/metrics")
+    assert policy.needs_key("/reset_suffix_cache")
     assert policy.needs_key("/reset_prefix_cache")  # it changes the server: keyed like /v1/
 
 

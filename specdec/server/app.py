@@ -160,6 +160,16 @@ def create_app(state: ServerState) -> FastAPI:
                                 status_code=400)
         return JSONResponse({"object": "prefix_cache.reset", "blocks_dropped": dropped})
 
+    @app.post("/reset_suffix_cache")
+    async def reset_suffix_cache() -> JSONResponse:
+        """Forget the earlier requests' outputs suffix decoding drafts from (drafters/suffix.py;
+        requests in flight keep theirs): a benchmark sending the same prompts twice would otherwise
+        have the second pass drafted from the first pass's answers."""
+        from specdec.drafters.suffix import clear_global_caches
+
+        await state.executor.run(clear_global_caches)
+        return JSONResponse({"object": "suffix_cache.reset"})
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "specdec"}]}

@@ -57,7 +57,7 @@ def load_api_keys(keys: list[str] | None, key_file: str | None, environ: dict[st
 
 
 #: endpoints that change the server's state: behind the API key like /v1/
-ADMIN_PATHS = ("/reset_prefix_cache",)
+ADMIN_PATHS = ("/reset_prefix_cache", "/reset_suffix_cache")
 
 
 @dataclass(frozen=True)
