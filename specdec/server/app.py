@@ -336,12 +336,20 @@ class Job:
         #: asked before each round how much it may draft (policy.py)
         self._gate = RequestGate.unless_seeded(params, state.speculation_cap,
                                                state.executor.prompt_pending if state.pause_speculation_for_prompts else None)
-        self._stream: Any = None
+        #: what the model thread delivers for this request: chunks, an exception, then END (open)
+        self._chunks: asyncio.Queue | None = None
         self._start = time.perf_counter()
 
     async def open(self) -> None:
-        """Build the drafter (it allocates its caches: a torch op, so on the model thread)."""
-        self._stream = await self.state.executor.run(self._open)
+        """Build the drafter (it allocates its caches: a torch op, so on the model thread) and join
+        the batch in the same visit to the model thread, so the next forward can carry its prompt.
+        (Joined on a second visit — once the response had started — a request arriving under load
+        waited one more forward for its first token: the model thread had gone on stepping the
+        others.) Errors building it are raised here, before any response is sent."""
+        loop = asyncio.get_running_loop()
+        self._chunks = asyncio.Queue()
+        await self.state.executor.run(lambda: self.state.executor.add_stream(
+            self._open(), lambda item: loop.call_soon_threadsafe(self._chunks.put_nowait, item), self._cancel.is_set))
 
     def _open(self):  # noqa: ANN202 - a generate_steps generator
         state = self.state
@@ -356,13 +364,9 @@ class Job:
         self._cancel.set()
 
     async def chunks(self) -> AsyncIterator[Any]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        self.state.executor.add_stream(self._stream, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item),
-                                       self._cancel.is_set)
         try:
             while True:
-                item = await queue.get()
+                item = await self._chunks.get()
                 if item is END:
                     break
                 if isinstance(item, BaseException):
