@@ -338,3 +338,39 @@ def test_running_requests_pause_drafting_while_a_prompt_waits_and_answers_do_not
     assert empty_rounds[True] > empty_rounds[False] == 0
     outs = specdec.generate_batch(target, PROMPTS, params, draft=draft, spec=spec, max_num_seqs=3)
     assert [o.token_ids for o in outs] == alone
+
+
+def test_a_stream_added_on_the_model_thread_joins_the_next_forward():
+    """The server builds a request and adds its stream in one visit to the model thread (Job.open):
+    added there, the stream is in the very next forward, beside a running request's decode step —
+    not one forward later, as when it arrived through the inbox after the call returned."""
+    import threading
+
+    from specdec.calls import ModelCall
+    from specdec.scheduler import END
+    from specdec.server.executor import ModelExecutor
+
+    batches, finished = [], threading.Semaphore(0)
+
+    class Model:
+        def forward_batch(self, calls, vocab_limit=None):
+            batches.append([len(tokens) for _, tokens, _, _ in calls])
+            return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
+
+    target = Model()
+
+    def running():
+        for _ in range(50):
+            yield ModelCall(target, None, [0])
+
+    def request():
+        yield ModelCall(target, None, [0] * 7, 1, prompt=True)
+
+    executor = ModelExecutor(name="test-model-thread-join")
+    executor.enable_batching()
+    done = lambda item: finished.release() if item is END else None  # noqa: E731
+    executor.add_stream(running(), done, lambda: False)
+    executor.call(lambda: executor.add_stream(request(), done, lambda: False))
+    seen = len(batches)  # forwards before the call returned (the call ran between two of them)
+    assert finished.acquire(timeout=10) and finished.acquire(timeout=10)
+    assert [7, 1] in batches[seen - 1 : seen + 1] or [1, 7] in batches[seen - 1 : seen + 1]

@@ -64,15 +64,11 @@ class ModelExecutor:
                    cancelled: Callable[[], bool]) -> None:
         """Run ``steps`` (an ``engine.generate_steps`` generator) batched with the other streams; each
         chunk, an exception, then :data:`END` goes to ``deliver``, which runs on the model thread.
-        Called on the model thread (in a :meth:`run` call), the stream joins at once: the next
-        forward can carry it."""
+        Added from a :meth:`run` call (on the model thread, between forwards), the stream joins
+        before the next forward."""
         if self._batcher is None:
             raise RuntimeError("ModelExecutor.enable_batching must be called before streams are added")
-        stream = Stream(steps, deliver, cancelled)
-        if threading.current_thread() is self._thread:
-            self._batcher.add(stream)
-        else:
-            self._inbox.put(stream)
+        self._inbox.put(Stream(steps, deliver, cancelled))
 
     def _submit(self, fn: Callable[[], T]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
