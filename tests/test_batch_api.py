@@ -18,6 +18,17 @@ from specdec.sampling import SamplingParams
 PROMPTS = [f"def f{i}(x):" for i in range(7)] + ["The quick brown fox", "a a a a a a"]
 
 
+class FakeModel:
+    """A model for the scheduler tests: records each forward's rows per call, returns zero logits."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def forward_batch(self, calls, vocab_limit=None):
+        self.batches.append([len(tokens) for _, tokens, _, _ in calls])
+        return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
+
+
 @pytest.fixture(scope="module")
 def int8_pair(tiny_dirs, int4_kernel):
     target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
@@ -215,21 +226,13 @@ def test_one_prompt_per_forward_where_prompts_are_compute_bound():
 
     assert prompts_per_forward(256) == 1 and prompts_per_forward(0) is None
 
-    class Model:
-        def __init__(self):
-            self.batches = []
-
-        def forward_batch(self, calls, vocab_limit=None):
-            self.batches.append([len(tokens) for _, tokens, _, _ in calls])
-            return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
-
     def request(prompt_len, decode=3):
         yield ModelCall(target, None, [0] * prompt_len, 1, prompt=True)
         for _ in range(decode):
             yield ModelCall(target, None, [0])
 
     for per_forward, expected in ((1, [[1, 10], [20, 1, 1]]), (None, [[1, 10, 20]])):
-        target, done = Model(), []
+        target, done = FakeModel(), []
         batcher = Batcher(prompts_per_forward=per_forward)
         batcher.add(Stream(request(5), lambda item: None, lambda: False))
         batcher.step()  # the first request's prompt alone
@@ -253,14 +256,9 @@ def test_the_servers_model_thread_batches_with_its_prompts_per_forward():
     from specdec.scheduler import END
     from specdec.server.executor import ModelExecutor
 
-    batches, finished = [], threading.Semaphore(0)
-
-    class Model:
-        def forward_batch(self, calls, vocab_limit=None):
-            batches.append([len(tokens) for _, tokens, _, _ in calls])
-            return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
-
-    target = Model()
+    finished = threading.Semaphore(0)
+    target = FakeModel()
+    batches = target.batches
 
     def request(prompt_len):
         yield ModelCall(target, None, [0] * prompt_len, 1, prompt=True)
@@ -286,11 +284,7 @@ def test_a_prompt_is_pending_until_its_first_token():
     from specdec.calls import ModelCall
     from specdec.scheduler import Batcher, Stream
 
-    class Model:
-        def forward_batch(self, calls, vocab_limit=None):
-            return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
-
-    target, seen = Model(), []
+    target, seen = FakeModel(), []
 
     def request():
         yield ModelCall(target, None, [0] * 4, 1, prompt=True)  # two chunks of prompt
@@ -350,14 +344,9 @@ def test_a_stream_added_on_the_model_thread_joins_the_next_forward():
     from specdec.scheduler import END
     from specdec.server.executor import ModelExecutor
 
-    batches, finished = [], threading.Semaphore(0)
-
-    class Model:
-        def forward_batch(self, calls, vocab_limit=None):
-            batches.append([len(tokens) for _, tokens, _, _ in calls])
-            return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
-
-    target = Model()
+    finished = threading.Semaphore(0)
+    target = FakeModel()
+    batches = target.batches
 
     def running():
         for _ in range(50):

@@ -65,7 +65,7 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     active: int = 0
     waiting: int = 0
-    #: recent active + waiting requests, what --disable-speculation-above is read against (server/policy.py)
+    #: recent active + waiting requests, what --disable-speculation-above is read against (policy.py)
     load: LoadAverage = field(default_factory=LoadAverage)
     slots: asyncio.Semaphore | None = None
     #: the thread that loaded the models and runs every step (see server/executor.py)
