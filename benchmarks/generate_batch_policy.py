@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specdec.api import enable_prefix_caching, generate_batch, load_model  # noqa: E402
+from specdec.api import enable_prefix_caching, load_model  # noqa: E402
+from specdec.batch import generate_batch  # noqa: E402
 from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.config import SpecConfig  # noqa: E402
 from specdec.cpu import cpu_description  # noqa: E402

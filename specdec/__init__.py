@@ -15,7 +15,7 @@ _EXPORTS = {
     "LoadedModel": "specdec.api",
     "generate": "specdec.api",
     "enable_prefix_caching": "specdec.api",
-    "generate_batch": "specdec.api",
+    "generate_batch": "specdec.batch",
     "load_model": "specdec.api",
     "stream": "specdec.api",
     "SpecConfig": "specdec.config",

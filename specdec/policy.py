@@ -14,7 +14,7 @@ the default pair, speculation-on requests ran at 0.96/0.89/0.93× plain
 and a time-weighted average of recent counts (:class:`LoadAverage`, active plus waiting requests,
 time constant a few requests long): one user's requests back to back stay at ≤ 1 and speculate; two
 users' average ~2 and do not, even in the gaps between their requests. The offline batch API
-(:func:`specdec.api.generate_batch`) knows its count exactly.
+(:func:`specdec.batch.generate_batch`) knows its count exactly.
 """
 from __future__ import annotations
 
@@ -193,7 +193,8 @@ class BatchPolicy:
     acceptance: AcceptanceMeter = field(default_factory=AcceptanceMeter)
 
     @classmethod
-    def measured(cls, spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None, max_requests: int) -> "BatchPolicy":
+    def measured(cls, spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None,
+                 max_requests: int) -> "BatchPolicy":
         """``auto``: the table from the loaded models' measured costs (:func:`measured_gamma_table`);
         never switched off where those are unmeasured."""
         return cls(None, measured_gamma_table(spec, target, draft, max_requests))

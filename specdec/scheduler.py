@@ -6,7 +6,7 @@ the target for its prefill or to verify a draft or token tree, or its draft mode
 request waiting on that model (each result bit-identical to the request's own forward, so output
 under load is output alone): the target's verifications in one forward, the draft model's steps in
 another. Requests join and leave between forwards. The server's model thread
-(:mod:`specdec.server.executor`) and the offline batch API (:func:`specdec.api.generate_batch`)
+(:mod:`specdec.server.executor`) and the offline batch API (:func:`specdec.batch.generate_batch`)
 both drive a :class:`Batcher`; it runs on the caller's thread, the one whose OpenMP team runs torch.
 """
 

@@ -1,0 +1,113 @@
+"""The offline batch API: many prompts through the server's continuous batching, on the caller's thread.
+
+:func:`generate_batch` is vLLM's ``LLM.generate`` shape: a :class:`~specdec.scheduler.Batcher` serves up
+to ``max_num_seqs`` requests' model calls in shared forwards, and the server's speculation policy
+(:mod:`specdec.policy`) decides how much each drafts while they share them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from specdec.api import (LoadedModel, Prompt, default_max_num_batched_tokens, default_prefill_chunk, encode_prompt, prepare,
+                         prompts_per_forward, resolve_spec)
+from specdec.config import SpecConfig
+from specdec.engine import GenerationResult, StreamChunk, collect, generate_steps
+from specdec.errors import SpecdecError
+from specdec.policy import BatchPolicy, RequestGate
+from specdec.sampling import SamplingParams
+from specdec.scheduler import END, Batcher, Stream
+
+
+def generate_batch(
+    target: LoadedModel,
+    prompts: Sequence[Prompt],
+    params: SamplingParams | Sequence[SamplingParams] | None = None,
+    *,
+    draft: LoadedModel | None = None,
+    spec: SpecConfig | None = None,
+    chat: bool = False,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int | None = None,
+    prefill_chunk: int | None = None,
+    progress: bool = False,
+    disable_speculation_above: int | str = "auto",
+    pause_speculation_for_prompts: bool = True,
+) -> list[GenerationResult]:
+    """Generate a completion for every prompt (vLLM's ``LLM.generate`` shape), up to ``max_num_seqs``
+    at a time through continuous batching: the requests' target forwards — prefills, drafts and
+    trees to verify — share one forward of up to ``max_num_batched_tokens`` rows
+    (:class:`specdec.scheduler.Batcher`; None: :func:`default_max_num_batched_tokens`), on this thread. Each result equals :func:`generate` of that
+    prompt alone: bit-identical logits per request where the target batches (int8/int4 on CPU), the
+    same forwards one by one elsewhere. ``params``: one for all prompts, or one per prompt.
+    ``prefill_chunk``: prompt tokens per call (None: :func:`default_prefill_chunk`; 0: whole
+    prompts). How much requests draft while they share forwards is the server's policy
+    (:mod:`specdec.policy`): ``disable_speculation_above`` ``"auto"`` — γ per number of requests in
+    flight from the measured step costs and the batch's α so far (0 where speculating would cost
+    throughput) —, N (no drafts with more than N requests in flight) or ``"never"``;
+    ``pause_speculation_for_prompts``: while a request waits for its prompt pass, the running ones
+    draft nothing (:meth:`specdec.scheduler.Batcher.prompt_pending`). Results come back in the
+    prompts' order."""
+    if max_num_seqs < 1 or (max_num_batched_tokens is not None and max_num_batched_tokens < 1):
+        raise SpecdecError("max_num_seqs and max_num_batched_tokens must be >= 1")
+    per_prompt = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+    if len(per_prompt) != len(prompts):
+        raise SpecdecError(f"{len(per_prompt)} SamplingParams for {len(prompts)} prompts: give one, or one per prompt")
+    chunk = default_prefill_chunk(target) if prefill_chunk is None else prefill_chunk
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = default_max_num_batched_tokens(chunk, max_num_seqs, spec)
+    for prompt in prompts:  # a bad prompt is an error before any work
+        encode_prompt(target, prompt, chat)
+    jobs: list[dict] = [{} for _ in prompts]  # each request's engine arguments, made when it is admitted
+    chunks: list[list[StreamChunk]] = [[] for _ in prompts]
+    failures: list[BaseException] = []
+    batcher = Batcher(max_num_batched_tokens, prompts_per_forward=prompts_per_forward(chunk))
+    # how much each request may draft while others share its forwards (the server's policy, read
+    # against the exact number of requests in flight)
+    if disable_speculation_above == "auto":
+        policy = BatchPolicy.measured(resolve_spec(spec, draft), target, draft, max_num_seqs)
+    elif disable_speculation_above == "never" or isinstance(disable_speculation_above, int):
+        policy = BatchPolicy(None if disable_speculation_above == "never" else disable_speculation_above)
+    else:
+        raise SpecdecError(f"disable_speculation_above must be a number, 'auto' or 'never', got {disable_speculation_above!r}")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc="generate", unit="prompt")
+
+    def deliver_to(index: int) -> Callable[[object], None]:
+        def deliver(item: object) -> None:
+            if item is END:
+                if bar is not None:
+                    bar.update(1)
+            elif isinstance(item, BaseException):
+                failures.append(item)
+            else:
+                chunks[index].append(item)  # type: ignore[arg-type]
+                if item.stats is not None:  # type: ignore[attr-defined] - the last chunk: α for the next requests
+                    policy.acceptance.observe(item.stats.rounds)  # type: ignore[attr-defined]
+        return deliver
+
+    waiting = list(range(len(prompts)))
+    try:
+        while (waiting or batcher.streams) and not failures:
+            while waiting and len(batcher.streams) < max_num_seqs:
+                index = waiting.pop(0)
+                # the drafter (a draft KV cache) exists only while its request runs
+                jobs[index] = prepare(target, prompts[index], per_prompt[index], draft, spec, chat)
+                gate = RequestGate.unless_seeded(jobs[index]["params"], lambda: policy.cap(len(batcher.streams)),
+                                                 batcher.prompt_pending if pause_speculation_for_prompts else None)
+                steps = generate_steps(**jobs[index], prefill_chunk=chunk, speculate=gate,
+                                       alpha_prior=policy.measured_alpha(),
+                                       saving_under_load=lambda: policy.saving(len(batcher.streams)))
+                batcher.add(Stream(steps, deliver_to(index), lambda: False))
+            batcher.step()
+    finally:
+        for stream in batcher.streams:  # after a failure: the others' cleanup (drafter state) runs
+            stream.steps.close()
+        if bar is not None:
+            bar.close()
+    if failures:
+        raise failures[0]
+    return [collect(c, job["prompt_ids"], job["params"]) for c, job in zip(chunks, jobs)]
