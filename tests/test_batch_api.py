@@ -348,8 +348,10 @@ def test_a_stream_added_on_the_model_thread_joins_the_next_forward():
     target = FakeModel()
     batches = target.batches
 
-    def running():
-        for _ in range(50):
+    stop = threading.Event()
+
+    def running():  # decodes until the test is done, however slowly this thread gets scheduled
+        while not stop.is_set():
             yield ModelCall(target, None, [0])
 
     def request():
@@ -359,7 +361,13 @@ def test_a_stream_added_on_the_model_thread_joins_the_next_forward():
     executor.enable_batching()
     done = lambda item: finished.release() if item is END else None  # noqa: E731
     executor.add_stream(running(), done, lambda: False)
-    executor.call(lambda: executor.add_stream(request(), done, lambda: False))
-    seen = len(batches)  # forwards before the call returned (the call ran between two of them)
-    assert finished.acquire(timeout=10) and finished.acquire(timeout=10)
-    assert [7, 1] in batches[seen - 1 : seen + 1] or [1, 7] in batches[seen - 1 : seen + 1]
+
+    def join() -> int:  # on the model thread, between two forwards: how many ran before
+        executor.add_stream(request(), done, lambda: False)
+        return len(batches)
+
+    before = executor.call(join)
+    assert finished.acquire(timeout=10)  # the new request
+    stop.set()
+    assert finished.acquire(timeout=10)
+    assert sorted(batches[before]) == [1, 7]  # the very next forward carries the new prompt
