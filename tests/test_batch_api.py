@@ -130,6 +130,16 @@ def test_bench_concurrency_reports_throughput(tiny_dirs, tmp_path, capsys, int4_
     assert set(overall) == {"ar", "ngram", "suffix"} and all(m["mismatches"] == 0 for m in overall.values())
     assert overall["ar"]["requests"] == 6 and overall["ar"]["tokens_per_s"] > 0
     assert "4 requests in flight" in (out / "report.md").read_text()
+    # --disable-speculation-above: never = every request drafts at its own γ; 0 = none drafts
+    for limit, drafts in (("never", True), ("0", False)):
+        code = main(["bench", "--dataset", str(data), "--model", str(tiny_dirs["target"]), "--methods", "suffix",
+                     "--concurrency", "4", "--repeats", "1", "--max-tokens", "10", "--quantize", "int8", "--ignore-eos",
+                     "--disable-speculation-above", limit, "--out", str(out)])
+        assert code == 0, capsys.readouterr().err
+        results = json.loads((out / "results.json").read_text())
+        assert results["summary"]["overall"]["suffix"]["mismatches"] == 0
+        drafted = any(r["stats"].get("proposed_tokens") for r in results["requests"] if r["method"] == "suffix")
+        assert drafted == drafts, limit
 
 
 @contextlib.contextmanager

@@ -133,7 +133,8 @@ def write_plots(out_dir: Path, results: list[RequestResult], summary: dict) -> N
     ax.set_xlabel("draft position j")
     ax.set_ylabel("α_j (accepted / drafted at j)")
     ax.set_ylim(0, 1.05)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # nothing drafted at all (e.g. the load policy said none): no lines
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "alpha_per_position.png", dpi=100)
     plt.close(fig)

@@ -57,6 +57,8 @@ class BenchConfig:
     #: token trees to try for the methods that branch (``"off"``: chains); each is its own run,
     #: named ``method:tree=N`` (see :func:`variant_name`)
     spec_trees: list[str | int] = field(default_factory=lambda: ["off"])
+    #: --concurrency: how much requests in flight may draft (generate_batch's policy: N, auto, never)
+    disable_speculation_above: int | str = "auto"
     extra: dict = field(default_factory=dict)
 
 
@@ -196,7 +198,8 @@ def run_concurrent(target: LoadedModel, draft: LoadedModel | None, rows: list[Pr
             spec = spec_for(method, config, gamma, tree) if name != "ar" else SpecConfig()
             start = time.perf_counter()
             outs = specdec.generate_batch(target, prompts, config.params, spec=spec, max_num_seqs=concurrency,
-                                          draft=draft if needs_draft_model(spec.method) else None, progress=progress)
+                                          draft=draft if needs_draft_model(spec.method) else None, progress=progress,
+                                          disable_speculation_above=config.disable_speculation_above)
             share = (time.perf_counter() - start) / max(len(outs), 1)
             if name == "ar":
                 plain = [out.token_ids for out in outs]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, count_or_word, draft_quantize, execution_modes,
                                 gamma_value, positive_int, sampling_from_args, tree_values)
 from specdec.errors import SpecdecError
 
@@ -41,6 +41,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="throughput mode: each method runs every prompt (first turns) with N requests in flight through "
                             "continuous batching (specdec.generate_batch); tokens/s is then the total throughput "
                             "(default: 1 = one request at a time, methods interleaved per prompt)")
+    bench.add_argument("--disable-speculation-above", type=lambda text: count_or_word(text, ("auto", "never"), 0, "requests"),
+                       default="auto", metavar="N|auto|never",
+                       help="with --concurrency: how much requests in flight may draft, as for `specdec serve`: auto "
+                            "(default) γ per number of requests from the step costs measured here and the batch's α (0 "
+                            "where drafting would cost throughput), N (none above N requests), never (every request "
+                            "at its own γ, as if alone)")
     bench.add_argument("--repeats", type=positive_int, default=3, help="repeats per prompt and method; medians are reported (default: 3)")
     bench.add_argument("--peers", default="", help="comma-separated peers to run in the same run: hf (= transformers plain, assisted, prompt lookup), "
                             "llamacpp (= llama.cpp's llama-server plain and with the draft model; needs --llama-bin); "
@@ -125,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
         peers.update(llama)
     config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, datastore=args.datastore,
                          skip_layers=args.skip_layers, exit_layer=args.exit_layer, draft_vocab_size=args.draft_vocab_size,
-                         spec_trees=spec_trees, drafter_path=args.drafter_path)
+                         spec_trees=spec_trees, drafter_path=args.drafter_path,
+                         disable_speculation_above=args.disable_speculation_above)
     try:
         if args.concurrency > 1:
             results = run_concurrent(target, draft, rows, config, args.concurrency)
