@@ -64,12 +64,7 @@ def generate_batch(
     batcher = Batcher(max_num_batched_tokens, prompts_per_forward=prompts_per_forward(chunk))
     # how much each request may draft while others share its forwards (the server's policy, read
     # against the exact number of requests in flight)
-    if disable_speculation_above == "auto":
-        policy = BatchPolicy.measured(resolve_spec(spec, draft), target, draft, max_num_seqs)
-    elif disable_speculation_above == "never" or isinstance(disable_speculation_above, int):
-        policy = BatchPolicy(None if disable_speculation_above == "never" else disable_speculation_above)
-    else:
-        raise SpecdecError(f"disable_speculation_above must be a number, 'auto' or 'never', got {disable_speculation_above!r}")
+    policy = BatchPolicy.from_setting(disable_speculation_above, resolve_spec(spec, draft), target, draft, max_num_seqs)
     bar = None
     if progress:
         from tqdm import tqdm

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from specdec.adaptive import PRIOR_TRIALS, TRIALS_TO_JUDGE, acceptance_trials
+from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
     from specdec.api import LoadedModel
@@ -193,11 +194,19 @@ class BatchPolicy:
     acceptance: AcceptanceMeter = field(default_factory=AcceptanceMeter)
 
     @classmethod
-    def measured(cls, spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None,
-                 max_requests: int) -> "BatchPolicy":
-        """``auto``: the table from the loaded models' measured costs (:func:`measured_gamma_table`);
-        never switched off where those are unmeasured."""
-        return cls(None, measured_gamma_table(spec, target, draft, max_requests))
+    def from_setting(cls, setting: int | str | None, spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None,
+                     max_requests: int) -> "BatchPolicy":
+        """``--disable-speculation-above`` / ``disable_speculation_above``: ``"auto"`` — the table from
+        the loaded models' measured costs (:func:`measured_gamma_table`; never switched off where those
+        are unmeasured) —, a number of requests, or ``"never"`` (None too)."""
+        if setting == "auto":
+            return cls(None, measured_gamma_table(spec, target, draft, max_requests))
+        if setting in ("never", None):
+            return cls(None)
+        if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
+            return cls(setting)
+        raise SpecdecError(f"disable_speculation_above must be a number of requests >= 0, 'auto' or 'never', "
+                           f"got {setting!r}")
 
     def cap(self, requests: int) -> int | None:
         """The most tokens a request may draft with ``requests`` sharing forwards (0: none, None: no cap)."""

@@ -87,11 +87,12 @@ class Batcher:
         """Whether a request still waits for its prompt pass. The server and the offline batch API ask it
         before each round of the running requests: while one does, they draft nothing. Why: a new request's
         first token waits for every draft-model step and verification row of the forwards before and
-        with its prompt pass (measured at 8 concurrent chat requests on a 2-core EPYC: median time to
-        first token 2.7x alone with speculation, 1.96x without), and a forward that carries a prompt
-        is compute-bound — there a verification row costs what a plain decode row costs but commits
-        fewer tokens (τ of γ + 1). Output is unchanged: how much a round drafts never changes what is
-        committed."""
+        with its prompt pass, and a forward that carries a prompt is compute-bound — there a
+        verification row costs what a plain decode row costs but commits fewer tokens (τ of γ + 1).
+        Measured (2-core Zen 4, 8 requests in flight, speculation forced on): median time to first
+        token 0.435 vs 0.788 s; under the server's default policy nothing drafts at 8 requests and the
+        difference was within noise. Output is unchanged: how much a round drafts never changes what
+        is committed."""
         return any(stream.prefilling for stream in self.streams)
 
     def step(self) -> None:

@@ -116,6 +116,9 @@ def test_batch_errors_are_clear(int8_pair):
         specdec.generate_batch(target, ["ok", "x " * 200], SamplingParams(max_tokens=64 * 1024))
     with pytest.raises(SpecdecError, match="max_num_seqs"):
         specdec.generate_batch(target, ["ok"], max_num_seqs=0)
+    for setting in ("sometimes", -1):
+        with pytest.raises(SpecdecError, match="disable_speculation_above"):
+            specdec.generate_batch(target, ["ok"], disable_speculation_above=setting)
 
 
 def test_bench_concurrency_reports_throughput(tiny_dirs, tmp_path, capsys, int4_kernel):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, count_or_word, draft_quantize, execution_modes,
-                                gamma_value, positive_int, sampling_from_args, tree_values)
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
+                                gamma_value, positive_int, sampling_from_args, speculation_limit_value, tree_values)
 from specdec.errors import SpecdecError
 
 
@@ -41,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="throughput mode: each method runs every prompt (first turns) with N requests in flight through "
                             "continuous batching (specdec.generate_batch); tokens/s is then the total throughput "
                             "(default: 1 = one request at a time, methods interleaved per prompt)")
-    bench.add_argument("--disable-speculation-above", type=lambda text: count_or_word(text, ("auto", "never"), 0, "requests"),
+    bench.add_argument("--disable-speculation-above", type=speculation_limit_value,
                        default="auto", metavar="N|auto|never",
                        help="with --concurrency: how much requests in flight may draft, as for `specdec serve`: auto "
                             "(default) γ per number of requests from the step costs measured here and the batch's α (0 "

@@ -46,6 +46,12 @@ def count_or_word(text: str, words: tuple[str, ...], minimum: int, what: str) ->
     return value
 
 
+def speculation_limit_value(text: str) -> int | str:
+    """``--disable-speculation-above`` (serve, bench): a count, ``auto`` or ``never``
+    (:meth:`specdec.policy.BatchPolicy.from_setting`)."""
+    return count_or_word(text, ("auto", "never"), 0, "requests")
+
+
 def tree_value(text: str) -> str | int:
     """--spec-tree: 'off', 'auto' or a positive number of nodes."""
     return count_or_word(text, ("off", "auto"), 1, "tree nodes")

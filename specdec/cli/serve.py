@@ -12,7 +12,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from specdec.cli.common import add_debug_flag, add_model_args, count_or_word, execution_modes, positive_int, spec_from_args
+from specdec.cli.common import (add_debug_flag, add_model_args, count_or_word, execution_modes, positive_int, spec_from_args,
+                                speculation_limit_value)
 from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
 from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
@@ -34,12 +35,6 @@ def batched_tokens_value(text: str) -> int | str:
 def partial_prefills_value(text: str) -> int | str:
     """``--max-num-partial-prefills``: ``auto`` or a number of prompts (at least 1)."""
     return count_or_word(text, ("auto",), 1, "prompts")
-
-
-def speculation_limit_value(text: str) -> int | str | None:
-    """``--disable-speculation-above``: a count, ``auto`` or ``never`` (None)."""
-    value = count_or_word(text, ("auto", "never"), 0, "requests")
-    return None if value == "never" else value
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -177,8 +172,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                                        if args.max_num_batched_tokens == "auto" else args.max_num_batched_tokens)
     executor.prompts_per_forward = (prompts_per_forward(prefill_chunk) if args.max_num_partial_prefills == "auto"
                                     else args.max_num_partial_prefills)
-    limit = args.disable_speculation_above
-    policy = BatchPolicy.measured(spec, target, draft, args.max_concurrency) if limit == "auto" else BatchPolicy(limit)
+    policy = BatchPolicy.from_setting(args.disable_speculation_above, spec, target, draft, args.max_concurrency)
     # what loading left lives as long as the server: a full collection walks it all (~356 k objects with
     # the default pair, 170 ms on a Zen 4 EPYC — a stall of ~6 decode steps wherever one fires); frozen,
     # collections see only what requests allocate (gc.collect after the freeze: 0.0 ms). vLLM does the same.
