@@ -229,7 +229,8 @@ def main() -> int:
                              "environment (\"fbgemm=SPECDEC_INT8_KERNEL=fbgemm\"); repeatable")
     parser.add_argument("--arrivals", choices=["together", "staggered"], default="together",
                         help="together: every client sends its first request at once (a burst of C prompts per level); "
-                             "staggered: client k starts k/C of one request's latency alone later (steady arrivals)")
+                             "staggered: client k starts k/C of one request's latency alone (speculation off, for both modes) "
+                             "later (steady arrivals)")
     parser.add_argument("--burst", type=int, default=0, help="after the levels, fire this many requests at once (0: skip)")
     parser.add_argument("--png", type=Path, default=None, help="write total tokens/s per concurrency here")
     args = parser.parse_args()
@@ -247,7 +248,9 @@ def main() -> int:
     rows: dict[tuple[str, bool], dict[int, float]] = {}
     chat = args.dataset != "humaneval"
     alone: dict[int, str] = {}
-    alone_latency: dict[tuple[str, bool], float] = {}  # the first level's p50 latency per server and mode
+    # the first level's p50 latency per server without speculation: both modes' clients arrive on that
+    # schedule (the users do not arrive faster because the server speculates)
+    alone_latency: dict[str, float] = {}
     try:
         if args.dataset == "mt_bench":
             rows_ = load_prompts("spec_bench", categories=["mt_bench"], limit=None)
@@ -277,11 +280,11 @@ def main() -> int:
             for name, (server, base) in servers.items():
                 reset_caches(base)
                 stagger = 0.0
-                if args.arrivals == "staggered" and (name, speculative) in alone_latency:
-                    stagger = alone_latency[(name, speculative)] / level
+                if args.arrivals == "staggered" and name in alone_latency:
+                    stagger = alone_latency[name] / level
                 r = run_level(base, prompts, level, len(indices), args.max_tokens, speculative,
                               chat, alone, stagger, indices)
-                alone_latency.setdefault((name, speculative), r["p50"])
+                alone_latency.setdefault(name, r["p50"])
                 points = rows.setdefault((name, speculative), {})
                 points[level] = r["tok_s"]
                 rss, peak = server_memory_mb(server)
