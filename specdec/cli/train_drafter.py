@@ -44,6 +44,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmd.add_argument("--extract-minutes", type=float, default=40.0, metavar="M",
                      help="time for extracting target features (the training data), in minutes; shards already "
                           "written are kept (default: 40)")
+    cmd.add_argument("--generate-minutes", type=float, default=0.0, metavar="M",
+                     help="self-distillation: first spend up to M minutes having the target continue prompts drawn "
+                          "from --data (each Python function with a docstring: its module's imports, signature and "
+                          "docstring; other documents: their opening), greedy, many at a time; the continuations (the "
+                          "text the drafter will draft over) train first and the report speculates on held-out "
+                          "prompts of the same kind. Kept in OUT/generated.jsonl; --resume adds to it (default: 0, none)")
+    cmd.add_argument("--generate-tokens", type=positive_int, default=128, metavar="N",
+                     help="tokens the target generates per prompt with --generate-minutes (default: 128)")
+    cmd.add_argument("--generate-concurrency", type=positive_int, default=8, metavar="C",
+                     help="continuations generated at once (continuous batching) with --generate-minutes (default: 8)")
     cmd.add_argument("--max-sequences", type=int, default=0, metavar="N",
                      help="at most N training sequences (0: as many as --extract-minutes allows; default: 0)")
     cmd.add_argument("--seq-len", type=positive_int, default=256, metavar="T", help="tokens per training sequence (default: 256)")
@@ -115,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
                         final_lr_ratio=args.final_lr_ratio)
     job = DrafterTraining(model=args.model, out_dir=Path(args.out), kind=args.kind, data=args.data, quantize=args.quantize,
                           seq_len=args.seq_len, max_sequences=args.max_sequences, held_out_sequences=args.held_out_sequences,
-                          extract_minutes=args.extract_minutes, draft_vocab_size=args.draft_vocab_size,
+                          extract_minutes=args.extract_minutes, generate_minutes=args.generate_minutes,
+                          generate_tokens=args.generate_tokens, generate_concurrency=args.generate_concurrency,
+                          draft_vocab_size=args.draft_vocab_size,
                           intermediate_size=args.intermediate_size, num_medusa_heads=args.num_heads, draft_model=args.draft_model,
                           trainable_layers=args.trainable_layers, divergence=args.divergence, resume=args.resume,
                           eval_prompts=args.eval_prompts,

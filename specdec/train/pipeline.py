@@ -17,6 +17,7 @@ from specdec.config import SpecConfig
 from specdec.errors import SpecdecError
 from specdec.models.registry import DEFAULT_DRAFT
 from specdec.train.data import add_extraction_minutes, extract_features, load_documents, load_shards, token_sequences
+from specdec.train.generated import generate_sequences, generated_sequences, held_out_prompts
 from specdec.train.loop import TrainConfig, describe, train_head
 from specdec.train.precision import choose_precision
 from specdec.train.target_parts import TargetParts
@@ -37,6 +38,11 @@ class DrafterTraining:
     max_sequences: int = 0  # 0: as many as the extraction budget allows
     held_out_sequences: int = 32
     extract_minutes: float = 40.0
+    #: self-distillation (specdec.train.generated): minutes of the target continuing prompts drawn from
+    #: the data before extraction (0: none, but a resumed run still uses the continuations it has)
+    generate_minutes: float = 0.0
+    generate_tokens: int = 128  # new tokens per continuation
+    generate_concurrency: int = 8  # continuations in flight (continuous batching)
     draft_vocab_size: int = 32768
     intermediate_size: int = 0  # eagle: the head's MLP width (0: 2 × hidden)
     num_medusa_heads: int = 4  # medusa: K heads (tokens per round)
@@ -96,6 +102,12 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
         raise SpecdecError(f"the data {job.data!r} gives {len(train)} training and {len(held_out)} held-out sequences "
                            f"of up to {job.seq_len} tokens: give more text")
     log(f"data {job.data}: {len(docs)} documents, {len(train)} training sequences available, {len(held_out)} held out")
+    prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
+    generated = generate_sequences(target, docs, out / "generated.jsonl", job.generate_minutes, job.generate_tokens,
+                                   job.generate_concurrency, job.train.seed, progress, log)
+    if generated:  # the target's own text first (an extraction budget keeps all of it), then the source's
+        train = generated_sequences(generated, job.seq_len, job.train.seed) + train
+        prompts = held_out_prompts(docs, encode, job.eval_prompts, job.train.seed) or prompts
 
     began = time.perf_counter()
     features = out / "features"
@@ -110,8 +122,9 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     info = {"kind": job.kind, "target": target.name, "data": job.data, "feature_mode": target.backend.dtype_name,
             "train_sequences": train_data["tokens"].shape[0], "train_tokens": train_tokens,
             "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
-            "extract_minutes": round(extract_minutes, 1), "cpu": cpu_description()}
-    prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
+            "extract_minutes": round(extract_minutes, 1), "generated_continuations": len(generated),
+            "generated_tokens": sum(len(row["tokens"]) - row["prompt_tokens"] for row in generated),
+            "cpu": cpu_description()}
     job = replace(job, train=replace(job.train, precision=choose_precision(job.train.precision)))
     log(f"training precision: {job.train.precision}")
     info["precision"] = job.train.precision
