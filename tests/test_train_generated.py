@@ -73,6 +73,11 @@ def test_continuations_are_the_targets_own_and_a_resumed_run_adds_only_new_promp
         sink.write('{"name": "torn')  # a run cut mid-write
     assert generate_sequences(tiny_target, docs, path, minutes=10, new_tokens=6) == rows  # nothing left to do
     assert read_generated(path) == rows
+    lost = rows.pop()  # as if the run had been cut while writing its last row
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps(lost)[:20])
+    assert generate_sequences(tiny_target, docs, path, minutes=10, new_tokens=6)[-1] == lost  # made again
+    rows.append(lost)
+    assert read_generated(path) == rows
     assert generate_sequences(tiny_target, docs, path, minutes=0, new_tokens=6) == rows
     sequences = generated_sequences(rows, seq_len=8)
     assert len(sequences) == len(rows) and all(len(s) == 8 for s in sequences)

@@ -143,6 +143,8 @@ def generate_sequences(target, docs: list[Document], path: Path, minutes: float,
     start, made = time.perf_counter(), 0
     bar = tqdm(total=len(todo), desc="target continuations", unit="prompt", disable=not progress)
     with path.open("a", encoding="utf-8") as sink:
+        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            sink.write("\n")  # after a torn last line (read_generated dropped it), start a fresh one
         for begin in range(0, len(todo), BATCH_PROMPTS):
             if time.perf_counter() - start > minutes * 60:
                 break
