@@ -9,6 +9,8 @@ sampling guarantee is checked with the same χ² certificate as on the CPU, on C
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -177,3 +179,59 @@ def test_cpu_execution_modes_pick_the_cpu_under_device_auto(tiny_dirs):
     model = specdec.load_model(tiny_dirs["target"], quantize="int4")
     assert model.backend.device.type == "cpu" and model.backend.dtype_name == "int4"
     assert specdec.load_model(tiny_dirs["target"], dtype="float32").backend.device.type == "cuda"
+
+
+# --- trained drafters and the batch API on the GPU ----------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_feature_heads_are_exact_on_cuda(cuda_pair, tiny_target, tmp_path, kind):
+    """An EAGLE / Medusa head drafts on the GPU (features recorded in the target's CUDA cache, the head
+    moved to the target's device); chains and trees give plain decoding's tokens."""
+    from specdec.models.heads import save_head
+    from tests.test_heads import random_head
+
+    target, _ = cuda_pair
+    path = save_head(random_head(tiny_target, draft_vocab_size=300, kind=kind, scale=0.3 if kind == "medusa" else 0.2),
+                     tmp_path / kind)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    trees = ("off", 4) if kind == "eagle" else ("off",)
+    for tree in trees:
+        spec = SpecConfig(method=kind, drafter_path=str(path), num_speculative_tokens=3, spec_tree=tree)
+        for prompt in PROMPTS:
+            out = specdec.generate(target, prompt, params, spec=spec)
+            assert out.token_ids == specdec.generate(target, prompt, params).token_ids, (kind, tree, prompt)
+            assert out.stats.proposed_tokens > 0
+
+
+def test_batch_api_answers_each_prompt_as_alone_on_cuda(cuda_pair):
+    """`generate_batch` on a GPU target (float modes run each request's forwards on their own):
+    every answer is the one `generate` gives alone, with and without a draft model."""
+    target, draft = cuda_pair
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    for spec in (None, SpecConfig(method="draft_model", num_speculative_tokens=3)):
+        results = specdec.generate_batch(target, PROMPTS * 2, params, draft=draft if spec else None, spec=spec,
+                                         max_num_seqs=4)
+        for prompt, result in zip(PROMPTS * 2, results):
+            alone = specdec.generate(target, prompt, params, draft=draft if spec else None, spec=spec)
+            assert result.token_ids == alone.token_ids, (spec, prompt)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "distill"])
+def test_train_drafter_trains_on_the_gpu(tiny_dirs, tmp_path, kind):
+    """`specdec train-drafter` with CUDA present: the target loads on the GPU, the head (or the
+    draft's last layers) trains there in bfloat16, and the report's speculation is exact."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(30):
+        (corpus / f"mod{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(30)))
+    out = tmp_path / kind
+    args = ["train-drafter", "--kind", kind, "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--out", str(out),
+            "--seq-len", "64", "--max-sequences", "16", "--max-steps", "10", "--held-out-sequences", "4",
+            "--eval-prompts", "2", "--eval-tokens", "12"]
+    if kind == "distill":
+        args += ["--draft-model", str(tiny_dirs["draft"]), "--trainable-layers", "1"]
+    assert main(args) == 0
+    training = json.loads((out / ("distill.json" if kind == "distill" else "config.json")).read_text())
+    training = training if kind == "distill" else training["training"]
+    assert training["precision"] == "bfloat16" and training["steps"] == 10
+    assert "identical to plain:" in (out / "report.md").read_text()  # bf16 verification is not batch-invariant

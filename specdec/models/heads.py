@@ -287,7 +287,7 @@ def save_head(head: DraftHead, directory: str | Path, training: dict[str, Any] |
     config = asdict(head.config)
     if training is not None:
         config["training"] = training
-    state = {name: tensor.detach().float().contiguous() for name, tensor in head.state_dict().items()}
+    state = {name: tensor.detach().float().cpu().contiguous() for name, tensor in head.state_dict().items()}
     save_file(state, str(directory / WEIGHTS_FILE))
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return directory

@@ -27,7 +27,7 @@ from torch import nn
 
 from specdec.errors import SpecdecError
 from specdec.models.transformer import Decoder
-from specdec.train.loop import RowLoss
+from specdec.train.loop import RowLoss, data_row
 from specdec.train.target_parts import TargetParts
 
 DIVERGENCES = ("kl", "tvd")
@@ -67,7 +67,7 @@ class DraftTail(nn.Module):
 def frozen_hidden(decoder: Decoder, split: int, tokens: list[int]) -> torch.Tensor:
     """The draft's hidden states after its first ``split`` layers for ``tokens`` → ``[T, hidden]``."""
     seq = len(tokens)
-    ids = torch.tensor(tokens, dtype=torch.long)
+    ids = torch.tensor(tokens, dtype=torch.long, device=decoder.device)
     x = decoder.model.embed_tokens(ids).float()
     cos, sin = decoder.rope_cos[:seq], decoder.rope_sin[:seq]
     cache = decoder.new_cache(seq, torch.float32)
@@ -115,12 +115,13 @@ def distill_row_loss(tail: DraftTail, parts: TargetParts, divergence: str) -> Ro
     (greedy acceptance, teacher-forced)."""
 
     def row_loss(data: dict[str, torch.Tensor], row: int, generator: torch.Generator | None) -> tuple[torch.Tensor, dict]:
-        length = int((data["tokens"][row] >= 0).sum())
-        logits = tail(data["draft_hidden"][row, :length].float())
+        one = data_row(data, row, parts.device)
+        length = int((one["tokens"] >= 0).sum())
+        logits = tail(one["draft_hidden"][:length].float())
         with torch.no_grad():
-            target_logits = parts.logits(data["features"][row, :length].float())
+            target_logits = parts.logits(one["features"][:length].float())
         loss = divergence_loss(logits, target_logits, divergence)
-        top1 = float((logits.argmax(-1) == data["target_ids"][row, :length].long()).float().mean())
+        top1 = float((logits.argmax(-1) == one["target_ids"][:length].long()).float().mean())
         return loss, {"tokens": length, "top1": top1, "top1_steps": [top1]}
 
     return row_loss
@@ -133,7 +134,7 @@ def save_draft(decoder: Decoder, tokenizer, directory: Path, training: dict) -> 
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.detach().float().contiguous() for name, tensor in decoder.state_dict().items()
+    state = {name: tensor.detach().float().cpu().contiguous() for name, tensor in decoder.state_dict().items()
              if name not in ("rope_cos", "rope_sin")}
     if decoder.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)

@@ -78,6 +78,12 @@ class History:
 RowLoss = Callable[[dict[str, torch.Tensor], int, "torch.Generator | None"], tuple[torch.Tensor, dict]]
 
 
+def data_row(data: dict[str, torch.Tensor], row: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Row ``row`` of every tensor in ``data`` (the shards stay in CPU memory), on ``device``: the
+    target's, where its frozen parts and the trained module live."""
+    return {name: tensor[row].to(device, non_blocking=True) for name, tensor in data.items()}
+
+
 @torch.no_grad()
 def evaluate_rows(row_loss: RowLoss, data: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
     """Token-weighted mean loss and per-step top-1 of ``row_loss`` over every row of ``data``."""
@@ -97,7 +103,8 @@ def head_row_loss(head: DraftHead, parts: TargetParts, config: TrainConfig, repo
     ``report_steps``: top-1 for that many draft steps (EAGLE), whatever the loss unrolls."""
 
     def row_loss(data: dict[str, torch.Tensor], row: int, generator: torch.Generator | None) -> tuple[torch.Tensor, dict]:
-        return head_loss(head, parts, data["tokens"][row], data["features"][row], data["target_ids"][row],
+        one = data_row(data, row, parts.device)
+        return head_loss(head, parts, one["tokens"], one["features"], one["target_ids"],
                          config.noise if generator is not None else 0.0, config.reg_weight, config.cls_weight, generator,
                          config.unroll_steps, config.step_decay, report_steps)
 
@@ -145,6 +152,7 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
     ``resume`` continues from the checkpoint (weights, optimizer, step, history, data order)."""
     from tqdm import tqdm
 
+    device_type = next(module.parameters()).device.type
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     parameters = [param for param in module.parameters() if param.requires_grad]
@@ -152,7 +160,7 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
     history, step, seconds = History(), 0, 0.0
     checkpoint = out_dir / "checkpoint.pt"
     if resume and checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = torch.load(checkpoint, weights_only=False, map_location="cpu")  # loading moves them to the module's device
         module.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         history, step = History(**saved["history"]), saved["step"]
@@ -178,7 +186,7 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
 
     def record_evaluation() -> str:
         module.eval()
-        with mixed_precision(config.precision):
+        with mixed_precision(config.precision, device_type):
             result = evaluate_held_out()
         module.train()
         history.eval_steps.append(step)
@@ -199,7 +207,7 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
         optimizer.zero_grad(set_to_none=True)
         batch_loss, batch_tokens = 0.0, 0
         for row in order.tolist():
-            with mixed_precision(config.precision):
+            with mixed_precision(config.precision, device_type):
                 loss, info = row_loss(train, row, generator)
             (loss / config.batch_size).backward()
             batch_loss += loss.item() / config.batch_size

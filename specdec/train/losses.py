@@ -61,7 +61,8 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
     f_in, f_next = f[:-1], f[1:]
     if noise > 0:
         scale = f_in.pow(2).mean(-1, keepdim=True).sqrt()
-        f_in = f_in + noise * scale * (2 * torch.rand(f_in.shape, generator=generator) - 1)
+        uniform = torch.rand(f_in.shape, generator=generator).to(f_in.device)  # a CPU generator: same noise on any device
+        f_in = f_in + noise * scale * (2 * uniform - 1)
     embeds = parts.embed(tokens[1:length])
     rms = f_next.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-6)
     with torch.no_grad():

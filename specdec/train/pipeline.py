@@ -125,7 +125,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
             "extract_minutes": round(extract_minutes, 1), "generated_continuations": len(generated),
             "generated_tokens": sum(len(row["tokens"]) - row["prompt_tokens"] for row in generated),
             "cpu": cpu_description()}
-    job = replace(job, train=replace(job.train, precision=choose_precision(job.train.precision)))
+    job = replace(job, train=replace(job.train, precision=choose_precision(job.train.precision, target.backend.device)))
     log(f"training precision: {job.train.precision}")
     info["precision"] = job.train.precision
     if job.kind == "distill":
@@ -134,8 +134,8 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     config = HeadConfig.for_target(target.config, job.draft_vocab_size, job.intermediate_size or None, job.kind,
                                    job.num_medusa_heads)
     torch.manual_seed(job.train.seed)
-    head = new_head(config)
     parts = TargetParts(target.backend.decoder, config.draft_vocab_size, getattr(torch, job.train.precision))
+    head = new_head(config).to(parts.device)  # trains where the target runs: CPU, or CUDA when present
     info.update(draft_vocab_size=config.draft_vocab_size, head_parameters=sum(p.numel() for p in head.parameters()))
     history = train_head(head, parts, train_data, held_data, out, job.train, resume=job.resume, training_info=info,
                          progress=progress, log=log)
@@ -160,7 +160,8 @@ def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tens
     from specdec.train.report import measure_speculation, write_report
 
     out = Path(job.out_dir).expanduser()
-    draft = specdec.load_model(job.draft_model, dtype="float32", device="cpu", quantize="none", progress=progress)
+    draft = specdec.load_model(job.draft_model, dtype="float32", device=str(target.backend.device), quantize="none",
+                               progress=progress)
     check_pair(target.config.vocab_size, draft.config.vocab_size, job.draft_model)
     decoder = draft.backend.decoder
     tail = DraftTail(decoder, job.trainable_layers)

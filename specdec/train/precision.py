@@ -41,26 +41,30 @@ def matmul_seconds(dtype: torch.dtype, rows: int = 256, hidden: int = 1536, out:
     return best
 
 
-def choose_precision(requested: str) -> str:
-    """``requested`` (one of :data:`~specdec.config.TRAIN_PRECISIONS`) → what a CPU training's
-    matmuls run in, ``float32`` or ``bfloat16`` (``TrainConfig.precision``). ``auto``: bfloat16
-    only if it times ≥ :data:`MIN_SPEEDUP`× faster than float32 here."""
+def choose_precision(requested: str, device: torch.device | str = "cpu") -> str:
+    """``requested`` (one of :data:`~specdec.config.TRAIN_PRECISIONS`) → what a training's matmuls
+    run in on ``device``, ``float32`` or ``bfloat16`` (``TrainConfig.precision``). ``auto``: on a
+    CPU, bfloat16 only if it times ≥ :data:`MIN_SPEEDUP`× faster than float32 here; on a GPU,
+    bfloat16 where the card supports it (tensor cores: always the faster one)."""
     if requested not in TRAIN_PRECISIONS:
         raise SpecdecError(f"precision {requested!r} is not one of {', '.join(TRAIN_PRECISIONS)}")
     if requested != "auto":
         return requested
+    if torch.device(device).type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     speedup = matmul_seconds(torch.float32) / matmul_seconds(torch.bfloat16)
     return "bfloat16" if speedup >= MIN_SPEEDUP else "float32"
 
 
 @contextlib.contextmanager
-def mixed_precision(precision: str) -> Iterator[None]:
-    """Autocast the CPU's matmuls to ``precision`` (``float32``: nothing to do). The RMS norms then
+def mixed_precision(precision: str, device_type: str = "cpu") -> Iterator[None]:
+    """Autocast the matmuls on ``device_type`` (cpu, cuda) to ``precision`` (``float32``: nothing to
+    do). On the CPU the RMS norms then
     read bfloat16 activations with float32 weights, which torch computes unfused and says so at every
     call: expected here, so not shown."""
     if precision == "float32":
         yield
         return
-    with warnings.catch_warnings(), torch.autocast("cpu", dtype=getattr(torch, precision)):
+    with warnings.catch_warnings(), torch.autocast(device_type, dtype=getattr(torch, precision)):
         warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
         yield

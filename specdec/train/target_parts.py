@@ -20,6 +20,11 @@ class TargetParts:
         self.compute_dtype = compute_dtype
         self.lm_rows = float_head_rows(decoder, rows).to(compute_dtype)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the target runs, and so where a head trains through these parts (CPU or CUDA)."""
+        return self.lm_rows.device
+
     @torch.no_grad()
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(tokens.long()).float()
