@@ -148,18 +148,40 @@ def test_greedy_output_is_plain_decodings(tiny_dirs, head_dir, medusa_dir, quant
                 assert out.stats.proposed_tokens > 0
 
 
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
 @pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_eagle_trees_are_exact(tiny_dirs, head_dir, quantize):
-    """--spec-tree with an EAGLE head: each level's nodes go through the head together (tree mask
-    over its cache), the target verifies the tree; the output is plain decoding's."""
+def test_head_trees_are_exact(tiny_dirs, head_dir, medusa_dir, quantize, method):
+    """--spec-tree with a trained head: EAGLE forwards each level's nodes through the head together
+    (tree mask over its cache), Medusa branches each level from its block's distribution; the target
+    verifies the tree and the output is plain decoding's."""
     target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize=quantize)
+    path = head_dir if method == "eagle" else medusa_dir
     for tree in (6, "auto"):
-        spec = SpecConfig(method="eagle", drafter_path=str(head_dir), num_speculative_tokens=4, spec_tree=tree)
+        spec = SpecConfig(method=method, drafter_path=str(path), num_speculative_tokens=4, spec_tree=tree)
         for prompt in PROMPTS:
             plain = specdec.generate(target, prompt, GREEDY)
             out = specdec.generate(target, prompt, GREEDY, spec=spec)
             assert out.token_ids == plain.token_ids, (prompt, tree)
             assert out.stats.tree_rounds > 0
+
+
+def test_medusa_tree_nodes_branch_from_their_levels_distribution():
+    """A Medusa tree node at depth d takes its token from block d's distribution, whatever its parent:
+    its estimate is its parent's × that block's probability of the token; siblings below the first
+    branch too (the tree is not a chain), and nothing is deeper than the blocks."""
+    from specdec.calls import run_now
+    from specdec.drafters.medusa import head_tree
+
+    generator = torch.Generator().manual_seed(0)
+    levels = [torch.softmax(2 * torch.randn(40, generator=generator), -1) for _ in range(3)]
+    draft = run_now(head_tree(levels, 3))
+    node_depths = depths(draft.parents)
+    for node, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
+        above = 1.0 if parent < 0 else draft.prefix_accept[parent]
+        assert draft.prefix_accept[node] == pytest.approx(above * float(levels[node_depths[node] - 1][token]))
+    assert max(node_depths) == 3
+    first_children = {draft.parents.index(-1)}
+    assert any(depth == 2 and draft.parents[node] not in first_children for node, depth in enumerate(node_depths))
 
 
 @torch.no_grad()

@@ -190,7 +190,7 @@ def test_structured_output_with_trees_on_is_exact_and_valid(tiny_target, tiny_dr
     assert out.token_ids == plain.token_ids and out.stats.tree_rounds == 0
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram", "suffix", "eagle"])
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "suffix", "eagle", "medusa"])
 def test_tree_sampling_certificate(method, one_thread):
     """χ² of the first three tokens' joint distribution under tree speculation vs the target's exact one."""
     result = distribution_check(method, "T=0.7,top-k=4", DISTRIBUTION_CONFIGS["T=0.7,top-k=4"], samples=1500,

@@ -10,6 +10,13 @@ by the LM head rows, no autoregressive steps.
 Exact like every drafter: under sampling each token is drawn from its block's distribution q_k
 (after the request's sampling transform), which is what rejection sampling needs — q may ignore
 the earlier drafted tokens, it only has to be the distribution the token came from.
+
+Token trees (``--spec-tree``, Medusa's own "tree attention" candidates): every node at depth d takes
+its children from block d+1's distribution — the blocks never see the drafted tokens, so all nodes of
+a level share one distribution and branching costs no draft work at all. The tree grows like every
+other drafter's (:func:`~specdec.drafters.draft_model.grow_tree`: children valued by the product of
+probabilities along their path, the likeliest expanded), and the engine keeps the nodes that pay for
+their verification.
 """
 
 from __future__ import annotations
@@ -20,12 +27,17 @@ import torch
 
 from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
-from specdec.drafters.base import Draft, DrafterResources, MethodInfo
-from specdec.drafters.draft_model import draft_steps, full_vocab
+from specdec.drafters.base import Draft, DrafterResources, MethodInfo, tree_nodes_for
+from specdec.drafters.draft_model import draft_steps, full_vocab, grow_tree, ranking_probs
 from specdec.drafters.features import FeatureDrafter, head_for
 from specdec.models.heads import MedusaHeads
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint
+from specdec.tree import depths
+
+#: nodes of a level whose children a tree lists: free here (every level's distribution is computed
+#: already), so wider than EAGLE's; the engine's verification budget decides how many nodes are kept
+MEDUSA_TREE_WIDTH = 8
 
 
 class MedusaDrafter(FeatureDrafter):
@@ -34,12 +46,13 @@ class MedusaDrafter(FeatureDrafter):
     name = "medusa"
 
     def __init__(self, heads: MedusaHeads, target: TorchBackend, params: SamplingParams, generator: torch.Generator,
-                 constraint: GrammarConstraint | None = None) -> None:
+                 constraint: GrammarConstraint | None = None, tree_nodes: int = 0) -> None:
         super().__init__(heads, target)
         self.heads: MedusaHeads = heads
         self.params = params
         self.generator = generator
         self.constraint = constraint
+        self.tree_nodes = tree_nodes  # > 0: propose token trees (see module doc); 0: chains
 
     @property
     def weight_bytes(self) -> int:
@@ -61,6 +74,8 @@ class MedusaDrafter(FeatureDrafter):
         hidden = self.heads(normed.to(torch.float32))[:k, 0].to(self.decoder.float_dtype)  # [k, hidden]
         rows = [full_vocab(logits, self.vocab_size, self.params.is_greedy) for logits in scorer(hidden).float()]
         self.model_forwards += 1
+        if self.tree_nodes:
+            return run_now(head_tree([ranking_probs(row, self.params) for row in rows], k))
         position = 0
 
         def step(token: int) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
@@ -72,11 +87,25 @@ class MedusaDrafter(FeatureDrafter):
         return run_now(draft_steps(rows[0], step, k, self.params, self.generator, 0.0, None, self.constraint))
 
 
+def head_tree(level_probs: list[torch.Tensor], depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
+    """A token tree up to ``depth`` deep from per-level distributions ``level_probs [depth][vocab]``
+    that do not depend on the drafted tokens (Medusa's blocks): a node at depth d (1 = a child of the
+    root) branches into level d's distribution. No model call: the blocks ran once for the round."""
+
+    def forward(expand: list[int], tokens: list[int], parents: list[int]) -> Generator[ModelCall, torch.Tensor, list[torch.Tensor]]:
+        depth_of = depths(parents)
+        return [level_probs[depth_of[node]] for node in expand]
+        yield  # computed already: a generator that yields nothing  # noqa: unreachable
+
+    return (yield from grow_tree(level_probs[0], depth, MEDUSA_TREE_WIDTH, forward))
+
+
 def make_medusa_drafter(res: DrafterResources) -> MedusaDrafter:
     heads = head_for(res, "medusa")
-    return MedusaDrafter(heads, res.target_backend, res.params, res.generator, res.constraint)
+    return MedusaDrafter(heads, res.target_backend, res.params, res.generator, res.constraint, tree_nodes_for(res))
 
 
 METHODS = (MethodInfo("medusa", make_medusa_drafter,
                       "K heads on the target's last hidden state propose K tokens at once (Medusa; train with `specdec train-drafter`)",
-                      aliases=("mtp",), needs_torch_backend=True, options=("num_speculative_tokens", "drafter_path")),)
+                      aliases=("mtp",), needs_torch_backend=True,
+                      options=("num_speculative_tokens", "drafter_path", "spec_tree")),)
