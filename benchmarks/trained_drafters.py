@@ -42,8 +42,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=6, help="prompts per group")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4, help="γ of the draft model and of the heads")
-    parser.add_argument("--head-gammas", default="", help="more γ for the heads, comma-separated (e.g. 1,2)")
-    parser.add_argument("--tree", action="store_true", help="also the heads at γ with --spec-tree auto (EAGLE-2 trees)")
+    parser.add_argument("--head-gammas", default="", help="more γ for the heads, comma-separated (e.g. 1,2,auto)")
+    parser.add_argument("--tree", action="store_true",
+                        help="also the heads at γ with --spec-tree auto (EAGLE-2 trees; Medusa's per-block branching)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -52,11 +53,11 @@ def main() -> None:
               for name, path in (("draft_model", args.draft_model), ("distilled", args.distilled)) if path}
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     plan: dict[str, specdec.SpecConfig | None] = {"plain": None}
-    head_gammas = [args.gamma, *(int(g) for g in args.head_gammas.split(",") if g.strip())]
+    head_gammas = [args.gamma, *(g.strip() if g.strip() == "auto" else int(g) for g in args.head_gammas.split(",") if g.strip())]
     for method, path in (("eagle", args.eagle), ("medusa", args.medusa)):
         for gamma in head_gammas if path else []:
             plan[f"{method} γ={gamma}"] = specdec.SpecConfig(method=method, drafter_path=path, num_speculative_tokens=gamma)
-        if path and args.tree and method == "eagle":
+        if path and args.tree:
             plan[f"{method} γ={args.gamma} tree"] = specdec.SpecConfig(method=method, drafter_path=path,
                                                                      num_speculative_tokens=args.gamma, spec_tree="auto")
     draft_of: dict[str, specdec.LoadedModel] = {}
