@@ -194,8 +194,7 @@ def test_feature_heads_are_exact_on_cuda(cuda_pair, tiny_target, tmp_path, kind)
     path = save_head(random_head(tiny_target, draft_vocab_size=300, kind=kind, scale=0.3 if kind == "medusa" else 0.2),
                      tmp_path / kind)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    trees = ("off", 4) if kind == "eagle" else ("off",)
-    for tree in trees:
+    for tree in ("off", 4):
         spec = SpecConfig(method=kind, drafter_path=str(path), num_speculative_tokens=3, spec_tree=tree)
         for prompt in PROMPTS:
             out = specdec.generate(target, prompt, params, spec=spec)
