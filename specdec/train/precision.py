@@ -59,9 +59,8 @@ def choose_precision(requested: str, device: torch.device | str = "cpu") -> str:
 @contextlib.contextmanager
 def mixed_precision(precision: str, device_type: str = "cpu") -> Iterator[None]:
     """Autocast the matmuls on ``device_type`` (cpu, cuda) to ``precision`` (``float32``: nothing to
-    do). On the CPU the RMS norms then
-    read bfloat16 activations with float32 weights, which torch computes unfused and says so at every
-    call: expected here, so not shown."""
+    do). The RMS norms then read bfloat16 activations with float32 weights, which torch computes
+    unfused and says so at every call: expected here, so not shown."""
     if precision == "float32":
         yield
         return
