@@ -79,6 +79,38 @@ def time_steps(backend: TorchBackend, context: list[int], new: list[int], repeat
     return {path: statistics.median(samples[1:]) for path, samples in times.items()}
 
 
+def time_heads(backend: TorchBackend, context: list[int], gamma: int, repeats: int) -> dict[str, float]:
+    """Median seconds of one drafting round of γ tokens by an untrained EAGLE head and by Medusa
+    heads of the target's shape (the drafters' own ``propose``, greedy), after ``context``. EAGLE's
+    round reads one newly committed position, as in steady decoding, then drafts on its own features."""
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.drafters.medusa import MedusaDrafter
+    from specdec.models.heads import HeadConfig, new_head
+    from specdec.sampling import SamplingParams, make_generator
+
+    params = SamplingParams(temperature=0.0)
+    result = {}
+    for kind in ("eagle", "medusa"):
+        head = new_head(HeadConfig.for_target(backend.config, kind=kind, num_medusa_heads=gamma)).to(backend.device).eval()
+        drafter = (EagleDrafter(head, backend, params, make_generator(0), len(context) + gamma + 1) if kind == "eagle"
+                   else MedusaDrafter(head, backend, params, make_generator(0)))
+        state = backend.new_state(len(context) + gamma + 1)
+        drafter.bind_target_state(state)
+        backend.forward(state, context[:-1])
+        drafter.start(context)
+        samples = []
+        for _ in range(repeats + 1):
+            if kind == "eagle":
+                drafter.read = max(0, drafter.read - 1)  # the newest committed position is read again each round
+            backend.synchronize()
+            start = time.perf_counter()
+            drafter.propose(context, gamma)
+            backend.synchronize()
+            samples.append(time.perf_counter() - start)
+        result[kind] = statistics.median(samples[1:])
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -93,6 +125,9 @@ def main() -> None:
     parser.add_argument("--tree", action="store_true",
                         help="also time each T as a token tree (tree attention: what tree speculation verifies)")
     parser.add_argument("--eager", action="store_true", help="CUDA: no CUDA graphs (SPECDEC_CUDA_GRAPHS=0)")
+    parser.add_argument("--heads", type=int, default=0, metavar="GAMMA",
+                        help="also time a drafting round of GAMMA tokens by an EAGLE head and by Medusa heads of "
+                             "the target's shape (untrained: cost depends on shapes), against the T=1 step")
     parser.add_argument("--kernel-path", default="auto",
                         help="int4 modes: the C++ dot-product path (auto = the best this CPU has; all = every "
                              "path this CPU runs, taking turns at every repeat; or a name: avx512-vnni, avx2)")
@@ -128,6 +163,12 @@ def main() -> None:
                 print(f"| {tokens} | {'tree' if tree else 'chain'} | {path or '-'} | {seconds * 1e3:.2f} | "
                       f"{seconds / base[path]:.2f} | {seconds * 1e3 / tokens:.2f} | "
                       f"{backend.weight_bytes / seconds / 1e9:.0f} |", flush=True)
+    if args.heads:
+        step = next(iter(base.values()))
+        print(f"\n| drafter | γ | ms per round | ms per draft token | draft token ÷ the T=1 step |\n|---|---|---|---|---|")
+        for kind, seconds in time_heads(backend, context[: args.context], args.heads, args.repeats).items():
+            print(f"| {kind} | {args.heads} | {seconds * 1e3:.2f} | {seconds * 1e3 / args.heads:.2f} | "
+                  f"{seconds / args.heads / step:.3f} |", flush=True)
 
 
 def kernel_paths(choice: str) -> list[str]:
