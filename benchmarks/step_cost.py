@@ -143,6 +143,8 @@ def main() -> None:
         backend = specdec.load_model(args.model, args.dtype, device, progress=True, quantize=args.quantize).backend
         label = args.model
     sizes = [int(t) for t in args.tokens.split(",")]
+    if args.heads and sizes[0] != 1:
+        parser.error("--heads compares against the 1-token step: start --tokens with 1")
     vocab = backend.config.vocab_size
     context = torch.randint(0, vocab, (args.context + max(sizes),), generator=torch.Generator().manual_seed(0)).tolist()
     gpu = torch.cuda.get_device_name(backend.device) if backend.device.type == "cuda" else f"{torch.get_num_threads()} threads"
@@ -164,8 +166,8 @@ def main() -> None:
                       f"{seconds / base[path]:.2f} | {seconds * 1e3 / tokens:.2f} | "
                       f"{backend.weight_bytes / seconds / 1e9:.0f} |", flush=True)
     if args.heads:
-        step = next(iter(base.values()))
-        print(f"\n| drafter | γ | ms per round | ms per draft token | draft token ÷ the T=1 step |\n|---|---|---|---|---|")
+        step = next(iter(base.values()))  # the T=1 step (checked below the arguments)
+        print("\n| drafter | γ | ms per round | ms per draft token | draft token ÷ the T=1 step |\n|---|---|---|---|---|")
         for kind, seconds in time_heads(backend, context[: args.context], args.heads, args.repeats).items():
             print(f"| {kind} | {args.heads} | {seconds * 1e3:.2f} | {seconds * 1e3 / args.heads:.2f} | "
                   f"{seconds / args.heads / step:.3f} |", flush=True)

@@ -218,7 +218,8 @@ def test_batch_api_answers_each_prompt_as_alone_on_cuda(cuda_pair):
 @pytest.mark.parametrize("kind", ["eagle", "distill"])
 def test_train_drafter_trains_on_the_gpu(tiny_dirs, tmp_path, kind):
     """`specdec train-drafter` with CUDA present: the target loads on the GPU, the head (or the
-    draft's last layers) trains there in bfloat16, and the report's speculation is exact."""
+    draft's last layers) trains there in bfloat16 (before, the head stayed on the CPU and the first
+    step failed on mixed devices), and the report speculates with the result."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(30):
