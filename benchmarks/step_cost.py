@@ -82,7 +82,8 @@ def time_steps(backend: TorchBackend, context: list[int], new: list[int], repeat
 def time_heads(backend: TorchBackend, context: list[int], gamma: int, repeats: int) -> dict[str, float]:
     """Median seconds of one drafting round of γ tokens by an untrained EAGLE head and by Medusa
     heads of the target's shape (the drafters' own ``propose``, greedy), after ``context``. EAGLE's
-    round reads one newly committed position, as in steady decoding, then drafts on its own features."""
+    round reads one newly committed position, as in steady decoding, then drafts on its own features.
+    Also the target's 1-token step while its cache records features for the head (CUDA: a graph)."""
     from specdec.drafters.eagle import EagleDrafter
     from specdec.drafters.medusa import MedusaDrafter
     from specdec.models.heads import HeadConfig, new_head
@@ -108,6 +109,16 @@ def time_heads(backend: TorchBackend, context: list[int], gamma: int, repeats: i
             backend.synchronize()
             samples.append(time.perf_counter() - start)
         result[kind] = statistics.median(samples[1:])
+        if kind == "eagle":  # and the target's own 1-token step while it records features for the head
+            samples = []
+            for _ in range(repeats + 1):
+                state.truncate(len(context) - 1)
+                backend.synchronize()
+                start = time.perf_counter()
+                backend.forward(state, context[-1:])
+                backend.synchronize()
+                samples.append(time.perf_counter() - start)
+            result["target step recording features"] = statistics.median(samples[1:])
     return result
 
 
@@ -169,6 +180,9 @@ def main() -> None:
         step = next(iter(base.values()))  # the T=1 step (checked below the arguments)
         print("\n| drafter | γ | ms per round | ms per draft token | draft token ÷ the T=1 step |\n|---|---|---|---|---|")
         for kind, seconds in time_heads(backend, context[: args.context], args.heads, args.repeats).items():
+            if kind.startswith("target"):
+                print(f"| {kind} | – | {seconds * 1e3:.2f} | – | {seconds / step:.3f} (× the plain step) |", flush=True)
+                continue
             print(f"| {kind} | {args.heads} | {seconds * 1e3:.2f} | {seconds * 1e3 / args.heads:.2f} | "
                   f"{seconds / args.heads / step:.3f} |", flush=True)
 

@@ -200,6 +200,12 @@ def test_feature_heads_are_exact_on_cuda(cuda_pair, tiny_target, tmp_path, kind)
             out = specdec.generate(target, prompt, params, spec=spec)
             assert out.token_ids == specdec.generate(target, prompt, params).token_ids, (kind, tree, prompt)
             assert out.stats.proposed_tokens > 0
+    # the target's steps replayed graphs that write the features (not eager steps), recorded once
+    graphs = target.backend.graphs.graphs
+    assert any(records_features for (_, _, _, records_features) in graphs)
+    recorded = len(graphs)
+    specdec.generate(target, PROMPTS[0], params, spec=spec)
+    assert len(graphs) == recorded
 
 
 def test_batch_api_answers_each_prompt_as_alone_on_cuda(cuda_pair):

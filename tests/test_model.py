@@ -124,6 +124,24 @@ def test_static_cache_steps_match_the_dynamic_path(pair):
     torch.testing.assert_close(static.v[:, :, :15], dynamic.v[:, :, :15])
 
 
+def test_static_cache_steps_record_features_as_the_dynamic_path(pair):
+    """An EAGLE/Medusa request's target steps replay graphs too: a static step writes each row's
+    final hidden state at its slot (the slots tensor), as a dynamic step writes it at seq_len."""
+    _, ours = pair
+    hidden = ours.config.hidden_size
+    ids = torch.randint(0, 512, (14,), generator=torch.Generator().manual_seed(6))
+    dynamic, static = ours.new_cache(40), ours.new_cache(40)
+    for cache in (dynamic, static):
+        cache.record_features(hidden)
+        ours(ids[:9], torch.arange(9), cache)
+    for start, end in [(9, 10), (10, 14)]:
+        ours(ids[start:end], torch.arange(start, end), dynamic)
+        ours(ids[start:end], torch.arange(start, end), static, static_cache=True)
+        static.advance(end - start)
+    assert static.features[9:14].abs().sum() > 0
+    torch.testing.assert_close(static.features[:14], dynamic.features[:14], atol=1e-4, rtol=1e-4)
+
+
 def test_static_cache_tree_steps_match_the_dynamic_path(pair):
     """The CUDA-graph form of a tree step (nodes at shared positions written to their own slots,
     attention over the whole cache under a [T, capacity] ancestor mask, as the graph runner fills its
@@ -167,8 +185,14 @@ def test_graph_runner_pools_cache_storage(pair):
     assert not runner.can_run(cache, 1, None, True, None)
     assert not runner.can_run(cache, 1, None, False, 100)  # a reduced draft vocabulary: eager
     assert not runner.can_run(ours.new_cache(16), 1, None, False, None)  # not from the pool
+    cache.record_features(ours.config.hidden_size)  # a feature drafter's request: routed to graphs too
+    assert runner.can_run(cache, 1, None, False, None)
+    features = cache.features.data_ptr()
     del cache
     gc.collect()
     again = runner.new_cache(2 * SLOT_ROUNDING - 5)
     assert again.k.data_ptr() == storage and again.seq_len == 0 and again.max_seq_len == 2 * SLOT_ROUNDING - 5
+    assert again.features is None  # a request that does not ask keeps none
+    again.record_features(ours.config.hidden_size)
+    assert again.features.data_ptr() == features  # the storage's own buffer: the address its graphs wrote to
     assert runner.new_cache(10).k.shape[2] == SLOT_ROUNDING

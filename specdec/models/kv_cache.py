@@ -8,6 +8,8 @@ and ``keep(indices)`` compacts the entries of one accepted path after tree verif
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from specdec.errors import ContextLengthError
@@ -25,9 +27,12 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         storage: tuple[torch.Tensor, torch.Tensor] | None = None,
+        feature_storage: Callable[[int], torch.Tensor] | None = None,
     ) -> None:
         """``storage``: reuse these ``(k, v)`` tensors (at least ``max_seq_len`` slots) instead of
-        allocating — CUDA graphs record tensor addresses, so a replayed step needs the same ones."""
+        allocating — CUDA graphs record tensor addresses, so a replayed step needs the same ones.
+        ``feature_storage(hidden_size)``: where :meth:`record_features` takes its ``[slots, hidden]``
+        buffer from (the same pool, for the same reason); None: a fresh one."""
         shape = (num_layers, num_kv_heads, max_seq_len, head_dim)
         if storage is None:
             storage = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
@@ -39,17 +44,24 @@ class KVCache:
         #: ``[max_seq_len, hidden]``: the final hidden state (before the final norm) of every cached
         #: position, kept only when a feature-level drafter (EAGLE) asks :meth:`record_features`
         self.features: torch.Tensor | None = None
+        self._feature_storage = feature_storage
 
     def record_features(self, hidden_size: int) -> None:
         """From now on every forward also stores its rows' final hidden states in :attr:`features`,
         slot by slot like the keys and values (so truncate and keep apply to them too): the target
         features an EAGLE head drafts from, at no extra forward."""
         if self.features is None:
-            self.features = torch.zeros(self.max_seq_len, hidden_size, dtype=self.k.dtype, device=self.k.device)
+            self.features = (self._feature_storage(hidden_size) if self._feature_storage is not None
+                             else torch.zeros(self.max_seq_len, hidden_size, dtype=self.k.dtype, device=self.k.device))
 
-    def write_features(self, start: int, hidden: torch.Tensor) -> None:
-        """Store ``hidden [T, hidden]`` at slots ``start .. start+T`` when recording (else nothing)."""
-        if self.features is not None:
+    def write_features(self, start: int | torch.Tensor, hidden: torch.Tensor) -> None:
+        """Store ``hidden [T, hidden]`` at slots ``start .. start+T``, or at the slots of a ``[T]``
+        tensor (a step recorded as a CUDA graph), when recording (else nothing)."""
+        if self.features is None:
+            return
+        if isinstance(start, torch.Tensor):
+            self.features.index_copy_(0, start, hidden.to(self.features.dtype))
+        else:
             self.features[start : start + hidden.shape[0]] = hidden
 
     def reserve(self, num_new: int) -> int:

@@ -309,8 +309,8 @@ class Decoder(nn.Module):
         x = self.model.embed_tokens(input_ids)
         run = range(self.config.num_layers) if layers is None else layers
         x = (self.layer_runner or Decoder._run_layers)(self, x, cos, sin, cache, start, attn_mask, run)
+        cache.write_features(start, x)  # where a feature drafter asked for them (static: at the slots tensor)
         if not static_cache:
-            cache.write_features(start, x)
             cache.advance(seq)
 
         hidden = self.model.norm(x if num_logits is None else x[-num_logits:])
