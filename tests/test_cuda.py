@@ -241,3 +241,28 @@ def test_train_drafter_trains_on_the_gpu(tiny_dirs, tmp_path, kind):
     training = training if kind == "distill" else training["training"]
     assert training["precision"] == "bfloat16" and training["steps"] == 10
     assert "identical to plain:" in (out / "report.md").read_text()  # bf16 verification is not batch-invariant
+
+
+def test_eagle_chain_steps_replay_a_graph_as_eager_steps_on_cuda(tiny_dirs, tiny_target, tmp_path, monkeypatch):
+    """EAGLE's chain draft steps replay a CUDA graph of their own where the target replays graphs
+    (eagle_graph.py): the same drafts, acceptance and output as eager head steps."""
+    from specdec.drafters.eagle_graph import EagleStepGraph
+    from specdec.models.heads import save_head
+    from tests.test_heads import random_head
+
+    path = save_head(random_head(tiny_target, draft_vocab_size=300), tmp_path / "eagle")
+    graphed = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cuda")
+    eager = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cuda")
+    eager.backend.graphs = None
+    steps = []
+    original = EagleStepGraph.step
+    monkeypatch.setattr(EagleStepGraph, "step", lambda self, *args: steps.append(1) or original(self, *args))
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    spec = SpecConfig(method="eagle", drafter_path=str(path), num_speculative_tokens=4)
+    for prompt in PROMPTS:
+        got = specdec.generate(graphed, prompt, params, spec=spec)
+        want = specdec.generate(eager, prompt, params, spec=spec)
+        assert got.token_ids == want.token_ids == specdec.generate(eager, prompt, params).token_ids
+        assert (got.stats.proposed_tokens, got.stats.accepted_tokens) == (want.stats.proposed_tokens,
+                                                                          want.stats.accepted_tokens)
+    assert steps  # the graphed run's chain steps went through the graph (the eager target's did not)

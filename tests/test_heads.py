@@ -165,6 +165,42 @@ def test_head_trees_are_exact(tiny_dirs, head_dir, medusa_dir, quantize, method)
             assert out.stats.tree_rounds > 0
 
 
+@torch.no_grad()
+def test_eagle_graph_step_computes_the_eager_step(tiny_target, head_dir):
+    """The CUDA-graph form of an EAGLE chain step (token, position and slot from device buffers,
+    attention over the whole head cache under a device-built mask) against the head's own step,
+    run eagerly here so CI checks the logic without a GPU: same predicted features, same logits,
+    same cache entries, over several steps of a round."""
+    from specdec.drafters.eagle_graph import EagleStepGraph
+    from specdec.models.heads import load_head
+
+    head = load_head(head_dir, tiny_target.config).eval()
+    decoder = tiny_target.backend.decoder
+    scorer = decoder.head_rows(300)
+    features = torch.randn(6, head.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    tokens = [5, 17, 99, 3, 250, 42]
+    eager_cache, static_cache = head.new_cache(16), head.new_cache(16)
+    embeds = decoder.model.embed_tokens(torch.tensor(tokens[:4]))
+    for cache in (eager_cache, static_cache):  # a round's first pass over committed positions: eager in both
+        predicted = head(features[:4], embeds, torch.arange(10, 14), cache)[-1:]
+    graph = EagleStepGraph(head, decoder, scorer, static_cache)
+    eager_predicted = static_predicted = predicted
+    for position, token in zip(range(14, 16), tokens[4:]):
+        eager_predicted = head(eager_predicted, decoder.model.embed_tokens(torch.tensor([token])), torch.tensor([position]),
+                               eager_cache)
+        eager_logits = scorer(decoder.model.norm(eager_predicted)).float()
+        graph.feature.copy_(static_predicted)
+        graph.token.fill_(token)
+        graph.position.fill_(position)
+        graph.slot.fill_(static_cache.reserve(1))
+        static_predicted, static_logits = graph._run()
+        static_cache.advance(1)
+        torch.testing.assert_close(static_predicted, eager_predicted, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(static_logits, eager_logits, rtol=1e-5, atol=1e-5)
+    assert static_cache.seq_len == eager_cache.seq_len == 6
+    torch.testing.assert_close(static_cache.k[:, :, :6], eager_cache.k[:, :, :6])
+
+
 def test_medusa_tree_nodes_branch_from_their_levels_distribution():
     """A Medusa tree node at depth d takes its token from block d's distribution, whatever its parent:
     its estimate is its parent's × that block's probability of the token; siblings below the first

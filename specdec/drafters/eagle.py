@@ -27,6 +27,7 @@ from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.drafters.draft_model import draft_steps, full_vocab, grow_tree, ranking_probs
+from specdec.drafters.eagle_graph import EagleStepGraph
 from specdec.drafters.features import FeatureDrafter, head_for
 from specdec.models.heads import EagleHead
 from specdec.sampling import SamplingParams
@@ -58,6 +59,9 @@ class EagleDrafter(FeatureDrafter):
         # a tree's region beyond the chain's room: EAGLE_TREE_WIDTH head rows per level
         self.cache = head.new_cache(max_seq_len + EAGLE_TREE_WIDTH * tree_nodes)
         self.first = 0  # position of the head cache's slot 0
+        #: chain steps replayed as a CUDA graph where the target replays its own (eagle_graph.py)
+        self.step_graph = (EagleStepGraph(head, self.decoder, self.scorer(), self.cache)
+                           if target.graphs is not None else None)
         self.read = 0  # committed positions in the head cache (from ``first``)
 
     @property
@@ -106,9 +110,13 @@ class EagleDrafter(FeatureDrafter):
 
         def step(token: int) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
             nonlocal predicted, position
+            self.model_forwards += 1
+            if self.step_graph is not None:
+                predicted, logits = self.step_graph.step(predicted, token, position)
+                position += 1
+                return full_vocab(logits[-1], self.vocab_size, self.params.is_greedy)
             predicted = self.head(predicted, self._embed([token]), torch.tensor([position], device=self.decoder.device), self.cache)
             position += 1
-            self.model_forwards += 1
             return self._scores(predicted)
             yield  # runs at once: a generator that yields nothing  # noqa: unreachable
 
