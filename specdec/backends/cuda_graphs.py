@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
@@ -43,7 +43,7 @@ SLOT_ROUNDING = 256
 class RecordedStep:
     """One recorded graph and the device buffers it reads and writes (fixed addresses)."""
 
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph | None  # None until recorded
     ids: torch.Tensor  # [T] token ids
     positions: torch.Tensor  # [T] RoPE positions
     slots: torch.Tensor | None  # [T] cache slots (trees; None: a chain's slots are its positions)
@@ -127,7 +127,7 @@ class CudaGraphRunner:
         def zeros(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(*shape, dtype=dtype, device=self.device)
         capacity = cache.k.shape[2]
-        return RecordedStep(torch.cuda.CUDAGraph(), zeros(tokens), zeros(tokens),
+        return RecordedStep(None, zeros(tokens), zeros(tokens),
                             zeros(tokens) if tree else None,
                             zeros(tokens, capacity, dtype=torch.bool) if tree else None, zeros(0))
 
@@ -135,15 +135,27 @@ class CudaGraphRunner:
         return self.decoder(step.ids, step.positions, cache, step.mask, static_cache=True, slots=step.slots)
 
     def _record(self, cache: KVCache, step: RecordedStep) -> None:
-        """Record ``step``'s graph over its filled buffers: the warm-up run computes the step for
-        real, the recording only captures, and a first replay produces the logits."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm-up off the capture: lazy cuBLAS/allocator set-up happens here
-            self._run(cache, step)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        """Record ``step``'s graph over its filled buffers (:func:`record_graph`)."""
         if self.memory_pool is None:
             self.memory_pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(step.graph, pool=self.memory_pool):
-            step.logits = self._run(cache, step)
-        step.graph.replay()
+        step.graph, step.logits = record_graph(lambda: self._run(cache, step), self.device, self.memory_pool)
+
+
+Outputs = TypeVar("Outputs")
+
+
+def record_graph(run: Callable[[], Outputs], device: torch.device, pool: tuple | None = None) -> tuple[torch.cuda.CUDAGraph, Outputs]:
+    """``run`` (kernels on fixed buffers) as a CUDA graph, and the tensors it writes at each replay.
+    A warm-up run on a side stream computes it for real (lazy cuBLAS and allocator set-up stay out of
+    the capture), the recording only captures, and a first replay fills the outputs. ``pool``: a
+    memory pool shared with other graphs that replay one at a time (None: the graph's own)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run()
+    graph.replay()
+    return graph, outputs

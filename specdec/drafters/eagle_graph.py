@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdec.backends.cuda_graphs import record_graph
 from specdec.models.heads import EagleHead
 from specdec.models.kv_cache import KVCache
 from specdec.models.transformer import Decoder
@@ -56,22 +57,9 @@ class EagleStepGraph:
         self.position.fill_(position)
         self.slot.fill_(slot)
         if self.graph is None:
-            self._record()
+            self.graph, self.out = record_graph(self._run, self.feature.device)
         else:
             self.graph.replay()
         self.cache.advance(1)
         predicted, logits = self.out
         return predicted.clone(), logits.clone()
-
-    def _record(self) -> None:
-        """Warm up on a side stream (lazy cuBLAS set-up stays out of the capture), record, replay once."""
-        device = self.feature.device
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            self._run()
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self._run()
-        self.graph.replay()
