@@ -13,8 +13,9 @@ token trees run eagerly.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
-from torch import nn
 
 from specdec.backends.cuda_graphs import record_graph
 from specdec.models.heads import EagleHead
@@ -26,7 +27,7 @@ class EagleStepGraph:
     """A recorded chain step of ``head`` over its ``cache``, scored by ``scorer`` (the target's LM-head
     rows); :meth:`step` has the same results as the eager step, within float rounding."""
 
-    def __init__(self, head: EagleHead, decoder: Decoder, scorer: nn.Module, cache: KVCache) -> None:
+    def __init__(self, head: EagleHead, decoder: Decoder, scorer: Callable[[torch.Tensor], torch.Tensor], cache: KVCache) -> None:
         self.head, self.decoder, self.scorer, self.cache = head, decoder, scorer, cache
         device = cache.k.device
         self.feature = torch.zeros(1, head.config.hidden_size, dtype=head.rope_cos.dtype, device=device)
