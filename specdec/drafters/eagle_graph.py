@@ -39,12 +39,9 @@ class EagleStepGraph:
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager step on the buffers: predicted feature ``[1, hidden]`` and draft logits ``[1, rows]``."""
-        head = self.head
         embed = self.decoder.model.embed_tokens(self.token).to(self.feature.dtype)
-        x = head.fc(torch.cat([self.feature, embed], dim=-1))
-        cos, sin = head.rope_cos[self.position].to(x.dtype), head.rope_sin[self.position].to(x.dtype)
-        mask = torch.arange(self.cache.k.shape[2], device=x.device) <= self.slot[:, None]  # [1, capacity]
-        predicted = head.layer(x, cos, sin, self.cache, self.slot, mask)
+        mask = torch.arange(self.cache.k.shape[2], device=self.slot.device) <= self.slot[:, None]  # [1, capacity]
+        predicted = self.head(self.feature, embed, self.position, self.cache, mask, slots=self.slot)
         logits = self.scorer(self.decoder.model.norm(predicted.to(self.decoder.float_dtype))).float()
         return predicted, logits
 

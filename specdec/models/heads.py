@@ -135,18 +135,23 @@ class EagleHead(nn.Module):
         return KVCache(1, cfg.num_kv_heads, cfg.head_dim, max_seq_len, self.rope_cos.dtype, self.rope_cos.device)
 
     def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
-                cache: "KVCache | AppendCache", mask: torch.Tensor | None = None) -> torch.Tensor:
+                cache: "KVCache | AppendCache", mask: torch.Tensor | None = None,
+                slots: torch.Tensor | None = None) -> torch.Tensor:
         """``features [T, hidden]`` (f_i), ``token_embeds [T, hidden]`` (e(x_{i+1})), ``positions [T]``
         (i) appended to ``cache`` → predicted next features ``[T, hidden]`` (f̂_{i+1}), before the
         target's final norm. ``mask [T, cached+T]`` (bool, True = visible): which cache slots each row
-        attends to; None = causal. Training unrolls draft steps with it (:func:`unroll_mask`)."""
+        attends to; None = causal. Training unrolls draft steps with it (:func:`unroll_mask`).
+        ``slots [T]`` (a step recorded as a CUDA graph, drafters/eagle_graph.py): write the keys and
+        values at those slots and attend over the whole cache under ``mask [T, capacity]``; the caller
+        moves ``cache.seq_len`` (as ``Decoder.forward``'s ``static_cache``)."""
         seq = features.shape[0]
         x = self.fc(torch.cat([features, token_embeds], dim=-1))
         dtype = x.dtype
-        start = cache.reserve(seq)
+        start = cache.reserve(seq) if slots is None else slots
         cos, sin = self.rope_cos[positions].to(dtype), self.rope_sin[positions].to(dtype)
         out = self.layer(x, cos, sin, cache, start, mask)
-        cache.advance(seq)
+        if slots is None:
+            cache.advance(seq)
         return out
 
     def unroll(self, features: torch.Tensor, token_embeds: torch.Tensor, steps: int) -> list[torch.Tensor]:
