@@ -19,6 +19,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Callable
 
 import torch
 
@@ -89,6 +90,18 @@ def time_heads(backend: TorchBackend, context: list[int], gamma: int, repeats: i
     from specdec.models.heads import HeadConfig, new_head
     from specdec.sampling import SamplingParams, make_generator
 
+    def median_seconds(run: Callable[[], object], before: Callable[[], object]) -> float:
+        """Median over ``repeats`` (after a warm-up) of ``run``'s synchronised time, ``before`` untimed."""
+        samples = []
+        for _ in range(repeats + 1):
+            before()
+            backend.synchronize()
+            start = time.perf_counter()
+            run()
+            backend.synchronize()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples[1:])
+
     params = SamplingParams(temperature=0.0)
     result = {}
     for kind in ("eagle", "medusa"):
@@ -99,26 +112,14 @@ def time_heads(backend: TorchBackend, context: list[int], gamma: int, repeats: i
         drafter.bind_target_state(state)
         backend.forward(state, context[:-1])
         drafter.start(context)
-        samples = []
-        for _ in range(repeats + 1):
-            if kind == "eagle":
-                drafter.read = max(0, drafter.read - 1)  # the newest committed position is read again each round
-            backend.synchronize()
-            start = time.perf_counter()
-            drafter.propose(context, gamma)
-            backend.synchronize()
-            samples.append(time.perf_counter() - start)
-        result[kind] = statistics.median(samples[1:])
+        def reread_newest() -> None:
+            if isinstance(drafter, EagleDrafter):  # the newest committed position is read again each round
+                drafter.read = max(0, drafter.read - 1)
+
+        result[kind] = median_seconds(lambda: drafter.propose(context, gamma), reread_newest)
         if kind == "eagle":  # and the target's own 1-token step while it records features for the head
-            samples = []
-            for _ in range(repeats + 1):
-                state.truncate(len(context) - 1)
-                backend.synchronize()
-                start = time.perf_counter()
-                backend.forward(state, context[-1:])
-                backend.synchronize()
-                samples.append(time.perf_counter() - start)
-            result["target step recording features"] = statistics.median(samples[1:])
+            result["target step recording features"] = median_seconds(lambda: backend.forward(state, context[-1:]),
+                                                                      lambda: state.truncate(len(context) - 1))
     return result
 
 
