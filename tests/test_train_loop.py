@@ -38,6 +38,12 @@ def test_explicit_precisions_are_taken_and_auto_times_both(monkeypatch):
     assert choose_precision("auto") == "float32"
     timings[torch.bfloat16] = 3.0  # an AVX2 CPU emulating bfloat16
     assert choose_precision("auto") == "float32"
+    # on a GPU auto asks the card, not a CPU timing (a training there runs on the target's device)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert choose_precision("auto", "cuda") == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert choose_precision("auto", "cuda") == "float32"
+    assert choose_precision("float32", "cuda") == "float32"
 
 
 def test_bfloat16_parts_give_float32_logits_close_to_float32s(tiny_target):
