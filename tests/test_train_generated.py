@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import specdec
 from specdec.cli import main
 from specdec.errors import SpecdecError
-from specdec.train.data import Document, file_documents
-from specdec.train.generated import (function_prompts, generate_sequences, generated_sequences, held_out_prompts,
-                                     read_generated)
+from specdec.train.data import Document, file_documents, load_shards, teacher_forced
+from specdec.train.generated import (BATCH_PROMPTS, function_prompts, generate_sequences, generated_sequences,
+                                     held_out_prompts, read_generated)
 
 SOURCE = '''import os
 from typing import List
@@ -61,33 +62,62 @@ def corpus(tmp_path, files: int = 40):
 
 def test_continuations_are_the_targets_own_and_a_resumed_run_adds_only_new_prompts(tiny_target, tmp_path):
     docs = file_documents(corpus(tmp_path, 12))
-    path = tmp_path / "generated.jsonl"
-    rows = generate_sequences(tiny_target, docs, path, minutes=10, new_tokens=6, concurrency=4)
+    path, shards = tmp_path / "generated.jsonl", tmp_path / "features"
+
+    def generate(minutes: float = 10, **kwargs) -> list[dict]:
+        return generate_sequences(tiny_target, docs, path, shards, minutes=minutes, new_tokens=6, **kwargs)
+
+    rows = generate(concurrency=4)
     train_docs = [d for d in docs if not d.held_out]
     assert len(rows) == 3 * len(train_docs) and len({r["name"] for r in rows}) == len(rows)
+    assert [r["shard"] for r in rows] == [i // BATCH_PROMPTS for i in range(len(rows))]
     params = specdec.SamplingParams(max_tokens=6, temperature=0.0)
     for row in rows[:3]:  # greedy continuations, the same as generating alone
         prompt = row["tokens"][: row["prompt_tokens"]]
         assert row["tokens"][row["prompt_tokens"]:] == specdec.generate(tiny_target, prompt, params).token_ids
     with path.open("a") as sink:
         sink.write('{"name": "torn')  # a run cut mid-write
-    assert generate_sequences(tiny_target, docs, path, minutes=10, new_tokens=6) == rows  # nothing left to do
+    assert generate() == rows  # nothing left to do
     assert read_generated(path) == rows
-    lost = rows.pop()  # as if the run had been cut while writing its last row
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps(lost)[:20])
-    assert generate_sequences(tiny_target, docs, path, minutes=10, new_tokens=6)[-1] == lost  # made again
-    rows.append(lost)
+    last_shard = [r for r in rows if r["shard"] == rows[-1]["shard"]]
+    kept = rows[: len(rows) - len(last_shard)]  # as if the run had been cut after its last shard, before its rows
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept) + json.dumps(last_shard[0])[:20])
+    again = generate()
+    assert again[len(kept):] == last_shard  # made again, into the shard the cut run had written (not a second copy)
     assert read_generated(path) == rows
-    assert generate_sequences(tiny_target, docs, path, minutes=0, new_tokens=6) == rows
-    sequences = generated_sequences(rows, seq_len=8)
+    assert generate(minutes=0) == rows
+    data = load_shards(shards)
+    assert data["tokens"].shape[0] == len(rows)
+    assert generated_sequences(rows, seq_len=8) == []  # their features exist: nothing to extract
+    older = [{key: value for key, value in r.items() if key != "shard"} for r in rows]  # rows of a run before features
+    sequences = generated_sequences(older, seq_len=8)
     assert len(sequences) == len(rows) and all(len(s) == 8 for s in sequences)
     held = held_out_prompts(docs, tiny_target.tokenizer.encode, 2)
     assert held and all(tiny_target.tokenizer.decode(ids).startswith("def f") for ids in held)
 
 
+def test_features_recorded_while_generating_are_the_teacher_forced_ones(tiny_target, tmp_path):
+    """The rows a shard holds: every fed token (the last generated one is never fed) with the
+    target's features at it and its greedy next token — what teacher forcing over the same tokens
+    gives (features to float rounding: a decode step computes a row alone, a prefill all at once)."""
+    docs = file_documents(corpus(tmp_path, 6))
+    rows = generate_sequences(tiny_target, docs, tmp_path / "g.jsonl", tmp_path / "features", minutes=10, new_tokens=5,
+                              seq_len=12, concurrency=3)
+    data = load_shards(tmp_path / "features")
+    for index, row in enumerate(rows[:4]):
+        fed = row["tokens"][:-1][-12:]
+        length = int((data["tokens"][index] >= 0).sum())
+        assert data["tokens"][index, :length].tolist() == fed
+        features, greedy = teacher_forced(tiny_target.backend, row["tokens"][:-1])
+        assert torch.allclose(data["features"][index, :length].float(), features[-12:].float(), atol=2e-2, rtol=1e-2)
+        assert data["target_ids"][index, :length].tolist() == greedy[-12:].tolist()
+        assert data["target_ids"][index, length - 5 : length].tolist() == row["tokens"][-5:]  # the continuation
+
+
 def test_data_without_prompts_is_a_clear_error(tiny_target, tmp_path):
     with pytest.raises(SpecdecError, match="no prompts"):
-        generate_sequences(tiny_target, [Document("a.txt", "short")], tmp_path / "g.jsonl", minutes=1, new_tokens=4)
+        generate_sequences(tiny_target, [Document("a.txt", "short")], tmp_path / "g.jsonl", tmp_path / "f", minutes=1,
+                           new_tokens=4)
 
 
 def test_train_drafter_with_self_distillation(tiny_dirs, tmp_path):

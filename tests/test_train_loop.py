@@ -78,12 +78,13 @@ def test_mixed_precision_rounds_matmuls_only_when_asked():
         assert (x @ w).dtype == torch.bfloat16
 
 
-def test_extraction_minutes_add_up_over_resumed_runs(tmp_path):
-    from specdec.train.data import add_extraction_minutes
+def test_stage_minutes_add_up_over_resumed_runs(tmp_path):
+    from specdec.train.data import add_minutes
 
-    assert add_extraction_minutes(tmp_path, 12.5) == 12.5
-    assert add_extraction_minutes(tmp_path, 0.0) == 12.5  # a resumed run that extracted nothing
-    assert add_extraction_minutes(tmp_path, 2.5) == 15.0
+    record = tmp_path / "features" / "extraction.json"
+    assert add_minutes(record, 12.5) == 12.5
+    assert add_minutes(record, 0.0) == 12.5  # a resumed run that extracted nothing
+    assert add_minutes(record, 2.5) == 15.0
 
 
 @pytest.mark.parametrize("flag, value, message", [("--final-lr-ratio", "1.5", "between 0 and 1"),

@@ -119,13 +119,31 @@ def shard_path(directory: Path, index: int) -> Path:
     return directory / f"shard-{index:05d}.safetensors"
 
 
+def write_shard(path: Path, rows: list[tuple[list[int], torch.Tensor, torch.Tensor]], hidden_size: int) -> None:
+    """One shard of ``rows`` — ``(tokens [T], features [T, hidden], target_ids [T])`` each, padded to the
+    longest with token -1 —, written whole or not at all (a ``.partial`` file renamed)."""
+    from safetensors.torch import save_file
+
+    longest = max(len(tokens) for tokens, _, _ in rows)
+    tokens = torch.full((len(rows), longest), -1, dtype=torch.int32)
+    targets = torch.full((len(rows), longest), -1, dtype=torch.int32)
+    features = torch.zeros(len(rows), longest, hidden_size, dtype=torch.float16)
+    for row, (seq, feats, greedy) in enumerate(rows):
+        tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.int32)
+        targets[row, : len(seq)] = greedy.to(torch.int32)
+        features[row, : len(seq)] = feats.to(torch.float16)
+    partial = path.with_suffix(".partial")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"tokens": tokens, "target_ids": targets, "features": features}, str(partial))
+    partial.rename(path)
+
+
 def extract_features(backend, sequences: list[list[int]], directory: Path, shard_size: int = 32,  # noqa: ANN001
                      budget_seconds: float | None = None, progress: bool = False) -> int:
     """Write the teacher-forced features of ``sequences`` (equal lengths per shard are not needed:
     each shard pads to its longest with token -1) into shards of ``shard_size`` sequences; skip
     shards already written (resume). Stops starting new shards after ``budget_seconds``. Returns
     the number of shards present."""
-    from safetensors.torch import save_file
     from tqdm import tqdm
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -142,29 +160,19 @@ def extract_features(backend, sequences: list[list[int]], directory: Path, shard
         if budget_seconds is not None and time.perf_counter() - start > budget_seconds:
             break
         batch = sequences[index * shard_size : (index + 1) * shard_size]
-        longest = max(len(s) for s in batch)
-        tokens = torch.full((len(batch), longest), -1, dtype=torch.int32)
-        targets = torch.full((len(batch), longest), -1, dtype=torch.int32)
-        features = torch.zeros(len(batch), longest, backend.config.hidden_size, dtype=torch.float16)
-        for row, seq in enumerate(batch):
-            feats, greedy = teacher_forced(backend, seq)
-            tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.int32)
-            targets[row, : len(seq)] = greedy.to(torch.int32)
-            features[row, : len(seq)] = feats.to(torch.float16)
-        partial = path.with_suffix(".partial")
-        save_file({"tokens": tokens, "target_ids": targets, "features": features}, str(partial))
-        partial.rename(path)  # a shard is there whole or not at all
+        write_shard(path, [(seq, *teacher_forced(backend, seq)) for seq in batch], backend.config.hidden_size)
         bar.update(1)
         done += 1
     bar.close()
     return done
 
 
-def add_extraction_minutes(directory: Path, minutes: float) -> float:
-    """The minutes every run spent extracting into ``directory``, this one's ``minutes`` added (a
-    resumed run extracts little or nothing itself; the report must still say what the data cost)."""
-    path = directory / "extraction.json"
+def add_minutes(path: Path, minutes: float) -> float:
+    """The minutes every run spent on one stage (its record: ``path``, e.g. ``extraction.json``), this
+    one's ``minutes`` added: a resumed run extracts or generates little or nothing itself, and the
+    report must still say what the data cost."""
     total = (json.loads(path.read_text())["minutes"] if path.is_file() else 0.0) + minutes
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"minutes": total}) + "\n")
     return total
 
@@ -178,11 +186,11 @@ def iter_shards(directory: Path) -> Iterator[dict[str, torch.Tensor]]:
         index += 1
 
 
-def load_shards(directory: Path) -> dict[str, torch.Tensor]:
-    """Every shard's rows, concatenated (padded to the longest sequence with token -1)."""
-    shards = list(iter_shards(directory))
+def load_shards(*directories: Path) -> dict[str, torch.Tensor]:
+    """Every shard's rows in ``directories``, concatenated (padded to the longest sequence with token -1)."""
+    shards = [shard for directory in directories for shard in iter_shards(directory)]
     if not shards:
-        raise SpecdecError(f"no feature shards in {directory}")
+        raise SpecdecError(f"no feature shards in {' or '.join(str(d) for d in directories)}")
     longest = max(s["tokens"].shape[1] for s in shards)
 
     def pad(t: torch.Tensor, value: float) -> torch.Tensor:

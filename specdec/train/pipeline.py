@@ -16,7 +16,7 @@ import torch
 from specdec.config import SpecConfig
 from specdec.errors import SpecdecError
 from specdec.models.registry import DEFAULT_DRAFT
-from specdec.train.data import add_extraction_minutes, extract_features, load_documents, load_shards, token_sequences
+from specdec.train.data import add_minutes, extract_features, load_documents, load_shards, token_sequences
 from specdec.train.generated import generate_sequences, generated_sequences, held_out_prompts
 from specdec.train.loop import TrainConfig, describe, train_head
 from specdec.train.precision import choose_precision
@@ -42,7 +42,7 @@ class DrafterTraining:
     #: the data before extraction (0: none, but a resumed run still uses the continuations it has)
     generate_minutes: float = 0.0
     generate_tokens: int = 128  # new tokens per continuation
-    generate_concurrency: int = 8  # continuations in flight (continuous batching)
+    generate_concurrency: int = 16  # continuations in flight (one batched forward per step)
     draft_vocab_size: int = 32768
     intermediate_size: int = 0  # eagle: the head's MLP width (0: 2 × hidden)
     num_medusa_heads: int = 4  # medusa: K heads (tokens per round)
@@ -103,26 +103,32 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
                            f"of up to {job.seq_len} tokens: give more text")
     log(f"data {job.data}: {len(docs)} documents, {len(train)} training sequences available, {len(held_out)} held out")
     prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
-    generated = generate_sequences(target, docs, out / "generated.jsonl", job.generate_minutes, job.generate_tokens,
-                                   job.generate_concurrency, job.train.seed, progress, log)
+    features = out / "features"
+    began = time.perf_counter()
+    generated = generate_sequences(target, docs, out / "generated.jsonl", features / "generated", job.generate_minutes,
+                                   job.generate_tokens, job.seq_len, job.generate_concurrency, job.train.seed, progress,
+                                   log)
     if generated:  # the target's own text first (an extraction budget keeps all of it), then the source's
+        # (continuations generated with their features need no extraction: generated_sequences skips them)
         train = generated_sequences(generated, job.seq_len, job.train.seed) + train
         prompts = held_out_prompts(docs, encode, job.eval_prompts, job.train.seed) or prompts
+    generate_minutes = add_minutes(features / "generation.json", (time.perf_counter() - began) / 60)
 
     began = time.perf_counter()
-    features = out / "features"
     extract_features(target.backend, held_out, features / "held_out", progress=progress)
     shards = extract_features(target.backend, train, features / "train", budget_seconds=job.extract_minutes * 60,
                               progress=progress)
-    extract_minutes = add_extraction_minutes(features, (time.perf_counter() - began) / 60)
-    train_data, held_data = load_shards(features / "train"), load_shards(features / "held_out")
+    extract_minutes = add_minutes(features / "extraction.json", (time.perf_counter() - began) / 60)
+    train_data, held_data = load_shards(features / "generated", features / "train"), load_shards(features / "held_out")
     train_tokens = int((train_data["tokens"] >= 0).sum())
-    log(f"features: {shards} shards, {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens")
+    log(f"features: {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens ({shards} shards extracted, "
+        f"the rest recorded while generating)")
 
     info = {"kind": job.kind, "target": target.name, "data": job.data, "feature_mode": target.backend.dtype_name,
             "train_sequences": train_data["tokens"].shape[0], "train_tokens": train_tokens,
             "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
-            "extract_minutes": round(extract_minutes, 1), "generated_continuations": len(generated),
+            "extract_minutes": round(extract_minutes, 1), "generate_minutes": round(generate_minutes, 1),
+            "generated_continuations": len(generated),
             "generated_tokens": sum(len(row["tokens"]) - row["prompt_tokens"] for row in generated),
             "cpu": cpu_description()}
     job = replace(job, train=replace(job.train, precision=choose_precision(job.train.precision, target.backend.device)))

@@ -125,7 +125,8 @@ def write_report(out_dir: Path, history: History, result: SpeculationResult | No
              f"({info.get('train_tokens')} tokens), {info.get('held_out_sequences')} held-out sequences "
              f"({info.get('held_out_tokens')} tokens) from documents never trained on"
              + (f"; first the target's own continuations of {info['generated_continuations']} prompts from it "
-                f"({info.get('generated_tokens')} generated tokens; self-distillation), and the report's prompts are "
+                f"({info.get('generated_tokens')} generated tokens, {info.get('generate_minutes')} min of generation; "
+                f"self-distillation), and the report's prompts are "
                 f"held-out ones of the same kind" if info.get("generated_continuations") else ""),
              f"- features: {info.get('feature_mode')} target, {info.get('extract_minutes')} min of extraction",
              f"- training: {history.steps[-1] if history.steps else 0} steps, {history.tokens[-1] if history.tokens else 0} "
