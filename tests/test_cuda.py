@@ -223,24 +223,49 @@ def test_batch_api_answers_each_prompt_as_alone_on_cuda(cuda_pair):
 
 @pytest.mark.parametrize("kind", ["eagle", "distill"])
 def test_train_drafter_trains_on_the_gpu(tiny_dirs, tmp_path, kind):
-    """`specdec train-drafter` with CUDA present: the target loads on the GPU, the head (or the
-    draft's last layers) trains there in bfloat16 (before, the head stayed on the CPU and the first
-    step failed on mixed devices), and the report speculates with the result."""
+    """`specdec train-drafter` with CUDA present: the target loads on the GPU and generates the
+    self-distillation continuations there (their features recorded by graphed steps), the head (or
+    the draft's last layers) trains there in bfloat16 (before, the head stayed on the CPU and the
+    first step failed on mixed devices), and the report speculates with the result."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(30):
-        (corpus / f"mod{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(30)))
+        (corpus / f"mod{i}.py").write_text("".join(f'def f{i}_{j}(x):\n    """Scale."""\n    return x * {j} + {i}\n\n'
+                                                for j in range(30)))
     out = tmp_path / kind
     args = ["train-drafter", "--kind", kind, "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--out", str(out),
             "--seq-len", "64", "--max-sequences", "16", "--max-steps", "10", "--held-out-sequences", "4",
-            "--eval-prompts", "2", "--eval-tokens", "12"]
+            "--eval-prompts", "2", "--eval-tokens", "12", "--generate-minutes", "0.2", "--generate-tokens", "8"]
     if kind == "distill":
         args += ["--draft-model", str(tiny_dirs["draft"]), "--trainable-layers", "1"]
     assert main(args) == 0
     training = json.loads((out / ("distill.json" if kind == "distill" else "config.json")).read_text())
     training = training if kind == "distill" else training["training"]
     assert training["precision"] == "bfloat16" and training["steps"] == 10
+    assert training["generated_continuations"] > 0 and (out / "features" / "generated" / "shard-00000.safetensors").is_file()
     assert "identical to plain:" in (out / "report.md").read_text()  # bf16 verification is not batch-invariant
+
+
+def test_continuations_record_the_teacher_forced_features_on_the_gpu(tiny_dirs):
+    """Self-distillation data on CUDA (specdec.train.generated.continue_greedily): the continuations'
+    steps replay CUDA graphs that write each row's features into the pooled cache's buffer; what they
+    record — features and greedy tokens — is what teacher forcing over the same tokens computes, and
+    the continuations are greedy decoding's."""
+    from specdec.train.data import teacher_forced
+    from specdec.train.generated import continue_greedily
+
+    target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cuda")
+    prompts = [target.tokenizer.encode(p) for p in PROMPTS]
+    made = list(continue_greedily(target.backend, prompts, 12, 2, frozenset(), 64))
+    assert sorted(c.index for c in made) == [0, 1, 2]
+    assert any(records for (_, _, _, records) in target.backend.graphs.graphs)  # graphs that write features ran
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    for c in made:
+        assert c.tokens[len(prompts[c.index]):] == specdec.generate(target, prompts[c.index], params).token_ids
+        features, greedy = teacher_forced(target.backend, c.tokens[:-1])
+        assert c.features.device.type == "cpu" and c.features.shape == features.shape
+        assert torch.allclose(c.features, features.cpu(), atol=1e-3, rtol=1e-3)
+        assert c.target_ids.tolist() == greedy.cpu().tolist()
 
 
 def test_eagle_chain_steps_replay_a_graph_as_eager_steps_on_cuda(tiny_dirs, tiny_target, tmp_path, monkeypatch):

@@ -168,7 +168,7 @@ def continue_greedily(backend, prompts: list[list[int]], new_tokens: int, concur
         for continuation, state, targets in running:
             generated = len(continuation.tokens) - continuation.prompt_tokens
             if generated >= new_tokens or continuation.tokens[-1] in stop_ids:
-                continuation.features = state.features[: state.seq_len].clone()
+                continuation.features = state.features[: state.seq_len].to("cpu", copy=True)  # the cache's storage is reused
                 continuation.target_ids = torch.tensor(targets)
                 yield continuation
             else:
