@@ -150,7 +150,7 @@ def continue_greedily(backend, prompts: list[list[int]], new_tokens: int, concur
     further prompt (a time budget), finish the running ones."""
     hidden = backend.config.hidden_size
     waiting = deque(enumerate(prompts))
-    running: list[tuple[Continuation, KVCache, list[int]]] = []  # (continuation, its cache, target ids so far)
+    running: list[_Running] = []
     while waiting or running:
         while waiting and len(running) < concurrency:
             if not admit():
@@ -161,25 +161,29 @@ def continue_greedily(backend, prompts: list[list[int]], new_tokens: int, concur
             state.record_features(hidden)
             scored = min(len(ids), max(1, scored_rows))
             greedy = backend.prompt_backend.forward(state, ids, num_logits=scored).argmax(-1).tolist()
-            targets = [-1] * (len(ids) - scored) + greedy
-            running.append((Continuation(index, list(ids) + [greedy[-1]], len(ids), torch.empty(0), torch.empty(0)),
-                            state, targets))
-        still = []
-        for continuation, state, targets in running:
-            generated = len(continuation.tokens) - continuation.prompt_tokens
-            if generated >= new_tokens or continuation.tokens[-1] in stop_ids:
-                continuation.features = state.features[: state.seq_len].to("cpu", copy=True)  # the cache's storage is reused
-                continuation.target_ids = torch.tensor(targets)
-                yield continuation
-            else:
-                still.append((continuation, state, targets))
-        running = still
+            running.append(_Running(index, list(ids) + [greedy[-1]], len(ids), state, [-1] * (len(ids) - scored) + greedy))
+        for done in [r for r in running if len(r.tokens) - r.prompt_tokens >= new_tokens or r.tokens[-1] in stop_ids]:
+            running.remove(done)
+            yield Continuation(done.index, done.tokens, done.prompt_tokens,
+                               done.state.features[: done.state.seq_len].to("cpu", copy=True),  # the storage is reused
+                               torch.tensor(done.targets))
         if running:
-            logits = backend.forward_batch([(state, continuation.tokens[-1:], 1, None) for continuation, state, _ in running])
-            for (continuation, _, targets), row in zip(running, logits):
+            logits = backend.forward_batch([(r.state, r.tokens[-1:], 1, None) for r in running])
+            for r, row in zip(running, logits):
                 token = int(row[-1].argmax())
-                continuation.tokens.append(token)
-                targets.append(token)
+                r.tokens.append(token)
+                r.targets.append(token)
+
+
+@dataclass
+class _Running:
+    """A continuation under way: its tokens so far, its cache, and the greedy token after each fed row."""
+
+    index: int
+    tokens: list[int]
+    prompt_tokens: int
+    state: KVCache
+    targets: list[int]
 
 
 def generate_sequences(target, docs: list[Document], path: Path, shard_dir: Path, minutes: float,  # noqa: ANN001 - LoadedModel
