@@ -31,8 +31,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--quantize", default="int8", help="target execution mode (default: int8, what the heads' features came from)")
-    parser.add_argument("--eagle", default=None, metavar="DIR", help="a trained eagle head")
-    parser.add_argument("--medusa", default=None, metavar="DIR", help="trained medusa heads")
+    parser.add_argument("--eagle", action="append", default=[], metavar="DIR",
+                        help="a trained eagle head (repeat to compare heads in one run: rows named by directory)")
+    parser.add_argument("--medusa", action="append", default=[], metavar="DIR",
+                        help="trained medusa heads (repeatable, as --eagle)")
     parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="the baseline drafter ('' to skip)")
     parser.add_argument("--draft-quantize", default="int4-all")
     parser.add_argument("--distilled", default=None, metavar="DIR",
@@ -54,12 +56,14 @@ def main() -> None:
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     plan: dict[str, specdec.SpecConfig | None] = {"plain": None}
     head_gammas = [args.gamma, *(g.strip() if g.strip() == "auto" else int(g) for g in args.head_gammas.split(",") if g.strip())]
-    for method, path in (("eagle", args.eagle), ("medusa", args.medusa)):
-        for gamma in head_gammas if path else []:
-            plan[f"{method} γ={gamma}"] = specdec.SpecConfig(method=method, drafter_path=path, num_speculative_tokens=gamma)
-        if path and args.tree:
-            plan[f"{method} γ={args.gamma} tree"] = specdec.SpecConfig(method=method, drafter_path=path,
-                                                                     num_speculative_tokens=args.gamma, spec_tree="auto")
+    for method, paths in (("eagle", args.eagle), ("medusa", args.medusa)):
+        for path in paths:
+            label = method if len(paths) == 1 else f"{method} {Path(path).name}"
+            for gamma in head_gammas:
+                plan[f"{label} γ={gamma}"] = specdec.SpecConfig(method=method, drafter_path=path, num_speculative_tokens=gamma)
+            if args.tree:
+                plan[f"{label} γ={args.gamma} tree"] = specdec.SpecConfig(method=method, drafter_path=path,
+                                                                        num_speculative_tokens=args.gamma, spec_tree="auto")
     draft_of: dict[str, specdec.LoadedModel] = {}
     for name, loaded in drafts.items():
         plan[f"{name} γ={args.gamma}"] = specdec.SpecConfig(method="draft_model", num_speculative_tokens=args.gamma)
