@@ -178,15 +178,18 @@ def next_token_steps(backend: Backend, state, tokens: list[int], vocab_limit: in
     return full_vocab(logits, backend.config.vocab_size, greedy)
 
 
-def full_vocab(logits: torch.Tensor, vocab_size: int, greedy: bool) -> torch.Tensor:
-    """Draft logits ``[V']`` over a vocabulary prefix (``V' <= vocab_size``) as a proposal over the
-    whole vocabulary: for sampling the unscored ids get -inf, so q is exactly 0 there — a valid
-    proposal distribution, which rejection sampling corrects like any other. Greedy needs no
-    padding: the argmax over a prefix of ids is already a token id."""
-    if greedy or logits.shape[-1] >= vocab_size:
+def full_vocab(logits: torch.Tensor, vocab_size: int, greedy: bool, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Draft logits ``[V']`` over a vocabulary prefix (``V' <= vocab_size``), or over the token ids
+    ``ids [V']``, as a proposal over the whole vocabulary: the unscored ids get -inf, so q is exactly
+    0 there — a valid proposal distribution, which rejection sampling corrects like any other. A
+    prefix needs no padding under greedy: the argmax over a prefix of ids is already a token id."""
+    if ids is None and (greedy or logits.shape[-1] >= vocab_size):
         return logits
     full = logits.new_full((vocab_size,), float("-inf"))
-    full[: logits.shape[-1]] = logits
+    if ids is None:
+        full[: logits.shape[-1]] = logits
+    else:
+        full[ids] = logits
     return full
 
 

@@ -26,7 +26,7 @@ import torch
 from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, DrafterResources, MethodInfo, tree_nodes_for
-from specdec.drafters.draft_model import draft_steps, full_vocab, grow_tree, ranking_probs
+from specdec.drafters.draft_model import draft_steps, grow_tree, ranking_probs
 from specdec.drafters.eagle_graph import EagleStepGraph
 from specdec.drafters.features import FeatureDrafter, head_for
 from specdec.models.heads import EagleHead
@@ -84,7 +84,7 @@ class EagleDrafter(FeatureDrafter):
         """``predicted [R, hidden]`` features → R rows of draft logits, scored in one LM-head pass."""
         normed = self.decoder.model.norm(predicted.to(self.decoder.float_dtype))
         rows = self.scorer()(normed).float()
-        return [full_vocab(row, self.vocab_size, self.params.is_greedy) for row in rows]
+        return [self.full_vocab(row, self.params.is_greedy) for row in rows]
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.decoder.device)
@@ -114,7 +114,7 @@ class EagleDrafter(FeatureDrafter):
             if self.step_graph is not None:
                 predicted, logits = self.step_graph.step(predicted, token, position)
                 position += 1
-                return full_vocab(logits[-1], self.vocab_size, self.params.is_greedy)
+                return self.full_vocab(logits[-1], self.params.is_greedy)
             predicted = self.head(predicted, self._embed([token]), torch.tensor([position], device=self.decoder.device), self.cache)
             position += 1
             return self._scores(predicted)

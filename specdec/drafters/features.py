@@ -10,7 +10,7 @@ import torch
 
 from specdec.backends.torch_backend import TorchBackend
 from specdec.drafters.base import Drafter, DrafterResources
-from specdec.drafters.draft_model import usable_vocab_limit
+from specdec.drafters.draft_model import full_vocab, usable_vocab_limit
 from specdec.errors import SpecdecError
 from specdec.models.heads import DraftHead, trained_head
 from specdec.models.kv_cache import KVCache
@@ -23,22 +23,33 @@ class FeatureDrafter(Drafter):
         self.head = head
         self.decoder = target.decoder
         self.vocab_size = target.config.vocab_size
-        #: score only ids < vocab_limit with the target's LM head (the head's draft vocabulary)
-        self.vocab_limit = usable_vocab_limit(head.config.draft_vocab_size, self.vocab_size)
+        #: the head's draft vocabulary: the ids it scores with the target's LM head, ``[N]`` (a
+        #: frequency-ranked one), or None and ``vocab_limit``: the ids below it (None: all)
+        self.draft_ids: torch.Tensor | None = head.draft_ids
+        self.vocab_limit = None if self.draft_ids is not None else usable_vocab_limit(head.config.draft_vocab_size,
+                                                                                          self.vocab_size)
         self.target_state: KVCache | None = None
         self.model_forwards = 0
 
     def scorer(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The target's LM head, cut to the draft vocabulary (``Decoder.head_rows``)."""
+        """The target's LM head, cut to the draft vocabulary (``Decoder.head_rows``); its row j
+        scores token ``draft_ids[j]`` (or j): :meth:`full_vocab` puts each where it belongs."""
+        if self.draft_ids is not None:
+            return self.decoder.head_rows(self.draft_ids)
         return self.decoder.head_rows(self.vocab_limit) if self.vocab_limit else self.decoder.lm_head
+
+    def full_vocab(self, logits: torch.Tensor, greedy: bool) -> torch.Tensor:
+        """A :meth:`scorer` row ``[N]`` as draft logits over the whole vocabulary (``full_vocab``)."""
+        return full_vocab(logits, self.vocab_size, greedy, self.draft_ids)
 
     def head_rows_bytes(self) -> int:
         """Bytes of one pass of :meth:`scorer`."""
         rows = self.scorer()
         if isinstance(rows, torch.nn.Module):
             return sum(t.numel() * t.element_size() for t in [*rows.parameters(), *rows.buffers()])
-        # a float head's view of its first rows
-        return (self.vocab_limit or self.vocab_size) * self.decoder.config.hidden_size * self.decoder.lm_head.weight.element_size()
+        # a float head's rows
+        scored = len(self.draft_ids) if self.draft_ids is not None else self.vocab_limit or self.vocab_size
+        return scored * self.decoder.config.hidden_size * self.decoder.lm_head.weight.element_size()
 
     def bind_target_state(self, state: object) -> None:
         """Before the prefill: the target's cache keeps every position's final hidden state."""

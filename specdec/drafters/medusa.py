@@ -28,7 +28,7 @@ import torch
 from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, DrafterResources, MethodInfo, tree_nodes_for
-from specdec.drafters.draft_model import draft_steps, full_vocab, grow_tree, ranking_probs
+from specdec.drafters.draft_model import draft_steps, grow_tree, ranking_probs
 from specdec.drafters.features import FeatureDrafter, head_for
 from specdec.models.heads import MedusaHeads
 from specdec.sampling import SamplingParams
@@ -72,7 +72,7 @@ class MedusaDrafter(FeatureDrafter):
         normed = self.decoder.model.norm(state.features[committed - 1 : committed])
         scorer = self.scorer()
         hidden = self.heads(normed.to(torch.float32))[:k, 0].to(self.decoder.float_dtype)  # [k, hidden]
-        rows = [full_vocab(logits, self.vocab_size, self.params.is_greedy) for logits in scorer(hidden).float()]
+        rows = [self.full_vocab(logits, self.params.is_greedy) for logits in scorer(hidden).float()]
         self.model_forwards += 1
         if self.tree_nodes:
             return run_now(head_tree([ranking_probs(row, self.params) for row in rows], k))

@@ -221,6 +221,13 @@ class Int8Linear(nn.Module):
         bias = None if self.bias is None else self.bias[:rows]
         return Int8Linear(self.qweight[:rows], self.scales[:rows], bias)
 
+    def select_rows(self, ids: torch.Tensor) -> "Int8Linear":
+        """This layer's outputs ``ids [N]`` in that order (a head's frequency-ranked draft vocabulary:
+        Decoder.head_rows), in its own packed copy; each row keeps its own weight scale, so output j
+        is bit-identical to this layer's output ``ids[j]``."""
+        ids = ids.to(self.qweight.device)
+        return Int8Linear(self.qweight[ids], self.scales[ids], None if self.bias is None else self.bias[ids])
+
     @classmethod
     def concat(cls, parts: list["Int8Linear"]) -> "Int8Linear":
         """One Int8Linear computing ``parts`` side by side. Rows (output channels) keep their own

@@ -8,6 +8,7 @@ A kernel layer is an ``nn.Module`` computing ``y = x Wᵀ + b`` from the tensors
   (the C++ layer glue calls it directly: module dispatch costs ~3 ms per 1.5B step);
 * ``spec()``: its format name, tensors and bias, for the layer loop in C++ (``layer_stack.cpp``);
 * ``first_rows(n)``: the layer cut to its first ``n`` outputs, sharing memory (Decoder.head_rows);
+  ``select_rows(ids)``: any outputs, copied (a frequency-ranked draft vocabulary);
 * ``concat(parts)``: one layer computing ``parts`` side by side (fused q|k|v, gate|up).
 
 Every row keeps its own scales in these formats, so a cut or a concatenation changes no output bit.
@@ -74,6 +75,13 @@ class KernelLinear(nn.Module):
         """This layer's first ``rows`` outputs, views of its memory (a draft's reduced vocabulary)."""
         bias = None if self.bias is None else self.bias[:rows]
         return type(self)(*(getattr(self, n)[:rows] for n in self.BUFFERS), bias)
+
+    def select_rows(self: L, ids: torch.Tensor) -> L:
+        """This layer's outputs ``ids [N]`` in that order, copied (a head's frequency-ranked draft
+        vocabulary): every buffer keeps one row per output channel, so a row's result is unchanged."""
+        ids = ids.to(getattr(self, self.BUFFERS[0]).device)
+        bias = None if self.bias is None else self.bias[ids]
+        return type(self)(*(getattr(self, n)[ids] for n in self.BUFFERS), bias)
 
     @classmethod
     def concat(cls: type[L], parts: list[L]) -> L:

@@ -34,6 +34,7 @@ from specdec.models.kv_cache import KVCache
 from specdec.models.transformer import DecoderLayer, rope_tables
 
 HEAD_KINDS = ("eagle", "medusa")
+DRAFT_VOCABS = ("first", "frequency")
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -56,23 +57,31 @@ class HeadConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     num_medusa_heads: int = 0  # medusa: K blocks (drafts up to K tokens per round)
+    #: which ids the head scores: "first" — ids 0 .. draft_vocab_size-1 (BPE ids come roughly in
+    #: frequency order); "frequency" — the draft_vocab_size ids most frequent in its training data,
+    #: kept with its weights as ``draft_ids`` (EAGLE-3's draft vocabulary): on code the first 32768
+    #: ids miss 5–8 % of the target's tokens, which a head can then never draft
+    draft_vocab: str = "first"
     target: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def for_target(cls, target: ModelConfig, draft_vocab_size: int = 32768, intermediate_size: int | None = None,
-                   kind: str = "eagle", num_medusa_heads: int = 4) -> "HeadConfig":
+                   kind: str = "eagle", num_medusa_heads: int = 4, draft_vocab: str = "first") -> "HeadConfig":
         """A head for ``target``: its attention shape and RoPE, a smaller MLP (2× hidden by default:
-        the head must cost a small fraction of a target step) and the first ``draft_vocab_size`` ids;
-        ``num_medusa_heads`` for kind ``medusa``."""
+        the head must cost a small fraction of a target step) and ``draft_vocab_size`` ids to score
+        (``draft_vocab``: the first ones, or the most frequent); ``num_medusa_heads`` for kind ``medusa``."""
         if kind not in HEAD_KINDS:
             raise SpecdecError(f"unknown head kind {kind!r}; available: {', '.join(HEAD_KINDS)}")
+        if draft_vocab not in DRAFT_VOCABS:
+            raise SpecdecError(f"unknown draft vocabulary {draft_vocab!r}; available: {', '.join(DRAFT_VOCABS)}")
         return cls(kind=kind, hidden_size=target.hidden_size, vocab_size=target.vocab_size,
                    draft_vocab_size=min(draft_vocab_size, target.vocab_size) if draft_vocab_size > 0 else target.vocab_size,
                    num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
                    intermediate_size=intermediate_size or 2 * target.hidden_size, rope_theta=target.rope_theta,
                    rms_norm_eps=target.rms_norm_eps, max_position_embeddings=target.max_position_embeddings,
-                   num_medusa_heads=num_medusa_heads if kind == "medusa" else 0, target=target_signature(target))
+                   num_medusa_heads=num_medusa_heads if kind == "medusa" else 0, draft_vocab=draft_vocab,
+                   target=target_signature(target))
 
     def layer_config(self) -> ModelConfig:
         """The head's decoder layer as a one-layer :class:`ModelConfig` (the target's layer code runs it)."""
@@ -93,6 +102,13 @@ class HeadConfig:
                                "train one for this model with `specdec train-drafter`")
 
 
+def register_draft_ids(head: nn.Module, config: HeadConfig) -> None:
+    """``head.draft_ids [draft_vocab_size]``: the token id of each scored row, a buffer saved with the
+    weights, for a ``"frequency"`` draft vocabulary; None for ``"first"`` (row i is id i)."""
+    ids = torch.arange(config.draft_vocab_size) if config.draft_vocab == "frequency" else None
+    head.register_buffer("draft_ids", ids)
+
+
 def target_signature(cfg: ModelConfig) -> dict[str, Any]:
     """What a head depends on in its target: the feature size, the vocabulary and the depth."""
     return {"arch": cfg.arch, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "num_layers": cfg.num_layers}
@@ -108,6 +124,7 @@ class EagleHead(nn.Module):
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.layer = DecoderLayer(config.layer_config(), 0)
+        register_draft_ids(self, config)
         cos, sin = rope_tables(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -229,6 +246,7 @@ class MedusaHeads(nn.Module):
             raise SpecdecError("a medusa head needs num_medusa_heads >= 1")
         self.config = config
         self.blocks = nn.ModuleList(ResidualBlock(config.hidden_size) for _ in range(config.num_medusa_heads))
+        register_draft_ids(self, config)
 
     def init_residual(self, scale: float = 0.0) -> "MedusaHeads":
         """Medusa's initialisation: zero weights, so every block starts as the target's own head."""
@@ -260,9 +278,15 @@ class ResidualBlock(nn.Module):
 DraftHead = EagleHead | MedusaHeads
 
 
-def new_head(config: HeadConfig) -> DraftHead:
-    """An untrained head of ``config.kind``, initialised as each method starts (see init_residual)."""
-    return (EagleHead(config) if config.kind == "eagle" else MedusaHeads(config)).init_residual()
+def new_head(config: HeadConfig, draft_ids: torch.Tensor | None = None) -> DraftHead:
+    """An untrained head of ``config.kind``, initialised as each method starts (see init_residual);
+    ``draft_ids [draft_vocab_size]``: the ids it scores, for a ``"frequency"`` draft vocabulary."""
+    head = (EagleHead(config) if config.kind == "eagle" else MedusaHeads(config)).init_residual()
+    if (draft_ids is None) != (head.draft_ids is None):
+        raise SpecdecError(f"a {config.draft_vocab!r} draft vocabulary {'needs' if draft_ids is None else 'takes no'} draft ids")
+    if draft_ids is not None:
+        head.draft_ids.copy_(draft_ids)
+    return head
 
 
 def quantize_head(head: DraftHead) -> DraftHead:
@@ -284,7 +308,7 @@ def quantize_head(head: DraftHead) -> DraftHead:
 
 
 def save_head(head: DraftHead, directory: str | Path, training: dict[str, Any] | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (float32) into ``directory``."""
+    """Write ``config.json`` + ``model.safetensors`` (float32 weights) into ``directory``."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -292,7 +316,8 @@ def save_head(head: DraftHead, directory: str | Path, training: dict[str, Any] |
     config = asdict(head.config)
     if training is not None:
         config["training"] = training
-    state = {name: tensor.detach().float().cpu().contiguous() for name, tensor in head.state_dict().items()}
+    state = {name: (tensor.detach().float() if tensor.is_floating_point() else tensor.detach()).cpu().contiguous()
+             for name, tensor in head.state_dict().items()}  # draft_ids stay integers
     save_file(state, str(directory / WEIGHTS_FILE))
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return directory
@@ -312,6 +337,8 @@ def read_head_config(directory: str | Path) -> HeadConfig:
         raise WeightsError(f"{path} is not a valid head config: {exc}") from None
     if config.kind not in HEAD_KINDS:
         raise WeightsError(f"{path}: unknown head kind {config.kind!r}; available: {', '.join(HEAD_KINDS)}")
+    if config.draft_vocab not in DRAFT_VOCABS:
+        raise WeightsError(f"{path}: unknown draft vocabulary {config.draft_vocab!r}; available: {', '.join(DRAFT_VOCABS)}")
     return config
 
 

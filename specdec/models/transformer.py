@@ -252,8 +252,8 @@ class Decoder(nn.Module):
         self.layer_runner: Callable[..., torch.Tensor] | None = None
         #: the same layers over several requests' rows in one pass (:meth:`forward_ragged`); None: one by one
         self.ragged_layer_runner: Callable[..., torch.Tensor] | None = None
-        #: LM heads cut to their first rows, by row count (:meth:`head_rows`)
-        self._head_rows: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
+        #: LM heads cut to some of their rows, by row count or ids (:meth:`head_rows`)
+        self._head_rows: dict[object, Callable[[torch.Tensor], torch.Tensor]] = {}
         self.model = _Body(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -377,23 +377,28 @@ class Decoder(nn.Module):
         self.lm_head = source.lm_head
         self._head_rows = source._head_rows
 
-    def head_rows(self, rows: int) -> nn.Module:
-        """The LM head restricted to its first ``rows`` outputs, built once per size.
+    def head_rows(self, rows: "int | torch.Tensor") -> nn.Module:
+        """The LM head restricted to its first ``rows`` outputs, or to the outputs ``rows [N]`` (a
+        tensor of token ids, in that order), built once per cut.
 
         BPE vocabularies number tokens by merge rank, so low ids are the frequent ones (FR-Spec,
         Zhao et al. 2025): a draft scoring only them skips most of its LM head — about a quarter of a
-        0.5B model's weights at 152k tokens. A float head is a view of the same rows; a quantized head
-        (a kernel layer) makes its own cut through its ``first_rows(rows)`` method — a view for the
-        int4 mode's layers, a prepacked copy for int8 (fbgemm reads packed weights)."""
+        0.5B model's weights at 152k tokens. A trained head may instead score the ids most frequent
+        in its training data (:mod:`specdec.train.vocab`). A float head's first rows are a view of
+        the same rows, any other cut a copy; a quantized head (a kernel layer) makes its own through
+        its ``first_rows(rows)`` / ``select_rows(ids)`` — a view for the int4 mode's first rows, a
+        prepacked copy for int8 (fbgemm reads packed weights)."""
+        key: object = rows if isinstance(rows, int) else ("ids", rows.numel(), hash(rows.cpu().numpy().tobytes()))
         cache = self._head_rows
-        if rows not in cache:
+        if key not in cache:
             head = self.lm_head
-            if hasattr(head, "first_rows"):
-                cache[rows] = head.first_rows(rows)
+            if isinstance(rows, torch.Tensor):
+                cache[key] = head.select_rows(rows) if hasattr(head, "select_rows") else _float_rows(head, rows.to(self.device))
+            elif hasattr(head, "first_rows"):
+                cache[key] = head.first_rows(rows)
             else:
-                weight, bias = head.weight, head.bias
-                cache[rows] = lambda x: F.linear(x, weight[:rows], None if bias is None else bias[:rows])  # noqa: E731
-        return cache[rows]
+                cache[key] = _float_rows(head, slice(0, rows))
+        return cache[key]
 
     @property
     def float_dtype(self) -> torch.dtype:
@@ -425,3 +430,9 @@ class Decoder(nn.Module):
             seen.add(tensor.data_ptr())
             total += tensor.numel() * tensor.element_size()
         return total
+
+
+def _float_rows(head: nn.Linear, rows: "slice | torch.Tensor") -> Callable[[torch.Tensor], torch.Tensor]:
+    """A float LM head's outputs ``rows`` (a slice: a view; ids: a copy) as a function of the normed hidden state."""
+    weight, bias = head.weight[rows], None if head.bias is None else head.bias[rows]
+    return lambda x: F.linear(x, weight, bias)

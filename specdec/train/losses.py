@@ -75,7 +75,7 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
     for step, predicted in enumerate(head.unroll(f_in, embeds, max(unroll_steps, report_steps))):
         valid = predicted[step:]  # rows p < step have no drafting round behind them
         logits = parts.logits(valid)
-        top1_steps.append(float((logits.argmax(-1) == wanted[step:]).float().mean()))
+        top1_steps.append(float((parts.token_ids(logits.argmax(-1)) == wanted[step:]).float().mean()))
         if step >= unroll_steps:
             continue
         reg = F.smooth_l1_loss(valid / rms[step:], f_next[step:] / rms[step:])
@@ -105,6 +105,6 @@ def medusa_loss(head: MedusaHeads, parts: TargetParts, tokens: torch.Tensor, fea
             break
         logits = parts.normed_logits(block(normed[: length - shift]))
         total = total + soft_cross_entropy(logits, parts.logits(f[shift:]))
-        top1_steps.append(float((logits.argmax(-1) == target_ids[shift:length].long()).float().mean()))
+        top1_steps.append(float((parts.token_ids(logits.argmax(-1)) == target_ids[shift:length].long()).float().mean()))
     return total / len(head.blocks), {"top1": top1_steps[0] if top1_steps else 0.0, "top1_steps": top1_steps,
                                       "tokens": length - 1}

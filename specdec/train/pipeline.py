@@ -21,6 +21,7 @@ from specdec.train.generated import generate_sequences, generated_sequences, hel
 from specdec.train.loop import TrainConfig, describe, train_head
 from specdec.train.precision import choose_precision
 from specdec.train.target_parts import TargetParts
+from specdec.train.vocab import coverage, frequency_ids
 
 KINDS = ("eagle", "medusa", "distill")
 
@@ -44,6 +45,7 @@ class DrafterTraining:
     generate_tokens: int = 128  # new tokens per continuation
     generate_concurrency: int = 16  # continuations in flight (one batched forward per step)
     draft_vocab_size: int = 32768
+    draft_vocab: str = "frequency"  # eagle/medusa: which ids the head scores (first | frequency: specdec.train.vocab)
     intermediate_size: int = 0  # eagle: the head's MLP width (0: 2 × hidden)
     num_medusa_heads: int = 4  # medusa: K heads (tokens per round)
     draft_model: str = DEFAULT_DRAFT  # distill: the draft model to align
@@ -137,12 +139,24 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     if job.kind == "distill":
         return distill_draft(job, target, train_data, held_data, prompts, info, progress, log)
 
-    config = HeadConfig.for_target(target.config, job.draft_vocab_size, job.intermediate_size or None, job.kind,
-                                   job.num_medusa_heads)
+    size = min(job.draft_vocab_size or target.config.vocab_size, target.config.vocab_size)
+    draft_ids = None
+    if job.draft_vocab == "frequency" and size < target.config.vocab_size:
+        # a resumed run keeps the ids its checkpoint trained with, whatever data was added since
+        draft_ids = saved_draft_ids(out) if job.resume else None
+        if draft_ids is None:
+            draft_ids = frequency_ids(train_data["target_ids"], size, target.config.vocab_size)
+    config = HeadConfig.for_target(target.config, size, job.intermediate_size or None, job.kind, job.num_medusa_heads,
+                                   "frequency" if draft_ids is not None else "first")
     torch.manual_seed(job.train.seed)
-    parts = TargetParts(target.backend.decoder, config.draft_vocab_size, getattr(torch, job.train.precision))
-    head = new_head(config).to(parts.device)  # trains where the target runs: CPU, or CUDA when present
-    info.update(draft_vocab_size=config.draft_vocab_size, head_parameters=sum(p.numel() for p in head.parameters()))
+    parts = TargetParts(target.backend.decoder, draft_ids if draft_ids is not None else size,
+                        getattr(torch, job.train.precision))
+    head = new_head(config, draft_ids).to(parts.device)  # trains where the target runs: CPU, or CUDA when present
+    info.update(draft_vocab_size=config.draft_vocab_size, draft_vocab=config.draft_vocab,
+                draft_vocab_coverage=round(coverage(held_data["target_ids"], draft_ids, size), 4),
+                head_parameters=sum(p.numel() for p in head.parameters()))
+    log(f"draft vocabulary: {size} ids ({config.draft_vocab}), {info['draft_vocab_coverage']:.1%} of the held-out "
+        "target tokens")
     history = train_head(head, parts, train_data, held_data, out, job.train, resume=job.resume, training_info=info,
                          progress=progress, log=log)
     info["train_minutes"] = round(history.seconds / 60, 1)
@@ -199,3 +213,16 @@ def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tens
                                      draft=specdec.load_model(out, quantize=mode))
         log(f"after: {result.line()}")
     return write_report(out, history, result, info, baseline)
+
+
+def saved_draft_ids(out: Path) -> torch.Tensor | None:
+    """The draft ids of the head a run in ``out`` already wrote (None: none, or a first-ids one)."""
+    from safetensors import safe_open
+
+    from specdec.models.heads import WEIGHTS_FILE
+
+    path = out / WEIGHTS_FILE
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as weights:
+        return weights.get_tensor("draft_ids") if "draft_ids" in weights.keys() else None

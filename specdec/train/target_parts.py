@@ -13,12 +13,16 @@ class TargetParts:
     ``compute_dtype`` — the training's matmul precision (:mod:`specdec.train.precision`): cast once
     here rather than by autocast at every call (50 M values for 32768 rows)."""
 
-    def __init__(self, decoder: nn.Module, rows: int, compute_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, decoder: nn.Module, rows: "int | torch.Tensor", compute_dtype: torch.dtype = torch.float32) -> None:
+        """``rows``: the first that many LM head rows, or the rows of the token ids ``rows [N]`` (a
+        frequency-ranked draft vocabulary: :mod:`specdec.train.vocab`)."""
         self.embed_tokens = decoder.model.embed_tokens
         self.norm_weight = decoder.model.norm.weight.detach().float().clone()
         self.eps = decoder.config.rms_norm_eps
         self.compute_dtype = compute_dtype
         self.lm_rows = float_head_rows(decoder, rows).to(compute_dtype)
+        #: the token id of each row (None: row i is id i)
+        self.draft_ids = rows.to(self.lm_rows.device) if isinstance(rows, torch.Tensor) else None
 
     @property
     def device(self) -> torch.device:
@@ -37,6 +41,10 @@ class TargetParts:
         """Pre-norm features ``[T, hidden]`` → float32 logits over the head's rows ``[T, rows]``."""
         return self.normed_logits(self.norm(hidden))
 
+    def token_ids(self, rows: torch.Tensor) -> torch.Tensor:
+        """Row indices of :meth:`logits` (an argmax) → the token ids they score."""
+        return rows if self.draft_ids is None else self.draft_ids[rows]
+
     def normed_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Normed hidden states ``[T, hidden]`` → float32 logits ``[T, rows]`` (softmax and losses
         stay float32 whatever the matmul ran in)."""
@@ -44,12 +52,14 @@ class TargetParts:
 
 
 @torch.no_grad()
-def float_head_rows(decoder: nn.Module, rows: int) -> torch.Tensor:
-    """The LM head's first ``rows`` rows as float32 ``[rows, hidden]``: sliced from a float head,
-    or the quantized head's own output for the identity matrix (weight-only kernels: exactly its
-    dequantized weights; int8 activations: a one-hot row quantizes without error)."""
+def float_head_rows(decoder: nn.Module, rows: "int | torch.Tensor") -> torch.Tensor:
+    """The LM head's first ``rows`` rows, or those of the ids ``rows [N]``, as float32 ``[N, hidden]``:
+    sliced from a float head, or the quantized head's own output for the identity matrix
+    (weight-only kernels: exactly its dequantized weights; int8 activations: a one-hot row
+    quantizes without error)."""
     head = decoder.lm_head
     if isinstance(head, nn.Linear):
-        return head.weight[:rows].detach().float().clone()
+        picked = head.weight[:rows] if isinstance(rows, int) else head.weight[rows.to(head.weight.device)]
+        return picked.detach().float().clone()
     hidden = decoder.config.hidden_size
     return decoder.head_rows(rows)(torch.eye(hidden)).float().T.contiguous()
