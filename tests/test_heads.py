@@ -442,14 +442,18 @@ def test_train_drafter_command_end_to_end(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "head"
     args = ["train-drafter", "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--out", str(out),
             "--quantize", "none", "--seq-len", "64", "--max-sequences", "24", "--max-steps", "12",
-            "--held-out-sequences", "4", "--eval-prompts", "2", "--eval-tokens", "16", "--checkpoint-minutes", "0"]
+            "--held-out-sequences", "4", "--eval-prompts", "2", "--eval-tokens", "16", "--draft-vocab-size", "300",
+            "--checkpoint-minutes", "0"]
     assert main(args) == 0
+    draft_ids = load_head(out).draft_ids  # the 300 ids most frequent in the data (the default)
+    assert json.loads((out / "config.json").read_text())["draft_vocab"] == "frequency" and len(draft_ids) == 300
     report = (out / "report.md").read_text()
     assert "held-out prompts" in report and "identical to plain: yes" in report
     assert (out / "loss.png").stat().st_size > 1000 and (out / "features" / "train" / "shard-00000.safetensors").is_file()
     assert main(args) == 1  # the run exists: --resume or another --out
     assert "--resume" in capsys.readouterr().err
-    assert main([*args[:-2], "--max-steps", "14", "--resume"]) == 0
+    assert main([*args[:-2], "--max-steps", "14", "--resume", "--draft-vocab", "first"]) == 0
     assert json.loads((out / "config.json").read_text())["training"]["steps"] == 14
+    assert torch.equal(load_head(out).draft_ids, draft_ids)  # a resumed run keeps the vocabulary it trained with
     assert main(["generate", "--model", str(tiny_dirs["target"]), "--method", "eagle", "--drafter-path", str(out),
                  "def f(x):", "--max-tokens", "8", "--temperature", "0", "--quantize", "none"]) == 0

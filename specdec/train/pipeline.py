@@ -15,6 +15,7 @@ import torch
 
 from specdec.config import SpecConfig
 from specdec.errors import SpecdecError
+from specdec.models.heads import WEIGHTS_FILE
 from specdec.models.registry import DEFAULT_DRAFT
 from specdec.train.data import add_minutes, extract_features, load_documents, load_shards, token_sequences
 from specdec.train.generated import generate_sequences, generated_sequences, held_out_prompts
@@ -141,11 +142,13 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
 
     size = min(job.draft_vocab_size or target.config.vocab_size, target.config.vocab_size)
     draft_ids = None
-    if job.draft_vocab == "frequency" and size < target.config.vocab_size:
-        # a resumed run keeps the ids its checkpoint trained with, whatever data was added since
-        draft_ids = saved_draft_ids(out) if job.resume else None
-        if draft_ids is None:
-            draft_ids = frequency_ids(train_data["target_ids"], size, target.config.vocab_size)
+    if job.resume and (out / WEIGHTS_FILE).is_file():
+        # a resumed run keeps the vocabulary its checkpoint trained with (first ids, or these ids),
+        # whatever --draft-vocab says and whatever data was added since
+        draft_ids = saved_draft_ids(out)
+        size = len(draft_ids) if draft_ids is not None else size
+    elif job.draft_vocab == "frequency" and size < target.config.vocab_size:
+        draft_ids = frequency_ids(train_data["target_ids"], size, target.config.vocab_size)
     config = HeadConfig.for_target(target.config, size, job.intermediate_size or None, job.kind, job.num_medusa_heads,
                                    "frequency" if draft_ids is not None else "first")
     torch.manual_seed(job.train.seed)
@@ -218,8 +221,6 @@ def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tens
 def saved_draft_ids(out: Path) -> torch.Tensor | None:
     """The draft ids of the head a run in ``out`` already wrote (None: none, or a first-ids one)."""
     from safetensors import safe_open
-
-    from specdec.models.heads import WEIGHTS_FILE
 
     path = out / WEIGHTS_FILE
     if not path.is_file():
