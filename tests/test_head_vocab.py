@@ -76,19 +76,10 @@ def test_greedy_output_is_plain_decodings(tiny_dirs, frequency_dirs, method, qua
 
 
 def test_drafts_are_tokens_of_the_draft_vocabulary_with_q_zero_elsewhere(tiny_target, frequency_dirs):
-    from specdec.api import make_drafter
-    from specdec.sampling import make_generator
+    from tests.test_heads import sampled_eagle_draft
 
     ids_allowed = scattered_ids(tiny_target.config.vocab_size, 300)
-    params = SamplingParams(temperature=1.0, max_tokens=8, seed=0)
-    spec = SpecConfig(method="eagle", drafter_path=str(frequency_dirs["eagle"]))
-    drafter = make_drafter(tiny_target, spec, params, make_generator(0), 64)
-    ids = tiny_target.tokenizer.encode(PROMPTS[0])
-    state = tiny_target.backend.new_state(64)
-    drafter.bind_target_state(state)
-    tiny_target.backend.forward(state, ids[:-1])
-    drafter.start(ids[:-1])
-    draft = drafter.propose(ids, 4)
+    draft, drafter = sampled_eagle_draft(tiny_target, frequency_dirs["eagle"], PROMPTS[0])
     assert len(draft) == 4 and all(t in set(ids_allowed.tolist()) for t in draft.tokens)
     outside = torch.ones(tiny_target.config.vocab_size, dtype=torch.bool)
     outside[ids_allowed] = False

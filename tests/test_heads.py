@@ -280,19 +280,23 @@ def test_a_trained_head_is_accepted_and_still_exact(tiny_target, tmp_path, metho
     assert out.stats.acceptance_rate > 0.15, out.stats.summary_line()  # 0.27 here; an untrained head: ~0.02
 
 
-def test_sampled_drafts_carry_q_over_the_whole_vocabulary(tiny_target, head_dir):
+def sampled_eagle_draft(target, head_path: Path, prompt: str, k: int = 4):
+    """``k`` tokens an EAGLE head drafts, sampling at T=1, after ``prompt``'s prefill (and its drafter)."""
     from specdec.api import make_drafter
     from specdec.sampling import make_generator
 
     params = SamplingParams(temperature=1.0, max_tokens=8, seed=0)
-    spec = SpecConfig(method="eagle", drafter_path=str(head_dir))
-    drafter = make_drafter(tiny_target, spec, params, make_generator(0), 64)
-    ids = tiny_target.tokenizer.encode(PROMPTS[0])
-    state = tiny_target.backend.new_state(64)
+    drafter = make_drafter(target, SpecConfig(method="eagle", drafter_path=str(head_path)), params, make_generator(0), 64)
+    ids = target.tokenizer.encode(prompt)
+    state = target.backend.new_state(64)
     drafter.bind_target_state(state)
-    tiny_target.backend.forward(state, ids[:-1])
+    target.backend.forward(state, ids[:-1])
     drafter.start(ids[:-1])
-    draft = drafter.propose(ids, 4)
+    return drafter.propose(ids, k), drafter
+
+
+def test_sampled_drafts_carry_q_over_the_whole_vocabulary(tiny_target, head_dir):
+    draft, _ = sampled_eagle_draft(tiny_target, head_dir, PROMPTS[0])
     assert len(draft) == 4 and all(t < 300 for t in draft.tokens)
     assert draft.probs.shape == (4, tiny_target.config.vocab_size)
     assert float(draft.probs[:, 300:].sum()) == 0.0  # q is exactly zero outside its vocabulary
