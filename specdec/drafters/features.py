@@ -28,15 +28,19 @@ class FeatureDrafter(Drafter):
         self.draft_ids: torch.Tensor | None = head.draft_ids
         self.vocab_limit = None if self.draft_ids is not None else usable_vocab_limit(head.config.draft_vocab_size,
                                                                                           self.vocab_size)
+        self._scorer: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.target_state: KVCache | None = None
         self.model_forwards = 0
 
     def scorer(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """The target's LM head, cut to the draft vocabulary (``Decoder.head_rows``); its row j
         scores token ``draft_ids[j]`` (or j): :meth:`full_vocab` puts each where it belongs."""
-        if self.draft_ids is not None:
-            return self.decoder.head_rows(self.draft_ids)
-        return self.decoder.head_rows(self.vocab_limit) if self.vocab_limit else self.decoder.lm_head
+        if self._scorer is None:  # looked up once: a cut by ids is keyed by their bytes (a copy off a GPU)
+            if self.draft_ids is not None:
+                self._scorer = self.decoder.head_rows(self.draft_ids)
+            else:
+                self._scorer = self.decoder.head_rows(self.vocab_limit) if self.vocab_limit else self.decoder.lm_head
+        return self._scorer
 
     def full_vocab(self, logits: torch.Tensor, greedy: bool) -> torch.Tensor:
         """A :meth:`scorer` row ``[N]`` as draft logits over the whole vocabulary (``full_vocab``)."""
