@@ -106,3 +106,46 @@ def test_sampling_distribution_is_the_targets(method, tmp_path):
     result = distribution_check(method, config, DISTRIBUTION_CONFIGS[config], samples=2500,
                                 spec_options={"drafter_path": str(path)})
     assert result.passed, result.detail
+
+
+class OnlyToken:
+    """A grammar that allows one token id (the ``mask_logits`` a GrammarConstraint offers)."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def mask_logits(self, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
+        masked = torch.full_like(logits, float("-inf"))
+        masked[self.token] = logits[self.token]
+        return masked
+
+
+def test_drafting_maps_the_rows_of_a_draft_vocabulary_to_their_token_ids():
+    """Rows scored over ids [7, 2, 9] of 10: greedy maps the argmax row (no spread over the whole
+    vocabulary), trees map their top rows, sampling and a grammar see the whole vocabulary."""
+    from specdec.calls import run_now
+    from specdec.drafters.draft_model import draft_steps, grow_tree
+    from specdec.drafters.vocab import DraftVocab
+    from specdec.sampling import make_generator
+
+    vocab = DraftVocab(10, torch.tensor([7, 2, 9]))
+    rows = torch.tensor([0.0, 3.0, 1.0])  # row 1 (token 2) first, then row 2 (token 9)
+
+    def step(token: int):
+        return rows
+        yield  # noqa: unreachable - makes this a generator
+
+    greedy = run_now(draft_steps(rows, step, 3, GREEDY, make_generator(0), vocab=vocab))
+    assert greedy.tokens == [2, 2, 2] and greedy.probs is None
+    constrained = run_now(draft_steps(rows, step, 2, GREEDY, make_generator(0), constraint=OnlyToken(9), vocab=vocab))
+    assert constrained.tokens == [9, 9]
+    sampled = run_now(draft_steps(rows, step, 3, SamplingParams(temperature=1.0), make_generator(0), vocab=vocab))
+    assert sampled.probs.shape == (3, 10) and set(sampled.tokens) <= {7, 2, 9}
+    assert torch.allclose(sampled.probs[0, [7, 2, 9]], torch.softmax(rows, -1)) and float(sampled.probs[0].sum()) == pytest.approx(1.0)
+
+    def forward(expand, tokens, parents):
+        return [torch.softmax(rows, -1) for _ in expand]
+        yield  # noqa: unreachable
+
+    tree = run_now(grow_tree(torch.softmax(rows, -1), 2, 1, forward, vocab))
+    assert tree.tokens[:2] == [2, 9] and tree.parents[:2] == [-1, -1] and set(tree.tokens) <= {7, 2, 9}

@@ -22,6 +22,7 @@ from specdec.backends.base import Backend
 from specdec.calls import ModelCall, run_now
 from specdec.cost_model import Curve
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
+from specdec.drafters.vocab import DraftVocab, full_vocab, usable_vocab_limit
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
 from specdec.step_calibration import planning_curve, rescaled
@@ -69,9 +70,11 @@ def ranking_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 TreeForward = Callable[[list[int], list[int], list[int]], Generator[ModelCall, torch.Tensor, "list[torch.Tensor] | None"]]
 
 
-def grow_tree(first_probs: torch.Tensor, depth: int, width: int, forward: TreeForward) -> Generator[ModelCall, torch.Tensor, Draft]:
+def grow_tree(first_probs: torch.Tensor, depth: int, width: int, forward: TreeForward,
+              vocab: DraftVocab | None = None) -> Generator[ModelCall, torch.Tensor, Draft]:
     """EAGLE-2's dynamic tree (Li et al. 2024), for any drafter that can score several nodes in one
-    pass: ``first_probs [vocab]`` is the distribution after the committed tokens; each node's
+    pass: ``first_probs [vocab]`` is the distribution after the committed tokens (over the rows of
+    ``vocab`` where given: its row indices are mapped to token ids); each node's
     DRAFT_TREE_BRANCHES likeliest tokens become its children, valued by the product of
     probabilities along their path; the ``width`` most valuable new nodes of a level are forwarded
     together to branch at the next, up to ``depth`` levels. Leaves cost no draft work, so the tree
@@ -86,7 +89,8 @@ def grow_tree(first_probs: torch.Tensor, depth: int, width: int, forward: TreeFo
         added = []
         for node, probs in frontier:
             top = torch.topk(probs, min(DRAFT_TREE_BRANCHES, probs.shape[-1]))
-            for prob, token in zip(top.values.tolist(), top.indices.tolist()):
+            candidates = top.indices.tolist() if vocab is None else vocab.tokens(top.indices)
+            for prob, token in zip(top.values.tolist(), candidates):
                 value = (1.0 if node < 0 else estimates[node]) * prob
                 if added and value < DRAFT_TREE_MIN_VALUE:
                     break
@@ -114,6 +118,7 @@ def draft_steps(
     confidence_threshold: float = 0.0,
     take_over: Callable[[list[int], int], list[int]] | None = None,
     constraint: GrammarConstraint | None = None,
+    vocab: DraftVocab | None = None,
 ) -> Generator[ModelCall, torch.Tensor, Draft]:
     """Up to ``k`` tokens, one model step each: ``logits`` follow the context, ``step(token)`` feeds a
     drafted token and returns the next logits (steps: the forward is yielded to whoever drives
@@ -129,18 +134,26 @@ def draft_steps(
     no step is paid for them); under sampling their q rows are point masses. ``constraint``
     (structured output) masks each step's logits with the grammar's mask after the tokens drafted
     so far — the mask the target's row gets — so q is the constrained draft distribution; drafting
-    stops where the grammar allows nothing the draft can score.
+    stops where the grammar allows nothing the draft can score. ``vocab``: the logits score its rows
+    (``None``: the whole vocabulary) — greedy takes the argmax row's token; sampling and a grammar
+    see the rows over the whole vocabulary (:class:`~specdec.drafters.vocab.DraftVocab`).
     """
     tokens: list[int] = []
     probs: list[torch.Tensor] = []
+    # sampling and grammars need each step's rows over the whole vocabulary; plain greedy maps its argmax
+    spread = vocab if vocab is not None and (constraint is not None or not params.is_greedy) else None
+    rows = vocab if spread is None else None
     for i in range(k):
+        if spread is not None:
+            logits = spread.full(logits)
         if constraint is not None:
             masked = constraint.mask_logits(logits, tokens)
             if masked is None:
                 break
             logits = masked
         if params.is_greedy:
-            token = int(torch.argmax(logits))
+            row = int(torch.argmax(logits))
+            token = row if rows is None else rows.token(row)
             top_prob = float(torch.softmax(logits, -1).max()) if confidence_threshold else 1.0
             q = None
         else:
@@ -176,25 +189,6 @@ def next_token_steps(backend: Backend, state, tokens: list[int], vocab_limit: in
     ids < vocab_limit are scored (:func:`full_vocab`)."""
     logits = (yield ModelCall(backend, state, list(tokens), num_logits=1, vocab_limit=vocab_limit, role="draft"))[-1]
     return full_vocab(logits, backend.config.vocab_size, greedy)
-
-
-def full_vocab(logits: torch.Tensor, vocab_size: int, greedy: bool, ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Draft logits ``[V']`` over a vocabulary prefix (``V' <= vocab_size``), or over the token ids
-    ``ids [V']``, as a proposal over the whole vocabulary: the unscored ids get -inf, so q is exactly
-    0 there — a valid proposal distribution, which rejection sampling corrects like any other. A
-    prefix needs no padding under greedy: the argmax over a prefix of ids is already a token id."""
-    if ids is None and (greedy or logits.shape[-1] >= vocab_size):
-        return logits
-    full = logits.new_full((vocab_size,), float("-inf"))
-    if ids is None:
-        full[: logits.shape[-1]] = logits
-    else:
-        full[ids] = logits
-    return full
-
-
-def usable_vocab_limit(vocab_limit: int | None, vocab_size: int) -> int | None:
-    return vocab_limit if vocab_limit and vocab_limit < vocab_size else None
 
 
 class DraftModelDrafter(Drafter):

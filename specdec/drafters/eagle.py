@@ -77,14 +77,13 @@ class EagleDrafter(FeatureDrafter):
         self.model_forwards = 0
 
     def _scores(self, predicted: torch.Tensor) -> torch.Tensor:
-        """``predicted [1, hidden]`` feature → draft logits over the whole vocabulary (see full_vocab)."""
+        """``predicted [1, hidden]`` feature → draft logits over the :attr:`vocab`'s rows ``[N]``."""
         return self._score_rows(predicted)[-1]
 
     def _score_rows(self, predicted: torch.Tensor) -> list[torch.Tensor]:
-        """``predicted [R, hidden]`` features → R rows of draft logits, scored in one LM-head pass."""
+        """``predicted [R, hidden]`` features → R rows of draft logits ``[N]``, scored in one LM-head pass."""
         normed = self.decoder.model.norm(predicted.to(self.decoder.float_dtype))
-        rows = self.scorer()(normed).float()
-        return [self.full_vocab(row, self.params.is_greedy) for row in rows]
+        return list(self.scorer()(normed).float())
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.decoder.device)
@@ -114,14 +113,14 @@ class EagleDrafter(FeatureDrafter):
             if self.step_graph is not None:
                 predicted, logits = self.step_graph.step(predicted, token, position)
                 position += 1
-                return self.full_vocab(logits[-1], self.params.is_greedy)
+                return logits[-1]
             predicted = self.head(predicted, self._embed([token]), torch.tensor([position], device=self.decoder.device), self.cache)
             position += 1
             return self._scores(predicted)
             yield  # runs at once: a generator that yields nothing  # noqa: unreachable
 
         return run_now(draft_steps(self._scores(predicted), step, k, self.params, self.generator,
-                                   self.confidence_threshold, None, self.constraint))
+                                   self.confidence_threshold, None, self.constraint, self.vocab))
 
     def _propose_tree(self, predicted: torch.Tensor, depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
         """A token tree up to ``depth`` deep (:func:`~specdec.drafters.draft_model.grow_tree`): each
@@ -149,7 +148,8 @@ class EagleDrafter(FeatureDrafter):
             return [ranking_probs(row, self.params) for row in self._score_rows(out)]
             yield  # runs at once: a generator that yields nothing  # noqa: unreachable
 
-        return (yield from grow_tree(ranking_probs(self._scores(predicted), self.params), depth, EAGLE_TREE_WIDTH, forward))
+        return (yield from grow_tree(ranking_probs(self._scores(predicted), self.params), depth, EAGLE_TREE_WIDTH, forward,
+                                     self.vocab))
 
     def finish(self) -> None:
         self.cache.truncate(0)

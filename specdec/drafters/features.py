@@ -10,7 +10,7 @@ import torch
 
 from specdec.backends.torch_backend import TorchBackend
 from specdec.drafters.base import Drafter, DrafterResources
-from specdec.drafters.draft_model import full_vocab, usable_vocab_limit
+from specdec.drafters.vocab import DraftVocab, usable_vocab_limit
 from specdec.errors import SpecdecError
 from specdec.models.heads import DraftHead, trained_head
 from specdec.models.kv_cache import KVCache
@@ -28,23 +28,21 @@ class FeatureDrafter(Drafter):
         self.draft_ids: torch.Tensor | None = head.draft_ids
         self.vocab_limit = None if self.draft_ids is not None else usable_vocab_limit(head.config.draft_vocab_size,
                                                                                           self.vocab_size)
+        #: what the :meth:`scorer`'s rows score: drafting maps them to token ids (draft_steps, grow_tree)
+        self.vocab = DraftVocab(self.vocab_size, self.draft_ids)
         self._scorer: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.target_state: KVCache | None = None
         self.model_forwards = 0
 
     def scorer(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """The target's LM head, cut to the draft vocabulary (``Decoder.head_rows``); its row j
-        scores token ``draft_ids[j]`` (or j): :meth:`full_vocab` puts each where it belongs."""
+        scores token ``draft_ids[j]`` (or j): :attr:`vocab` maps each where it belongs."""
         if self._scorer is None:  # looked up once: a cut by ids is keyed by their bytes (a copy off a GPU)
             if self.draft_ids is not None:
                 self._scorer = self.decoder.head_rows(self.draft_ids)
             else:
                 self._scorer = self.decoder.head_rows(self.vocab_limit) if self.vocab_limit else self.decoder.lm_head
         return self._scorer
-
-    def full_vocab(self, logits: torch.Tensor, greedy: bool) -> torch.Tensor:
-        """A :meth:`scorer` row ``[N]`` as draft logits over the whole vocabulary (``full_vocab``)."""
-        return full_vocab(logits, self.vocab_size, greedy, self.draft_ids)
 
     def head_rows_bytes(self) -> int:
         """Bytes of one pass of :meth:`scorer`."""

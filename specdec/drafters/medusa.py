@@ -30,6 +30,7 @@ from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.drafters.draft_model import draft_steps, grow_tree, ranking_probs
 from specdec.drafters.features import FeatureDrafter, head_for
+from specdec.drafters.vocab import DraftVocab
 from specdec.models.heads import MedusaHeads
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint
@@ -72,10 +73,10 @@ class MedusaDrafter(FeatureDrafter):
         normed = self.decoder.model.norm(state.features[committed - 1 : committed])
         scorer = self.scorer()
         hidden = self.heads(normed.to(torch.float32))[:k, 0].to(self.decoder.float_dtype)  # [k, hidden]
-        rows = [self.full_vocab(logits, self.params.is_greedy) for logits in scorer(hidden).float()]
+        rows = list(scorer(hidden).float())  # [k][N]: each block's logits over the vocab's rows
         self.model_forwards += 1
         if self.tree_nodes:
-            return run_now(head_tree([ranking_probs(row, self.params) for row in rows], k))
+            return run_now(head_tree([ranking_probs(row, self.params) for row in rows], k, self.vocab))
         position = 0
 
         def step(token: int) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
@@ -84,20 +85,21 @@ class MedusaDrafter(FeatureDrafter):
             return rows[position]
             yield  # the rows are computed already: a generator that yields nothing  # noqa: unreachable
 
-        return run_now(draft_steps(rows[0], step, k, self.params, self.generator, 0.0, None, self.constraint))
+        return run_now(draft_steps(rows[0], step, k, self.params, self.generator, 0.0, None, self.constraint, self.vocab))
 
 
-def head_tree(level_probs: list[torch.Tensor], depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
+def head_tree(level_probs: list[torch.Tensor], depth: int, vocab: DraftVocab | None = None) -> Generator[ModelCall, torch.Tensor, Draft]:
     """A token tree up to ``depth`` deep from per-level distributions ``level_probs [depth][vocab]``
     that do not depend on the drafted tokens (Medusa's blocks): a node at depth d (1 = a child of the
-    root) branches into level d's distribution. No model call: the blocks ran once for the round."""
+    root) branches into level d's distribution (over ``vocab``'s rows where given). No model call: the
+    blocks ran once for the round."""
 
     def forward(expand: list[int], tokens: list[int], parents: list[int]) -> Generator[ModelCall, torch.Tensor, list[torch.Tensor]]:
         depth_of = depths(parents)
         return [level_probs[depth_of[node]] for node in expand]
         yield  # computed already: a generator that yields nothing  # noqa: unreachable
 
-    return (yield from grow_tree(level_probs[0], depth, MEDUSA_TREE_WIDTH, forward))
+    return (yield from grow_tree(level_probs[0], depth, MEDUSA_TREE_WIDTH, forward, vocab))
 
 
 def make_medusa_drafter(res: DrafterResources) -> MedusaDrafter:
