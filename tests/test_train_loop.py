@@ -4,6 +4,8 @@ rows' dtype, and that a bfloat16 run still learns while keeping float32 weights.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -97,3 +99,44 @@ def test_train_drafter_refuses_bad_schedule_and_precision_flags(flag, value, mes
         main(["train-drafter", "--out", str(tmp_path / "head"), flag, value])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "head").exists()  # refused before anything was loaded or written
+
+
+def test_sampled_rows_hold_each_positions_likeliest_and_drawn_others():
+    from specdec.train.losses import SAMPLED_TOP, sampled_rows
+
+    target_logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0))
+    rows, log_inclusion = sampled_rows(target_logits, 100, torch.Generator().manual_seed(1))
+    top = set(torch.topk(target_logits, SAMPLED_TOP, dim=-1).indices.flatten().tolist())
+    assert len(set(rows.tolist())) == len(rows) == len(top) + 100  # no row twice
+    assert set(rows[: len(top)].tolist()) == top and not log_inclusion[: len(top)].any()
+    assert torch.allclose(log_inclusion[len(top):], torch.tensor(math.log(100 / (1000 - len(top)))))
+
+
+def test_a_sampled_token_loss_over_every_row_is_the_full_loss(tiny_target):
+    """Drawing all the other rows (inclusion probability 1) leaves only their order changed: the
+    loss and top-1 must be the full loss's; drawing fewer changes the loss."""
+    from specdec.train.losses import eagle_loss
+
+    data = periodic_data(tiny_target, 1)
+    parts = TargetParts(tiny_target.backend.decoder, 300)
+    head = random_head(tiny_target, draft_vocab_size=300)
+    args = (head, parts, data["tokens"][0], data["features"][0], data["target_ids"][0], 0.0, 1.0, 1.0)
+
+    def loss(loss_rows: int):
+        return eagle_loss(*args, torch.Generator().manual_seed(0), 3, 0.3, 0, loss_rows)
+
+    full, full_info = loss(0)
+    every, every_info = loss(300)
+    assert torch.allclose(full, every, rtol=1e-5) and full_info["top1_steps"] == every_info["top1_steps"]
+    assert not torch.allclose(full, loss(20)[0], rtol=1e-3)
+
+
+def test_a_sampled_token_loss_trains_the_head(tiny_target, tmp_path):
+    data = periodic_data(tiny_target, 16)
+    parts = TargetParts(tiny_target.backend.decoder, tiny_target.config.vocab_size)
+    head = random_head(tiny_target)
+    config = TrainConfig(max_steps=60, lr=3e-3, eval_every=30, budget_minutes=5, loss_rows=32)
+    before = evaluate(head, parts, data, config)  # evaluation scores every row
+    train_head(head, parts, data, data, tmp_path, config, progress=False)
+    after = evaluate(head, parts, data, config)
+    assert after["loss"] < 0.9 * before["loss"] and after["top1"] > before["top1"]

@@ -87,6 +87,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmd.add_argument("--step-decay", type=float, default=0.3, metavar="W",
                      help="eagle: unrolled step s's loss weighs W**s (a later draft token only counts once the earlier "
                           "ones were accepted) (default: 0.3)")
+    cmd.add_argument("--loss-rows", type=int, default=0, metavar="N",
+                     help="eagle: score the token loss over each sequence's 8 likeliest LM head rows per position under "
+                          "the target plus N rows drawn at random (sampled softmax), not all --draft-vocab-size rows: "
+                          "those rows' matmuls are most of a training step (0: all rows; default: 0)")
     cmd.add_argument("--batch-size", type=positive_int, default=4, help="sequences per optimizer step (default: 4)")
     cmd.add_argument("--precision", default="auto", choices=list(TRAIN_PRECISIONS),
                      help="the training matmuls' precision: bfloat16 is mixed (float32 weights, optimizer and losses); "
@@ -130,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     train = TrainConfig(batch_size=args.batch_size, lr=lr, budget_minutes=args.budget_minutes,
                         checkpoint_minutes=args.checkpoint_minutes, max_steps=args.max_steps, seed=args.seed,
                         unroll_steps=args.unroll_steps, step_decay=args.step_decay, precision=args.precision,
-                        final_lr_ratio=args.final_lr_ratio)
+                        final_lr_ratio=args.final_lr_ratio, loss_rows=args.loss_rows)
     job = DrafterTraining(model=args.model, out_dir=Path(args.out), kind=args.kind, data=args.data, quantize=args.quantize,
                           seq_len=args.seq_len, max_sequences=args.max_sequences, held_out_sequences=args.held_out_sequences,
                           extract_minutes=args.extract_minutes, generate_minutes=args.generate_minutes,

@@ -47,6 +47,10 @@ class TrainConfig:
     #: were accepted, and equal weights cost the first step's agreement (tiny model, 3 steps: 0.19
     #: vs 0.38 teacher-forced; at 0.3: 0.34, while steps 2 and 3 still doubled)
     step_decay: float = 0.3
+    #: eagle: > 0 scores the token loss over each sequence's likeliest rows under the target plus
+    #: this many drawn at random (sampled softmax: :func:`specdec.train.losses.sampled_rows`), not all
+    #: the LM head rows; 0: all
+    loss_rows: int = 0
     budget_minutes: float = 60.0
     checkpoint_minutes: float = 5.0
     eval_every: int = 50  # steps between held-out evaluations
@@ -106,7 +110,7 @@ def head_row_loss(head: DraftHead, parts: TargetParts, config: TrainConfig, repo
         one = data_row(data, row, parts.device)
         return head_loss(head, parts, one["tokens"], one["features"], one["target_ids"],
                          config.noise if generator is not None else 0.0, config.reg_weight, config.cls_weight, generator,
-                         config.unroll_steps, config.step_decay, report_steps)
+                         config.unroll_steps, config.step_decay, report_steps, config.loss_rows)
 
     return row_loss
 

@@ -5,7 +5,9 @@ RMS so the model's few huge channels do not drown the rest) plus the cross-entro
 token distribution against the target's (weighted 1, not EAGLE's 0.1: see
 :class:`specdec.train.loop.TrainConfig`), both through the target's frozen final norm and LM head
 rows. Input features get a little uniform noise, as in EAGLE: at drafting time the head reads its
-own predicted features, which are never exact.
+own predicted features, which are never exact. With ``loss_rows`` the token loss scores only a
+sample of the LM head rows (:func:`sampled_rows`): those rows' matmuls, forward and backward at every
+unrolled step, were most of a training step's arithmetic (32768 rows against a 24 M-parameter head).
 
 **Medusa**: head k reads the feature at position i and learns the target's distribution k+1
 tokens later (the target's own LM head covers the next token), by cross-entropy against the
@@ -14,6 +16,8 @@ target's distribution there (self-distillation, Medusa-2 style).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -21,15 +25,41 @@ from specdec.models.heads import DraftHead, EagleHead, MedusaHeads
 from specdec.train.target_parts import TargetParts
 
 
+#: a sampled token loss always scores each position's this many likeliest rows under the target
+SAMPLED_TOP = 8
+
+
 def head_loss(head: DraftHead, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
               target_ids: torch.Tensor, noise: float, reg_weight: float, cls_weight: float,
               generator: torch.Generator | None = None, unroll_steps: int = 1, step_decay: float = 1.0,
-              report_steps: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+              report_steps: int = 0, loss_rows: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of ``head`` on one sequence (see :func:`eagle_loss` for the arguments)."""
     if isinstance(head, MedusaHeads):
         return medusa_loss(head, parts, tokens, features, target_ids)
     return eagle_loss(head, parts, tokens, features, target_ids, noise, reg_weight, cls_weight, generator, unroll_steps,
-                      step_decay, report_steps)
+                      step_decay, report_steps, loss_rows)
+
+
+@torch.no_grad()
+def sampled_rows(target_logits: torch.Tensor, negatives: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LM head rows a sampled token loss scores (sampled softmax, Jean et al. 2015), for
+    ``target_logits [P, R]``: every position's :data:`SAMPLED_TOP` likeliest rows under the target
+    (nearly all of its mass: the soft labels lose almost nothing) and ``negatives`` of the other rows
+    drawn uniformly (so every row is pushed down now and then). Returns ``rows [S]`` and
+    ``log_inclusion [S]``: the log-probability each row was included with (0 for the target's, log
+    n/others for the drawn), which the head's logits subtract so that a softmax over the S rows
+    estimates the one over all R."""
+    total = target_logits.shape[-1]
+    top = torch.topk(target_logits, min(SAMPLED_TOP, total), dim=-1).indices.unique()
+    others = torch.ones(total, dtype=torch.bool, device=target_logits.device)
+    others[top] = False
+    pool = others.nonzero().squeeze(1)
+    take = min(negatives, len(pool))
+    drawn = pool[torch.randperm(len(pool), generator=generator)[:take].to(pool.device)]
+    log_inclusion = torch.zeros(len(top) + take, device=target_logits.device)
+    if take:
+        log_inclusion[len(top):] = math.log(take / len(pool))
+    return torch.cat([top, drawn]), log_inclusion
 
 
 def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
@@ -42,7 +72,7 @@ def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> tor
 def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
                target_ids: torch.Tensor, noise: float, reg_weight: float, cls_weight: float,
                generator: torch.Generator | None = None, unroll_steps: int = 1, step_decay: float = 1.0,
-               report_steps: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+               report_steps: int = 0, loss_rows: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
     """One sequence: ``tokens [T]`` (-1 past its end), ``features [T, hidden]``, ``target_ids [T]``
     (the target's greedy next token per position). Pair i = (f_i, x_{i+1}) predicts f_{i+1} and the
     token after it, target_ids[i+1].
@@ -54,7 +84,9 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
     first trained head's acceptance fell from 0.24 at draft position 1 to 0.01 at position 2.
     ``top1`` is step 0's teacher-forced agreement; ``top1_steps`` each step's, for
     ``max(unroll_steps, report_steps)`` steps (evaluation reports more steps than the loss counts,
-    from the same unrolled pass: earlier steps do not depend on later ones)."""
+    from the same unrolled pass: earlier steps do not depend on later ones). ``loss_rows`` > 0 (with a
+    ``generator``: training) scores the token loss over :func:`sampled_rows` with that many drawn
+    rows; its ``top1`` then picks among those rows (evaluation, with no generator, scores all)."""
     length = int((tokens >= 0).sum())
     pairs = length - 1
     f = features[:length].float()
@@ -65,8 +97,13 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
         f_in = f_in + noise * scale * (2 * uniform - 1)
     embeds = parts.embed(tokens[1:length])
     rms = f_next.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-6)
+    rows = log_inclusion = None
     with torch.no_grad():
-        target_probs = torch.softmax(parts.logits(f_next), dim=-1)
+        target_logits = parts.logits(f_next)
+        if loss_rows > 0 and generator is not None:
+            rows, log_inclusion = sampled_rows(target_logits, loss_rows, generator)
+            target_logits = target_logits[:, rows]
+        target_probs = torch.softmax(target_logits, dim=-1)
     wanted = target_ids[1:length].long()
     total = torch.zeros(())
     reg_sum = cls_sum = 0.0
@@ -74,10 +111,13 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
     loss_steps = 0
     for step, predicted in enumerate(head.unroll(f_in, embeds, max(unroll_steps, report_steps))):
         valid = predicted[step:]  # rows p < step have no drafting round behind them
-        logits = parts.logits(valid)
-        top1_steps.append(float((parts.token_ids(logits.argmax(-1)) == wanted[step:]).float().mean()))
+        logits = parts.logits(valid, rows)
+        best = logits.argmax(-1) if rows is None else rows[logits.argmax(-1)]
+        top1_steps.append(float((parts.token_ids(best) == wanted[step:]).float().mean()))
         if step >= unroll_steps:
             continue
+        if log_inclusion is not None:
+            logits = logits - log_inclusion
         reg = F.smooth_l1_loss(valid / rms[step:], f_next[step:] / rms[step:])
         cls = -(target_probs[step:] * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
         total = total + step_decay**step * (reg_weight * reg + cls_weight * cls)

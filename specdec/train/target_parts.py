@@ -37,18 +37,20 @@ class TargetParts:
         """The target's final norm (what its LM head reads)."""
         return F.rms_norm(hidden, self.norm_weight.shape, self.norm_weight, self.eps)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Pre-norm features ``[T, hidden]`` → float32 logits over the head's rows ``[T, rows]``."""
-        return self.normed_logits(self.norm(hidden))
+    def logits(self, hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Pre-norm features ``[T, hidden]`` → float32 logits over the head's rows ``[T, rows]``, or
+        over the row indices ``rows [S]`` only (``[T, S]``: a sampled token loss)."""
+        return self.normed_logits(self.norm(hidden), rows)
 
     def token_ids(self, rows: torch.Tensor) -> torch.Tensor:
         """Row indices of :meth:`logits` (an argmax) → the token ids they score."""
         return rows if self.draft_ids is None else self.draft_ids[rows]
 
-    def normed_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """Normed hidden states ``[T, hidden]`` → float32 logits ``[T, rows]`` (softmax and losses
-        stay float32 whatever the matmul ran in)."""
-        return F.linear(normed.to(self.compute_dtype), self.lm_rows).float()
+    def normed_logits(self, normed: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Normed hidden states ``[T, hidden]`` → float32 logits ``[T, rows]`` (or ``[T, S]`` over the
+        row indices ``rows [S]``; softmax and losses stay float32 whatever the matmul ran in)."""
+        weight = self.lm_rows if rows is None else self.lm_rows[rows]
+        return F.linear(normed.to(self.compute_dtype), weight).float()
 
 
 @torch.no_grad()
