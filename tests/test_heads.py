@@ -433,8 +433,9 @@ def test_train_drafter_medusa(tiny_dirs, tmp_path):
     out = tmp_path / "medusa"
     assert main(["train-drafter", "--kind", "medusa", "--num-heads", "3", "--model", str(tiny_dirs["target"]),
                  "--data", str(corpus), "--out", str(out), "--quantize", "none", "--seq-len", "64", "--max-steps", "8",
-                 "--held-out-sequences", "2", "--eval-prompts", "2", "--eval-tokens", "12"]) == 0
-    assert json.loads((out / "config.json").read_text())["num_medusa_heads"] == 3
+                 "--held-out-sequences", "2", "--eval-prompts", "2", "--eval-tokens", "12", "--loss-rows", "32"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_medusa_heads"] == 3 and config["training"]["config"]["loss_rows"] == 32
     assert "γ=3" in (out / "report.md").read_text()
 
 

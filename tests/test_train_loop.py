@@ -112,18 +112,19 @@ def test_sampled_rows_hold_each_positions_likeliest_and_drawn_others():
     assert torch.allclose(log_inclusion[len(top):], torch.tensor(math.log(100 / (1000 - len(top)))))
 
 
-def test_a_sampled_token_loss_over_every_row_is_the_full_loss(tiny_target):
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_a_sampled_token_loss_over_every_row_is_the_full_loss(tiny_target, kind):
     """Drawing all the other rows (inclusion probability 1) leaves only their order changed: the
     loss and top-1 must be the full loss's; drawing fewer changes the loss."""
-    from specdec.train.losses import eagle_loss
+    from specdec.train.losses import head_loss
 
     data = periodic_data(tiny_target, 1)
     parts = TargetParts(tiny_target.backend.decoder, 300)
-    head = random_head(tiny_target, draft_vocab_size=300)
+    head = random_head(tiny_target, draft_vocab_size=300, kind=kind)
     args = (head, parts, data["tokens"][0], data["features"][0], data["target_ids"][0], 0.0, 1.0, 1.0)
 
     def loss(loss_rows: int):
-        return eagle_loss(*args, torch.Generator().manual_seed(0), 3, 0.3, 0, loss_rows)
+        return head_loss(*args, torch.Generator().manual_seed(0), 3, 0.3, 0, loss_rows)
 
     full, full_info = loss(0)
     every, every_info = loss(300)
@@ -131,10 +132,11 @@ def test_a_sampled_token_loss_over_every_row_is_the_full_loss(tiny_target):
     assert not torch.allclose(full, loss(20)[0], rtol=1e-3)
 
 
-def test_a_sampled_token_loss_trains_the_head(tiny_target, tmp_path):
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_a_sampled_token_loss_trains_the_head(tiny_target, tmp_path, kind):
     data = periodic_data(tiny_target, 16)
     parts = TargetParts(tiny_target.backend.decoder, tiny_target.config.vocab_size)
-    head = random_head(tiny_target)
+    head = random_head(tiny_target, kind=kind)
     config = TrainConfig(max_steps=60, lr=3e-3, eval_every=30, budget_minutes=5, loss_rows=32)
     before = evaluate(head, parts, data, config)  # evaluation scores every row
     train_head(head, parts, data, data, tmp_path, config, progress=False)

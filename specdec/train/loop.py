@@ -47,7 +47,7 @@ class TrainConfig:
     #: were accepted, and equal weights cost the first step's agreement (tiny model, 3 steps: 0.19
     #: vs 0.38 teacher-forced; at 0.3: 0.34, while steps 2 and 3 still doubled)
     step_decay: float = 0.3
-    #: eagle: > 0 scores the token loss over each sequence's likeliest rows under the target plus
+    #: > 0 scores the token loss over each sequence's likeliest rows under the target plus
     #: this many drawn at random (sampled softmax: :func:`specdec.train.losses.sampled_rows`), not all
     #: the LM head rows; 0: all
     loss_rows: int = 0

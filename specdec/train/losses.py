@@ -5,18 +5,23 @@ RMS so the model's few huge channels do not drown the rest) plus the cross-entro
 token distribution against the target's (weighted 1, not EAGLE's 0.1: see
 :class:`specdec.train.loop.TrainConfig`), both through the target's frozen final norm and LM head
 rows. Input features get a little uniform noise, as in EAGLE: at drafting time the head reads its
-own predicted features, which are never exact. With ``loss_rows`` the token loss scores only a
-sample of the LM head rows (:func:`sampled_rows`): those rows' matmuls, forward and backward at every
-unrolled step, were most of a training step's arithmetic (32768 rows against a 24 M-parameter head).
+own predicted features, which are never exact.
 
 **Medusa**: head k reads the feature at position i and learns the target's distribution k+1
 tokens later (the target's own LM head covers the next token), by cross-entropy against the
 target's distribution there (self-distillation, Medusa-2 style).
+
+With ``loss_rows`` either token loss scores only a sample of the LM head rows
+(:func:`sampled_rows`): those rows' matmuls, forward and backward at every unrolled step or head,
+were most of a training step's arithmetic (32768 rows against a 24 M-parameter EAGLE head; Medusa's
+blocks are smaller still). On a Zen 4, 10 minutes of EAGLE training on the same data: held-out
+top-1 0.277 with 2048 drawn rows (305 steps) vs 0.255 with all rows (185 steps).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +40,7 @@ def head_loss(head: DraftHead, parts: TargetParts, tokens: torch.Tensor, feature
               report_steps: int = 0, loss_rows: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of ``head`` on one sequence (see :func:`eagle_loss` for the arguments)."""
     if isinstance(head, MedusaHeads):
-        return medusa_loss(head, parts, tokens, features, target_ids)
+        return medusa_loss(head, parts, tokens, features, target_ids, generator, loss_rows)
     return eagle_loss(head, parts, tokens, features, target_ids, noise, reg_weight, cls_weight, generator, unroll_steps,
                       step_decay, report_steps, loss_rows)
 
@@ -62,11 +67,35 @@ def sampled_rows(target_logits: torch.Tensor, negatives: int, generator: torch.G
     return torch.cat([top, drawn]), log_inclusion
 
 
-def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of −Σ p·log q, p = softmax(target_logits) (no gradient), q = softmax(logits)."""
-    with torch.no_grad():
-        target_probs = torch.softmax(target_logits, dim=-1)
-    return -(target_probs * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+@dataclass
+class TokenTargets:
+    """What a head's token loss learns at each position: the target's distribution ``probs [P, S]``
+    over the LM head rows the loss scores — all of them (``rows`` None) or :func:`sampled_rows`'
+    ``rows [S]`` with their ``log_inclusion [S]``."""
+
+    probs: torch.Tensor
+    rows: torch.Tensor | None = None
+    log_inclusion: torch.Tensor | None = None
+
+    @classmethod
+    @torch.no_grad()
+    def of(cls, target_logits: torch.Tensor, loss_rows: int = 0, generator: torch.Generator | None = None) -> TokenTargets:
+        """From the target's logits ``[P, R]``; ``loss_rows`` > 0 with a ``generator`` (training) samples the rows."""
+        if loss_rows <= 0 or generator is None:
+            return cls(torch.softmax(target_logits, dim=-1))
+        rows, log_inclusion = sampled_rows(target_logits, loss_rows, generator)
+        return cls(torch.softmax(target_logits[:, rows], dim=-1), rows, log_inclusion)
+
+    def best_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's argmax row per position of ``logits [P', S]``, as LM head row indices."""
+        best = logits.argmax(-1)
+        return best if self.rows is None else self.rows[best]
+
+    def cross_entropy(self, logits: torch.Tensor, start: int) -> torch.Tensor:
+        """Mean over positions ``start ..`` of −Σ p·log q: ``logits [P − start, S]`` are the head's."""
+        if self.log_inclusion is not None:
+            logits = logits - self.log_inclusion
+        return -(self.probs[start:] * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
 
 
 def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
@@ -97,13 +126,8 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
         f_in = f_in + noise * scale * (2 * uniform - 1)
     embeds = parts.embed(tokens[1:length])
     rms = f_next.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-6)
-    rows = log_inclusion = None
     with torch.no_grad():
-        target_logits = parts.logits(f_next)
-        if loss_rows > 0 and generator is not None:
-            rows, log_inclusion = sampled_rows(target_logits, loss_rows, generator)
-            target_logits = target_logits[:, rows]
-        target_probs = torch.softmax(target_logits, dim=-1)
+        targets = TokenTargets.of(parts.logits(f_next), loss_rows, generator)
     wanted = target_ids[1:length].long()
     total = torch.zeros(())
     reg_sum = cls_sum = 0.0
@@ -111,15 +135,12 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
     loss_steps = 0
     for step, predicted in enumerate(head.unroll(f_in, embeds, max(unroll_steps, report_steps))):
         valid = predicted[step:]  # rows p < step have no drafting round behind them
-        logits = parts.logits(valid, rows)
-        best = logits.argmax(-1) if rows is None else rows[logits.argmax(-1)]
-        top1_steps.append(float((parts.token_ids(best) == wanted[step:]).float().mean()))
+        logits = parts.logits(valid, targets.rows)
+        top1_steps.append(float((parts.token_ids(targets.best_rows(logits)) == wanted[step:]).float().mean()))
         if step >= unroll_steps:
             continue
-        if log_inclusion is not None:
-            logits = logits - log_inclusion
         reg = F.smooth_l1_loss(valid / rms[step:], f_next[step:] / rms[step:])
-        cls = -(target_probs[step:] * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+        cls = targets.cross_entropy(logits, step)
         total = total + step_decay**step * (reg_weight * reg + cls_weight * cls)
         reg_sum += reg.item()
         cls_sum += cls.item()
@@ -130,21 +151,25 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
 
 
 def medusa_loss(head: MedusaHeads, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
-                target_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+                target_ids: torch.Tensor, generator: torch.Generator | None = None,
+                loss_rows: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
     """Head k (0-based) at position i predicts the target's token after position i+k+1: its
-    distribution there (soft labels from the feature f_{i+k+1}); ``top1`` is the first head's,
-    ``top1_steps`` each head's."""
+    distribution there (soft labels from the feature f_{i+k+1}, every head's from one LM head pass);
+    ``top1`` is the first head's, ``top1_steps`` each head's. ``loss_rows``, ``generator``: a sampled
+    token loss, as :func:`eagle_loss`'s (one sample of rows for all the heads)."""
     length = int((tokens >= 0).sum())
     f = features[:length].float()
     normed = parts.norm(f)
+    with torch.no_grad():
+        targets = TokenTargets.of(parts.logits(f[1:]), loss_rows, generator)  # position j's: row j - 1
     total = torch.zeros(())
     top1_steps: list[float] = []
     for k, block in enumerate(head.blocks):
         shift = k + 1
         if length <= shift:
             break
-        logits = parts.normed_logits(block(normed[: length - shift]))
-        total = total + soft_cross_entropy(logits, parts.logits(f[shift:]))
-        top1_steps.append(float((parts.token_ids(logits.argmax(-1)) == target_ids[shift:length].long()).float().mean()))
+        logits = parts.normed_logits(block(normed[: length - shift]), targets.rows)
+        total = total + targets.cross_entropy(logits, shift - 1)
+        top1_steps.append(float((parts.token_ids(targets.best_rows(logits)) == target_ids[shift:length].long()).float().mean()))
     return total / len(head.blocks), {"top1": top1_steps[0] if top1_steps else 0.0, "top1_steps": top1_steps,
                                       "tokens": length - 1}
