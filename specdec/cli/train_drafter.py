@@ -87,7 +87,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmd.add_argument("--step-decay", type=float, default=0.3, metavar="W",
                      help="eagle: unrolled step s's loss weighs W**s (a later draft token only counts once the earlier "
                           "ones were accepted) (default: 0.3)")
-    cmd.add_argument("--loss-rows", type=int, default=None, metavar="N",
+    cmd.add_argument("--loss-rows", type=rows_count, default=None, metavar="N",
                      help="eagle, medusa: score the token loss over each sequence's 8 likeliest LM head rows per position "
                           "under the target plus N rows drawn at random (sampled softmax), not all --draft-vocab-size "
                           "rows: those rows' matmuls are most of a training step (0: all rows; default: 2048 for eagle — "
@@ -122,6 +122,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 #: --lr's default per --kind: 10 minutes of EAGLE training on the same data reached held-out top-1
 #: 0.255 at 2e-3 vs 0.242 at 5e-4 (session 31, Zen 4); Medusa's and DistillSpec's as measured before
 DEFAULT_LR = {"eagle": 2e-3, "medusa": 5e-4, "distill": 2e-5}
+
+
+def rows_count(text: str) -> int:
+    """--loss-rows: 0 (all rows) or more."""
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (all rows) or a positive number of rows, got {text!r}")
+    return value
 
 
 def lr_ratio(text: str) -> float:
