@@ -71,20 +71,25 @@ def sampled_rows(target_logits: torch.Tensor, negatives: int, generator: torch.G
 class TokenTargets:
     """What a head's token loss learns at each position: the target's distribution ``probs [P, S]``
     over the LM head rows the loss scores — all of them (``rows`` None) or :func:`sampled_rows`'
-    ``rows [S]`` with their ``log_inclusion [S]``."""
+    ``rows [S]`` with their ``log_inclusion [S]`` and their LM head ``weight [S, hidden]``, which the
+    head's logits are scored with (``TargetParts.logits(hidden, weight)``)."""
 
     probs: torch.Tensor
     rows: torch.Tensor | None = None
     log_inclusion: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
 
     @classmethod
     @torch.no_grad()
-    def of(cls, target_logits: torch.Tensor, loss_rows: int = 0, generator: torch.Generator | None = None) -> TokenTargets:
-        """From the target's logits ``[P, R]``; ``loss_rows`` > 0 with a ``generator`` (training) samples the rows."""
+    def of(cls, parts: TargetParts, target_features: torch.Tensor, loss_rows: int = 0,
+           generator: torch.Generator | None = None) -> TokenTargets:
+        """From the target's own features ``[P, hidden]`` (pre-norm); ``loss_rows`` > 0 with a
+        ``generator`` (training) samples the rows."""
+        target_logits = parts.logits(target_features)
         if loss_rows <= 0 or generator is None:
             return cls(torch.softmax(target_logits, dim=-1))
         rows, log_inclusion = sampled_rows(target_logits, loss_rows, generator)
-        return cls(torch.softmax(target_logits[:, rows], dim=-1), rows, log_inclusion)
+        return cls(torch.softmax(target_logits[:, rows], dim=-1), rows, log_inclusion, parts.cut(rows))
 
     def best_rows(self, logits: torch.Tensor) -> torch.Tensor:
         """The head's argmax row per position of ``logits [P', S]``, as LM head row indices."""
@@ -126,8 +131,7 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
         f_in = f_in + noise * scale * (2 * uniform - 1)
     embeds = parts.embed(tokens[1:length])
     rms = f_next.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-6)
-    with torch.no_grad():
-        targets = TokenTargets.of(parts.logits(f_next), loss_rows, generator)
+    targets = TokenTargets.of(parts, f_next, loss_rows, generator)
     wanted = target_ids[1:length].long()
     total = torch.zeros(())
     reg_sum = cls_sum = 0.0
@@ -135,7 +139,7 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
     loss_steps = 0
     for step, predicted in enumerate(head.unroll(f_in, embeds, max(unroll_steps, report_steps))):
         valid = predicted[step:]  # rows p < step have no drafting round behind them
-        logits = parts.logits(valid, targets.rows)
+        logits = parts.logits(valid, targets.weight)
         top1_steps.append(float((parts.token_ids(targets.best_rows(logits)) == wanted[step:]).float().mean()))
         if step >= unroll_steps:
             continue
@@ -160,15 +164,14 @@ def medusa_loss(head: MedusaHeads, parts: TargetParts, tokens: torch.Tensor, fea
     length = int((tokens >= 0).sum())
     f = features[:length].float()
     normed = parts.norm(f)
-    with torch.no_grad():
-        targets = TokenTargets.of(parts.logits(f[1:]), loss_rows, generator)  # position j's: row j - 1
+    targets = TokenTargets.of(parts, f[1:], loss_rows, generator)  # position j's: row j - 1
     total = torch.zeros(())
     top1_steps: list[float] = []
     for k, block in enumerate(head.blocks):
         shift = k + 1
         if length <= shift:
             break
-        logits = parts.normed_logits(block(normed[: length - shift]), targets.rows)
+        logits = parts.normed_logits(block(normed[: length - shift]), targets.weight)
         total = total + targets.cross_entropy(logits, shift - 1)
         top1_steps.append(float((parts.token_ids(targets.best_rows(logits)) == target_ids[shift:length].long()).float().mean()))
     return total / len(head.blocks), {"top1": top1_steps[0] if top1_steps else 0.0, "top1_steps": top1_steps,
