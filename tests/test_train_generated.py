@@ -86,7 +86,8 @@ def test_continuations_are_the_targets_own_and_a_resumed_run_adds_only_new_promp
     assert again[len(kept):] == last_shard  # made again, into the shard the cut run had written (not a second copy)
     assert read_generated(path) == rows
     assert generate(minutes=0) == rows
-    data = load_shards(shards)
+    depth = tiny_target.config.num_layers
+    data = load_shards(shards, num_layers=depth, layers=(depth,))
     assert data["tokens"].shape[0] == len(rows)
     assert generated_sequences(rows, seq_len=8) == []  # their features exist: nothing to extract
     older = [{key: value for key, value in r.items() if key != "shard"} for r in rows]  # rows of a run before features
@@ -99,16 +100,18 @@ def test_continuations_are_the_targets_own_and_a_resumed_run_adds_only_new_promp
 def test_features_recorded_while_generating_are_the_teacher_forced_ones(tiny_target, tmp_path):
     """The rows a shard holds: every fed token (the last generated one is never fed) with the
     target's features at it and its greedy next token — what teacher forcing over the same tokens
-    gives (features to float rounding: a decode step computes a row alone, a prefill all at once)."""
+    gives (features to float rounding: a decode step computes a row alone, a prefill all at once),
+    here at several layers (EAGLE-3's fused features)."""
     docs = file_documents(corpus(tmp_path, 6))
+    layers = (1, 2, tiny_target.config.num_layers)
     rows = generate_sequences(tiny_target, docs, tmp_path / "g.jsonl", tmp_path / "features", minutes=10, new_tokens=5,
-                              seq_len=12, concurrency=3)
-    data = load_shards(tmp_path / "features")
+                              layers=layers, seq_len=12, concurrency=3)
+    data = load_shards(tmp_path / "features", num_layers=tiny_target.config.num_layers, layers=layers)
     for index, row in enumerate(rows[:4]):
         fed = row["tokens"][:-1][-12:]
         length = int((data["tokens"][index] >= 0).sum())
         assert data["tokens"][index, :length].tolist() == fed
-        features, greedy = teacher_forced(tiny_target.backend, row["tokens"][:-1])
+        features, greedy = teacher_forced(tiny_target.backend, row["tokens"][:-1], layers)
         assert torch.allclose(data["features"][index, :length].float(), features[-12:].float(), atol=2e-2, rtol=1e-2)
         assert data["target_ids"][index, :length].tolist() == greedy[-12:].tolist()
         assert data["target_ids"][index, length - 5 : length].tolist() == row["tokens"][-5:]  # the continuation

@@ -17,8 +17,8 @@ graphed one: launch-bound). One graph is recorded per (cache storage, chunk size
 the first time it is needed; cache storage comes from a pool (capacity rounded up to
 ``SLOT_ROUNDING``) so the next request reuses the same tensors, and with them the graphs already
 recorded. A request whose drafter reads the target's features (EAGLE, Medusa) records graphs that
-also write each row's final hidden state at its slot, into a feature buffer kept with the pooled
-storage (a fixed address again); before, such a request ran every target step eagerly, 4–8× a
+also write each row's hidden states at the layers its head reads, at its slot, into a feature
+buffer kept with the pooled storage (a fixed address again); before, such a request ran every target step eagerly, 4–8× a
 replayed one (an H100's host, an H200's). Prefill chunks, reduced vocabularies and layer subsets run eagerly.
 """
 
@@ -60,10 +60,10 @@ class CudaGraphRunner:
         self.device = decoder.device
         self.memory_pool = None  # one pool for all graphs (they replay one at a time); made at first record
         self.free_storage: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        #: (data pointer of the storage's keys, T, is a tree, records features) → its recorded step
-        self.graphs: dict[tuple[int, int, bool, bool], RecordedStep] = {}
-        #: data pointer of a pooled storage's keys → its feature buffer (:meth:`_features_for`)
-        self.feature_storage: dict[int, torch.Tensor] = {}
+        #: (data pointer of the storage's keys, T, is a tree, the layers whose features it records) → its recorded step
+        self.graphs: dict[tuple[int, int, bool, tuple[int, ...]], RecordedStep] = {}
+        #: (data pointer of a pooled storage's keys, width) → its feature buffer (:meth:`_features_for`)
+        self.feature_storage: dict[tuple[int, int], torch.Tensor] = {}
         self.pooled: weakref.WeakSet[KVCache] = weakref.WeakSet()
 
     def new_cache(self, max_seq_len: int) -> KVCache:
@@ -77,18 +77,19 @@ class CudaGraphRunner:
             storage = fresh.k, fresh.v
         cfg = self.decoder.config
         cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_seq_len, storage=storage,
-                        feature_storage=lambda hidden, keys=storage[0]: self._features_for(keys, hidden))
+                        feature_storage=lambda width, keys=storage[0]: self._features_for(keys, width))
         weakref.finalize(cache, free.append, storage)
         self.pooled.add(cache)
         return cache
 
-    def _features_for(self, keys: torch.Tensor, hidden: int) -> torch.Tensor:
-        """The ``[slots, hidden]`` feature buffer of the pooled storage whose keys are ``keys``, made on
+    def _features_for(self, keys: torch.Tensor, width: int) -> torch.Tensor:
+        """The ``[slots, width]`` feature buffer of the pooled storage whose keys are ``keys``, made on
         first use and kept with it: a graph that records features (an EAGLE or Medusa request's
-        target steps) writes them at a fixed address, so every cache on that storage uses this one."""
-        key = keys.data_ptr()
+        target steps) writes them at a fixed address, so every cache on that storage recording as
+        many layers uses this one."""
+        key = keys.data_ptr(), width
         if key not in self.feature_storage:
-            self.feature_storage[key] = torch.zeros(keys.shape[2], hidden, dtype=keys.dtype, device=keys.device)
+            self.feature_storage[key] = torch.zeros(keys.shape[2], width, dtype=keys.dtype, device=keys.device)
         return self.feature_storage[key]
 
     def can_run(self, cache: KVCache, tokens: int, layers: Sequence[int] | None, return_hidden: bool,
@@ -102,7 +103,7 @@ class CudaGraphRunner:
         ``positions [T]`` on the device; ``mask [T, seq_len + T]`` a tree's (None: a chain)."""
         tokens = ids.numel()
         start = cache.reserve(tokens)
-        key = (cache.k.data_ptr(), tokens, mask is not None, cache.features is not None)
+        key = (cache.k.data_ptr(), tokens, mask is not None, cache.feature_layers)
         step = self.graphs.get(key)
         fresh = step is None
         if step is None:

@@ -74,6 +74,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="the head's MLP width (0: twice the target's hidden size; default: 0)")
     cmd.add_argument("--num-heads", type=positive_int, default=4, metavar="K",
                      help="medusa: heads, i.e. the most tokens one round drafts (default: 4)")
+    cmd.add_argument("--feature-layers", default="final", metavar="final|fused|L1,L2,..",
+                     help="eagle: which of the target's layers the head reads — final: its final hidden state (EAGLE-1/2); "
+                          "fused: a low, a middle and the final one, fused by a linear layer (EAGLE-3's features: 3x the "
+                          "feature bytes on disk and in memory); or ascending layer numbers, each the input of that "
+                          "layer, the last the number of layers (the final hidden state). Data already extracted must "
+                          "hold them (default: final)")
     cmd.add_argument("--draft-model", default=DEFAULT_DRAFT, metavar="NAME|PATH",
                      help=f"distill: the draft model to align (same tokenizer as the target) (default: {DEFAULT_DRAFT})")
     cmd.add_argument("--trainable-layers", type=positive_int, default=2, metavar="N",
@@ -155,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
                           extract_minutes=args.extract_minutes, generate_minutes=args.generate_minutes,
                           generate_tokens=args.generate_tokens, generate_concurrency=args.generate_concurrency,
                           draft_vocab_size=args.draft_vocab_size, draft_vocab=args.draft_vocab,
-                          intermediate_size=args.intermediate_size, num_medusa_heads=args.num_heads, draft_model=args.draft_model,
+                          intermediate_size=args.intermediate_size, num_medusa_heads=args.num_heads,
+                          feature_layers=args.feature_layers, draft_model=args.draft_model,
                           trainable_layers=args.trainable_layers, divergence=args.divergence, resume=args.resume,
                           eval_prompts=args.eval_prompts,
                           eval_new_tokens=args.eval_tokens, gamma=args.num_speculative_tokens, skip_eval=args.skip_eval,

@@ -1,7 +1,8 @@
 """EAGLE: drafting from the target's own features with a one-layer head (Li et al. 2024).
 
 The head (:class:`specdec.models.heads.EagleHead`) reads, at each committed position ``i``, the
-target's final hidden state ``f_i`` and the next token ``x_{i+1}``, and predicts ``f_{i+1}``; the
+target's final hidden state ``f_i`` (an EAGLE-3 head: a low, a middle and the final layer's, fused
+into one) and the next token ``x_{i+1}``, and predicts ``f_{i+1}``; the
 target's final norm and LM head (its first ``draft_vocab_size`` rows) score the token after. Then it
 drafts on its own predicted features, one head step per token.
 
@@ -99,7 +100,7 @@ class EagleDrafter(FeatureDrafter):
         self.cache.truncate(self.read)  # forget last round's drafted positions
         begin = self.first + self.read
         positions = torch.arange(begin, committed, device=self.decoder.device)
-        features = state.features[begin:committed].to(self.head.rope_cos.dtype)
+        features = self.head.target_feature(state.features[begin:committed].to(self.head.rope_cos.dtype))
         predicted = self.head(features, self._embed(context_ids[begin + 1 : committed + 1]), positions, self.cache)[-1:]
         self.read = committed - self.first
         self.model_forwards += 1

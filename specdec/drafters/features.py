@@ -54,10 +54,10 @@ class FeatureDrafter(Drafter):
         return scored * self.decoder.config.hidden_size * self.decoder.lm_head.weight.element_size()
 
     def bind_target_state(self, state: object) -> None:
-        """Before the prefill: the target's cache keeps every position's final hidden state."""
+        """Before the prefill: the target's cache keeps every position's hidden states at the layers the head reads."""
         if not isinstance(state, KVCache):
             raise SpecdecError(f"{self.name} reads the target's features: it needs specdec's torch backend")
-        state.record_features(self.decoder.config.hidden_size)
+        state.record_features(self.decoder.config.hidden_size, self.head.config.read_layers)
         self.target_state = state
 
     def committed_features(self, context_ids: list[int]) -> KVCache:

@@ -70,7 +70,7 @@ class MedusaDrafter(FeatureDrafter):
         k = min(k, len(self.heads.blocks))
         if k <= 0:
             return Draft(tokens=[])
-        normed = self.decoder.model.norm(state.features[committed - 1 : committed])
+        normed = self.decoder.model.norm(state.features[committed - 1 : committed])  # (the final layer's alone)
         scorer = self.scorer()
         hidden = self.heads(normed.to(torch.float32))[:k, 0].to(self.decoder.float_dtype)  # [k, hidden]
         rows = list(scorer(hidden).float())  # [k][N]: each block's logits over the vocab's rows

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -62,26 +62,40 @@ class HeadConfig:
     #: kept with its weights as ``draft_ids`` (EAGLE-3's draft vocabulary): on code the first 32768
     #: ids miss 5–8 % of the target's tokens, which a head can then never draft
     draft_vocab: str = "first"
+    #: the target layers whose hidden states the head reads, side by side (the residual stream
+    #: entering each; ``num_layers``: the final hidden state, which comes last): EAGLE-1/2 and Medusa
+    #: read the final one; EAGLE-3 fuses a low, a middle and the final one (:func:`fused_layers`).
+    #: Empty in configs written before the field: the final one (:attr:`read_layers`)
+    feature_layers: tuple[int, ...] = ()
     target: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def for_target(cls, target: ModelConfig, draft_vocab_size: int = 32768, intermediate_size: int | None = None,
-                   kind: str = "eagle", num_medusa_heads: int = 4, draft_vocab: str = "first") -> "HeadConfig":
+                   kind: str = "eagle", num_medusa_heads: int = 4, draft_vocab: str = "first",
+                   feature_layers: Sequence[int] = ()) -> "HeadConfig":
         """A head for ``target``: its attention shape and RoPE, a smaller MLP (2× hidden by default:
         the head must cost a small fraction of a target step) and ``draft_vocab_size`` ids to score
-        (``draft_vocab``: the first ones, or the most frequent); ``num_medusa_heads`` for kind ``medusa``."""
+        (``draft_vocab``: the first ones, or the most frequent); ``num_medusa_heads`` for kind ``medusa``;
+        ``feature_layers`` for kind ``eagle`` (default: the final layer's)."""
         if kind not in HEAD_KINDS:
             raise SpecdecError(f"unknown head kind {kind!r}; available: {', '.join(HEAD_KINDS)}")
         if draft_vocab not in DRAFT_VOCABS:
             raise SpecdecError(f"unknown draft vocabulary {draft_vocab!r}; available: {', '.join(DRAFT_VOCABS)}")
+        layers = tuple(feature_layers) or (target.num_layers,)
+        check_feature_layers(layers, target.num_layers, kind)
         return cls(kind=kind, hidden_size=target.hidden_size, vocab_size=target.vocab_size,
                    draft_vocab_size=min(draft_vocab_size, target.vocab_size) if draft_vocab_size > 0 else target.vocab_size,
                    num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
                    intermediate_size=intermediate_size or 2 * target.hidden_size, rope_theta=target.rope_theta,
                    rms_norm_eps=target.rms_norm_eps, max_position_embeddings=target.max_position_embeddings,
                    num_medusa_heads=num_medusa_heads if kind == "medusa" else 0, draft_vocab=draft_vocab,
-                   target=target_signature(target))
+                   feature_layers=layers, target=target_signature(target))
+
+    @property
+    def read_layers(self) -> tuple[int, ...]:
+        """:attr:`feature_layers`, the final layer where a config predates them."""
+        return tuple(self.feature_layers) or (self.target["num_layers"],)
 
     def layer_config(self) -> ModelConfig:
         """The head's decoder layer as a one-layer :class:`ModelConfig` (the target's layer code runs it)."""
@@ -102,6 +116,25 @@ class HeadConfig:
                                "train one for this model with `specdec train-drafter`")
 
 
+def fused_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's feature layers (Li et al. 2025): the residual stream entering layer 2 (low), the
+    middle one and the final hidden state (high). vLLM's EAGLE-3 reads layer L−3's input as its high
+    feature; the final one here, because the token loss's targets and Medusa read it: one recording
+    serves every head kind (:mod:`specdec.train.data`)."""
+    return tuple(sorted({min(2, num_layers), max(1, num_layers // 2), num_layers}))
+
+
+def check_feature_layers(layers: Sequence[int], num_layers: int, kind: str) -> None:
+    """A clear error for feature layers a ``kind`` head cannot read: they ascend within 1 ..
+    ``num_layers`` and end with the final one (the token loss reads the final hidden state);
+    Medusa's blocks read the final one alone."""
+    if (not layers or list(layers) != sorted(set(layers)) or layers[0] < 1 or layers[-1] != num_layers):
+        raise SpecdecError(f"feature layers {list(layers)} must ascend within 1 .. {num_layers} and end with "
+                           f"{num_layers} (the final hidden state)")
+    if kind == "medusa" and len(layers) > 1:
+        raise SpecdecError("medusa heads read the final layer's features alone")
+
+
 def register_draft_ids(head: nn.Module, config: HeadConfig) -> None:
     """``head.draft_ids [draft_vocab_size]``: the token id of each scored row, a buffer saved with the
     weights, for a ``"frequency"`` draft vocabulary; None for ``"first"`` (row i is id i)."""
@@ -116,12 +149,17 @@ def target_signature(cfg: ModelConfig) -> dict[str, Any]:
 
 class EagleHead(nn.Module):
     """``fc([f_i; e(x_{i+1})]) → decoder layer → f̂_{i+1}`` (see module doc). The embedding, final
-    norm and LM head are the target's and are not part of the head (frozen; passed in)."""
+    norm and LM head are the target's and are not part of the head (frozen; passed in). A head that
+    reads several of the target's layers (EAGLE-3) first fuses them into ``f_i`` (:meth:`target_feature`);
+    its own predictions, read by its later draft steps, are one feature wide already."""
 
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.config = config
         hidden = config.hidden_size
+        layers = len(config.read_layers)
+        #: EAGLE-3: the target's features at several layers → one feature; None: the final layer's alone
+        self.fuse = nn.Linear(layers * hidden, hidden, bias=False) if layers > 1 else None
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.layer = DecoderLayer(config.layer_config(), 0)
         register_draft_ids(self, config)
@@ -134,6 +172,9 @@ class EagleHead(nn.Module):
         and reads the token half through small weights, so training starts from a sensible guess."""
         hidden = self.config.hidden_size
         with torch.no_grad():
+            if self.fuse is not None:  # starts as the final layer's feature, which comes last
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -hidden:] = torch.eye(hidden)
             self.fc.weight.zero_()
             self.fc.weight[:, :hidden] = torch.eye(hidden)
             self.fc.weight[:, hidden:].normal_(0.0, scale)
@@ -146,6 +187,10 @@ class EagleHead(nn.Module):
                 else:
                     param.zero_()
         return self
+
+    def target_feature(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features ``[T, hidden × len(read_layers)]`` → the head's input ``f_i`` ``[T, hidden]``."""
+        return features if self.fuse is None else self.fuse(features)
 
     def new_cache(self, max_seq_len: int) -> KVCache:
         cfg = self.config
@@ -173,11 +218,13 @@ class EagleHead(nn.Module):
 
     def unroll(self, features: torch.Tensor, token_embeds: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training's view of ``steps`` draft steps at every position at once (EAGLE-3's
-        training-time test): ``features [T, hidden]`` (f_0..f_{T-1}, real), ``token_embeds [T, hidden]``
-        (e(x_1)..e(x_T)) → per step ``[T, hidden]``. Step 0 is teacher-forced; step s reads step s−1's
-        prediction at the position before (f̂_p) and attends as drafting does (:func:`unroll_mask`),
-        so row p of step s equals what a drafting round whose last real feature is at p−s computes
-        at its (s+1)-th token. Rows p < s have no such round (they read a real f_0; ignore them)."""
+        training-time test): ``features [T, hidden × len(read_layers)]`` (the target's, for f_0..f_{T-1}),
+        ``token_embeds [T, hidden]`` (e(x_1)..e(x_T)) → per step ``[T, hidden]``. Step 0 is
+        teacher-forced; step s reads step s−1's prediction at the position before (f̂_p) and attends
+        as drafting does (:func:`unroll_mask`), so row p of step s equals what a drafting round whose
+        last real feature is at p−s computes at its (s+1)-th token. Rows p < s have no such round
+        (they read a real f_0; ignore them)."""
+        features = self.target_feature(features)
         pairs = features.shape[0]
         positions = torch.arange(pairs, device=features.device)
         cache = AppendCache()
@@ -295,14 +342,15 @@ def quantize_head(head: DraftHead) -> DraftHead:
     costs at most acceptance, never exactness. EAGLE's ``fc`` stays float: it reads raw target
     features, whose few huge channels (hundreds of times the rest) set a per-token int8 scale that
     rounds every other channel to nothing — measured on the 1.5B target, an int8 fc cut acceptance
-    at the second draft token from 0.08 to 0.00 (float fc: 0.30/0.08/0.02 by position)."""
+    at the second draft token from 0.08 to 0.00 (float fc: 0.30/0.08/0.02 by position). EAGLE-3's
+    ``fuse`` reads raw target features too: float."""
     from specdec.kernels.int8 import Int8Linear, int8_available
 
     if not int8_available():
         return head
     for module in list(head.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and child is not getattr(head, "fc", None):
+            if isinstance(child, nn.Linear) and not any(child is getattr(head, name, None) for name in ("fc", "fuse")):
                 setattr(module, name, Int8Linear.from_float(child.weight, child.bias))
     return head
 
@@ -339,6 +387,10 @@ def read_head_config(directory: str | Path) -> HeadConfig:
         raise WeightsError(f"{path}: unknown head kind {config.kind!r}; available: {', '.join(HEAD_KINDS)}")
     if config.draft_vocab not in DRAFT_VOCABS:
         raise WeightsError(f"{path}: unknown draft vocabulary {config.draft_vocab!r}; available: {', '.join(DRAFT_VOCABS)}")
+    try:
+        check_feature_layers(config.read_layers, config.target.get("num_layers", config.read_layers[-1]), config.kind)
+    except (SpecdecError, KeyError) as exc:
+        raise WeightsError(f"{path}: {exc}") from None
     return config
 
 

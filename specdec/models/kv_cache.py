@@ -8,7 +8,7 @@ and ``keep(indices)`` compacts the entries of one accepted path after tree verif
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -31,7 +31,7 @@ class KVCache:
     ) -> None:
         """``storage``: reuse these ``(k, v)`` tensors (at least ``max_seq_len`` slots) instead of
         allocating — CUDA graphs record tensor addresses, so a replayed step needs the same ones.
-        ``feature_storage(hidden_size)``: where :meth:`record_features` takes its ``[slots, hidden]``
+        ``feature_storage(width)``: where :meth:`record_features` takes its ``[slots, width]``
         buffer from (the same pool, for the same reason); None: a fresh one."""
         shape = (num_layers, num_kv_heads, max_seq_len, head_dim)
         if storage is None:
@@ -41,28 +41,46 @@ class KVCache:
             raise ValueError(f"storage has {self.k.shape[2]} slots, fewer than {max_seq_len}")
         self.max_seq_len = max_seq_len
         self.seq_len = 0  # number of valid positions, identical for every layer
-        #: ``[max_seq_len, hidden]``: the final hidden state (before the final norm) of every cached
-        #: position, kept only when a feature-level drafter (EAGLE) asks :meth:`record_features`
+        #: ``[max_seq_len, hidden × len(feature_layers)]``: the hidden states of every cached position
+        #: at :attr:`feature_layers`, kept only when a feature-level drafter (EAGLE, Medusa) asks
+        #: :meth:`record_features`
         self.features: torch.Tensor | None = None
+        #: where :attr:`features` come from: the residual stream entering each of these layers, in
+        #: this order (``num_layers``: the final hidden state, before the final norm); () when not recording
+        self.feature_layers: tuple[int, ...] = ()
         self._feature_storage = feature_storage
 
-    def record_features(self, hidden_size: int) -> None:
-        """From now on every forward also stores its rows' final hidden states in :attr:`features`,
-        slot by slot like the keys and values (so truncate and keep apply to them too): the target
-        features an EAGLE head drafts from, at no extra forward."""
-        if self.features is None:
-            self.features = (self._feature_storage(hidden_size) if self._feature_storage is not None
-                             else torch.zeros(self.max_seq_len, hidden_size, dtype=self.k.dtype, device=self.k.device))
-
-    def write_features(self, start: int | torch.Tensor, hidden: torch.Tensor) -> None:
-        """Store ``hidden [T, hidden]`` at slots ``start .. start+T``, or at the slots of a ``[T]``
-        tensor (a step recorded as a CUDA graph), when recording (else nothing)."""
-        if self.features is None:
+    def record_features(self, hidden_size: int, layers: Sequence[int] = ()) -> None:
+        """From now on every forward also stores its rows' hidden states at ``layers`` (default: the
+        final one) in :attr:`features`, side by side, slot by slot like the keys and values (so
+        truncate and keep apply to them too): the target features a head drafts from, at no extra
+        forward. EAGLE-3 heads read a low, a middle and the final layer's."""
+        layers = tuple(layers) or (self.k.shape[0],)
+        if any(not 0 < layer <= self.k.shape[0] for layer in layers) or list(layers) != sorted(set(layers)):
+            raise ValueError(f"feature layers {layers} must ascend within 1 .. {self.k.shape[0]}")
+        if self.features is not None:
+            if layers != self.feature_layers:
+                raise ValueError(f"this cache records the features of layers {self.feature_layers}, not {layers}")
             return
+        width = hidden_size * len(layers)
+        self.features = (self._feature_storage(width) if self._feature_storage is not None
+                         else torch.zeros(self.max_seq_len, width, dtype=self.k.dtype, device=self.k.device))
+        self.feature_layers = layers
+
+    def write_features(self, start: int | torch.Tensor, hidden: torch.Tensor, layer: int) -> None:
+        """Store ``hidden [T, hidden]``, the residual stream entering ``layer``, at slots ``start ..
+        start+T`` or at the slots of a ``[T]`` tensor (a step recorded as a CUDA graph), when this
+        cache records that layer's features (else nothing)."""
+        if layer not in self.feature_layers:
+            return
+        assert self.features is not None
+        part = self.feature_layers.index(layer)
+        width = hidden.shape[-1]
+        columns = self.features[:, part * width : (part + 1) * width]
         if isinstance(start, torch.Tensor):
-            self.features.index_copy_(0, start, hidden.to(self.features.dtype))
+            columns.index_copy_(0, start, hidden.to(self.features.dtype))
         else:
-            self.features[start : start + hidden.shape[0]] = hidden
+            columns[start : start + hidden.shape[0]] = hidden
 
     def reserve(self, num_new: int) -> int:
         """Check that ``num_new`` more entries fit and return the slot where they start."""

@@ -308,8 +308,11 @@ class Decoder(nn.Module):
 
         x = self.model.embed_tokens(input_ids)
         run = range(self.config.num_layers) if layers is None else layers
-        x = (self.layer_runner or Decoder._run_layers)(self, x, cos, sin, cache, start, attn_mask, run)
-        cache.write_features(start, x)  # where a feature drafter asked for them (static: at the slots tensor)
+        runner = self.layer_runner or Decoder._run_layers
+        for piece, stop in layer_pieces(run, cache.feature_layers):  # one piece unless a feature drafter asked
+            x = runner(self, x, cos, sin, cache, start, attn_mask, piece) if piece else x
+            if stop is not None:
+                cache.write_features(start, x, stop)  # (static: at the slots tensor)
         if not static_cache:
             cache.advance(seq)
 
@@ -354,9 +357,13 @@ class Decoder(nn.Module):
             picked.append(torch.arange(first + seq - keep, first + seq))
             first += seq
         x = self.model.embed_tokens(torch.cat(rows))
-        x = self.ragged_layer_runner(x, segments, range(self.config.num_layers))
-        for r, (first, end, *_, start, _mask) in zip(requests, segments):
-            r.cache.write_features(start, x[first:end])
+        stops = sorted({layer for r in requests for layer in r.cache.feature_layers})
+        for piece, stop in layer_pieces(range(self.config.num_layers), stops):
+            x = self.ragged_layer_runner(x, segments, piece) if piece else x
+            if stop is not None:
+                for r, (first, end, *_, start, _mask) in zip(requests, segments):
+                    r.cache.write_features(start, x[first:end], stop)
+        for r, (first, end, *_) in zip(requests, segments):
             r.cache.advance(end - first)
         index = torch.cat(picked)
         head = self.lm_head if vocab_limit is None or vocab_limit >= self.config.vocab_size else self.head_rows(vocab_limit)
@@ -430,6 +437,23 @@ class Decoder(nn.Module):
             seen.add(tensor.data_ptr())
             total += tensor.numel() * tensor.element_size()
         return total
+
+
+def layer_pieces(run: Sequence[int], stops: Sequence[int]) -> list[tuple[list[int], int | None]]:
+    """``run``'s layers cut where the residual stream entering each layer of ``stops`` (ascending;
+    ``num_layers``: the final hidden state) is to be kept: ``(layers, stop)`` pieces, each ending
+    at its stop, then the rest with stop None. A piece may be empty. Runners add a layer's output
+    to the stream before they return, so running pieces one after another gives the same bits as
+    one run (tests/test_feature_layers.py)."""
+    layers = list(run)
+    pieces: list[tuple[list[int], int | None]] = []
+    done = 0
+    for stop in stops:
+        end = next((i for i in range(done, len(layers)) if layers[i] >= stop), len(layers))
+        pieces.append((layers[done:end], stop))
+        done = end
+    pieces.append((layers[done:], None))
+    return pieces
 
 
 def _float_rows(head: nn.Linear, rows: "slice | torch.Tensor") -> Callable[[torch.Tensor], torch.Tensor]:

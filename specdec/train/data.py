@@ -10,8 +10,11 @@ fields) or a directory of ``.py``/``.txt``/``.md`` files works too. Documents ar
 training and a held-out part (by a hash of their name, so the split is stable as data grows).
 
 Features are written in shards (``shard-00000.safetensors``: ``tokens [N, T]`` int32, ``features
-[N, T, hidden]`` float16, ``target_ids [N, T]`` int32) into the output directory; an interrupted
-extraction resumes at the first missing shard.
+[N, T, hidden × layers]`` float16, ``target_ids [N, T]`` int32, ``feature_layers [layers]`` int32:
+which of the target's layers the features are, side by side — absent in shards written before it,
+which hold the final one) into the output directory; an interrupted extraction resumes at the first
+missing shard. Shards recorded at several layers (EAGLE-3's) train a head of any subset of them
+(:func:`select_layers`).
 """
 
 from __future__ import annotations
@@ -106,11 +109,11 @@ def token_sequences(docs: list[Document], encode: Callable[[str], list[int]], se
 
 
 @torch.inference_mode()
-def teacher_forced(backend, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001 - TorchBackend
-    """One prefill of ``tokens [T]``: the target's final hidden states ``[T, hidden]`` (before the
-    final norm) and its greedy next token after each position ``[T]``."""
+def teacher_forced(backend, tokens: list[int], layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001 - TorchBackend
+    """One prefill of ``tokens [T]``: the target's hidden states at ``layers`` (default: the final
+    one, before the final norm) ``[T, hidden × layers]`` and its greedy next token after each position ``[T]``."""
     state = backend.new_state(len(tokens))
-    state.record_features(backend.config.hidden_size)
+    state.record_features(backend.config.hidden_size, layers)
     logits = backend.forward(state, tokens)
     return state.features[: len(tokens)].clone(), logits.argmax(dim=-1)
 
@@ -119,28 +122,30 @@ def shard_path(directory: Path, index: int) -> Path:
     return directory / f"shard-{index:05d}.safetensors"
 
 
-def write_shard(path: Path, rows: list[tuple[list[int], torch.Tensor, torch.Tensor]], hidden_size: int) -> None:
-    """One shard of ``rows`` — ``(tokens [T], features [T, hidden], target_ids [T])`` each, padded to the
-    longest with token -1 —, written whole or not at all (a ``.partial`` file renamed)."""
+def write_shard(path: Path, rows: list[tuple[list[int], torch.Tensor, torch.Tensor]], layers: tuple[int, ...]) -> None:
+    """One shard of ``rows`` — ``(tokens [T], features [T, hidden × layers], target_ids [T])`` each,
+    padded to the longest with token -1 — recorded at the target's ``layers``, written whole or not
+    at all (a ``.partial`` file renamed)."""
     from safetensors.torch import save_file
 
     longest = max(len(tokens) for tokens, _, _ in rows)
     tokens = torch.full((len(rows), longest), -1, dtype=torch.int32)
     targets = torch.full((len(rows), longest), -1, dtype=torch.int32)
-    features = torch.zeros(len(rows), longest, hidden_size, dtype=torch.float16)
+    features = torch.zeros(len(rows), longest, rows[0][1].shape[-1], dtype=torch.float16)
     for row, (seq, feats, greedy) in enumerate(rows):
         tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.int32)
         targets[row, : len(seq)] = greedy.to(torch.int32)
         features[row, : len(seq)] = feats.to(torch.float16)
     partial = path.with_suffix(".partial")
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"tokens": tokens, "target_ids": targets, "features": features}, str(partial))
+    save_file({"tokens": tokens, "target_ids": targets, "features": features,
+               "feature_layers": torch.tensor(layers, dtype=torch.int32)}, str(partial))
     partial.rename(path)
 
 
-def extract_features(backend, sequences: list[list[int]], directory: Path, shard_size: int = 32,  # noqa: ANN001
-                     budget_seconds: float | None = None, progress: bool = False) -> int:
-    """Write the teacher-forced features of ``sequences`` (equal lengths per shard are not needed:
+def extract_features(backend, sequences: list[list[int]], directory: Path, layers: tuple[int, ...],  # noqa: ANN001
+                     shard_size: int = 32, budget_seconds: float | None = None, progress: bool = False) -> int:
+    """Write the teacher-forced features at ``layers`` of ``sequences`` (equal lengths per shard are not needed:
     each shard pads to its longest with token -1) into shards of ``shard_size`` sequences; skip
     shards already written (resume). Stops starting new shards after ``budget_seconds``. Returns
     the number of shards present."""
@@ -160,7 +165,7 @@ def extract_features(backend, sequences: list[list[int]], directory: Path, shard
         if budget_seconds is not None and time.perf_counter() - start > budget_seconds:
             break
         batch = sequences[index * shard_size : (index + 1) * shard_size]
-        write_shard(path, [(seq, *teacher_forced(backend, seq)) for seq in batch], backend.config.hidden_size)
+        write_shard(path, [(seq, *teacher_forced(backend, seq, layers)) for seq in batch], layers)
         bar.update(1)
         done += 1
     bar.close()
@@ -186,9 +191,11 @@ def iter_shards(directory: Path) -> Iterator[dict[str, torch.Tensor]]:
         index += 1
 
 
-def load_shards(*directories: Path) -> dict[str, torch.Tensor]:
-    """Every shard's rows in ``directories``, concatenated (padded to the longest sequence with token -1)."""
-    shards = [shard for directory in directories for shard in iter_shards(directory)]
+def load_shards(*directories: Path, num_layers: int, layers: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """Every shard's rows in ``directories``, concatenated (padded to the longest sequence with token
+    -1), with the features of the target's ``layers`` (of its ``num_layers``) alone: each shard must
+    hold them (:func:`select_layers`)."""
+    shards = [select_layers(shard, num_layers, layers) for directory in directories for shard in iter_shards(directory)]
     if not shards:
         raise SpecdecError(f"no feature shards in {' or '.join(str(d) for d in directories)}")
     longest = max(s["tokens"].shape[1] for s in shards)
@@ -203,3 +210,18 @@ def load_shards(*directories: Path) -> dict[str, torch.Tensor]:
     return {"tokens": torch.cat([pad(s["tokens"], -1) for s in shards]),
             "target_ids": torch.cat([pad(s["target_ids"], -1) for s in shards]),
             "features": torch.cat([pad(s["features"], 0) for s in shards])}
+
+
+def select_layers(shard: dict[str, torch.Tensor], num_layers: int, layers: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """``shard`` with the features of ``layers`` alone, side by side in that order (a shard without
+    ``feature_layers`` holds the final one, ``num_layers``); a clear error where it lacks one."""
+    have = shard["feature_layers"].tolist() if "feature_layers" in shard else [num_layers]
+    missing = [layer for layer in layers if layer not in have]
+    if missing:
+        raise SpecdecError(f"the feature shards hold the target's layers {have}, not {missing}: extract them again "
+                           "into a fresh --out (or train a head that reads the layers they hold)")
+    if list(layers) == have:
+        return shard
+    width = shard["features"].shape[-1] // len(have)
+    parts = [shard["features"][..., have.index(layer) * width : (have.index(layer) + 1) * width] for layer in layers]
+    return dict(shard, features=torch.cat(parts, dim=-1), feature_layers=torch.tensor(layers, dtype=torch.int32))

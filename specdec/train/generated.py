@@ -124,8 +124,8 @@ def read_generated(path: Path) -> list[dict]:
 @dataclass
 class Continuation:
     """One prompt continued by the target: ``tokens`` (prompt, then the continuation); the rows the
-    target was fed — every token but the last, which no forward needed — with their final hidden
-    states ``features [T, hidden]`` and the target's greedy token after each ``target_ids [T]``
+    target was fed — every token but the last, which no forward needed — with their hidden states
+    at the recorded layers ``features [T, hidden × layers]`` and the target's greedy token after each ``target_ids [T]``
     (-1 where the prompt pass scored no logits: rows a training sequence's cut leaves out)."""
 
     index: int  # the prompt's, in the list given to continue_greedily
@@ -137,7 +137,7 @@ class Continuation:
 
 @torch.inference_mode()
 def continue_greedily(backend, prompts: list[list[int]], new_tokens: int, concurrency: int,  # noqa: ANN001 - TorchBackend
-                      stop_ids: frozenset[int], scored_rows: int,
+                      stop_ids: frozenset[int], scored_rows: int, layers: tuple[int, ...] = (),
                       admit: Callable[[], bool] = lambda: True) -> Iterator[Continuation]:
     """Continue ``prompts`` greedily — ``new_tokens`` each, or to a stop token — ``concurrency`` at a
     time, yielding each as it ends. Each prompt's pass runs alone (prompt passes are compute-bound:
@@ -147,7 +147,8 @@ def continue_greedily(backend, prompts: list[list[int]], new_tokens: int, concur
     row's greedy token is the next one (the prompt's last ``scored_rows`` rows: the prompt pass's
     argmax), so the data needs no second, teacher-forced pass over the text — and the features are
     the decode steps' own, the ones an EAGLE head reads when it drafts. ``admit()`` False: start no
-    further prompt (a time budget), finish the running ones."""
+    further prompt (a time budget), finish the running ones. ``layers``: the target layers whose features
+    are recorded (default: the final one)."""
     hidden = backend.config.hidden_size
     waiting = deque(enumerate(prompts))
     running: list[_Running] = []
@@ -158,7 +159,7 @@ def continue_greedily(backend, prompts: list[list[int]], new_tokens: int, concur
                 break
             index, ids = waiting.popleft()
             state = backend.new_state(len(ids) + new_tokens)
-            state.record_features(hidden)
+            state.record_features(hidden, layers)
             scored = min(len(ids), max(1, scored_rows))
             greedy = backend.prompt_backend.forward(state, ids, num_logits=scored).argmax(-1).tolist()
             running.append(_Running(index, list(ids) + [greedy[-1]], len(ids), state, [-1] * (len(ids) - scored) + greedy))
@@ -187,12 +188,12 @@ class _Running:
 
 
 def generate_sequences(target, docs: list[Document], path: Path, shard_dir: Path, minutes: float,  # noqa: ANN001 - LoadedModel
-                       new_tokens: int, seq_len: int = 256, concurrency: int = 16, seed: int = 0, progress: bool = False,
-                       log: Callable[[str], None] = lambda _line: None) -> list[dict]:
+                       new_tokens: int, layers: tuple[int, ...] = (), seq_len: int = 256, concurrency: int = 16,
+                       seed: int = 0, progress: bool = False, log: Callable[[str], None] = lambda _line: None) -> list[dict]:
     """Continue the documents' prompts with ``target`` (:func:`continue_greedily`) for up to
     ``minutes`` (0: only read what ``path`` holds). Every BATCH_PROMPTS continuations, their last
-    ``seq_len`` fed rows — tokens, the target's features and greedy tokens: training sequences —
-    become a shard in ``shard_dir`` (:func:`specdec.train.data.write_shard`), then their
+    ``seq_len`` fed rows — tokens, the target's features at ``layers`` (default: the final one) and
+    greedy tokens: training sequences — become a shard in ``shard_dir`` (:func:`specdec.train.data.write_shard`), then their
     ``{"name", "tokens", "prompt_tokens", "shard"}`` rows are appended to ``path``; returns every row
     there. Resumes: prompts with a row are skipped, and a shard whose rows were never written (a run
     cut in between) is dropped. Rows without ``"shard"`` (older runs) have no features yet:
@@ -224,7 +225,7 @@ def generate_sequences(target, docs: list[Document], path: Path, shard_dir: Path
             nonlocal shard_count
             write_shard(shard_path(shard_dir, shard_count),
                         [(c.tokens[:-1][-seq_len:], c.features[-seq_len:], c.target_ids[-seq_len:]) for c in batch],
-                        target.config.hidden_size)
+                        layers or (target.config.num_layers,))
             for c in batch:  # after the shard: a row on file always has its features
                 row = {"name": todo[c.index][0].name, "tokens": c.tokens, "prompt_tokens": c.prompt_tokens,
                        "shard": shard_count}
@@ -234,7 +235,7 @@ def generate_sequences(target, docs: list[Document], path: Path, shard_dir: Path
             shard_count += 1
 
         for continuation in continue_greedily(target.backend, [ids for _, ids in todo], new_tokens, concurrency,
-                                              target.tokenizer.stop_token_ids, seq_len,
+                                              target.tokenizer.stop_token_ids, seq_len, layers,
                                               lambda: time.perf_counter() - start < minutes * 60):
             finished.append(continuation)
             made += len(continuation.tokens) - continuation.prompt_tokens

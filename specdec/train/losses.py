@@ -107,9 +107,10 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
                target_ids: torch.Tensor, noise: float, reg_weight: float, cls_weight: float,
                generator: torch.Generator | None = None, unroll_steps: int = 1, step_decay: float = 1.0,
                report_steps: int = 0, loss_rows: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
-    """One sequence: ``tokens [T]`` (-1 past its end), ``features [T, hidden]``, ``target_ids [T]``
-    (the target's greedy next token per position). Pair i = (f_i, x_{i+1}) predicts f_{i+1} and the
-    token after it, target_ids[i+1].
+    """One sequence: ``tokens [T]`` (-1 past its end), ``features [T, hidden × layers]`` (the target's
+    at the head's ``read_layers``, the final one last), ``target_ids [T]`` (the target's greedy next
+    token per position). Pair i = (f_i, x_{i+1}) predicts f_{i+1} (the final layer's) and the token
+    after it, target_ids[i+1].
 
     ``unroll_steps`` > 1 is EAGLE-3's training-time test: step s feeds the head its own step s−1
     predictions (f̂_p in place of f_p) and attends as it will when drafting the (s+1)-th token of a
@@ -123,12 +124,14 @@ def eagle_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, featur
     rows; its ``top1`` then picks among those rows (evaluation, with no generator, scores all)."""
     length = int((tokens >= 0).sum())
     pairs = length - 1
+    hidden = head.config.hidden_size
     f = features[:length].float()
-    f_in, f_next = f[:-1], f[1:]
-    if noise > 0:
-        scale = f_in.pow(2).mean(-1, keepdim=True).sqrt()
-        uniform = torch.rand(f_in.shape, generator=generator).to(f_in.device)  # a CPU generator: same noise on any device
-        f_in = f_in + noise * scale * (2 * uniform - 1)
+    f_in, f_next = f[:-1], f[1:, -hidden:]
+    if noise > 0:  # scaled by each layer's own RMS: a low layer's and the final one's differ
+        by_layer = f_in.unflatten(-1, (-1, hidden))
+        scale = by_layer.pow(2).mean(-1, keepdim=True).sqrt()
+        uniform = torch.rand(by_layer.shape, generator=generator).to(f_in.device)  # a CPU generator: same noise on any device
+        f_in = (by_layer + noise * scale * (2 * uniform - 1)).flatten(-2)
     embeds = parts.embed(tokens[1:length])
     rms = f_next.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-6)
     targets = TokenTargets.of(parts, f_next, loss_rows, generator)
@@ -162,7 +165,7 @@ def medusa_loss(head: MedusaHeads, parts: TargetParts, tokens: torch.Tensor, fea
     ``top1`` is the first head's, ``top1_steps`` each head's. ``loss_rows``, ``generator``: a sampled
     token loss, as :func:`eagle_loss`'s (one sample of rows for all the heads)."""
     length = int((tokens >= 0).sum())
-    f = features[:length].float()
+    f = features[:length, -head.config.hidden_size :].float()  # the final layer's (the last recorded)
     normed = parts.norm(f)
     targets = TokenTargets.of(parts, f[1:], loss_rows, generator)  # position j's: row j - 1
     total = torch.zeros(())

@@ -49,6 +49,10 @@ class DrafterTraining:
     draft_vocab: str = "frequency"  # eagle/medusa: which ids the head scores (first | frequency: specdec.train.vocab)
     intermediate_size: int = 0  # eagle: the head's MLP width (0: 2 × hidden)
     num_medusa_heads: int = 4  # medusa: K heads (tokens per round)
+    #: eagle: which of the target's layers the head reads — "final" (EAGLE-1/2), "fused" (EAGLE-3: a low,
+    #: a middle and the final one, :func:`~specdec.models.heads.fused_layers`) or ascending layer numbers
+    #: "2,14,28" (the residual stream entering each; the last must be the final hidden state, num_layers)
+    feature_layers: str = "final"
     draft_model: str = DEFAULT_DRAFT  # distill: the draft model to align
     trainable_layers: int = 2  # distill: the draft's last N layers (and final norm) train
     divergence: str = "kl"  # distill: kl | tvd
@@ -106,11 +110,12 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
                            f"of up to {job.seq_len} tokens: give more text")
     log(f"data {job.data}: {len(docs)} documents, {len(train)} training sequences available, {len(held_out)} held out")
     prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
+    layers = feature_layers(job.feature_layers, target.config.num_layers, job.kind)
     features = out / "features"
     began = time.perf_counter()
     generated = generate_sequences(target, docs, out / "generated.jsonl", features / "generated", job.generate_minutes,
-                                   job.generate_tokens, job.seq_len, job.generate_concurrency, job.train.seed, progress,
-                                   log)
+                                   job.generate_tokens, layers, job.seq_len, job.generate_concurrency, job.train.seed,
+                                   progress, log)
     if generated:  # the target's own text first (an extraction budget keeps all of it), then the source's
         # (continuations generated with their features need no extraction: generated_sequences skips them)
         train = generated_sequences(generated, job.seq_len, job.train.seed) + train
@@ -118,11 +123,13 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     generate_minutes = add_minutes(features / "generation.json", (time.perf_counter() - began) / 60)
 
     began = time.perf_counter()
-    extract_features(target.backend, held_out, features / "held_out", progress=progress)
-    shards = extract_features(target.backend, train, features / "train", budget_seconds=job.extract_minutes * 60,
-                              progress=progress)
+    extract_features(target.backend, held_out, features / "held_out", layers, progress=progress)
+    shards = extract_features(target.backend, train, features / "train", layers,
+                              budget_seconds=job.extract_minutes * 60, progress=progress)
     extract_minutes = add_minutes(features / "extraction.json", (time.perf_counter() - began) / 60)
-    train_data, held_data = load_shards(features / "generated", features / "train"), load_shards(features / "held_out")
+    depth = target.config.num_layers
+    train_data = load_shards(features / "generated", features / "train", num_layers=depth, layers=layers)
+    held_data = load_shards(features / "held_out", num_layers=depth, layers=layers)
     train_tokens = int((train_data["tokens"] >= 0).sum())
     log(f"features: {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens ({shards} shards extracted, "
         f"the rest recorded while generating)")
@@ -131,7 +138,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
             "train_sequences": train_data["tokens"].shape[0], "train_tokens": train_tokens,
             "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
             "extract_minutes": round(extract_minutes, 1), "generate_minutes": round(generate_minutes, 1),
-            "generated_continuations": len(generated),
+            "generated_continuations": len(generated), "feature_layers": list(layers),
             "generated_tokens": sum(len(row["tokens"]) - row["prompt_tokens"] for row in generated),
             "cpu": cpu_description()}
     job = replace(job, train=replace(job.train, precision=choose_precision(job.train.precision, target.backend.device)))
@@ -150,7 +157,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     elif job.draft_vocab == "frequency" and size < target.config.vocab_size:
         draft_ids = frequency_ids(train_data["target_ids"], size, target.config.vocab_size)
     config = HeadConfig.for_target(target.config, size, job.intermediate_size or None, job.kind, job.num_medusa_heads,
-                                   "frequency" if draft_ids is not None else "first")
+                                   "frequency" if draft_ids is not None else "first", layers)
     torch.manual_seed(job.train.seed)
     parts = TargetParts(target.backend.decoder, draft_ids if draft_ids is not None else size,
                         getattr(torch, job.train.precision))
@@ -216,6 +223,25 @@ def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tens
                                      draft=specdec.load_model(out, quantize=mode))
         log(f"after: {result.line()}")
     return write_report(out, history, result, info, baseline)
+
+
+def feature_layers(spec: str, num_layers: int, kind: str) -> tuple[int, ...]:
+    """``--feature-layers`` (final | fused | ascending layer numbers) as the target's layers a
+    ``kind`` drafter trains on (distill: the final one, whatever the spec), with a clear error for
+    layers a head cannot read (:func:`~specdec.models.heads.check_feature_layers`)."""
+    from specdec.models.heads import check_feature_layers, fused_layers
+
+    if kind == "distill" or spec == "final":
+        return (num_layers,)
+    if spec == "fused":
+        layers = fused_layers(num_layers)
+    else:
+        try:
+            layers = tuple(int(part) for part in spec.split(","))
+        except ValueError:
+            raise SpecdecError(f"--feature-layers {spec!r}: give final, fused or layer numbers such as 2,14,{num_layers}") from None
+    check_feature_layers(layers, num_layers, kind)
+    return layers
 
 
 def saved_draft_ids(out: Path) -> torch.Tensor | None:
