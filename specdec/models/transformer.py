@@ -399,12 +399,10 @@ class Decoder(nn.Module):
         cache = self._head_rows
         if key not in cache:
             head = self.lm_head
-            if isinstance(rows, torch.Tensor):
-                cache[key] = head.select_rows(rows) if hasattr(head, "select_rows") else _float_rows(head, rows.to(self.device))
-            elif hasattr(head, "first_rows"):
-                cache[key] = head.first_rows(rows)
+            if isinstance(head, nn.Linear):  # float weights; every quantized head cuts itself
+                cache[key] = _float_rows(head, slice(0, rows) if isinstance(rows, int) else rows.to(self.device))
             else:
-                cache[key] = _float_rows(head, slice(0, rows))
+                cache[key] = head.first_rows(rows) if isinstance(rows, int) else head.select_rows(rows)
         return cache[key]
 
     @property

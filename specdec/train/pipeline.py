@@ -162,7 +162,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     parts = TargetParts(target.backend.decoder, draft_ids if draft_ids is not None else size,
                         getattr(torch, job.train.precision))
     head = new_head(config, draft_ids).to(parts.device)  # trains where the target runs: CPU, or CUDA when present
-    info.update(draft_vocab_size=config.draft_vocab_size, draft_vocab=config.draft_vocab,
+    info.update(draft_vocab_size=config.draft_vocab_size, draft_vocab=config.draft_vocab, loss_rows=job.train.loss_rows,
                 draft_vocab_coverage=round(coverage(held_data["target_ids"], draft_ids, size), 4),
                 head_parameters=sum(p.numel() for p in head.parameters()))
     log(f"draft vocabulary: {size} ids ({config.draft_vocab}), {info['draft_vocab_coverage']:.1%} of the held-out "

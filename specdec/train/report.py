@@ -74,7 +74,10 @@ def measure_speculation(target, prompts: list[list[int]], spec: SpecConfig, new_
         draft_cost_ratio=statistics.median(costs) if costs else 0.0, identical=identical)
 
 
-def plot_history(history: History, path: Path) -> Path:
+def plot_history(history: History, path: Path, loss_rows: int = 0) -> Path:
+    """Loss and held-out top-1 curves; ``loss_rows`` > 0: the training loss was a sampled softmax
+    (:func:`specdec.train.losses.sampled_rows`), which reads lower than the held-out loss over every
+    row — the legend says so, lest the gap look like overfitting."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,7 +87,8 @@ def plot_history(history: History, path: Path) -> Path:
     if history.loss:
         window = max(1, len(history.loss) // 50)
         smooth = [statistics.fmean(history.loss[max(0, i - window + 1): i + 1]) for i in range(len(history.loss))]
-        loss_ax.plot(history.tokens, smooth, label=f"training (mean of {window} steps)")
+        sampled = f"; sampled softmax, {loss_rows} drawn rows: not comparable with held-out" if loss_rows else ""
+        loss_ax.plot(history.tokens, smooth, label=f"training (mean of {window} steps{sampled})")
     token_at = dict(zip(history.steps, history.tokens))
     eval_tokens = [token_at.get(step, 0) for step in history.eval_steps]
     loss_ax.plot(eval_tokens, history.eval_loss, "o-", label="held-out")
@@ -110,7 +114,7 @@ def write_report(out_dir: Path, history: History, result: SpeculationResult | No
                  baseline: SpeculationResult | None = None) -> Path:
     """``report.md`` + ``report.json`` + ``loss.png`` in ``out_dir``; ``baseline``: the same
     measurement before training (distill: the draft as it was)."""
-    plot_history(history, out_dir / "loss.png")
+    plot_history(history, out_dir / "loss.png", info.get("loss_rows", 0))
     data = {"training": info, "history": history.__dict__,
             "speculation": None if result is None else result.__dict__,
             "speculation_before": None if baseline is None else baseline.__dict__}
