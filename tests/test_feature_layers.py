@@ -182,8 +182,9 @@ def test_train_drafter_fused_features_end_to_end(tiny_dirs, tmp_path):
     common = ["train-drafter", "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--quantize", "none",
               "--seq-len", "64", "--max-sequences", "8", "--max-steps", "4", "--held-out-sequences", "2",
               "--eval-prompts", "2", "--eval-tokens", "8", "--draft-vocab-size", "300"]
-    assert main([*common, "--out", str(out), "--feature-layers", "1,2,4"]) == 0
-    assert json.loads((out / "config.json").read_text())["feature_layers"] == [1, 2, 4]
+    assert main([*common, "--out", str(out), "--feature-layers", "1,2,4", "--reg-weight", "0"]) == 0  # EAGLE-3's losses
+    config = json.loads((out / "config.json").read_text())
+    assert config["feature_layers"] == [1, 2, 4] and config["training"]["config"]["reg_weight"] == 0
     assert "identical to plain: yes" in (out / "report.md").read_text()
     # the same data trains a final-layer head (its last slice); a layer it lacks is a clear error
     again = tmp_path / "final"

@@ -93,7 +93,9 @@ def test_stage_minutes_add_up_over_resumed_runs(tmp_path):
                                                   ("--final-lr-ratio", "-0.1", "between 0 and 1"),
                                                   ("--precision", "fp8", "invalid choice"),
                                                   ("--loss-rows", "-5", "0 (all rows)"),
-                                                  ("--loss-rows", "many", "0 (all rows)")])
+                                                  ("--loss-rows", "many", "0 (all rows)"),
+                                                  ("--reg-weight", "-1", "0 (off) or more"),
+                                                  ("--reg-weight", "x", "invalid loss_weight value")])
 def test_train_drafter_refuses_bad_schedule_and_precision_flags(flag, value, message, tmp_path, capsys):
     from specdec.cli import main
 

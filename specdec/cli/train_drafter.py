@@ -93,6 +93,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmd.add_argument("--step-decay", type=float, default=0.3, metavar="W",
                      help="eagle: unrolled step s's loss weighs W**s (a later draft token only counts once the earlier "
                           "ones were accepted) (default: 0.3)")
+    cmd.add_argument("--reg-weight", type=loss_weight, default=1.0, metavar="W",
+                     help="eagle: weight of the next-feature regression beside the token loss (EAGLE-1/2 regress the "
+                          "final layer's next feature; EAGLE-3 drops it: 0) (default: 1)")
     cmd.add_argument("--loss-rows", type=rows_count, default=None, metavar="N",
                      help="eagle, medusa: score the token loss over each sequence's 8 likeliest LM head rows per position "
                           "under the target plus N rows drawn at random (sampled softmax), not all --draft-vocab-size "
@@ -146,6 +149,14 @@ def lr_ratio(text: str) -> float:
     return value
 
 
+def loss_weight(text: str) -> float:
+    """--reg-weight: 0 (off) or more."""
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or more, got {text}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     from specdec.train.loop import TrainConfig
     from specdec.train.pipeline import DrafterTraining, train_drafter
@@ -155,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     train = TrainConfig(batch_size=args.batch_size, lr=lr, budget_minutes=args.budget_minutes,
                         checkpoint_minutes=args.checkpoint_minutes, max_steps=args.max_steps, seed=args.seed,
                         unroll_steps=args.unroll_steps, step_decay=args.step_decay, precision=args.precision,
-                        final_lr_ratio=args.final_lr_ratio, loss_rows=loss_rows)
+                        final_lr_ratio=args.final_lr_ratio, loss_rows=loss_rows, reg_weight=args.reg_weight)
     job = DrafterTraining(model=args.model, out_dir=Path(args.out), kind=args.kind, data=args.data, quantize=args.quantize,
                           seq_len=args.seq_len, max_sequences=args.max_sequences, held_out_sequences=args.held_out_sequences,
                           extract_minutes=args.extract_minutes, generate_minutes=args.generate_minutes,
