@@ -18,8 +18,9 @@ the first time it is needed; cache storage comes from a pool (capacity rounded u
 ``SLOT_ROUNDING``) so the next request reuses the same tensors, and with them the graphs already
 recorded. A request whose drafter reads the target's features (EAGLE, Medusa) records graphs that
 also write each row's hidden states at the layers its head reads, at its slot, into a feature
-buffer kept with the pooled storage (a fixed address again); before, such a request ran every target step eagerly, 4–8× a
-replayed one (an H100's host, an H200's). Prefill chunks, reduced vocabularies and layer subsets run eagerly.
+buffer kept with the pooled storage (a fixed address again); before, such a request ran every
+target step eagerly, 4–8× a replayed one (an H100's host, an H200's). Prefill chunks, reduced
+vocabularies and layer subsets run eagerly.
 """
 
 from __future__ import annotations

@@ -348,9 +348,10 @@ def quantize_head(head: DraftHead) -> DraftHead:
 
     if not int8_available():
         return head
+    float_inputs = [getattr(head, "fc", None), getattr(head, "fuse", None)]  # (a Medusa head has neither)
     for module in list(head.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and not any(child is getattr(head, name, None) for name in ("fc", "fuse")):
+            if isinstance(child, nn.Linear) and not any(child is kept for kept in float_inputs):
                 setattr(module, name, Int8Linear.from_float(child.weight, child.bias))
     return head
 

@@ -145,8 +145,8 @@ def write_shard(path: Path, rows: list[tuple[list[int], torch.Tensor, torch.Tens
 
 def extract_features(backend, sequences: list[list[int]], directory: Path, layers: tuple[int, ...],  # noqa: ANN001
                      shard_size: int = 32, budget_seconds: float | None = None, progress: bool = False) -> int:
-    """Write the teacher-forced features at ``layers`` of ``sequences`` (equal lengths per shard are not needed:
-    each shard pads to its longest with token -1) into shards of ``shard_size`` sequences; skip
+    """Write the teacher-forced features at ``layers`` of ``sequences`` (equal lengths per shard are
+    not needed: each shard pads to its longest with token -1) into shards of ``shard_size`` sequences; skip
     shards already written (resume). Stops starting new shards after ``budget_seconds``. Returns
     the number of shards present."""
     from tqdm import tqdm

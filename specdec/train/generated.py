@@ -125,8 +125,9 @@ def read_generated(path: Path) -> list[dict]:
 class Continuation:
     """One prompt continued by the target: ``tokens`` (prompt, then the continuation); the rows the
     target was fed — every token but the last, which no forward needed — with their hidden states
-    at the recorded layers ``features [T, hidden × layers]`` and the target's greedy token after each ``target_ids [T]``
-    (-1 where the prompt pass scored no logits: rows a training sequence's cut leaves out)."""
+    at the recorded layers ``features [T, hidden × layers]`` and the target's greedy token after
+    each ``target_ids [T]`` (-1 where the prompt pass scored no logits: rows a training sequence's
+    cut leaves out)."""
 
     index: int  # the prompt's, in the list given to continue_greedily
     tokens: list[int]
@@ -147,8 +148,8 @@ def continue_greedily(backend, prompts: list[list[int]], new_tokens: int, concur
     row's greedy token is the next one (the prompt's last ``scored_rows`` rows: the prompt pass's
     argmax), so the data needs no second, teacher-forced pass over the text — and the features are
     the decode steps' own, the ones an EAGLE head reads when it drafts. ``admit()`` False: start no
-    further prompt (a time budget), finish the running ones. ``layers``: the target layers whose features
-    are recorded (default: the final one)."""
+    further prompt (a time budget), finish the running ones. ``layers``: the target layers whose
+    features are recorded (default: the final one)."""
     hidden = backend.config.hidden_size
     waiting = deque(enumerate(prompts))
     running: list[_Running] = []
@@ -193,9 +194,9 @@ def generate_sequences(target, docs: list[Document], path: Path, shard_dir: Path
     """Continue the documents' prompts with ``target`` (:func:`continue_greedily`) for up to
     ``minutes`` (0: only read what ``path`` holds). Every BATCH_PROMPTS continuations, their last
     ``seq_len`` fed rows — tokens, the target's features at ``layers`` (default: the final one) and
-    greedy tokens: training sequences — become a shard in ``shard_dir`` (:func:`specdec.train.data.write_shard`), then their
-    ``{"name", "tokens", "prompt_tokens", "shard"}`` rows are appended to ``path``; returns every row
-    there. Resumes: prompts with a row are skipped, and a shard whose rows were never written (a run
+    greedy tokens: training sequences — become a shard in ``shard_dir``
+    (:func:`specdec.train.data.write_shard`), then their ``{"name", "tokens", "prompt_tokens",
+    "shard"}`` rows are appended to ``path``; returns every row there. Resumes: prompts with a row are skipped, and a shard whose rows were never written (a run
     cut in between) is dropped. Rows without ``"shard"`` (older runs) have no features yet:
     :func:`generated_sequences` hands them to the teacher-forced extraction."""
     from tqdm import tqdm
