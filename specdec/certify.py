@@ -96,33 +96,37 @@ def exact_joint(target: TorchBackend, prompt: list[int], params: SamplingParams,
     return result
 
 
-def _tiny_datastore() -> str:
-    """A datastore over a few token sequences of the tiny model's vocabulary (for `retrieval`)."""
-    import tempfile
-
+def _tiny_datastore(scratch: Path) -> str:
+    """A datastore over a few token sequences of the tiny model's vocabulary (for `retrieval`), in ``scratch``."""
     from specdec.drafters.retrieval import SEPARATOR, write_datastore
 
-    path = tempfile.mkdtemp(prefix="specdec-tiny-datastore-")
+    path = scratch / "datastore"
     corpus = [1, 2, 3, 4, 5, SEPARATOR, 2, 3, 1, 2, 6, SEPARATOR, 3, 1, 2, 3, 7, 0, SEPARATOR]
-    write_datastore(corpus, Path(path), fingerprint="tiny", vocab_size=8)
-    return path
+    write_datastore(corpus, path, fingerprint="tiny", vocab_size=8)
+    return str(path)
 
 
 def distribution_check(method: str, config_name: str, params: SamplingParams, samples: int, gamma: int = 2,
                        length: int = 3, alpha: float = 1e-3, seed: int = 0, spec_options: dict | None = None,
                        device: str = "cpu") -> CheckResult:
     """χ² of the joint distribution of the first ``length`` tokens, speculative vs exact. Runs on
-    one thread: the tiny model's ops are too small to share, and a second OpenMP thread only spins."""
+    one thread: the tiny model's ops are too small to share, and a second OpenMP thread only spins.
+    What a method needs on disk (an untrained head, a datastore) lives in a directory removed after."""
+    import tempfile
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _distribution_check(method, config_name, params, samples, gamma, length, alpha, seed, spec_options, device)
+        with tempfile.TemporaryDirectory(prefix="specdec-verify-") as scratch:
+            return _distribution_check(method, config_name, params, samples, gamma, length, alpha, seed, spec_options,
+                                       device, Path(scratch))
     finally:
         torch.set_num_threads(threads)
 
 
 def _distribution_check(method: str, config_name: str, params: SamplingParams, samples: int, gamma: int,
-                        length: int, alpha: float, seed: int, spec_options: dict | None, device: str) -> CheckResult:
+                        length: int, alpha: float, seed: int, spec_options: dict | None, device: str,
+                        scratch: Path) -> CheckResult:
     start = time.perf_counter()
     target, draft = tiny_model(seed=seed, device=device), tiny_model(seed=seed + 1, device=device)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so n-gram style drafters propose something too
@@ -131,9 +135,9 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     exact = exact_joint(target, prompt, params, length, new_constraint())
     options = dict(spec_options or {})
     if method in TRAINED_HEADS and not options.get("drafter_path"):
-        options["drafter_path"] = _tiny_head(target, method, seed)
+        options["drafter_path"] = _tiny_head(target, method, seed, scratch)
     spec = SpecConfig(method=None if method == "ar" else method, num_speculative_tokens=gamma,
-                      datastore=_tiny_datastore() if method == "retrieval" else None, **options)
+                      datastore=_tiny_datastore(scratch) if method == "retrieval" else None, **options)
     run_params = SamplingParams(**{**params.__dict__, "max_tokens": length, "ignore_eos": True})
     generator = make_generator(seed, device)
     counts: dict[tuple[int, ...], int] = {}
@@ -156,17 +160,15 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     return CheckResult("distribution", method, config_name, passed, detail, time.perf_counter() - start)
 
 
-def _tiny_head(target: TorchBackend, kind: str, seed: int) -> str:
+def _tiny_head(target: TorchBackend, kind: str, seed: int, scratch: Path) -> str:
     """An untrained head of ``kind`` for the tiny model (random, so its proposals differ from the
-    target's often: the sampling test needs rejections), saved where the drafter loads it from."""
-    import tempfile
-
+    target's often: the sampling test needs rejections), saved in ``scratch`` for the drafter to load."""
     from specdec.models.heads import EagleHead, HeadConfig, MedusaHeads, save_head
 
     torch.manual_seed(seed + 2)
     config = HeadConfig.for_target(target.config, draft_vocab_size=0, kind=kind, num_medusa_heads=4)
     head = (EagleHead(config) if kind == "eagle" else MedusaHeads(config)).init_residual(scale=0.3)
-    return str(save_head(head, tempfile.mkdtemp(prefix=f"specdec-tiny-{kind}-")))
+    return str(save_head(head, scratch / f"tiny-{kind}"))
 
 
 def greedy_identity_check(method: str, run_plain: Callable, run_spec: Callable, prompts: Iterable[tuple[str, list[int]]], dtype: str) -> CheckResult:
