@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.train.loop import TrainConfig, evaluate, learning_rate, train_head
+from specdec.train.loop import TrainConfig, evaluate, learning_rate, train_head, train_module
 from specdec.train.precision import choose_precision, mixed_precision
 from specdec.train.target_parts import TargetParts
 from tests.test_heads import periodic_data, random_head
@@ -25,6 +25,34 @@ def test_learning_rate_warms_up_then_decays_to_its_final_ratio_by_the_end_of_the
     assert learning_rate(config, 99, 1.7) == pytest.approx(1e-4)  # past the budget: stays at the floor
     constant = TrainConfig(lr=1e-3, warmup_steps=1, final_lr_ratio=1.0)
     assert {learning_rate(constant, step, step / 10) for step in range(10)} == {1e-3}
+
+
+def test_slow_evaluations_are_spaced_to_a_share_of_the_run(tmp_path):
+    """A held-out evaluation much slower than a step waits for eval_share of the time to have
+    passed in training (the budget counts training alone: frequent slow evaluations stretched a
+    run's wall time by 40 %); with eval_share 1 it runs every eval_every steps as before."""
+    import time
+
+    module = torch.nn.Linear(4, 1)
+    data = {"tokens": torch.zeros(8, 1), "x": torch.randn(8, 4)}
+
+    def row_loss(data, row, generator):  # noqa: ANN001, ANN202 - the loop's RowLoss
+        return module(data["x"][row]).pow(2).sum(), {"tokens": 1}
+
+    def slow_evaluation() -> dict:
+        time.sleep(0.02)
+        return {"loss": 0.0, "top1": 0.0, "top1_steps": [0.0]}
+
+    runs = {}
+    for share in (0.1, 1.0):
+        (tmp_path / str(share)).mkdir()
+        config = TrainConfig(max_steps=100, eval_every=5, budget_minutes=5, eval_share=share, checkpoint_minutes=60,
+                             batch_size=1, max_epochs=100)
+        runs[share] = train_module(module, "probe", row_loss, slow_evaluation, lambda info: None, data,
+                                   tmp_path / str(share), config).eval_steps
+    assert runs[1.0] == list(range(0, 101, 5))
+    # at most one per 0.18 s of training (0.02 s × 0.9 / 0.1) plus the first and the last
+    assert runs[0.1][0] == 0 and runs[0.1][-1] == 100 and len(runs[0.1]) < len(runs[1.0]) // 2, runs[0.1]
 
 
 def test_explicit_precisions_are_taken_and_auto_times_both(monkeypatch):

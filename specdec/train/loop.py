@@ -53,7 +53,12 @@ class TrainConfig:
     loss_rows: int = 0
     budget_minutes: float = 60.0
     checkpoint_minutes: float = 5.0
-    eval_every: int = 50  # steps between held-out evaluations
+    eval_every: int = 50  # steps between held-out evaluations, at least (see eval_share)
+    #: held-out evaluations take at most about this share of a run's time: after one that took d
+    #: seconds the next waits for d·(1 − share)/share seconds of training. A time budget counts
+    #: training alone, so every 50 steps of a fast step — Medusa's with sampled rows, ~1 s on a
+    #: Zen 4 — stretched a 69-minute budget to ~97 minutes of wall time. 1: every eval_every steps
+    eval_share: float = 0.1
     max_steps: int = 0  # 0: until the budget or max_epochs
     max_epochs: float = 20.0
     seed: int = 0
@@ -151,9 +156,9 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
                  log: Callable[[str], None] = lambda _line: None) -> History:
     """The loop every trained drafter shares: AdamW over ``module``'s trainable parameters with
     warm-up, ``config.batch_size`` random rows of ``train`` per step, a held-out evaluation every
-    ``eval_every`` steps, ``save_weights(training_info)`` plus ``out_dir/checkpoint.pt`` every
-    ``checkpoint_minutes`` and at the end; stops at the time budget or ``max_steps``/``max_epochs``.
-    ``resume`` continues from the checkpoint (weights, optimizer, step, history, data order)."""
+    ``eval_every`` steps (or fewer: ``eval_share``), ``save_weights(training_info)`` plus
+    ``out_dir/checkpoint.pt`` every ``checkpoint_minutes`` and at the end; stops at the time budget
+    or ``max_steps``/``max_epochs``. ``resume`` continues from the checkpoint (weights, optimizer, step, history, data order)."""
     from tqdm import tqdm
 
     device_type = next(module.parameters()).device.type
@@ -188,11 +193,18 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
         torch.save({"head": module.state_dict(), "optimizer": optimizer.state_dict(), "history": asdict(history),
                     "step": step, "generator": generator.get_state()}, checkpoint)
 
+    next_evaluation = 0.0  # training seconds before which no periodic evaluation runs (eval_share)
+
     def record_evaluation() -> str:
+        nonlocal next_evaluation
+        began = time.perf_counter()
         module.eval()
         with mixed_precision(config.precision, device_type):
             result = evaluate_held_out()
         module.train()
+        took = time.perf_counter() - began
+        share = min(max(config.eval_share, 1e-3), 1.0)
+        next_evaluation = seconds + took * (1 - share) / share
         history.eval_steps.append(step)
         history.eval_loss.append(result["loss"])
         history.eval_top1.append(result["top1"])
@@ -224,7 +236,7 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
         history.steps.append(step)
         history.tokens.append((history.tokens[-1] if history.tokens else 0) + batch_tokens)
         history.loss.append(batch_loss)
-        if step % config.eval_every == 0 or step == last_step or seconds >= budget:
+        if (step % config.eval_every == 0 and seconds >= next_evaluation) or step == last_step or seconds >= budget:
             bar.set_postfix_str(f"step {step} loss {batch_loss:.3f} {record_evaluation()}")
         bar.update(min(seconds, budget) - bar.n)
         if time.perf_counter() - last_save > config.checkpoint_minutes * 60:
