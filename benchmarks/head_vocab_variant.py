@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specdec.models.heads import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402
+from specdec.models.head_files import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402
 from specdec.train.vocab import coverage, frequency_ids  # noqa: E402
 
 

@@ -163,7 +163,8 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
 def _tiny_head(target: TorchBackend, kind: str, seed: int, scratch: Path) -> str:
     """An untrained head of ``kind`` for the tiny model (random, so its proposals differ from the
     target's often: the sampling test needs rejections), saved in ``scratch`` for the drafter to load."""
-    from specdec.models.heads import EagleHead, HeadConfig, MedusaHeads, save_head
+    from specdec.models.head_files import save_head
+    from specdec.models.heads import EagleHead, HeadConfig, MedusaHeads
 
     torch.manual_seed(seed + 2)
     config = HeadConfig.for_target(target.config, draft_vocab_size=0, kind=kind, num_medusa_heads=4)

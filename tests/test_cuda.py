@@ -187,7 +187,7 @@ def test_cpu_execution_modes_pick_the_cpu_under_device_auto(tiny_dirs):
 def test_feature_heads_are_exact_on_cuda(cuda_pair, tiny_target, tmp_path, kind):
     """An EAGLE / Medusa head drafts on the GPU (features recorded in the target's CUDA cache, the head
     moved to the target's device); chains and trees give plain decoding's tokens."""
-    from specdec.models.heads import save_head
+    from specdec.models.head_files import save_head
     from tests.test_heads import random_head
 
     target, _ = cuda_pair
@@ -272,7 +272,7 @@ def test_eagle_chain_steps_replay_a_graph_as_eager_steps_on_cuda(tiny_dirs, tiny
     """EAGLE's chain draft steps replay a CUDA graph of their own where the target replays graphs
     (eagle_graph.py): the same drafts, acceptance and output as eager head steps."""
     from specdec.drafters.eagle_graph import EagleStepGraph
-    from specdec.models.heads import save_head
+    from specdec.models.head_files import save_head
     from tests.test_heads import random_head
 
     path = save_head(random_head(tiny_target, draft_vocab_size=300), tmp_path / "eagle")

@@ -19,7 +19,8 @@ from specdec.cli import main
 from specdec.config import SpecConfig
 from specdec.errors import SpecdecError, WeightsError
 from specdec.kernels.int8 import int8_available
-from specdec.models.heads import EagleHead, HeadConfig, fused_layers, load_head, save_head
+from specdec.models.head_files import load_head, save_head
+from specdec.models.heads import EagleHead, HeadConfig, fused_layers
 from specdec.models.transformer import layer_pieces
 from specdec.sampling import SamplingParams
 from specdec.train.data import select_layers, teacher_forced

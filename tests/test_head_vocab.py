@@ -12,7 +12,8 @@ import specdec
 from specdec.certify import DISTRIBUTION_CONFIGS, distribution_check, tiny_model
 from specdec.config import SpecConfig
 from specdec.errors import SpecdecError
-from specdec.models.heads import HeadConfig, load_head, new_head, save_head
+from specdec.models.head_files import load_head, save_head
+from specdec.models.heads import HeadConfig, new_head
 from specdec.sampling import SamplingParams
 from specdec.train.vocab import coverage, frequency_ids
 

@@ -18,7 +18,8 @@ import specdec
 from specdec.cli import main
 from specdec.config import SpecConfig
 from specdec.errors import SpecdecError, WeightsError
-from specdec.models.heads import EagleHead, HeadConfig, MedusaHeads, load_head, save_head
+from specdec.models.head_files import load_head, save_head
+from specdec.models.heads import EagleHead, HeadConfig, MedusaHeads
 from specdec.sampling import SamplingParams
 from specdec.train.data import Document, teacher_forced, token_sequences
 from specdec.train.loop import TrainConfig, evaluate, train_head
@@ -172,7 +173,7 @@ def test_eagle_graph_step_computes_the_eager_step(tiny_target, head_dir):
     run eagerly here so CI checks the logic without a GPU: same predicted features, same logits,
     same cache entries, over several steps of a round."""
     from specdec.drafters.eagle_graph import EagleStepGraph
-    from specdec.models.heads import load_head
+    from specdec.models.head_files import load_head
 
     head = load_head(head_dir, tiny_target.config).eval()
     decoder = tiny_target.backend.decoder

@@ -136,7 +136,8 @@ def test_int8_feature_heads_on_the_real_target(pair_int8, humaneval_prompt, tmp_
     """A feature head of the real target's shape (untrained: its weights are not shipped; a trained one
     is `specdec train-drafter`'s output) drafts from the real int8 target's recorded features and the
     output stays plain decoding's; the int8 head reads a small fraction of a target step's bytes."""
-    from specdec.models.heads import HeadConfig, new_head, save_head
+    from specdec.models.head_files import save_head
+    from specdec.models.heads import HeadConfig, new_head
 
     target, _ = pair_int8
     torch.manual_seed(0)

@@ -12,7 +12,8 @@ from specdec.backends.torch_backend import TorchBackend
 from specdec.drafters.base import Drafter, DrafterResources
 from specdec.drafters.vocab import DraftVocab, usable_vocab_limit
 from specdec.errors import SpecdecError
-from specdec.models.heads import DraftHead, trained_head
+from specdec.models.head_files import trained_head
+from specdec.models.heads import DraftHead
 from specdec.models.kv_cache import KVCache
 
 

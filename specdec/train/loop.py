@@ -17,7 +17,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from specdec.models.heads import DraftHead, save_head
+from specdec.models.head_files import save_head
+from specdec.models.heads import DraftHead
 from specdec.train.losses import head_loss
 from specdec.train.precision import mixed_precision
 from specdec.train.target_parts import TargetParts

@@ -15,7 +15,7 @@ import torch
 
 from specdec.config import SpecConfig
 from specdec.errors import SpecdecError
-from specdec.models.heads import WEIGHTS_FILE
+from specdec.models.head_files import WEIGHTS_FILE
 from specdec.models.registry import DEFAULT_DRAFT
 from specdec.train.data import add_minutes, extract_features, load_documents, load_shards, token_sequences
 from specdec.train.generated import generate_sequences, generated_sequences, held_out_prompts
