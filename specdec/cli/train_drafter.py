@@ -99,15 +99,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmd.add_argument("--loss-rows", type=rows_count, default=None, metavar="N",
                      help="eagle, medusa: score the token loss over each sequence's 8 likeliest LM head rows per position "
                           "under the target plus N rows drawn at random (sampled softmax), not all --draft-vocab-size "
-                          "rows: those rows' matmuls are most of a training step (0: all rows; default: 2048 for eagle — "
-                          "1.65x the steps per minute and a better head at the same budget — 0 for medusa, unmeasured)")
+                          "rows: those rows' matmuls are most of a training step (0: all rows; default: 2048 — for eagle "
+                          "1.65x the steps per minute and a better head at the same budget, for medusa ~5x the steps)")
     cmd.add_argument("--batch-size", type=positive_int, default=4, help="sequences per optimizer step (default: 4)")
     cmd.add_argument("--precision", default="auto", choices=list(TRAIN_PRECISIONS),
                      help="the training matmuls' precision: bfloat16 is mixed (float32 weights, optimizer and losses); "
                           "auto: bfloat16 where it times at least 1.25x faster than float32 on this CPU (AVX-512 BF16 "
                           "or AMX), else float32 (default: auto)")
     cmd.add_argument("--lr", type=float, default=None,
-                     help="AdamW learning rate after a 20-step warm-up (default: 2e-3 for eagle, 5e-4 for medusa, "
+                     help="AdamW learning rate after a 20-step warm-up (default: 2e-3 for eagle and medusa, "
                           "2e-5 for distill: a pretrained model's layers move little)")
     cmd.add_argument("--final-lr-ratio", type=lr_ratio, default=0.1, metavar="R",
                      help="after warm-up the learning rate follows a cosine down to lr x R by the end of the budget "
@@ -129,8 +129,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 #: --lr's default per --kind: 10 minutes of EAGLE training on the same data reached held-out top-1
-#: 0.255 at 2e-3 vs 0.242 at 5e-4 (session 31, Zen 4); Medusa's and DistillSpec's as measured before
-DEFAULT_LR = {"eagle": 2e-3, "medusa": 5e-4, "distill": 2e-5}
+#: 0.255 at 2e-3 vs 0.242 at 5e-4 (session 31, Zen 4). Medusa: 2e-3 with 2048 sampled rows made the
+#: best heads yet (session 32: HumanEval τ 1.64 at γ=4 vs 1.37 at 5e-4 and all rows — not an A/B at
+#: equal data: 2.8x the data and 69 vs 20 minutes). DistillSpec's as measured before
+DEFAULT_LR = {"eagle": 2e-3, "medusa": 2e-3, "distill": 2e-5}
 
 
 def rows_count(text: str) -> int:
@@ -162,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.train.pipeline import DrafterTraining, train_drafter
 
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.kind]
-    loss_rows = args.loss_rows if args.loss_rows is not None else (2048 if args.kind == "eagle" else 0)
+    loss_rows = args.loss_rows if args.loss_rows is not None else (0 if args.kind == "distill" else 2048)
     train = TrainConfig(batch_size=args.batch_size, lr=lr, budget_minutes=args.budget_minutes,
                         checkpoint_minutes=args.checkpoint_minutes, max_steps=args.max_steps, seed=args.seed,
                         unroll_steps=args.unroll_steps, step_decay=args.step_decay, precision=args.precision,
