@@ -111,7 +111,8 @@ def token_sequences(docs: list[Document], encode: Callable[[str], list[int]], se
 @torch.inference_mode()
 def teacher_forced(backend, tokens: list[int], layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001 - TorchBackend
     """One prefill of ``tokens [T]``: the target's hidden states at ``layers`` (default: the final
-    one, before the final norm) ``[T, hidden × layers]`` and its greedy next token after each position ``[T]``."""
+    one, before the final norm) ``[T, hidden × layers]`` and its greedy next token after each
+    position ``[T]``."""
     state = backend.new_state(len(tokens))
     state.record_features(backend.config.hidden_size, layers)
     logits = backend.forward(state, tokens)
@@ -146,9 +147,9 @@ def write_shard(path: Path, rows: list[tuple[list[int], torch.Tensor, torch.Tens
 def extract_features(backend, sequences: list[list[int]], directory: Path, layers: tuple[int, ...],  # noqa: ANN001
                      shard_size: int = 32, budget_seconds: float | None = None, progress: bool = False) -> int:
     """Write the teacher-forced features at ``layers`` of ``sequences`` (equal lengths per shard are
-    not needed: each shard pads to its longest with token -1) into shards of ``shard_size`` sequences; skip
-    shards already written (resume). Stops starting new shards after ``budget_seconds``. Returns
-    the number of shards present."""
+    not needed: each shard pads to its longest with token -1) into shards of ``shard_size``
+    sequences; skip shards already written (resume). Stops starting new shards after
+    ``budget_seconds``. Returns the number of shards present."""
     from tqdm import tqdm
 
     directory.mkdir(parents=True, exist_ok=True)

@@ -159,7 +159,8 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
     warm-up, ``config.batch_size`` random rows of ``train`` per step, a held-out evaluation every
     ``eval_every`` steps (or fewer: ``eval_share``), ``save_weights(training_info)`` plus
     ``out_dir/checkpoint.pt`` every ``checkpoint_minutes`` and at the end; stops at the time budget
-    or ``max_steps``/``max_epochs``. ``resume`` continues from the checkpoint (weights, optimizer, step, history, data order)."""
+    or ``max_steps``/``max_epochs``. ``resume`` continues from the checkpoint (weights, optimizer,
+    step, history, data order)."""
     from tqdm import tqdm
 
     device_type = next(module.parameters()).device.type
