@@ -84,3 +84,7 @@ def test_the_draft_step_prior_is_the_reduced_heads(tiny_draft, monkeypatch):
     assert DraftModelDrafter(tiny_draft.backend, params, make_generator(0), 64).step_seconds == 0.010
     monkeypatch.setattr("specdec.step_costs.full_curve", lambda cfg, mode: None)
     assert reduced.step_seconds == 0.010  # never measured for that head: the whole head's, an upper bound
+    # a fresh machine: --quantize auto timed only the reduced head; that is the prior, not "unknown"
+    monkeypatch.setattr("specdec.step_costs.full_curve", cached)
+    monkeypatch.setattr(tiny_draft.backend, "step_seconds", None)
+    assert reduced.step_seconds == 0.004

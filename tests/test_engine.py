@@ -324,6 +324,23 @@ def test_a_request_too_short_to_pay_back_the_drafts_prompt_pass_does_not_specula
     assert "speculation_note" not in runs[60].stats.to_dict()
 
 
+def test_a_draft_whose_step_was_never_timed_still_drafts(tiny_target, tiny_draft, monkeypatch):
+    """On a fresh machine the draft's prompt pass can be priced (its int8 prompt curve was timed) while
+    its own drafting step is not: the saving is then unknown, not zero. The first request on a new
+    Xeon decoded plainly for that (0.99x); it must draft, and its first rounds measure the step."""
+    from specdec.drafters.draft_model import DraftModelDrafter
+
+    monkeypatch.setattr(DraftModelDrafter, "step_seconds", property(lambda self: None))
+    monkeypatch.setattr(tiny_target.backend, "step_seconds", {t: 0.070 + 0.004 * (t - 1) for t in range(1, 10)})
+    monkeypatch.setattr(tiny_draft.backend, "step_seconds", {t: 0.013 * t for t in range(1, 10)})
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    prompt = " ".join(["word"] * 13)
+    spec = SpecConfig(method="draft_model", num_speculative_tokens="auto")
+    result = specdec.generate(tiny_target, prompt, params, draft=tiny_draft, spec=spec)
+    assert result.stats.proposed_tokens > 0 and not result.stats.speculation_note
+    assert result.token_ids == specdec.generate(tiny_target, prompt, params).token_ids
+
+
 def test_under_load_the_prompt_pass_must_be_paid_back_from_the_loaded_saving(tiny_target, tiny_draft):
     """A server passes ``saving_under_load``: what speculating saves per token with the requests the
     new one will share forwards with. A request long enough to repay its draft's prompt pass alone

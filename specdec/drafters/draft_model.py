@@ -245,11 +245,12 @@ class DraftModelDrafter(Drafter):
         else its whole vocabulary's (an upper bound; the controller's running average corrects it).
         The whole-vocabulary figure put the 0.5B int4-all step at 14.7 ms where the 32768-id head runs
         in ~10, and γ=auto then judged drafting not worth the draft's prompt pass on HumanEval, where
-        γ=3 ran 1.14–1.43× plain (Zen 4 EPYC)."""
-        measured = self.backend.step_seconds
-        if measured is None:
+        γ=3 ran 1.14–1.43× plain (Zen 4 EPYC). On a fresh machine ``--quantize auto`` has timed only
+        the reduced-vocabulary curve; it is read even then (it once was not: the first request on a
+        new Xeon did not draft at all, 0.99× plain)."""
+        curve = step_costs.draft_curve(self.backend.config, self.backend.mode, self.vocab_limit) or self.backend.step_seconds
+        if curve is None:
             return None
-        curve = step_costs.draft_curve(self.backend.config, self.backend.mode, self.vocab_limit) or measured
         ratios = {} if self.params.is_seeded_sampling else self.backend.step_ratios  # see step_calibration
         return Curve(self.backend.mode, rescaled(curve, ratios)).cost(1)
 
