@@ -1,11 +1,14 @@
-"""The int8 mode's two kernels on the real model, in one process: our AVX-512 VNNI GEMM vs fbgemm.
+"""The int8 mode's kernels on the real model, in one process: fbgemm, our AVX-512 VNNI GEMM, and
+the same GEMM on Intel AMX tiles (``amx``: the VNNI load with AMX from one row on; same bits).
 
-Loads the model in int8 twice (``SPECDEC_INT8_KERNEL`` chosen per load), then times forwards of T new
-tokens after a 64-token context — T=1, 4 (decode, verification) and prompt chunks — alternating the two
-models, min of the repeats per model and T. Prints ms, tokens/s, achieved weight bandwidth and compute
-(GOPS: 2 × multiply-adds of the int8 layers and the one-row LM head), and the ratio. CPU flags go in the header.
+Loads the model in int8 once per packed format (``SPECDEC_INT8_KERNEL`` chosen per load), then times
+forwards of T new tokens after a 64-token context — T=1, 4 (decode, verification) and prompt chunks —
+alternating the kernels, min of the repeats per kernel and T. Prints ms per kernel, the ratio of the first
+kernel's time to each other's, and for the last kernel tokens/s, achieved weight bandwidth and compute
+(GOPS: 2 × multiply-adds of the int8 layers and the one-row LM head). CPU flags go in the header.
 
     .venv/bin/python benchmarks/int8_gemm_ab.py --model qwen2.5-coder-1.5b --repeats 5
+    .venv/bin/python benchmarks/int8_gemm_ab.py --kernels vnni,amx --tokens 1,2,4,8,16,32,128,512
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import specdec  # noqa: E402
 from specdec.cpu import cpu_description  # noqa: E402
 from specdec.kernels import int8 as int8_module  # noqa: E402
+from specdec.kernels.build import kernel  # noqa: E402
 
 
 def load(model: str, kernel: str) -> specdec.LoadedModel:
@@ -47,15 +51,26 @@ def time_forward(model: specdec.LoadedModel, tokens: int, context: list[int]) ->
     return time.perf_counter() - start
 
 
+def set_amx(model: specdec.LoadedModel, on: bool) -> None:
+    """AMX from one row on, or never (the VNNI kernel's panels serve both: same bits)."""
+    del model  # the threshold is the extension's, for the whole process
+    kernel().set_int8_amx_min_rows(1 if on else 0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--tokens", default="1,4,16,64,128,256", help="new tokens per forward, comma-separated")
+    parser.add_argument("--kernels", default="fbgemm,vnni", help="comma-separated, first is the baseline: fbgemm, vnni, amx")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     sizes = [int(t) for t in args.tokens.split(",")]
-    models = {"vnni": load(args.model, "vnni"), "fbgemm": load(args.model, "fbgemm")}
-    decoder = models["vnni"].backend.decoder
+    names = args.kernels.split(",")
+    if "amx" in names and not kernel().int8_amx_min_rows():
+        parser.error("amx: this CPU has no AMX-INT8 (or the OS did not grant it)")
+    loads = {fmt: load(args.model, fmt) for fmt in {"fbgemm" if n == "fbgemm" else "vnni" for n in names}}
+    models = {name: loads["fbgemm" if name == "fbgemm" else "vnni"] for name in names}
+    decoder = models[names[-1]].backend.decoder
     # the int8 weights a forward reads (the projections as loaded, before fusing, and the LM head,
     # which scores one row here); multiply-adds: T rows through the layers, one through the head
     weights = {name: m.in_features * m.out_features for name, m in decoder.named_modules()
@@ -64,19 +79,23 @@ def main() -> int:
     head_bytes = sum(size for name, size in weights.items() if name.endswith("lm_head"))
     context = [(31 * i + 7) % 1000 + 100 for i in range(64)]
     print(f"# {args.model} int8, int8 weights read per forward {layer_bytes / 1e9:.2f} GB; forwards of T new tokens after "
-          f"{len(context)}, min of {args.repeats}, the two kernels alternating; torch threads "
+          f"{len(context)}, min of {args.repeats}, the kernels alternating; torch threads "
           f"{torch.get_num_threads()}; CPU {cpu_description()}")
-    print("| T | fbgemm ms | vnni ms | fbgemm → vnni | vnni tok/s | vnni GB/s | vnni GOPS |")
-    print("|---|---|---|---|---|---|---|")
+    last = names[-1]
+    print(f"| T | {' | '.join(f'{n} ms' for n in names)} | {' | '.join(f'{names[0]} → {n}' for n in names[1:])} | "
+          f"{last} tok/s | {last} GB/s | {last} GOPS |")
+    print("|---|" + "---|" * (2 * len(names) + 2))
     for tokens in sizes:
-        best = {name: float("inf") for name in models}
+        best = {name: float("inf") for name in names}
         for _ in range(args.repeats):
             for name, model in models.items():
+                set_amx(model, name == "amx")
                 best[name] = min(best[name], time_forward(model, tokens, context))
-        seconds = best["vnni"]
-        print(f"| {tokens} | {best['fbgemm'] * 1e3:.1f} | {seconds * 1e3:.1f} | {best['fbgemm'] / seconds:.2f}× | "
-              f"{tokens / seconds:.1f} | {layer_bytes / seconds / 1e9:.1f} | "
-              f"{2 * ((layer_bytes - head_bytes) * tokens + head_bytes) / seconds / 1e9:.0f} |")
+        seconds = best[last]
+        print(f"| {tokens} | {' | '.join(f'{best[n] * 1e3:.1f}' for n in names)} | "
+              f"{' | '.join(f'{best[names[0]] / best[n]:.2f}×' for n in names[1:])} | {tokens / seconds:.1f} | "
+              f"{layer_bytes / seconds / 1e9:.1f} | {2 * ((layer_bytes - head_bytes) * tokens + head_bytes) / seconds / 1e9:.0f} |")
+    set_amx(models[last], True)
     return 0
 
 

@@ -1,9 +1,11 @@
 """The int8 mode's AVX-512 VNNI GEMM (kernels/int8_gemm*.cpp) behind ``Int8Linear``: bit-exact against
 an integer reference computed by torch, batch-invariant (a row alone == the same row in any chunk,
 across the kernel's 6-row tiles, its 64-output panels and its 256-row passes), the packed format
-round-trips exactly, and the kernel choice (``SPECDEC_INT8_KERNEL``) is explicit.
+round-trips exactly, and the kernel choice (``SPECDEC_INT8_KERNEL``) is explicit. On CPUs with AMX the
+same panels run on AMX tiles from 2 rows on (kernels/int8_gemm_amx.cpp): bit-identical to VNNI.
 
-Tests of the kernel itself skip on CPUs without AVX-512 VNNI (fbgemm runs the int8 mode there).
+Tests of the kernel itself skip on CPUs without AVX-512 VNNI (fbgemm runs the int8 mode there), the
+AMX tests on CPUs without AMX-INT8.
 """
 
 from __future__ import annotations
@@ -21,6 +23,18 @@ def vnni_or_skip():
     module = int8_module._vnni_module()
     assert module is not None
     return module
+
+
+@pytest.fixture
+def amx():
+    """The extension with AMX on from one row (restored after); skips where this CPU has no AMX."""
+    module = vnni_or_skip()
+    default = module.int8_amx_min_rows()
+    if not default:
+        pytest.skip("no AMX-INT8 on this CPU (or the OS did not grant this process its tile state)")
+    module.set_int8_amx_min_rows(1)
+    yield module
+    module.set_int8_amx_min_rows(default)
 
 
 def reference(x: torch.Tensor, layer: Int8Linear) -> torch.Tensor:
@@ -114,3 +128,33 @@ def test_wrong_shapes_get_a_clear_error():
         module.int8_gemm(torch.zeros(2, 64), packed, torch.ones(63), None, 64)
     with pytest.raises(RuntimeError, match="multiple of 16"):
         module.int8_gemm(torch.zeros(2, 60), packed, scales, None, 64)
+
+
+@pytest.mark.parametrize("outputs,inputs", [(100, 64), (130, 80), (256, 1536), (70, 8960 // 4 + 16)])
+def test_amx_gives_the_vnni_kernels_bits(amx, outputs, inputs):
+    """Every input size class (a K that ends with 16, 32 or 48 inputs past a 64-input tile), rows
+    across the 16-row tiles and the 256-row passes: AMX == VNNI == the integer reference."""
+    torch.manual_seed(outputs * inputs)
+    layer = Int8Linear.from_float(torch.randn(outputs, inputs) * 0.05, torch.randn(outputs))
+    x = torch.randn(300, inputs) * torch.linspace(0.1, 10, 300)[:, None]
+    x[4] = 0.0
+    for rows in (1, 2, 15, 16, 17, 33, 300):
+        on_amx = layer(x[:rows])
+        amx.set_int8_amx_min_rows(0)
+        on_vnni = layer(x[:rows])
+        amx.set_int8_amx_min_rows(1)
+        assert torch.equal(on_amx, on_vnni), f"{rows} rows"
+        assert torch.equal(on_amx, reference(x[:rows], layer)), f"{rows} rows"
+
+
+def test_amx_runs_from_two_rows_and_the_threshold_is_checked(amx):
+    amx.set_int8_amx_min_rows(0)
+    assert amx.int8_amx_min_rows() == 0
+    with pytest.raises(RuntimeError, match=">= 0"):
+        amx.set_int8_amx_min_rows(-1)
+
+
+def test_the_default_amx_threshold_is_two_rows():
+    """A decode step (one row) streams weights, where VNNI was faster; from two rows AMX."""
+    module = vnni_or_skip()
+    assert module.int8_amx_min_rows() in (0, 2)

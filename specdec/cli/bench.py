@@ -141,11 +141,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if close_peers is not None:
             close_peers()
-    execution = target.backend.dtype_name
-    if execution.startswith("int4") or (draft is not None and draft.backend.dtype_name.startswith("int4")):
-        from specdec.kernels.build import kernel_path
+    from specdec.kernels.int8 import kernels_note
 
-        execution += f", {kernel_path()} kernels"  # which instruction set ran: results differ by CPU
+    modes = [m.backend.mode for m in (target, draft) if m is not None]
+    modes += [m.backend.prompt_backend.mode for m in (target, draft) if m is not None]
+    execution = target.backend.dtype_name + kernels_note(modes)  # which instruction sets ran: results differ by CPU
     meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]),
             "machine": f"{cpu_description()}, {os.cpu_count()} cores, torch {torch.__version__}", "model": args.model,
             "draft_model": args.draft_model if draft else None, "execution": execution,

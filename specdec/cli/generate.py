@@ -54,11 +54,10 @@ def run(args: argparse.Namespace) -> int:
     note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
     chosen = " (chosen by --quantize auto from step costs measured on this CPU)" if plan is not None and args.quantize == "auto" else ""
     draft_note = f", draft {draft.backend.mode}" if draft is not None else ""  # mode: int4-all where dtype_name says int4
-    modes = [target.backend.mode] + ([draft.backend.mode] if draft is not None else [])
-    if any(mode.startswith("int4") for mode in modes):  # the C++ kernels run: name their instruction set
-        from specdec.kernels.build import kernel_path
+    from specdec.kernels.int8 import kernels_note
 
-        draft_note += f", {kernel_path()} kernels"
+    models = [m for m in (target, draft) if m is not None]
+    draft_note += kernels_note([m.backend.mode for m in models] + [m.backend.prompt_backend.mode for m in models])
     prompt_modes = [f"{role} {m.backend.prompt_backend.mode}" for role, m in (("target", target), ("draft", draft))
                     if m is not None and m.backend.prompt_backend is not m.backend]
     if prompt_modes:  # a second copy of the weights runs the prompt passes (--prompt-quantize)

@@ -3,12 +3,13 @@
 Modules, bottom up (each imports only those above it):
 
 * ``build``  — the C++ extension ``specdec_cpu_kernels`` (``linear_kernels.cpp``, ``layer_ops.cpp``,
-  ``int8_gemm.cpp``, ``simd.h``): built once per machine under ``specdec_home()/ext``, then imported;
+  ``int8_gemm*.cpp``, ``simd.h``): built once per machine under ``specdec_home()/ext``, then imported;
   availability.
 * ``linear`` — the one shape of a C++ kernel layer (``KernelLinear``: ``on_matrix``, ``first_rows``,
   ``concat``) and ``on_rows``.
 * ``int8``   — ``Int8Linear``: int8 weights × per-token int8 activations (mode ``int8``): our AVX-512
-  VNNI GEMM (``int8_gemm*.cpp``) where the CPU has it, fbgemm elsewhere.
+  VNNI GEMM (``int8_gemm*.cpp``; on AMX tiles from 2 rows where the CPU has AMX-INT8, same bits)
+  where the CPU has it, fbgemm elsewhere.
 * ``q4``     — ``Q4Linear`` (llama.cpp's Q4_K values) and ``Q8Linear``: the int4 mode's layers.
 * ``q6``     — ``Q6Linear`` (Q6_K values): the int4 mode's precise layers.
 * ``embedding`` — ``BlockEmbedding``: a GGUF token table kept in its own blocks (rows dequantized on

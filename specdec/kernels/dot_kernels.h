@@ -39,5 +39,15 @@ void int8_quantize_rows_avx512(const float* x, int64_t rows, int64_t K, int8_t* 
 void int8_gemm_panel_avx512(const int8_t* xq, const float* xs, const int32_t* totals, int64_t rows, int64_t K,
                             const uint8_t* panel, const float* ws, const float* bias, int64_t cols, float* out,
                             int64_t ldo);
+// The same panel on Intel AMX (int8_gemm_amx.cpp): bit-identical results, for when amx_int8_ready()
+void int8_gemm_panel_amx(const int8_t* xq, const float* xs, const int32_t* totals, int64_t rows, int64_t K,
+                         const uint8_t* panel, const float* ws, const float* bias, int64_t cols, float* out,
+                         int64_t ldo);
+// Whether this CPU has AMX-INT8 and the OS granted this process its tile state (asked once)
+bool amx_int8_ready();
+// Both kernels' epilogue: int32 sums of q * (w + 128), [rows, 64] -> (float(sum - 128 * total) * row scale) *
+// weight scale (+ bias), `cols` of the 64 outputs stored (one function: the same bits from either kernel)
+void int8_finish_rows(const int32_t* sums, int64_t rows, const int32_t* totals, const float* xs, const float* ws,
+                      const float* bias, int64_t cols, float* out, int64_t ldo);
 
 }  // namespace specdec_kernels

@@ -3,6 +3,7 @@
 // (kernels/int8.py chooses per layer, once, when it packs the weights).
 #include <torch/extension.h>
 #include <algorithm>
+#include <atomic>
 #include <vector>
 #include "dot_kernels.h"
 #include "tile_schedule.h"
@@ -14,7 +15,20 @@ namespace {
 constexpr int64_t kRowsPerPass = 256;
 constexpr int64_t kPanelOutputs = 64;
 
+// Passes of at least this many rows run the AMX kernel where the CPU has it (same bits: int8_gemm_amx.cpp);
+// 0: never. One row stays on VNNI: a decode step streams the weights, and there AMX's tile loads were
+// 7 % slower (1.5B target, 2-core Xeon with AMX: 67.9 vs 63.3 ms), while from 2 rows AMX was as fast
+// and from 4 on 1.17-1.8x faster (benchmarks/int8_gemm_ab.py). Settable for tests and measurements.
+std::atomic<int64_t> g_amx_min_rows{2};
+
 }  // namespace
+
+int64_t int8_amx_min_rows() { return specdec_kernels::amx_int8_ready() ? g_amx_min_rows.load() : 0; }
+
+void set_int8_amx_min_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "rows must be >= 0 (0: never AMX)");
+  g_amx_min_rows = rows;
+}
 
 // x [M, K] float32 -> [M, N] float32 (+ bias): packed [ceil(N / 64), K / 4, 64, 4] uint8 (w + 128),
 // weight scales [N] float32.
@@ -48,13 +62,16 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
   float* op = out.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
+  const int64_t amx_from = int8_amx_min_rows();
   for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
     const int64_t rows = std::min(kRowsPerPass, M - m0);
+    const auto panel_kernel = amx_from && rows >= amx_from ? specdec_kernels::int8_gemm_panel_amx
+                                                           : specdec_kernels::int8_gemm_panel_avx512;
     specdec_kernels::run_tiles(panels, [&](int64_t p) {
       const int64_t n0 = p * kPanelOutputs;
-      specdec_kernels::int8_gemm_panel_avx512(xq.data() + m0 * K, xs.data() + m0, totals.data() + m0, rows, K,
-                                              wp + p * K * kPanelOutputs, sp + n0, bp ? bp + n0 : nullptr,
-                                              std::min(kPanelOutputs, N - n0), op + m0 * N + n0, N);
+      panel_kernel(xq.data() + m0 * K, xs.data() + m0, totals.data() + m0, rows, K,
+      wp + p * K * kPanelOutputs, sp + n0, bp ? bp + n0 : nullptr,
+      std::min(kPanelOutputs, N - n0), op + m0 * N + n0, N);
     });
   }
   return out;
@@ -62,5 +79,7 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
 
 void register_int8_gemm(pybind11::module& m) {
   m.def("int8_gemm_supported", &specdec_kernels::cpu_has_avx512_vnni, "whether this CPU runs int8_gemm (AVX-512 VNNI)");
+  m.def("int8_amx_min_rows", &int8_amx_min_rows, "int8_gemm runs AMX from this many rows on (0: never, or no AMX here)");
+  m.def("set_int8_amx_min_rows", &set_int8_amx_min_rows, "int8_gemm's AMX threshold in rows (0: never; same bits)");
   m.def("int8_gemm", &int8_gemm, "int8 x int8 linear on AVX-512 VNNI, packed weights (see int8_gemm_avx512.cpp)");
 }

@@ -47,8 +47,11 @@ constexpr int kTileRows = 6;  // activation rows per register tile (x 4 zmm of 1
     const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xq + r * K + k));    \
     dot4(c##r##0, w0, a); dot4(c##r##1, w1, a); dot4(c##r##2, w2, a); dot4(c##r##3, w3, a);      \
   }
-#define SPECDEC_ROW_STORE(r) \
-  if constexpr (R > r) { store_row(r, c##r##0, c##r##1, c##r##2, c##r##3); }
+#define SPECDEC_ROW_STORE(r)                                                          \
+  if constexpr (R > r) {                                                              \
+    _mm512_store_si512(sums + r * 64, c##r##0); _mm512_store_si512(sums + r * 64 + 16, c##r##1); \
+    _mm512_store_si512(sums + r * 64 + 32, c##r##2); _mm512_store_si512(sums + r * 64 + 48, c##r##3); \
+  }
 
 // R activation rows x one panel of 64 outputs (cols of them real), over all K inputs, then each
 // output scaled and stored.
@@ -63,27 +66,10 @@ void panel_rows(const int8_t* xq, const float* xs, const int32_t* totals, int64_
                   w3 = _mm512_loadu_si512(w + 192);
     SPECDEC_ROW_STEP(0) SPECDEC_ROW_STEP(1) SPECDEC_ROW_STEP(2) SPECDEC_ROW_STEP(3) SPECDEC_ROW_STEP(4) SPECDEC_ROW_STEP(5)
   }
-  __mmask16 mask[4];
-  __m512 scale[4], add[4];
-  for (int j = 0; j < 4; ++j) {
-    const int64_t left = cols - 16 * j;
-    mask[j] = left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
-    scale[j] = _mm512_maskz_loadu_ps(mask[j], ws + 16 * j);
-    add[j] = bias ? _mm512_maskz_loadu_ps(mask[j], bias + 16 * j) : _mm512_setzero_ps();
-  }
-  auto store_row = [&](int r, __m512i s0, __m512i s1, __m512i s2, __m512i s3) {
-    const __m512i offset = _mm512_set1_epi32(128 * totals[r]);
-    const __m512 row_scale = _mm512_set1_ps(xs[r]);
-    const __m512i sums[4] = {s0, s1, s2, s3};
-    for (int j = 0; j < 4; ++j) {
-      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums[j], offset)), row_scale);
-      v = _mm512_mul_ps(v, scale[j]);
-      if (bias) v = _mm512_add_ps(v, add[j]);
-      _mm512_mask_storeu_ps(out + r * ldo + 16 * j, mask[j], v);
-    }
-  };
+  alignas(64) int32_t sums[R * 64];
   SPECDEC_ROW_STORE(0) SPECDEC_ROW_STORE(1) SPECDEC_ROW_STORE(2) SPECDEC_ROW_STORE(3) SPECDEC_ROW_STORE(4)
   SPECDEC_ROW_STORE(5)
+  specdec_kernels::int8_finish_rows(sums, R, totals, xs, ws, bias, cols, out, ldo);
 }
 
 #undef SPECDEC_ROW_ACC
@@ -121,6 +107,29 @@ void int8_quantize_rows_avx512(const float* x, int64_t rows, int64_t K, int8_t* 
       _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + r * K + k), _mm512_cvtsepi32_epi8(q));
     }
     totals[r] = _mm512_reduce_add_epi32(total);
+  }
+}
+
+void int8_finish_rows(const int32_t* sums, int64_t rows, const int32_t* totals, const float* xs, const float* ws,
+                      const float* bias, int64_t cols, float* out, int64_t ldo) {
+  __mmask16 mask[4];
+  __m512 scale[4], add[4];
+  for (int j = 0; j < 4; ++j) {
+    const int64_t left = cols - 16 * j;
+    mask[j] = left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+    scale[j] = _mm512_maskz_loadu_ps(mask[j], ws + 16 * j);
+    add[j] = bias ? _mm512_maskz_loadu_ps(mask[j], bias + 16 * j) : _mm512_setzero_ps();
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512i offset = _mm512_set1_epi32(128 * totals[r]);
+    const __m512 row_scale = _mm512_set1_ps(xs[r]);
+    for (int j = 0; j < 4; ++j) {
+      const __m512i sum = _mm512_loadu_si512(sums + r * 64 + 16 * j);
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, offset)), row_scale);
+      v = _mm512_mul_ps(v, scale[j]);
+      if (bias) v = _mm512_add_ps(v, add[j]);
+      _mm512_mask_storeu_ps(out + r * ldo + 16 * j, mask[j], v);
+    }
   }
 }
 
