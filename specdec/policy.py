@@ -235,7 +235,7 @@ def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedMod
     method over the target's and draft's measured curves, at the α the traffic shows (a request
     that overrides the method is held to the same γ per number of requests); None when the
     target's costs are unmeasured (float weights, CUDA: nothing is switched off)."""
-    from specdec.cost_model import batch_gammas, batch_saving_per_token
+    from specdec.cost_model import Curve, batch_gammas, batch_saving_per_token
     from specdec.drafters.registry import needs_draft_model
     from specdec.step_calibration import rescaled
     from specdec.step_costs import draft_curve, full_curve
@@ -246,12 +246,15 @@ def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedMod
     target_curve = rescaled(full_curve(target.config, target.backend.mode) or target.backend.step_seconds,
                             target.backend.step_ratios)
     model_drafts = needs_draft_model(spec.method)
-    drafting = None
+    drafting, prompt_row_s = None, 0.0
     if model_drafts and draft is not None and draft.backend.step_seconds:
         drafting = rescaled(draft_curve(draft.config, draft.backend.mode, spec.draft_vocab_size or None)
                             or draft.backend.step_seconds, draft.backend.step_ratios)
+        prompts = draft.backend.prompt_backend  # the draft's pass over each new prompt: its prompt twin's rows
+        prompt_curve = full_curve(draft.config, prompts.mode) or prompts.step_seconds
+        prompt_row_s = Curve(prompts.mode, prompt_curve).row_seconds() if prompt_curve else 0.0
     gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
     return GammaTable(lambda alpha: batch_gammas(target_curve, alpha, gamma, drafting, max_requests,
-                                                 spec.max_speculative_tokens),
+                                                 spec.max_speculative_tokens, prompt_row_s),
                       lambda alpha, requests: batch_saving_per_token(target_curve, requests, alpha, gamma, drafting,
                                                                      spec.max_speculative_tokens))

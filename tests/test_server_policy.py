@@ -96,13 +96,19 @@ def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
 
     monkeypatch.setattr(step_costs, "full_curve", lambda cfg, mode: None)  # no cached curve: the backends' own
 
-    def model(seconds):
-        return SimpleNamespace(config=SimpleNamespace(vocab_size=1000),
-                               backend=SimpleNamespace(step_seconds=seconds, step_ratios={}, dtype_name="int8", mode="int8"))
+    def model(seconds, prompt_seconds=None):
+        backend = SimpleNamespace(step_seconds=seconds, step_ratios={}, dtype_name="int8", mode="int8")
+        backend.prompt_backend = backend if prompt_seconds is None else SimpleNamespace(step_seconds=prompt_seconds, mode="int8")
+        return SimpleNamespace(config=SimpleNamespace(vocab_size=1000), backend=backend)
 
-    target, draft = model({1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105}), model({1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047})
+    target = model({1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105})
+    draft = model({1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047}, prompt_seconds={16: 0.020, 32: 0.0216})  # 0.1 ms a prompt row
     table = measured_gamma_table(SpecConfig(method="draft_model", num_speculative_tokens=4), target, draft, 8)
-    assert table is not None and table.for_alpha(0.7) == {1: 3, 2: 1, 3: 1, 4: 1, 5: 0, 6: 0, 7: 0, 8: 0}
+    assert table is not None and table.for_alpha(0.7) == {1: 3, 2: 1, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+    # a draft whose pass over each new prompt costs more (its own int4 rows: 5.6 ms each) speculates less
+    costly = measured_gamma_table(SpecConfig(method="draft_model", num_speculative_tokens=4), target,
+                                  model(draft.backend.step_seconds), 8)
+    assert sum(costly.for_alpha(0.7).values()) < sum(table.for_alpha(0.7).values())
     # what speculating saves per token shrinks as requests share forwards, and is 0 where γ is
     savings = [table.saving(0.7, requests) for requests in (1, 2, 4, 5)]
     assert savings[0] > savings[1] > savings[2] > 0 and savings[3] == 0

@@ -231,6 +231,21 @@ def test_batch_speculation_limit_follows_the_measured_curve():
     assert batch_speculation_limit(steep, 0.0, 4, None, 16) == 0  # nothing is ever accepted: never
     assert batch_speculation_limit(None, 0.7, 4, None, 16) is None  # unmeasured: nothing switched off
 
+def test_the_drafts_pass_over_new_prompts_is_a_cost_of_speculating_under_load():
+    """Under load every new request's prompt is read by the draft model too: work plain decoding never
+    does. Where rows are cheap (AMX int8: 8 requests' rows cost little more than one) it decides: γ=1
+    at 8 concurrent ran 0.91-0.94x speculation off on a 2-core Xeon, and the table without it chose 1."""
+    from specdec.cost_model import batch_gammas
+
+    amx_int8 = {1: 0.0657, 2: 0.0731, 4: 0.0744, 8: 0.0776, 16: 0.0866, 32: 0.1104}  # 1.5B, measured
+    draft = {1: 0.0235, 2: 0.025, 4: 0.0325, 8: 0.0415, 16: 0.0738, 32: 0.1291}  # 0.5B int4-all, probe
+    without = batch_gammas(amx_int8, 0.75, None, draft, 8)
+    with_prompts = batch_gammas(amx_int8, 0.75, None, draft, 8, draft_prompt_row_s=0.0009)
+    assert without[1] > 0 and with_prompts[1] > 0  # alone it pays either way
+    assert (without[8], with_prompts[8]) == (1, 0)
+    assert all(with_prompts[n] <= without[n] for n in without)  # an added cost never lengthens drafts
+
+
 def test_cache_sizes_are_read_from_sysfs(tmp_path):
     """The probe evicts twice the largest cache before each timed forward; its size comes from sysfs."""
     from specdec.cpu import DEFAULT_LAST_LEVEL_CACHE, last_level_cache_bytes, parse_cache_size

@@ -21,7 +21,7 @@ packed (a layer whose input size is not a multiple of 16 stays on fbgemm):
   against float32 here.
   Where the CPU has AMX-INT8 (Sapphire Rapids and later) the same panels run on AMX tiles from 2 rows
   on (kernels/int8_gemm_amx.cpp): the same output bits, 1.4× faster at 8 rows and 1.7× at 64 for the
-  1.5B target's forwards (:func:`amx_from_rows`).
+  1.5B target's forwards (:func:`amx_from_rows`; ``SPECDEC_INT8_AMX_ROWS=0`` turns it off).
 * ``fbgemm`` — ``linear_with_input_q_dq_qweight_dq_output_fp32`` through ``torch.ops``, everywhere else
   (or with ``SPECDEC_INT8_KERNEL=fbgemm``), with 7-bit activations (see ACT_LEVELS).
 
@@ -70,7 +70,14 @@ def _vnni_module() -> ModuleType | None:
     if not build.available():  # also False where the extension cannot run at all (build.unsupported_reason)
         return None
     module = build.kernel()
-    return module if module.int8_gemm_supported() else None
+    if not module.int8_gemm_supported():
+        return None
+    rows = os.environ.get("SPECDEC_INT8_AMX_ROWS", "").strip()
+    if rows:  # AMX from this many rows (0: never); the output bits are the same either way
+        if not rows.isdigit():
+            raise ValueError(f"SPECDEC_INT8_AMX_ROWS={rows!r}: a number of rows (0: never AMX)")
+        module.set_int8_amx_min_rows(int(rows))
+    return module
 
 
 @functools.lru_cache(maxsize=1)
