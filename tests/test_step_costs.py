@@ -77,6 +77,15 @@ def test_curve_interpolates_and_extends_the_last_slope():
     assert curve.row_seconds() == pytest.approx(0.5)  # a long prefill's seconds per prompt token
 
 
+def test_a_curve_never_falls_with_more_rows():
+    """Noise can time 32 rows below 16 (a busy minute): extrapolated to 32 requests' drafts, that
+    falling slope once gave int8 a negative forward cost and -85.6 expected tokens/s."""
+    noisy = Curve("int8", {1: 0.093, 4: 0.104, 8: 0.099, 16: 0.140, 32: 0.120})
+    assert noisy.seconds == {1: 0.093, 4: 0.104, 8: 0.104, 16: 0.140, 32: 0.140}
+    assert noisy.row_seconds() > 0 and noisy.cost(160) >= noisy.cost(32) > 0
+    assert all(noisy.cost(t) <= noisy.cost(t + 1) for t in range(1, 200))
+
+
 def test_curves_are_measured_once_and_cached_per_cpu(tmp_path, monkeypatch, int4_kernel):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     first = curves_for(TINY, ("int8", "int4"))
