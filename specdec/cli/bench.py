@@ -10,7 +10,8 @@ import argparse
 import sys
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
-                                gamma_value, positive_int, sampling_from_args, speculation_limit_value, tree_values)
+                                gamma_value, kernels_in_use, positive_int, sampling_from_args, speculation_limit_value,
+                                tree_values)
 from specdec.errors import SpecdecError
 
 
@@ -141,11 +142,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if close_peers is not None:
             close_peers()
-    from specdec.kernels.int8 import kernels_note
-
-    modes = [m.backend.mode for m in (target, draft) if m is not None]
-    modes += [m.backend.prompt_backend.mode for m in (target, draft) if m is not None]
-    execution = target.backend.dtype_name + kernels_note(modes)  # which instruction sets ran: results differ by CPU
+    execution = target.backend.dtype_name + kernels_in_use(target, draft)  # which instruction sets ran
     meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]),
             "machine": f"{cpu_description()}, {os.cpu_count()} cores, torch {torch.__version__}", "model": args.model,
             "draft_model": args.draft_model if draft else None, "execution": execution,

@@ -259,6 +259,15 @@ def execution_modes(args: argparse.Namespace, method: str | None, concurrency: i
     return target_mode, draft_mode, plan
 
 
+def kernels_in_use(*models) -> str:  # noqa: ANN002 - LoadedModel | None
+    """The execution line's note on the C++ kernels the loaded models (and their prompt twins) run
+    here, e.g. ``", avx512-vnni kernels, int8 on AMX from 2 rows"`` (results differ by CPU)."""
+    from specdec.kernels.int8 import kernels_note
+
+    loaded = [m for m in models if m is not None]
+    return kernels_note([m.backend.mode for m in loaded] + [m.backend.prompt_backend.mode for m in loaded])
+
+
 def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     from specdec.config import DEFAULT_DRAFT_METHOD, DEFAULT_NUM_SPECULATIVE_TOKENS, SpecConfig
 

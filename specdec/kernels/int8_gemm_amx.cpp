@@ -15,12 +15,16 @@
 //
 // The OS must grant a process the AMX tile state before its first use (Linux arch_prctl
 // ARCH_REQ_XCOMP_PERM): amx_int8_ready() asks once and says whether it was granted.
+#include "dot_kernels.h"
+
+// AMX intrinsics arrived in GCC 11 and clang 12: an older compiler builds the rest of the extension,
+// and this file then only says that AMX is not ready (the VNNI kernel runs every pass).
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cstdint>
-#include "dot_kernels.h"
 
 namespace {
 
@@ -123,3 +127,19 @@ bool amx_int8_ready() {
 }
 
 }  // namespace specdec_kernels
+
+#else  // no AMX intrinsics in this compiler
+
+namespace specdec_kernels {
+
+bool amx_int8_ready() { return false; }
+
+void int8_gemm_panel_amx(const int8_t* xq, const float* xs, const int32_t* totals, int64_t rows, int64_t K,
+                         const uint8_t* panel, const float* ws, const float* bias, int64_t cols, float* out,
+                         int64_t ldo) {
+  int8_gemm_panel_avx512(xq, xs, totals, rows, K, panel, ws, bias, cols, out, ldo);
+}
+
+}  // namespace specdec_kernels
+
+#endif

@@ -19,7 +19,8 @@
 // result is bit-identical alone or in a chunk (the premise of exact speculation).
 //
 // Compiled for AVX-512 (the pragma), run only where the CPU reports avx512f/bw/vl/vnni (int8_gemm.cpp
-// checks); nothing here includes torch, and everything but the two entry points has internal linkage.
+// checks); nothing here includes torch, and everything but the three entry points (the quantizer, the panel
+// kernel and the epilogue int8_finish_rows, which the AMX kernel shares) has internal linkage.
 #include <immintrin.h>
 #include <cstdint>
 #include "dot_kernels.h"
