@@ -81,8 +81,13 @@ class Curve:
             return known[0][1]
         (t0, s0), (t1, s1) = known[-2], known[-1]
         last = (s1 - s0) / (t1 - t0)
-        # a last segment flattened by noise (__post_init__) would make long prefills free: the whole curve's slope
-        return last if last > 0 else (s1 - known[0][1]) / (t1 - known[0][0])
+        if last > 0:
+            return last
+        # flattened by noise (__post_init__; a tiny model's probe is call overhead): long prefills are not
+        # free — the whole curve's slope, or where that is flat too the largest size's cost per row (an
+        # upper bound: a 0 here once chose an int4 prompt twin for a tiny int8 server)
+        whole = (s1 - known[0][1]) / (t1 - known[0][0])
+        return whole if whole > 0 else s1 / t1
 
 
 @dataclass

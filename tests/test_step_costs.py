@@ -84,6 +84,8 @@ def test_a_curve_never_falls_with_more_rows():
     assert noisy.seconds == {1: 0.093, 4: 0.104, 8: 0.104, 16: 0.140, 32: 0.140}
     assert noisy.row_seconds() > 0 and noisy.cost(160) >= noisy.cost(32) > 0
     assert all(noisy.cost(t) <= noisy.cost(t + 1) for t in range(1, 200))
+    flat = Curve("int4", {1: 0.0026, 8: 0.0025, 32: 0.0024})  # a tiny model: call overhead only
+    assert flat.row_seconds() == pytest.approx(0.0026 / 32)  # never free
 
 
 def test_curves_are_measured_once_and_cached_per_cpu(tmp_path, monkeypatch, int4_kernel):
