@@ -51,9 +51,8 @@ def time_forward(model: specdec.LoadedModel, tokens: int, context: list[int]) ->
     return time.perf_counter() - start
 
 
-def set_amx(model: specdec.LoadedModel, on: bool) -> None:
-    """AMX from one row on, or never (the VNNI kernel's panels serve both: same bits)."""
-    del model  # the threshold is the extension's, for the whole process
+def set_amx(on: bool) -> None:
+    """AMX from one row on, or never, for the whole process (the VNNI kernel's panels serve both: same bits)."""
     kernel().set_int8_amx_min_rows(1 if on else 0)
 
 
@@ -89,13 +88,12 @@ def main() -> int:
         best = {name: float("inf") for name in names}
         for _ in range(args.repeats):
             for name, model in models.items():
-                set_amx(model, name == "amx")
+                set_amx(name == "amx")
                 best[name] = min(best[name], time_forward(model, tokens, context))
         seconds = best[last]
         print(f"| {tokens} | {' | '.join(f'{best[n] * 1e3:.1f}' for n in names)} | "
               f"{' | '.join(f'{best[names[0]] / best[n]:.2f}×' for n in names[1:])} | {tokens / seconds:.1f} | "
               f"{layer_bytes / seconds / 1e9:.1f} | {2 * ((layer_bytes - head_bytes) * tokens + head_bytes) / seconds / 1e9:.0f} |")
-    set_amx(models[last], True)
     return 0
 
 

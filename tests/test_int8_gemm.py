@@ -130,7 +130,7 @@ def test_wrong_shapes_get_a_clear_error():
         module.int8_gemm(torch.zeros(2, 60), packed, scales, None, 64)
 
 
-@pytest.mark.parametrize("outputs,inputs", [(100, 64), (130, 80), (256, 1536), (70, 8960 // 4 + 16)])
+@pytest.mark.parametrize("outputs,inputs", [(100, 64), (130, 80), (64, 96), (40, 112), (256, 1536), (70, 8960 // 4 + 16)])
 def test_amx_gives_the_vnni_kernels_bits(amx, outputs, inputs):
     """Every input size class (a K that ends with 16, 32 or 48 inputs past a 64-input tile), rows
     across the 16-row tiles and the 256-row passes: AMX == VNNI == the integer reference."""
@@ -147,11 +147,31 @@ def test_amx_gives_the_vnni_kernels_bits(amx, outputs, inputs):
         assert torch.equal(on_amx, reference(x[:rows], layer)), f"{rows} rows"
 
 
-def test_amx_runs_from_two_rows_and_the_threshold_is_checked(amx):
+def test_the_amx_threshold_can_be_set_and_is_checked(amx):
     amx.set_int8_amx_min_rows(0)
     assert amx.int8_amx_min_rows() == 0
     with pytest.raises(RuntimeError, match=">= 0"):
         amx.set_int8_amx_min_rows(-1)
+
+
+def test_the_amx_environment_switch(amx, monkeypatch):
+    """``SPECDEC_INT8_AMX_ROWS``: read when the extension is first used; 0 turns AMX off, anything but a
+    number of rows is refused by name."""
+    try:
+        monkeypatch.setenv("SPECDEC_INT8_AMX_ROWS", "two")
+        int8_module._vnni_module.cache_clear()
+        with pytest.raises(ValueError, match="SPECDEC_INT8_AMX_ROWS='two'"):
+            int8_module._vnni_module()
+        monkeypatch.setenv("SPECDEC_INT8_AMX_ROWS", "0")
+        int8_module._vnni_module.cache_clear()
+        assert int8_module.amx_from_rows() == 0
+        assert int8_module.kernels_note(["int8"]) == ""
+        monkeypatch.setenv("SPECDEC_INT8_AMX_ROWS", "4")
+        int8_module._vnni_module.cache_clear()
+        assert int8_module.kernels_note(["int8"]) == ", int8 on AMX from 4 rows"
+    finally:
+        monkeypatch.delenv("SPECDEC_INT8_AMX_ROWS")
+        int8_module._vnni_module.cache_clear()
 
 
 def test_the_default_amx_threshold_is_two_rows():

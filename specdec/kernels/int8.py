@@ -111,8 +111,9 @@ def kernels_note(modes: list[str]) -> str:
     notes = []
     if any(mode.startswith("int4") for mode in modes):
         notes.append(f"{build.kernel_path()} kernels")
-    if "int8" in modes and amx_from_rows():
-        notes.append(f"int8 on AMX from {amx_from_rows()} rows")
+    amx_rows = amx_from_rows() if "int8" in modes else 0
+    if amx_rows:
+        notes.append(f"int8 on AMX from {amx_rows} rows")
     return "".join(f", {note}" for note in notes)
 
 

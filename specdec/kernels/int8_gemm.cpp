@@ -69,9 +69,8 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
                                                            : specdec_kernels::int8_gemm_panel_avx512;
     specdec_kernels::run_tiles(panels, [&](int64_t p) {
       const int64_t n0 = p * kPanelOutputs;
-      panel_kernel(xq.data() + m0 * K, xs.data() + m0, totals.data() + m0, rows, K,
-      wp + p * K * kPanelOutputs, sp + n0, bp ? bp + n0 : nullptr,
-      std::min(kPanelOutputs, N - n0), op + m0 * N + n0, N);
+      panel_kernel(xq.data() + m0 * K, xs.data() + m0, totals.data() + m0, rows, K, wp + p * K * kPanelOutputs,
+                   sp + n0, bp ? bp + n0 : nullptr, std::min(kPanelOutputs, N - n0), op + m0 * N + n0, N);
     });
   }
   return out;
