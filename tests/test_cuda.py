@@ -291,3 +291,48 @@ def test_eagle_chain_steps_replay_a_graph_as_eager_steps_on_cuda(tiny_dirs, tiny
         assert (got.stats.proposed_tokens, got.stats.accepted_tokens) == (want.stats.proposed_tokens,
                                                                           want.stats.accepted_tokens)
     assert steps  # the graphed run's chain steps went through the graph (the eager target's did not)
+
+
+# --- EAGLE-3's fused features on the GPU ------------------------------------------------------------------
+
+def test_a_fused_feature_head_is_exact_on_cuda(cuda_pair, tiny_target, tmp_path):
+    """A head over layers 1, 2 and 4 (the decoder runs its layers in pieces to record them): the
+    target's graphed steps record all three slices, chains and trees give plain decoding's tokens, and
+    graphed and eager targets draft the same chains (the slices a graph writes are the eager ones)."""
+    from specdec.models.head_files import save_head
+    from tests.test_feature_layers import fused_head
+
+    target, _ = cuda_pair
+    path = save_head(fused_head(tiny_target, scale=0.3), tmp_path / "fused")
+    eager = specdec.load_model(target.path, dtype="float32", device="cuda")
+    eager.backend.graphs = None
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    for tree in ("off", 4):
+        spec = SpecConfig(method="eagle", drafter_path=str(path), num_speculative_tokens=3, spec_tree=tree)
+        for prompt in PROMPTS:
+            got = specdec.generate(target, prompt, params, spec=spec)
+            want = specdec.generate(eager, prompt, params, spec=spec)
+            assert got.token_ids == want.token_ids == specdec.generate(target, prompt, params).token_ids, (tree, prompt)
+            assert got.stats.proposed_tokens > 0
+            if tree == "off":  # a tree's size follows the measured verify costs (timings): only chains compare
+                assert (got.stats.proposed_tokens, got.stats.accepted_tokens) == (want.stats.proposed_tokens,
+                                                                                  want.stats.accepted_tokens)
+    assert any(records_features for (_, _, _, records_features) in target.backend.graphs.graphs)
+
+
+def test_train_drafter_fused_features_on_the_gpu(tiny_dirs, tmp_path):
+    """`train-drafter --feature-layers 1,2,4` with CUDA present: extraction records the three slices on
+    the GPU, the fused head trains in bfloat16 there and its report speculates with it."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(30):
+        (corpus / f"mod{i}.py").write_text("".join(f'def f{i}_{j}(x):\n    """Scale."""\n    return x * {j} + {i}\n\n'
+                                                for j in range(30)))
+    out = tmp_path / "fused"
+    assert main(["train-drafter", "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--out", str(out),
+                 "--seq-len", "64", "--max-sequences", "8", "--max-steps", "6", "--held-out-sequences", "2",
+                 "--eval-prompts", "2", "--eval-tokens", "8", "--draft-vocab-size", "300", "--feature-layers", "1,2,4",
+                 "--generate-minutes", "0.2", "--generate-tokens", "8"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["feature_layers"] == [1, 2, 4] and config["training"]["precision"] == "bfloat16"
+    assert "identical to plain:" in (out / "report.md").read_text()

@@ -98,10 +98,14 @@ class CudaGraphRunner:
         return (0 < tokens <= self.max_tokens and cache in self.pooled and layers is None and not return_hidden
                 and (vocab_limit is None or vocab_limit >= self.decoder.config.vocab_size))
 
+    @torch.inference_mode()
     def forward(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                 num_logits: int | None) -> torch.Tensor:
         """Logits of the chunk ``ids [T]`` appended at ``cache.seq_len`` (as ``Decoder.forward``):
-        ``positions [T]`` on the device; ``mask [T, seq_len + T]`` a tree's (None: a chain)."""
+        ``positions [T]`` on the device; ``mask [T, seq_len + T]`` a tree's (None: a chain).
+        In inference mode, as the eager forward: a step's buffers first made inside it (the
+        self-distillation continuations run in inference mode) are inference tensors, which a
+        later replay outside it could not fill (train-drafter's report failed so on a GPU)."""
         tokens = ids.numel()
         start = cache.reserve(tokens)
         key = (cache.k.data_ptr(), tokens, mask is not None, cache.feature_layers)
