@@ -200,11 +200,12 @@ class GammaController:
         draft = k * (self.draft_s_per_token or 0.0)
         return expected_tokens(self.planning_alpha, k) / (draft + self.verify.cost(k))
 
-    def saving_per_token(self) -> float:
+    def saving_per_token(self) -> float | None:
         """Seconds per committed token drafting at the best γ saves over plain decoding, as far as
-        the current estimates say (0 when nothing is measured or drafting does not pay)."""
+        the current estimates say (0 when drafting does not pay); None while the draft's step or the
+        verification cost is unmeasured — unknown, which the first rounds measure, is not "no saving"."""
         if self.draft_s_per_token is None or not self.verify.seconds:
-            return 0.0
+            return None
         best = max(self.expected_rate(k) for k in range(1, self.max_k + 1)) if self.max_k else 0.0
         plain = self.expected_rate(0)
         return max(0.0, 1.0 / plain - 1.0 / best) if best > plain > 0 else 0.0

@@ -192,9 +192,8 @@ def generate_steps(
         if gamma is not None:  # γ=auto: a draft model's prompt pass must be paid back by this request's tokens
             catch_up = drafter.catch_up_seconds(len(context))
             loaded = saving_under_load() if saving_under_load is not None and catch_up else None
-            saving = gamma.saving_per_token() if loaded is None else loaded
-            unmeasured = loaded is None and gamma.draft_s_per_token is None  # the first rounds measure it
-            drafting_pays = not catch_up or unmeasured or (params.max_tokens - 1) * saving > catch_up
+            saving = gamma.saving_per_token() if loaded is None else loaded  # None: unmeasured, the first rounds measure it
+            drafting_pays = not catch_up or saving is None or (params.max_tokens - 1) * saving > catch_up
             if not drafting_pays:
                 stats.speculation_note = (f"not drafting: the draft's pass over the prompt (~{catch_up * 1e3:.0f} ms measured "
                                           f"cost) would not be paid back by {params.max_tokens - 1} more tokens"

@@ -120,6 +120,8 @@ def test_an_unjudged_drafter_is_tried_and_kept_where_it_pays():
     assert 127 * pessimist.saving_per_token() < prompt_pass_s  # the old behaviour: not worth a prompt pass
     controller = zen4_controller()
     assert 127 * controller.saving_per_token() > prompt_pass_s and controller.choose() > 0
+    unmeasured = GammaController.from_measured(8, {k + 1: ZEN4_INT4_VERIFY(k) for k in range(9)}, None)
+    assert unmeasured.saving_per_token() is None  # unknown, not "no saving": the engine drafts to measure it
     plain = 1.0 / ZEN4_INT4_VERIFY(0)
     rate = simulate(controller.choose, 0.88, ZEN4_DRAFT_S, ZEN4_INT4_VERIFY, 0.02, steps=128, controller=controller, prefill_s=prompt_pass_s)
     best_fixed = max(simulate(lambda k=k: k, 0.88, ZEN4_DRAFT_S, ZEN4_INT4_VERIFY, 0.02, steps=128, prefill_s=prompt_pass_s)
