@@ -194,3 +194,5 @@ def test_train_drafter_fused_features_end_to_end(tiny_dirs, tmp_path):
     assert main([*common, "--out", str(again), "--extract-minutes", "0"]) == 0
     assert json.loads((again / "config.json").read_text())["feature_layers"] == [4]
     assert main([*common, "--out", str(tmp_path / "bad"), "--feature-layers", "4,2"]) == 1
+    with pytest.raises(SystemExit):  # not layer numbers at all: refused before the target loads
+        main([*common, "--out", str(tmp_path / "bad"), "--feature-layers", "2,x"])

@@ -74,7 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="the head's MLP width (0: twice the target's hidden size; default: 0)")
     cmd.add_argument("--num-heads", type=positive_int, default=4, metavar="K",
                      help="medusa: heads, i.e. the most tokens one round drafts (default: 4)")
-    cmd.add_argument("--feature-layers", default="final", metavar="final|fused|L1,L2,..",
+    cmd.add_argument("--feature-layers", type=feature_layers_arg, default="final", metavar="final|fused|L1,L2,..",
                      help="eagle: which of the target's layers the head reads — final: its final hidden state (EAGLE-1/2); "
                           "fused: a low, a middle and the final one, fused by a linear layer (EAGLE-3's features: 3x the "
                           "feature bytes on disk and in memory); or ascending layer numbers, each the input of that "
@@ -157,6 +157,14 @@ def loss_weight(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 (off) or more, got {text}")
     return value
+
+
+def feature_layers_arg(text: str) -> str:
+    """--feature-layers: final, fused or layer numbers, checked for form here (before the target loads);
+    whether the numbers fit the target is checked once its depth is known."""
+    if text in ("final", "fused") or all(part.strip().isdigit() for part in text.split(",")):
+        return text
+    raise argparse.ArgumentTypeError(f"give final, fused or ascending layer numbers such as 2,14,28, got {text!r}")
 
 
 def run(args: argparse.Namespace) -> int:

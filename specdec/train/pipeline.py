@@ -99,6 +99,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
 
     target = specdec.load_model(job.model, quantize=target_mode(job), progress=progress)
     log(f"target {target.name}: {target.backend.dtype_name}")
+    layers = feature_layers(job.feature_layers, target.config.num_layers, job.kind)  # before the data is read
     docs = load_documents(job.data)
     encode = target.tokenizer.encode
     held_out = token_sequences(docs, encode, job.seq_len, held_out=True, seed=job.train.seed)[: job.held_out_sequences]
@@ -110,7 +111,6 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
                            f"of up to {job.seq_len} tokens: give more text")
     log(f"data {job.data}: {len(docs)} documents, {len(train)} training sequences available, {len(held_out)} held out")
     prompts = [seq[: job.eval_prompt_tokens] for seq in held_out[: job.eval_prompts]]
-    layers = feature_layers(job.feature_layers, target.config.num_layers, job.kind)
     features = out / "features"
     began = time.perf_counter()
     generated = generate_sequences(target, docs, out / "generated.jsonl", features / "generated", job.generate_minutes,
