@@ -224,8 +224,10 @@ def test_continuous_batching_serves_concurrent_requests_in_shared_forwards_with_
     trees of several requests are verified in the same forwards, each with its own tree mask."""
     target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
     trees = [] if tree == "off" else ["--spec-tree", tree, "--disable-speculation-above", "never"]
+    # --prompt-quantize same: the library's default; auto picks a prompt twin from the tiny model's timings (noise)
     proc, base = launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--quantize", "int8",
-                        "--served-model-name", "tiny", "--num-speculative-tokens", "3", "--max-concurrency", "8", *trees)
+                        "--prompt-quantize", "same", "--served-model-name", "tiny", "--num-speculative-tokens", "3",
+                        "--max-concurrency", "8", *trees)
     try:
         prompts = [f"def f{i}(x):" for i in range(12)]
 
