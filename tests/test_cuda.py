@@ -10,6 +10,7 @@ sampling guarantee is checked with the same χ² certificate as on the CPU, on C
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -221,17 +222,24 @@ def test_batch_api_answers_each_prompt_as_alone_on_cuda(cuda_pair):
             assert result.token_ids == alone.token_ids, (spec, prompt)
 
 
+def documented_corpus(tmp_path) -> Path:
+    """30 small modules of documented functions: training sequences, and prompts that self-distillation
+    (--generate-minutes) continues (it needs functions with docstrings)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(30):
+        (corpus / f"mod{i}.py").write_text("".join(f'def f{i}_{j}(x):\n    """Scale."""\n    return x * {j} + {i}\n\n'
+                                                for j in range(30)))
+    return corpus
+
+
 @pytest.mark.parametrize("kind", ["eagle", "distill"])
 def test_train_drafter_trains_on_the_gpu(tiny_dirs, tmp_path, kind):
     """`specdec train-drafter` with CUDA present: the target loads on the GPU and generates the
     self-distillation continuations there (their features recorded by graphed steps), the head (or
     the draft's last layers) trains there in bfloat16 (before, the head stayed on the CPU and the
     first step failed on mixed devices), and the report speculates with the result."""
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(30):
-        (corpus / f"mod{i}.py").write_text("".join(f'def f{i}_{j}(x):\n    """Scale."""\n    return x * {j} + {i}\n\n'
-                                                for j in range(30)))
+    corpus = documented_corpus(tmp_path)
     out = tmp_path / kind
     args = ["train-drafter", "--kind", kind, "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--out", str(out),
             "--seq-len", "64", "--max-sequences", "16", "--max-steps", "10", "--held-out-sequences", "4",
@@ -323,11 +331,7 @@ def test_a_fused_feature_head_is_exact_on_cuda(cuda_pair, tiny_target, tmp_path)
 def test_train_drafter_fused_features_on_the_gpu(tiny_dirs, tmp_path):
     """`train-drafter --feature-layers 1,2,4` with CUDA present: extraction records the three slices on
     the GPU, the fused head trains in bfloat16 there and its report speculates with it."""
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(30):
-        (corpus / f"mod{i}.py").write_text("".join(f'def f{i}_{j}(x):\n    """Scale."""\n    return x * {j} + {i}\n\n'
-                                                for j in range(30)))
+    corpus = documented_corpus(tmp_path)
     out = tmp_path / "fused"
     assert main(["train-drafter", "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--out", str(out),
                  "--seq-len", "64", "--max-sequences", "8", "--max-steps", "6", "--held-out-sequences", "2",
