@@ -61,10 +61,10 @@ def generate_batch(
     jobs: list[dict] = [{} for _ in prompts]  # each request's engine arguments, made when it is admitted
     chunks: list[list[StreamChunk]] = [[] for _ in prompts]
     failures: list[BaseException] = []
-    batcher = Batcher(max_num_batched_tokens, prompts_per_forward=prompts_per_forward(chunk))
     # how much each request may draft while others share its forwards (the server's policy, read
-    # against the exact number of requests in flight)
+    # against the exact number of requests in flight, its curves corrected by the forwards' costs)
     policy = BatchPolicy.from_setting(disable_speculation_above, resolve_spec(spec, draft), target, draft, max_num_seqs)
+    batcher = Batcher(max_num_batched_tokens, policy.costs.observe, prompts_per_forward(chunk))
     bar = None
     if progress:
         from tqdm import tqdm

@@ -165,12 +165,18 @@ def batch_rate(curve: Curve, requests: int, alpha: float | None, draft_cost: Cal
     plain = requests / curve.cost(requests)
     best_rate_, best_gamma, to_beat = plain, 0, plain * plain_margin
     for gamma in range(1, max_gamma + 1) if alpha is not None else ():
-        committed = requests * expected_tokens(alpha, gamma)
-        rate = committed / (curve.cost(requests * (gamma + 1)) + gamma * draft_cost(requests)
-                            + committed * PROMPT_TOKENS_PER_GENERATED * draft_prompt_row_s)
+        rate = speculation_rate(curve, requests, alpha, gamma, draft_cost, draft_prompt_row_s)
         if rate > to_beat:
             best_rate_, best_gamma, to_beat = rate, gamma, rate
     return best_rate_, best_gamma
+
+
+def speculation_rate(curve: Curve, requests: int, alpha: float, gamma: int, draft_cost: Callable[[int], float],
+                     draft_prompt_row_s: float = 0.0) -> float:
+    """Tokens/s of ``requests`` requests stepped together, each drafting ``gamma`` (see :func:`batch_rate`)."""
+    committed = requests * expected_tokens(alpha, gamma)
+    return committed / (curve.cost(requests * (gamma + 1)) + gamma * draft_cost(requests)
+                        + committed * PROMPT_TOKENS_PER_GENERATED * draft_prompt_row_s)
 
 
 def batch_gammas(step_seconds: dict[int, float] | None, alpha: float, gamma: int | None,
@@ -205,15 +211,21 @@ def batch_gammas(step_seconds: dict[int, float] | None, alpha: float, gamma: int
 
 
 def batch_saving_per_token(step_seconds: dict[int, float], requests: int, alpha: float, gamma: int | None,
-                           draft_step_seconds: dict[int, float] | None, max_gamma: int = 8) -> float:
+                           draft_step_seconds: dict[int, float] | None, max_gamma: int = 8,
+                           draft_prompt_row_s: float = 0.0) -> float:
     """Forward seconds per committed token that speculating saves over plain decoding when
     ``requests`` requests share forwards, at the γ :func:`batch_gammas` would give them (0 where it
-    does not pay): what a draft model's pass over a new request's prompt must be paid back from
-    under load — less than a request alone saves, as verification rows are no longer free."""
+    does not pay, the draft's prompt passes counted as there): what a draft model's pass over a new
+    request's prompt must be paid back from under load — less than a request alone saves, as
+    verification rows are no longer free. (The saving itself leaves the prompt passes out: the pay-back
+    test charges the request's own.)"""
     curve = Curve("target", dict(step_seconds))
-    rate, chosen = batch_rate(curve, requests, alpha, draft_rows_cost(draft_step_seconds), gamma or max_gamma,
-                              BATCH_SPECULATION_MARGIN)
-    return curve.cost(requests) / requests - 1.0 / rate if chosen else 0.0
+    draft_cost = draft_rows_cost(draft_step_seconds)
+    _, chosen = batch_rate(curve, requests, alpha, draft_cost, gamma or max_gamma, BATCH_SPECULATION_MARGIN,
+                           draft_prompt_row_s)
+    if not chosen:
+        return 0.0
+    return curve.cost(requests) / requests - 1.0 / speculation_rate(curve, requests, alpha, chosen, draft_cost)
 
 
 def batch_speculation_limit(step_seconds: dict[int, float] | None, alpha: float, gamma: int | None,

@@ -22,10 +22,11 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Hashable
 
 from specdec.adaptive import PRIOR_TRIALS, TRIALS_TO_JUDGE, acceptance_trials
 from specdec.errors import SpecdecError
+from specdec.forward_costs import ForwardCosts
 
 if TYPE_CHECKING:
     from specdec.api import LoadedModel
@@ -157,24 +158,29 @@ class AcceptanceMeter:
 
 
 class GammaTable:
-    """γ per number of concurrent requests for an α (cost_model.batch_gammas over the measured
-    curves), recomputed when α moves by a step of 0.05; and what speculating saves per token at a
-    load (cost_model.batch_saving_per_token: a new request's draft prompt pass must repay it)."""
+    """γ per number of concurrent requests for an α (cost_model.batch_gammas over the curves), recomputed
+    when α moves by a step of 0.05 or the measured forward costs move (``version``: a value that
+    changes with them, :func:`measured_gamma_table`); and what speculating saves per token at a load
+    (cost_model.batch_saving_per_token: a new request's draft prompt pass must repay it)."""
 
     def __init__(self, gammas_for: Callable[[float], dict[int, int] | None],
-                 saving_for: Callable[[float, int], float] | None = None) -> None:
+                 saving_for: Callable[[float, int], float] | None = None,
+                 version: Callable[[], Hashable] = lambda: None) -> None:
         self.gammas_for = gammas_for
         self.saving_for = saving_for
-        self._cache: dict[float, dict[int, int] | None] = {}
+        self.version = version
+        self._cache: dict[tuple[float, Hashable], dict[int, int] | None] = {}
 
     @staticmethod
     def _key(alpha: float) -> float:
         return round(min(max(alpha, 0.0), 0.99) * 20) / 20
 
     def for_alpha(self, alpha: float) -> dict[int, int] | None:
-        key = self._key(alpha)
+        key = (self._key(alpha), self.version())
         if key not in self._cache:
-            self._cache[key] = self.gammas_for(key)
+            if len(self._cache) > 256:  # costs keep moving a little: forget old tables
+                self._cache.clear()
+            self._cache[key] = self.gammas_for(key[0])
         return self._cache[key]
 
     def saving(self, alpha: float, requests: int) -> float | None:
@@ -192,6 +198,8 @@ class BatchPolicy:
     limit: int | None = None
     table: GammaTable | None = None
     acceptance: AcceptanceMeter = field(default_factory=AcceptanceMeter)
+    #: what the scheduler's forwards measured (the table's curves are rescaled by it; fed by its owner)
+    costs: ForwardCosts = field(default_factory=ForwardCosts)
 
     @classmethod
     def from_setting(cls, setting: int | str | None, spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None,
@@ -200,7 +208,8 @@ class BatchPolicy:
         the loaded models' measured costs (:func:`measured_gamma_table`; never switched off where those
         are unmeasured) —, a number of requests, or ``"never"`` (None too)."""
         if setting == "auto":
-            return cls(None, measured_gamma_table(spec, target, draft, max_requests))
+            costs = ForwardCosts()
+            return cls(None, measured_gamma_table(spec, target, draft, max_requests, costs), costs=costs)
         if setting in ("never", None):
             return cls(None)
         if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
@@ -230,11 +239,13 @@ class BatchPolicy:
 
 
 def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None,
-                         max_requests: int) -> GammaTable | None:
+                         max_requests: int, costs: ForwardCosts | None = None) -> GammaTable | None:
     """``--disable-speculation-above auto``: :func:`specdec.cost_model.batch_gammas` for the
     method over the target's and draft's measured curves, at the α the traffic shows (a request
     that overrides the method is held to the same γ per number of requests); None when the
-    target's costs are unmeasured (float weights, CUDA: nothing is switched off)."""
+    target's costs are unmeasured (float weights, CUDA: nothing is switched off). The curves are
+    rescaled by what ``costs`` measured of the batched forwards at each size, once it has
+    (specdec.forward_costs: a batch of N requests costs more than one sequence's N-token chunk)."""
     from specdec.cost_model import Curve, batch_gammas, batch_saving_per_token
     from specdec.drafters.registry import needs_draft_model
     from specdec.step_calibration import rescaled
@@ -254,7 +265,27 @@ def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedMod
         prompt_curve = full_curve(draft.config, prompts.mode) or prompts.step_seconds
         prompt_row_s = Curve(prompts.mode, prompt_curve).row_seconds() if prompt_curve else 0.0
     gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
-    return GammaTable(lambda alpha: batch_gammas(target_curve, alpha, gamma, drafting, max_requests,
-                                                 spec.max_speculative_tokens, prompt_row_s),
-                      lambda alpha, requests: batch_saving_per_token(target_curve, requests, alpha, gamma, drafting,
-                                                                     spec.max_speculative_tokens))
+    costs = costs if costs is not None else ForwardCosts()
+
+    def curves() -> tuple[dict[int, float], dict[int, float] | None]:
+        """The target's curve by rows and the draft model's by requests, as measured so far."""
+        measured_target = rescaled(target_curve, costs.ratios(target.backend, target_curve, "rows"))
+        if drafting is None or draft is None:
+            return measured_target, drafting
+        return measured_target, rescaled(drafting, costs.ratios(draft.backend, drafting, "requests"))
+
+    def version() -> Hashable:  # the curves to a tenth of their measured ratios
+        target_now, drafting_now = curves()
+        return tuple(round(math.log(now / target_curve[size]) * 10) for size, now in sorted(target_now.items())) + tuple(
+            round(math.log(now / drafting[size]) * 10) for size, now in sorted((drafting_now or {}).items()))
+
+    def gammas_for(alpha: float) -> dict[int, int] | None:
+        target_now, drafting_now = curves()
+        return batch_gammas(target_now, alpha, gamma, drafting_now, max_requests, spec.max_speculative_tokens, prompt_row_s)
+
+    def saving_for(alpha: float, requests: int) -> float:
+        target_now, drafting_now = curves()
+        return batch_saving_per_token(target_now, requests, alpha, gamma, drafting_now, spec.max_speculative_tokens,
+                                      prompt_row_s)
+
+    return GammaTable(gammas_for, saving_for, version)

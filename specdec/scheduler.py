@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
 from specdec.calls import ModelCall
+from specdec.forward_costs import Forward
 
 #: what a stream's consumer receives after the last chunk (or after an exception)
 END = object()
@@ -68,16 +69,17 @@ class Stream:
 class Batcher:
     """The active streams and the batched forwards that move them on."""
 
-    def __init__(self, max_num_batched_tokens: int = 2048, on_batch: Callable[[int, int], None] | None = None,
+    def __init__(self, max_num_batched_tokens: int = 2048, on_forward: Callable[[Forward], None] | None = None,
                  prompts_per_forward: int | None = None) -> None:
         """``max_num_batched_tokens``: rows of one forward (a call larger than this runs alone);
-        ``on_batch(requests, rows)`` hears of each target forward; ``prompts_per_forward``: the most
+        ``on_forward`` hears of each forward, target's and draft models' (the server's metrics, the
+        load policy's measured costs: specdec.forward_costs); ``prompts_per_forward``: the most
         prompt passes (or chunks) one forward carries (None: as many as fit). 1 where prompt passes are
         compute-bound (chunked prefill on a CPU): two prompts in one forward cost their sum and both
         first tokens wait for it; one at a time, the first waits only for its own."""
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prompts_per_forward = prompts_per_forward
-        self.on_batch = on_batch
+        self.on_forward = on_forward
         self.streams: list[Stream] = []
 
     def add(self, stream: Stream) -> None:
@@ -155,8 +157,8 @@ class Batcher:
                 self.streams.remove(stream)
             return
         seconds = time.perf_counter() - start
-        if self.on_batch is not None and first.role == "target":
-            self.on_batch(len(batch), rows)
+        if self.on_forward is not None:
+            self.on_forward(Forward(first.backend, first.role, len(batch), rows, sum(s.call.prompt for s in batch), seconds))
         for stream, rows_logits in zip(batch, logits):
             stream.call.seconds = seconds * len(stream.call.tokens) / max(1, rows)
             stream.call, stream.reply = None, rows_logits

@@ -35,6 +35,7 @@ from specdec.server.audit import AuditCase, Auditor, auditable
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.params import APIError, sampling_params
+from specdec.forward_costs import Forward
 from specdec.policy import BatchPolicy, LoadAverage, RequestGate, requests_now
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 from specdec.server.responses import logprobs_body, sse, usage_body
@@ -127,7 +128,11 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
     app.state.specdec = state
-    state.executor.enable_batching(on_batch=state.metrics.observe_batch)
+    def heard(forward: Forward) -> None:  # on the model thread, after each forward
+        state.metrics.observe_forward(forward)
+        state.policy.costs.observe(forward)  # what forwards cost at this load: the policy's γ table reads it
+
+    state.executor.enable_batching(on_forward=heard)
     state.auditor = Auditor(state.target, state.executor, state.metrics, state.audit_fraction,
                             busy=lambda: state.active > 0 or state.waiting > 0)
 

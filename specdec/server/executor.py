@@ -22,6 +22,7 @@ import queue
 import threading
 from typing import Any, Callable, Generator, TypeVar
 
+from specdec.forward_costs import Forward
 from specdec.scheduler import END, Batcher, Stream
 
 T = TypeVar("T")
@@ -42,10 +43,10 @@ class ModelExecutor:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def enable_batching(self, on_batch: Callable[[int, int], None] | None = None) -> None:
-        """Accept streams from now on (before the first); ``on_batch(requests, tokens)`` hears of every
-        target forward (the server's metrics)."""
-        self._batcher = Batcher(self.max_num_batched_tokens, on_batch, self.prompts_per_forward)
+    def enable_batching(self, on_forward: Callable[[Forward], None] | None = None) -> None:
+        """Accept streams from now on (before the first); ``on_forward`` hears of every forward (the
+        server's metrics and its load policy's measured costs)."""
+        self._batcher = Batcher(self.max_num_batched_tokens, on_forward, self.prompts_per_forward)
 
     def prompt_pending(self) -> bool:
         """Whether a stream still waits for its prompt pass (:meth:`Batcher.prompt_pending`); asked on

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+from specdec.forward_costs import Forward
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60, 120)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2)
@@ -37,10 +39,12 @@ class Metrics:
         self.batch_tokens = Histogram("specdec_batch_tokens", "Tokens (rows) of one target forward",
                                       buckets=(1, 4, 16, 64, 256, 1024, 4096), registry=r)
 
-    def observe_batch(self, requests: int, tokens: int) -> None:
-        """One batched target forward (called on the model thread; the client is thread-safe)."""
-        self.batch_requests.observe(requests)
-        self.batch_tokens.observe(tokens)
+    def observe_forward(self, forward: Forward) -> None:
+        """One batched forward; the target's are counted (called on the model thread; the client is
+        thread-safe)."""
+        if forward.role == "target":
+            self.batch_requests.observe(forward.requests)
+            self.batch_tokens.observe(forward.rows)
 
     def observe(self, stats) -> None:  # noqa: ANN001 - specdec.stats.Stats
         self.ttft.observe(stats.ttft_s)

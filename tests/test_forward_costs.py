@@ -1,0 +1,98 @@
+"""The load policy's curves corrected by what the scheduler's batched forwards cost (forward_costs.py):
+on a 2-core AMX Xeon the probe-based curves made speculation look profitable at 8 concurrent requests
+where it ran at 0.85-0.94x plain, because a batch of N requests costs more than one sequence's chunk."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from specdec.calls import ModelCall
+from specdec.forward_costs import Forward, ForwardCosts
+from specdec.scheduler import END, Batcher, Stream
+
+TARGET = {1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105}
+DRAFT = {1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047}
+
+
+def test_decode_forwards_are_kept_by_rows_and_requests_prompt_passes_are_not():
+    costs, target, draft = ForwardCosts(min_samples=3), object(), object()
+    for seconds in (0.08, 0.10, 0.09):
+        costs.observe(Forward(target, "target", 8, 8, 0, seconds))
+    costs.observe(Forward(target, "target", 8, 8, 1, 5.0))  # carried a prompt pass: another curve
+    costs.observe(Forward(target, "target", 2, 16, 0, 0.2))  # only once so far: not yet a measurement
+    assert costs.measured(target, "rows") == {8: 0.09}
+    assert costs.measured(target, "requests") == {8: 0.09}
+    for _ in range(3):
+        costs.observe(Forward(draft, "draft", 1, 1, 0, 0.015))
+        costs.observe(Forward(draft, "draft", 1, 60, 0, 0.050))  # a draft's catch-up over a prompt, not a step
+    assert costs.measured(draft, "requests") == {1: 0.015}
+    assert costs.measured(draft, "rows") == {1: 0.015, 60: 0.050}
+    ratios = costs.ratios(draft, DRAFT, "requests")
+    assert ratios.keys() == {1} and abs(ratios[1] - 0.015 / 0.013) < 1e-9
+    assert costs.measured(object(), "rows") == {}  # per model
+
+
+def test_the_window_forgets_old_forwards():
+    costs, model = ForwardCosts(window=4, min_samples=2), object()
+    for seconds in (1.0, 1.0, 1.0, 1.0, 0.1, 0.1, 0.1):
+        costs.observe(Forward(model, "target", 1, 1, 0, seconds))
+    assert costs.measured(model, "rows") == {1: 0.1}
+
+
+def fake_model(seconds, prompt_seconds=None):
+    backend = SimpleNamespace(step_seconds=seconds, step_ratios={}, dtype_name="int8", mode="int8")
+    backend.prompt_backend = backend if prompt_seconds is None else SimpleNamespace(step_seconds=prompt_seconds, mode="int8")
+    return SimpleNamespace(config=SimpleNamespace(vocab_size=1000), backend=backend)
+
+
+def test_the_gamma_table_follows_what_batched_forwards_cost(monkeypatch):
+    """A draft model whose batched steps cost 2x its curve speculates at fewer loads, and the table is
+    rebuilt when the measurement moves (it is cached per α and measured costs)."""
+    from specdec import step_costs
+    from specdec.config import SpecConfig
+    from specdec.policy import measured_gamma_table
+
+    monkeypatch.setattr(step_costs, "full_curve", lambda cfg, mode: None)  # no cached curve: the backends' own
+    target, draft = fake_model(TARGET), fake_model(DRAFT, prompt_seconds={16: 0.020, 32: 0.0216})
+    costs = ForwardCosts()
+    table = measured_gamma_table(SpecConfig(method="draft_model", num_speculative_tokens=4), target, draft, 8, costs)
+    before = table.for_alpha(0.7)
+    assert before == {1: 3, 2: 1, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+    for requests in (1, 2, 4):
+        for _ in range(3):
+            costs.observe(Forward(draft.backend, "draft", requests, requests, 0, 2 * DRAFT[requests]))
+    after = table.for_alpha(0.7)
+    assert after == {1: 2, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+    assert table.saving(0.7, 3) == 0.0 < table.saving(0.7, 2)  # nothing saved where nothing is drafted
+    # the target measured cheaper than its curve at the rows speculation adds: speculation pays again
+    for rows in (1, 2, 4, 8):
+        for _ in range(3):
+            costs.observe(Forward(target.backend, "target", 1, rows, 0, TARGET[1]))
+    assert sum(table.for_alpha(0.7).values()) > sum(after.values())
+
+
+def test_the_batcher_reports_every_forward():
+    """Each forward, the target's and the draft model's, with its requests, rows, prompt passes and time."""
+
+    class Model:
+        def forward_batch(self, calls, vocab_limit=None):
+            return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
+
+    target, draft, heard = Model(), Model(), []
+
+    def request(prompt_len):
+        yield ModelCall(target, None, [0] * prompt_len, 1, prompt=True)
+        yield ModelCall(draft, None, [0], role="draft")
+        yield ModelCall(target, None, [0, 0])
+
+    batcher, done = Batcher(on_forward=heard.append), []
+    for length in (3, 5):
+        batcher.add(Stream(request(length), lambda item: done.append(item) if item is END else None, lambda: False))
+    while batcher.streams:
+        batcher.step()
+    assert len(done) == 2
+    assert [(f.backend is target, f.role, f.requests, f.rows, f.prompt_calls) for f in heard] == [
+        (True, "target", 2, 8, 2), (False, "draft", 2, 2, 0), (True, "target", 2, 4, 0)]
+    assert all(f.seconds >= 0 for f in heard)
