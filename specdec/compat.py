@@ -20,7 +20,9 @@ def check_pair(target, draft) -> list[str]:  # noqa: ANN001 - specdec.api.Loaded
     warnings: list[str] = []
     t_tok, d_tok = target.tokenizer, draft.tokenizer
     t_vocab, d_vocab = t_tok.tokens(), d_tok.tokens()
-    for index, (t_str, d_str) in enumerate(zip(t_vocab, d_vocab) if t_vocab != d_vocab else ()):
+    # the same digest is the same vocabulary: a pair checked at load is not walked again per request
+    same_vocab = t_tok.fingerprint() == d_tok.fingerprint() and len(t_vocab) == len(d_vocab)
+    for index, (t_str, d_str) in enumerate(zip(t_vocab, d_vocab) if not same_vocab else ()):
         if t_str != d_str:
             raise IncompatibleModelsError(
                 f"draft model {draft.name!r} has a different vocabulary from target {target.name!r}: "

@@ -43,6 +43,7 @@ class TorchBackend:
         self.prompt_backend: TorchBackend = self
         #: earlier prompts' keys/values (specdec/prefix_cache.py), where enabled
         self.prefix_cache: PrefixCache | None = None
+        self._weight_bytes: int | None = None  # see weight_bytes
         use_graphs = cuda_graphs_enabled() if cuda_graphs is None else cuda_graphs
         self.graphs: CudaGraphRunner | None = None
         if use_graphs and self.device.type == "cuda" and decoder.layer_runner is None and decoder.quantization is None:
@@ -62,6 +63,7 @@ class TorchBackend:
         if other.decoder.float_dtype != self.decoder.float_dtype:
             raise ValueError("a prompt backend must write caches of the same dtype")
         other.decoder.share_ends(self.decoder)
+        other._weight_bytes = None  # its ends are this one's now: count again when asked
         self.prompt_backend = other
 
     def new_state(self, max_seq_len: int) -> KVCache:
@@ -111,7 +113,11 @@ class TorchBackend:
 
     @property
     def weight_bytes(self) -> int:
-        return self.decoder.weight_bytes
+        """The decoder's (:attr:`Decoder.weight_bytes`), counted once: every request's stats ask, and
+        walking the modules took 4–5 ms a request on the server's model thread."""
+        if self._weight_bytes is None:
+            self._weight_bytes = self.decoder.weight_bytes
+        return self._weight_bytes
 
     def synchronize(self) -> None:
         """Wait for queued device work so wall-clock timings mean something on CUDA."""
