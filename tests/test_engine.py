@@ -272,7 +272,11 @@ def test_engine_verifies_only_the_length_the_cost_model_picks(tiny_target, monke
 
 def test_draft_given_with_a_spec_without_method_is_used(tiny_target):
     """``generate(..., draft=d, spec=SpecConfig(num_speculative_tokens=3))`` speculates with ``d``
-    (it used to fall back to plain decoding silently)."""
+    (it used to fall back to plain decoding silently). The shared suffix table starts empty: one that
+    already knows this prompt's answer (an earlier test's) drafts it all and the model never runs."""
+    from specdec.drafters.suffix import clear_global_caches
+
+    clear_global_caches()
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     out = specdec.generate(tiny_target, PROMPTS[0], params, draft=tiny_target, spec=SpecConfig(num_speculative_tokens=3))
     assert out.stats.method == DEFAULT_DRAFT_METHOD  # the draft model, with the suffix table's help
