@@ -39,6 +39,8 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--concurrency", default="8,16,32", help="concurrencies of the recording way")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the old way (generate, then extract): compare concurrencies only")
     args = parser.parse_args()
     target = specdec.load_model(args.model, quantize=args.quantize)
     pairs = prompt_ids(stdlib_documents(), target.tokenizer.encode, held_out=False)[: args.prompts]
@@ -48,17 +50,20 @@ def main() -> int:
     print("| way | concurrency | generate min | extract min | training rows | rows per minute | × generate + extract |")
     print("|---|---|---|---|---|---|---|")
     params = specdec.SamplingParams(max_tokens=args.new_tokens, temperature=0.0)
-    start = time.perf_counter()
-    results = generate_batch(target, prompts, params, max_num_seqs=8)
-    generated = time.perf_counter() - start
-    sequences = [(ids + r.token_ids)[-args.seq_len:] for ids, r in zip(prompts, results)]
-    start = time.perf_counter()
-    for seq in sequences:
-        teacher_forced(target.backend, seq)
-    extracted = time.perf_counter() - start
-    old_rows = sum(map(len, sequences))
-    old_rate = old_rows / ((generated + extracted) / 60)
-    print(f"| generate + extract | 8 | {generated / 60:.2f} | {extracted / 60:.2f} | {old_rows} | {old_rate:.0f} | 1.00 |")
+    results, old_rate = None, None
+    if not args.no_baseline:
+        start = time.perf_counter()
+        results = generate_batch(target, prompts, params, max_num_seqs=8)
+        generated = time.perf_counter() - start
+        sequences = [(ids + r.token_ids)[-args.seq_len:] for ids, r in zip(prompts, results)]
+        start = time.perf_counter()
+        for seq in sequences:
+            teacher_forced(target.backend, seq)
+        extracted = time.perf_counter() - start
+        old_rows = sum(map(len, sequences))
+        old_rate = old_rows / ((generated + extracted) / 60)
+        print(f"| generate + extract | 8 | {generated / 60:.2f} | {extracted / 60:.2f} | {old_rows} | {old_rate:.0f} | 1.00 |")
+    first: dict[int, list[int]] | None = None  # the first concurrency's continuations: every other must equal them
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
         start = time.perf_counter()
         made = list(continue_greedily(target.backend, prompts, args.new_tokens, concurrency,
@@ -66,10 +71,16 @@ def main() -> int:
         seconds = time.perf_counter() - start
         rows = sum(min(args.seq_len, len(c.tokens) - 1) for c in made)
         stops = target.tokenizer.stop_token_ids  # generate_batch leaves a stop token out; a training row keeps it
-        same = all([t for t in c.tokens[len(prompts[c.index]):] if t not in stops] == results[c.index].token_ids
-                   for c in made)
+        if results is not None:
+            same = all([t for t in c.tokens[len(prompts[c.index]):] if t not in stops] == results[c.index].token_ids
+                       for c in made)
+        else:
+            tokens = {c.index: c.tokens for c in made}
+            first = first if first is not None else tokens
+            same = tokens == first
+        ratio = f"{rows / (seconds / 60) / old_rate:.2f}" if old_rate else "–"
         print(f"| record while generating | {concurrency} | {seconds / 60:.2f} | 0 | {rows} | {rows / (seconds / 60):.0f} | "
-              f"{rows / (seconds / 60) / old_rate:.2f} |" + ("" if same else " (tokens differ from generate_batch!)"))
+              f"{ratio} |" + ("" if same else " (tokens differ!)"), flush=True)
     return 0
 
 

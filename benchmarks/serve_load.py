@@ -9,10 +9,11 @@ Each of C client threads sends streamed requests back to back until the level's 
 (``--arrivals staggered``: the clients start spread over one request's latency alone, so prompts do
 not all arrive in the same instant — the steady stream a TTFT goal is about);
 prints requests/s, total tokens/s (and its ratio to one request's, same speculation), p50/p99
-latency, median TTFT, the server's resident memory, errors, and how many greedy outputs differ from
-the same prompt's answer on the first server (--compare-unbatched or --variant: each pass sends the
-same prompts to every server, and they must not differ: batched forwards are bit-identical to a
-request's own, speculation and prefix caching are exact).
+latency, median TTFT, draft tokens proposed (and accepted) per request, the server's resident
+memory, errors, and how many greedy outputs differ from the same prompt's answer on the first
+server (--compare-unbatched or --variant: each pass sends the same prompts to every server, and
+they must not differ: batched forwards are bit-identical to a request's own, speculation and prefix
+caching are exact).
 Each level sends prompts no earlier level sent, the same ones with speculation off and on, and every
 pass starts with the server's prefix and suffix caches emptied (POST /reset_prefix_cache,
 /reset_suffix_cache): a prompt answered before would be drafted from its own earlier output — a
@@ -93,6 +94,16 @@ def one_request(base: str, prompt: str | list[dict], max_tokens: int, speculativ
     except httpx.HTTPError:
         return Result(time.perf_counter() - start, 0.0, 0, None)
     return Result(time.perf_counter() - start, ttft or 0.0, tokens, "".join(pieces), cached)
+
+
+def drafted_tokens(base: str) -> tuple[float, float]:
+    """(draft tokens proposed, accepted) so far, all methods, from the server's /metrics."""
+    totals = {"draft": 0.0, "accepted": 0.0}
+    for line in httpx.get(f"{base}/metrics", timeout=60).text.splitlines():
+        for kind in totals:
+            if line.startswith(f"specdec_spec_decode_num_{kind}_tokens_total{{"):
+                totals[kind] += float(line.rsplit(" ", 1)[1])
+    return totals["draft"], totals["accepted"]
 
 
 def server_memory_mb(server: subprocess.Popen) -> tuple[float, float]:
@@ -274,11 +285,12 @@ def main() -> int:
               f"arrivals {args.arrivals}, loopback; "
               f"CPU {cpu_description()} ({' '.join(cpu_flags())})")
         print("| server | concurrency | speculation | requests/s | tokens/s | × one request | p50 latency s | p99 latency s "
-              "| median TTFT s | RSS MB (peak) | errors | outputs ≠ first server's |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| median TTFT s | drafted (accepted) per request | RSS MB (peak) | errors | outputs ≠ first server's |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for (level, speculative), indices in passes:  # every server, the same prompts
             for name, (server, base) in servers.items():
                 reset_caches(base)
+                drafted_before, accepted_before = drafted_tokens(base)
                 stagger = 0.0
                 if args.arrivals == "staggered" and name in alone_latency:
                     stagger = alone_latency[name] / level
@@ -288,8 +300,10 @@ def main() -> int:
                 points = rows.setdefault((name, speculative), {})
                 points[level] = r["tok_s"]
                 rss, peak = server_memory_mb(server)
+                drafted, accepted = (now - before for now, before in zip(drafted_tokens(base), (drafted_before, accepted_before)))
                 print(f"| {name} | {level} | {'on' if speculative else 'off'} | {r['req_s']:.2f} | {r['tok_s']:.2f} | "
                       f"{r['tok_s'] / points[min(points)]:.2f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['ttft']:.3f} | "
+                      f"{drafted / len(indices):.1f} ({accepted / len(indices):.1f}) | "
                       f"{rss:.0f} ({peak:.0f}) | {r['errors']} | {r['differ']} |", flush=True)
         if args.burst:
             for name, (server, base) in servers.items():
