@@ -248,14 +248,12 @@ def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedMod
     (specdec.forward_costs: a batch of N requests costs more than one sequence's N-token chunk)."""
     from specdec.cost_model import Curve, batch_gammas, batch_saving_per_token
     from specdec.drafters.registry import needs_draft_model
-    from specdec.step_calibration import rescaled
+    from specdec.step_calibration import batch_curve, rescaled
     from specdec.step_costs import draft_curve, full_curve
 
     if spec.method is None or not target.backend.step_seconds:
         return None
-    # the probe's curves up to 32 rows, rescaled to the loaded models (specdec.step_calibration)
-    target_curve = rescaled(full_curve(target.config, target.backend.mode) or target.backend.step_seconds,
-                            target.backend.step_ratios)
+    target_curve = batch_curve(target.backend)  # the probe's, up to 32 rows, rescaled to the loaded model
     model_drafts = needs_draft_model(spec.method)
     drafting, prompt_row_s = None, 0.0
     if model_drafts and draft is not None and draft.backend.step_seconds:

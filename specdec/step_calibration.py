@@ -29,6 +29,7 @@ import time
 
 from specdec.backends.base import Backend
 from specdec.cost_model import Curve
+from specdec import step_costs
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,13 @@ def planning_curve(backend: Backend, seeded: bool) -> dict[int, float] | None:
     """The step costs a request plans with: the probe's curve rescaled to the loaded model, or the
     cached curve alone for a seeded sampled request (reproducible across processes)."""
     return backend.step_seconds if seeded else rescaled(backend.step_seconds, backend.step_ratios)
+
+
+def batch_curve(backend: Backend) -> dict[int, float] | None:
+    """The step costs batched work is planned with (a server's γ per load, self-distillation's
+    concurrency): the probe's curve up to 32 rows where cached on this CPU, else the backend's own,
+    rescaled to the loaded model; None where nothing was measured (float weights, CUDA)."""
+    return rescaled(step_costs.full_curve(backend.config, backend.mode) or backend.step_seconds, backend.step_ratios)
 
 
 def calibrate(backend: Backend) -> dict[int, float]:

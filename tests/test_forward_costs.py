@@ -42,9 +42,10 @@ def test_the_window_forgets_old_forwards():
 
 
 def fake_model(seconds, prompt_seconds=None):
-    backend = SimpleNamespace(step_seconds=seconds, step_ratios={}, dtype_name="int8", mode="int8")
+    config = SimpleNamespace(vocab_size=1000)
+    backend = SimpleNamespace(config=config, step_seconds=seconds, step_ratios={}, dtype_name="int8", mode="int8")
     backend.prompt_backend = backend if prompt_seconds is None else SimpleNamespace(step_seconds=prompt_seconds, mode="int8")
-    return SimpleNamespace(config=SimpleNamespace(vocab_size=1000), backend=backend)
+    return SimpleNamespace(config=config, backend=backend)
 
 
 def test_the_gamma_table_follows_what_batched_forwards_cost(monkeypatch):

@@ -97,9 +97,10 @@ def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
     monkeypatch.setattr(step_costs, "full_curve", lambda cfg, mode: None)  # no cached curve: the backends' own
 
     def model(seconds, prompt_seconds=None):
-        backend = SimpleNamespace(step_seconds=seconds, step_ratios={}, dtype_name="int8", mode="int8")
+        config = SimpleNamespace(vocab_size=1000)
+        backend = SimpleNamespace(config=config, step_seconds=seconds, step_ratios={}, dtype_name="int8", mode="int8")
         backend.prompt_backend = backend if prompt_seconds is None else SimpleNamespace(step_seconds=prompt_seconds, mode="int8")
-        return SimpleNamespace(config=SimpleNamespace(vocab_size=1000), backend=backend)
+        return SimpleNamespace(config=config, backend=backend)
 
     target = model({1: 0.075, 2: 0.076, 4: 0.080, 8: 0.105})
     draft = model({1: 0.013, 2: 0.018, 4: 0.0245, 8: 0.047}, prompt_seconds={16: 0.020, 32: 0.0216})  # 0.1 ms a prompt row

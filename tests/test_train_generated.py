@@ -133,3 +133,27 @@ def test_train_drafter_with_self_distillation(tiny_dirs, tmp_path):
     assert info["generated_continuations"] == len(rows) > 0
     assert info["generated_tokens"] == sum(len(r["tokens"]) - r["prompt_tokens"] for r in rows) > 0
     assert "own continuations" in (out / "report.md").read_text()
+
+
+def test_auto_concurrency_follows_the_measured_step_curve(monkeypatch):
+    """--generate-concurrency auto: where a step of many rows costs little more than one (AMX, a GPU-like
+    flat curve) many continuations run at once; where each row adds as much as a single step costs,
+    few; unmeasured curves keep the default."""
+    from types import SimpleNamespace
+
+    from specdec.train.generated import DEFAULT_CONCURRENCY, auto_concurrency
+
+    def backend(curve):
+        model = SimpleNamespace(config=SimpleNamespace(), mode="test", step_seconds=curve, step_ratios={})
+        model.prompt_backend = SimpleNamespace(config=SimpleNamespace(), mode="test", step_ratios={},
+                                               step_seconds={128: 0.211, 512: 1.14})  # ~2 ms a prompt row
+        return model
+
+    from specdec import step_costs
+
+    monkeypatch.setattr(step_costs, "full_curve", lambda cfg, mode: None)  # the backends' own curves
+    flat = backend({1: 0.066, 8: 0.071, 16: 0.078, 32: 0.098})  # the int8 1.5B on a 2-core AMX Xeon
+    steep = backend({1: 0.066, 8: 0.5, 16: 1.0, 32: 2.0})  # each row a whole step: batching buys nothing
+    assert auto_concurrency(flat, 80, 128) == 64
+    assert auto_concurrency(steep, 80, 128) == 8
+    assert auto_concurrency(backend(None), 80, 128) == DEFAULT_CONCURRENCY

@@ -136,6 +136,38 @@ class Continuation:
     target_ids: torch.Tensor
 
 
+#: continuations in flight ``--generate-concurrency auto`` chooses among, and where nothing is measured
+CONCURRENCY_CHOICES = (8, 16, 32, 64)
+DEFAULT_CONCURRENCY = 16
+#: the smallest concurrency making this share of the best expected rows per second is chosen (more in
+#: flight holds more caches, and the curve beyond 32 rows is extrapolated)
+CONCURRENCY_SHARE = 0.9
+
+
+def auto_concurrency(backend, prompt_tokens: float, new_tokens: int) -> int:  # noqa: ANN001 - TorchBackend
+    """How many continuations :func:`continue_greedily` should run at once on this machine: expected
+    training rows per second for each of :data:`CONCURRENCY_CHOICES` from the target's measured step
+    curve (a step of C rows moves C continuations on) and its prompt mode's per-row cost (each prompt's
+    pass runs alone); the smallest within :data:`CONCURRENCY_SHARE` of the best. Why measured: 16
+    was chosen on a Zen 4 EPYC; on a 2-core Xeon with AMX, whose int8 steps are nearly flat to 32 rows,
+    64 made 1.5x the rows per minute of 16 (session 35). :data:`DEFAULT_CONCURRENCY` where the curves
+    are unmeasured (float weights, CUDA)."""
+    from specdec.cost_model import Curve
+    from specdec.step_calibration import batch_curve
+
+    steps, prompt_steps = batch_curve(backend), batch_curve(backend.prompt_backend)
+    if not steps or len(steps) < 2:
+        return DEFAULT_CONCURRENCY
+    step = Curve(backend.mode, steps)
+    prompt_row_s = Curve(backend.prompt_backend.mode, prompt_steps).row_seconds() if prompt_steps and len(prompt_steps) > 1 else 0.0
+
+    def rows_per_second(concurrency: int) -> float:  # one continuation's rows over the time its slot takes
+        return (prompt_tokens + new_tokens) / (prompt_tokens * prompt_row_s + new_tokens * step.cost(concurrency) / concurrency)
+
+    rates = {c: rows_per_second(c) for c in CONCURRENCY_CHOICES}
+    return min(c for c, rate in rates.items() if rate >= CONCURRENCY_SHARE * max(rates.values()))
+
+
 @torch.inference_mode()
 def continue_greedily(backend, prompts: list[list[int]], new_tokens: int, concurrency: int,  # noqa: ANN001 - TorchBackend
                       stop_ids: frozenset[int], scored_rows: int, layers: tuple[int, ...] = (),
@@ -189,7 +221,7 @@ class _Running:
 
 
 def generate_sequences(target, docs: list[Document], path: Path, shard_dir: Path, minutes: float,  # noqa: ANN001 - LoadedModel
-                       new_tokens: int, layers: tuple[int, ...] = (), seq_len: int = 256, concurrency: int = 16,
+                       new_tokens: int, layers: tuple[int, ...] = (), seq_len: int = 256, concurrency: int | None = None,
                        seed: int = 0, progress: bool = False, log: Callable[[str], None] = lambda _line: None) -> list[dict]:
     """Continue the documents' prompts with ``target`` (:func:`continue_greedily`) for up to
     ``minutes`` (0: only read what ``path`` holds). Every BATCH_PROMPTS continuations, their last
@@ -214,6 +246,9 @@ def generate_sequences(target, docs: list[Document], path: Path, shard_dir: Path
     if not todo and not rows:
         raise SpecdecError("the training data offers no prompts to generate from (no Python functions with "
                            f"docstrings, no document of {TEXT_PROMPT_TOKENS}+ tokens)")
+    if concurrency is None and todo:
+        concurrency = auto_concurrency(target.backend, sum(len(ids) for _, ids in todo) / len(todo), new_tokens)
+        log(f"generating {concurrency} continuations at once (auto: from this machine's step costs)")
     path.parent.mkdir(parents=True, exist_ok=True)
     start, made = time.perf_counter(), 0
     bar = tqdm(total=len(todo), desc="target continuations", unit="prompt", disable=not progress)
@@ -235,7 +270,7 @@ def generate_sequences(target, docs: list[Document], path: Path, shard_dir: Path
             sink.flush()
             shard_count += 1
 
-        for continuation in continue_greedily(target.backend, [ids for _, ids in todo], new_tokens, concurrency,
+        for continuation in continue_greedily(target.backend, [ids for _, ids in todo], new_tokens, concurrency or DEFAULT_CONCURRENCY,
                                               target.tokenizer.stop_token_ids, seq_len, layers,
                                               lambda: time.perf_counter() - start < minutes * 60):
             finished.append(continuation)

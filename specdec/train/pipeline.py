@@ -44,7 +44,7 @@ class DrafterTraining:
     #: the data before extraction (0: none, but a resumed run still uses the continuations it has)
     generate_minutes: float = 0.0
     generate_tokens: int = 128  # new tokens per continuation
-    generate_concurrency: int = 16  # continuations in flight (one batched forward per step)
+    generate_concurrency: int | None = None  # continuations in flight (one batched forward per step); None: auto
     draft_vocab_size: int = 32768
     draft_vocab: str = "frequency"  # eagle/medusa: which ids the head scores (first | frequency: specdec.train.vocab)
     intermediate_size: int = 0  # eagle: the head's MLP width (0: 2 × hidden)
