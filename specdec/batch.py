@@ -80,8 +80,8 @@ def generate_batch(
                 failures.append(item)
             else:
                 chunks[index].append(item)  # type: ignore[arg-type]
-                if item.stats is not None:  # type: ignore[attr-defined] - the last chunk: α for the next requests
-                    policy.acceptance.observe(item.stats.rounds)  # type: ignore[attr-defined]
+                if item.stats is not None:  # type: ignore[attr-defined] - the last chunk: α and prompt share for the next
+                    policy.observe(item.stats)  # type: ignore[attr-defined]
         return deliver
 
     waiting = list(range(len(prompts)))

@@ -155,33 +155,34 @@ def draft_rows_cost(draft_step_seconds: dict[int, float] | None) -> Callable[[in
 
 
 def batch_rate(curve: Curve, requests: int, alpha: float | None, draft_cost: Callable[[int], float],
-               max_gamma: int, plain_margin: float = 1.0, draft_prompt_row_s: float = 0.0) -> tuple[float, int]:
+               max_gamma: int, plain_margin: float = 1.0, draft_prompt_s_per_token: float = 0.0) -> tuple[float, int]:
     """(tokens/s of all requests together, γ) for ``requests`` requests stepped together, at the best
     γ in 0..max_gamma (α None: plain decoding). Plain decoding commits N tokens per forward of N rows;
     speculation with γ commits N·τ(α, γ) per forward of N·(γ+1) rows plus γ draft forwards of N rows,
-    plus the draft model's pass over the prompts those tokens came with (``draft_prompt_row_s`` per
-    prompt token, :data:`PROMPT_TOKENS_PER_GENERATED` of them per token: work plain decoding never does).
+    plus the draft model's pass over the prompts those tokens came with (``draft_prompt_s_per_token``
+    seconds per committed token: its seconds per prompt row × the traffic's prompt rows per generated
+    token; work plain decoding never does).
     Speculation is chosen only when it beats plain decoding's rate × ``plain_margin``."""
     plain = requests / curve.cost(requests)
     best_rate_, best_gamma, to_beat = plain, 0, plain * plain_margin
     for gamma in range(1, max_gamma + 1) if alpha is not None else ():
-        rate = speculation_rate(curve, requests, alpha, gamma, draft_cost, draft_prompt_row_s)
+        rate = speculation_rate(curve, requests, alpha, gamma, draft_cost, draft_prompt_s_per_token)
         if rate > to_beat:
             best_rate_, best_gamma, to_beat = rate, gamma, rate
     return best_rate_, best_gamma
 
 
 def speculation_rate(curve: Curve, requests: int, alpha: float, gamma: int, draft_cost: Callable[[int], float],
-                     draft_prompt_row_s: float = 0.0) -> float:
+                     draft_prompt_s_per_token: float = 0.0) -> float:
     """Tokens/s of ``requests`` requests stepped together, each drafting ``gamma`` (see :func:`batch_rate`)."""
     committed = requests * expected_tokens(alpha, gamma)
     return committed / (curve.cost(requests * (gamma + 1)) + gamma * draft_cost(requests)
-                        + committed * PROMPT_TOKENS_PER_GENERATED * draft_prompt_row_s)
+                        + committed * draft_prompt_s_per_token)
 
 
 def batch_gammas(step_seconds: dict[int, float] | None, alpha: float, gamma: int | None,
                  draft_step_seconds: dict[int, float] | None, max_requests: int, max_gamma: int = 8,
-                 draft_prompt_row_s: float = 0.0) -> dict[int, int] | None:
+                 draft_prompt_s_per_token: float = 0.0) -> dict[int, int] | None:
     """γ per number of concurrent requests, from the measured curves (what vLLM's
     ``num_speculative_tokens_per_batch_size`` sets by hand): ``{N: γ}`` for N = 1..max_requests,
     0 where speculation is expected to lose to plain decoding (and for every larger N after the first
@@ -194,10 +195,11 @@ def batch_gammas(step_seconds: dict[int, float] | None, alpha: float, gamma: int
     grow; where the curve is flat (VNNI, GPU) for more. The curve beyond its largest measured size
     follows its last slope — an underestimate of many-row forwards (measured:
     benchmarks/results/2026-11-25/ragged-step-int8.md), so this errs toward speculating. ``gamma``:
-    the requests' γ, the most any N gets (None: γ=auto, up to ``max_gamma``). ``draft_prompt_row_s``:
-    the draft model's seconds per prompt token (its prompt mode's :meth:`Curve.row_seconds`): on a
-    2-core Xeon with AMX, where 8 requests' rows cost little more than one, leaving it out chose γ=1 at
-    8 concurrent chat requests, which ran 0.91–0.94× speculation off."""
+    the requests' γ, the most any N gets (None: γ=auto, up to ``max_gamma``). ``draft_prompt_s_per_token``:
+    the draft model's prompt seconds per generated token (its prompt mode's :meth:`Curve.row_seconds`
+    × the prompt rows it reads per generated token): on a 2-core Xeon with AMX, where 8 requests' rows
+    cost little more than one, leaving it out chose γ=1 at 8 concurrent chat requests, which ran
+    0.91–0.94× speculation off."""
     if not step_seconds:
         return None
     curve = Curve("target", dict(step_seconds))
@@ -206,13 +208,13 @@ def batch_gammas(step_seconds: dict[int, float] | None, alpha: float, gamma: int
     for requests in range(1, max_requests + 1):
         speculating = not table or table[requests - 1]  # once it stops paying, more requests will not help
         table[requests] = batch_rate(curve, requests, alpha if speculating else None, draft_cost, gamma or max_gamma,
-                                     BATCH_SPECULATION_MARGIN, draft_prompt_row_s)[1]
+                                     BATCH_SPECULATION_MARGIN, draft_prompt_s_per_token)[1]
     return table
 
 
 def batch_saving_per_token(step_seconds: dict[int, float], requests: int, alpha: float, gamma: int | None,
                            draft_step_seconds: dict[int, float] | None, max_gamma: int = 8,
-                           draft_prompt_row_s: float = 0.0) -> float:
+                           draft_prompt_s_per_token: float = 0.0) -> float:
     """Forward seconds per committed token that speculating saves over plain decoding when
     ``requests`` requests share forwards, at the γ :func:`batch_gammas` would give them (0 where it
     does not pay, the draft's prompt passes counted as there): what a draft model's pass over a new
@@ -222,7 +224,7 @@ def batch_saving_per_token(step_seconds: dict[int, float], requests: int, alpha:
     curve = Curve("target", dict(step_seconds))
     draft_cost = draft_rows_cost(draft_step_seconds)
     _, chosen = batch_rate(curve, requests, alpha, draft_cost, gamma or max_gamma, BATCH_SPECULATION_MARGIN,
-                           draft_prompt_row_s)
+                           draft_prompt_s_per_token)
     if not chosen:
         return 0.0
     return curve.cost(requests) / requests - 1.0 / speculation_rate(curve, requests, alpha, chosen, draft_cost)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Hashable
 
 from specdec.adaptive import PRIOR_TRIALS, TRIALS_TO_JUDGE, acceptance_trials
+from specdec.cost_model import PROMPT_TOKENS_PER_GENERATED
 from specdec.errors import SpecdecError
 from specdec.forward_costs import ForwardCosts
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from specdec.api import LoadedModel
     from specdec.config import SpecConfig
     from specdec.sampling import SamplingParams
+    from specdec.stats import Stats
 
 #: seconds over which the load average forgets (a few requests' length on a CPU)
 LOAD_TIME_CONSTANT_S = 5.0
@@ -157,6 +159,37 @@ class AcceptanceMeter:
             return self._accepted / self._trials
 
 
+class PromptShare:
+    """Prompt tokens a draft model reads per generated token on this traffic, from finished requests
+    (running sums that forget older ones, ``decay`` per request): what a new request's draft prompt
+    pass costs each committed token under load (cost_model.batch_rate). Starts from ``prior`` worth of
+    ``PRIOR_TOKENS`` generated tokens. Why measured: chat requests bring ~1.4 prompt tokens per
+    generated one, HumanEval completions ~2.5 (the draft reads at most ``window`` of them: its context
+    window, 0 = all); with the fixed prior of 1, speculation at 8 concurrent HumanEval requests ran at
+    0.95x off on a 2-core AMX Xeon (session 35)."""
+
+    PRIOR_TOKENS = 64.0
+
+    def __init__(self, prior: float = PROMPT_TOKENS_PER_GENERATED, window: int = 0, decay: float = 0.8) -> None:
+        self.window = window
+        self.decay = decay
+        self._lock = threading.Lock()
+        self._prompt, self._generated = self.PRIOR_TOKENS * prior, self.PRIOR_TOKENS
+
+    def observe(self, prompt_tokens: int, generated_tokens: int) -> None:
+        if generated_tokens <= 0:
+            return
+        read = min(prompt_tokens, self.window) if self.window else prompt_tokens
+        with self._lock:
+            self._prompt = self.decay * self._prompt + read
+            self._generated = self.decay * self._generated + generated_tokens
+
+    @property
+    def value(self) -> float:
+        with self._lock:
+            return self._prompt / self._generated
+
+
 class GammaTable:
     """γ per number of concurrent requests for an α (cost_model.batch_gammas over the curves), recomputed
     when α moves by a step of 0.05 or the measured forward costs move (``version``: a value that
@@ -200,6 +233,8 @@ class BatchPolicy:
     acceptance: AcceptanceMeter = field(default_factory=AcceptanceMeter)
     #: what the scheduler's forwards measured (the table's curves are rescaled by it; fed by its owner)
     costs: ForwardCosts = field(default_factory=ForwardCosts)
+    #: prompt tokens the draft reads per generated token on this traffic (the table charges them)
+    prompt_share: PromptShare = field(default_factory=PromptShare)
 
     @classmethod
     def from_setting(cls, setting: int | str | None, spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None,
@@ -208,8 +243,9 @@ class BatchPolicy:
         the loaded models' measured costs (:func:`measured_gamma_table`; never switched off where those
         are unmeasured) —, a number of requests, or ``"never"`` (None too)."""
         if setting == "auto":
-            costs = ForwardCosts()
-            return cls(None, measured_gamma_table(spec, target, draft, max_requests, costs), costs=costs)
+            costs, share = ForwardCosts(), PromptShare(window=spec.draft_context_window)
+            return cls(None, measured_gamma_table(spec, target, draft, max_requests, costs, share), costs=costs,
+                       prompt_share=share)
         if setting in ("never", None):
             return cls(None)
         if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
@@ -233,19 +269,26 @@ class BatchPolicy:
             return None
         return self.table.saving(self.acceptance.alpha, requests)
 
+    def observe(self, stats: Stats) -> None:
+        """A finished request: its rounds (the traffic's α) and its prompt and output lengths."""
+        self.acceptance.observe(stats.rounds)
+        self.prompt_share.observe(stats.prompt_tokens, stats.generated_tokens)
+
     def measured_alpha(self) -> float | None:
         """The traffic's α once measured (a request's γ controller starts from it), else None."""
         return self.acceptance.alpha if self.acceptance.measured else None
 
 
 def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None,
-                         max_requests: int, costs: ForwardCosts | None = None) -> GammaTable | None:
+                         max_requests: int, costs: ForwardCosts | None = None,
+                         prompt_share: PromptShare | None = None) -> GammaTable | None:
     """``--disable-speculation-above auto``: :func:`specdec.cost_model.batch_gammas` for the
     method over the target's and draft's measured curves, at the α the traffic shows (a request
     that overrides the method is held to the same γ per number of requests); None when the
     target's costs are unmeasured (float weights, CUDA: nothing is switched off). The curves are
     rescaled by what ``costs`` measured of the batched forwards at each size, once it has
-    (specdec.forward_costs: a batch of N requests costs more than one sequence's N-token chunk)."""
+    (specdec.forward_costs: a batch of N requests costs more than one sequence's N-token chunk), and
+    the draft's prompt passes are charged at the traffic's ``prompt_share``."""
     from specdec.cost_model import Curve, batch_gammas, batch_saving_per_token
     from specdec.drafters.registry import needs_draft_model
     from specdec.step_calibration import batch_curve, rescaled
@@ -264,6 +307,7 @@ def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedMod
         prompt_row_s = Curve(prompts.mode, prompt_curve).row_seconds() if prompt_curve else 0.0
     gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
     costs = costs if costs is not None else ForwardCosts()
+    share = prompt_share if prompt_share is not None else PromptShare()
 
     def curves() -> tuple[dict[int, float], dict[int, float] | None]:
         """The target's curve by rows and the draft model's by requests, as measured so far."""
@@ -272,18 +316,20 @@ def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedMod
             return measured_target, drafting
         return measured_target, rescaled(drafting, costs.ratios(draft.backend, drafting, "requests"))
 
-    def version() -> Hashable:  # the curves to a tenth of their measured ratios
+    def version() -> Hashable:  # the curves to a tenth of their measured ratios, the prompt share to a quarter
         target_now, drafting_now = curves()
         return tuple(round(math.log(now / target_curve[size]) * 10) for size, now in sorted(target_now.items())) + tuple(
-            round(math.log(now / drafting[size]) * 10) for size, now in sorted((drafting_now or {}).items()))
+            round(math.log(now / drafting[size]) * 10) for size, now in sorted((drafting_now or {}).items())) + (
+            round(share.value * 4),)
 
     def gammas_for(alpha: float) -> dict[int, int] | None:
         target_now, drafting_now = curves()
-        return batch_gammas(target_now, alpha, gamma, drafting_now, max_requests, spec.max_speculative_tokens, prompt_row_s)
+        return batch_gammas(target_now, alpha, gamma, drafting_now, max_requests, spec.max_speculative_tokens,
+                            prompt_row_s * share.value)
 
     def saving_for(alpha: float, requests: int) -> float:
         target_now, drafting_now = curves()
         return batch_saving_per_token(target_now, requests, alpha, gamma, drafting_now, spec.max_speculative_tokens,
-                                      prompt_row_s)
+                                      prompt_row_s * share.value)
 
     return GammaTable(gammas_for, saving_for, version)

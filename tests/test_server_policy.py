@@ -91,7 +91,7 @@ def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
     from types import SimpleNamespace
 
     from specdec import step_costs
-    from specdec.policy import measured_gamma_table
+    from specdec.policy import PromptShare, measured_gamma_table
     from specdec.config import SpecConfig
 
     monkeypatch.setattr(step_costs, "full_curve", lambda cfg, mode: None)  # no cached curve: the backends' own
@@ -114,6 +114,22 @@ def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
     # draft's prompt passes counted as the table counts them)
     savings = [table.saving(0.7, requests) for requests in (1, 2, 3, 4)]
     assert savings[0] > savings[1] > savings[2] > 0 and savings[3] == 0
+    # traffic whose prompts are 4x its outputs (the draft reads 4 prompt rows per generated token)
+    # speculates at fewer loads; the table follows the measured share
+    share, slower_prompts = PromptShare(), model(draft.backend.step_seconds, prompt_seconds={16: 0.020, 32: 0.036})
+    once = measured_gamma_table(SpecConfig(method="draft_model", num_speculative_tokens=4), target, slower_prompts, 8)
+    long_prompts = measured_gamma_table(SpecConfig(method="draft_model", num_speculative_tokens=4), target,
+                                        slower_prompts, 8, prompt_share=share)
+    assert long_prompts.for_alpha(0.7) == once.for_alpha(0.7)  # the prior: 1 prompt token per generated one
+    for _ in range(20):
+        share.observe(256, 64)
+    assert abs(share.value - 4.0) < 0.1
+    assert once.for_alpha(0.7) == {1: 3, 2: 1, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+    assert long_prompts.for_alpha(0.7) == {1: 3, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+    windowed = PromptShare(window=64)  # a draft reading at most its 64-token context window
+    for _ in range(20):
+        windowed.observe(256, 64)
+    assert abs(windowed.value - 1.0) < 0.01
     assert measured_gamma_table(SpecConfig(), target, draft, 8) is None  # no method: nothing to cap
     assert measured_gamma_table(SpecConfig(method="draft_model"), model(None), draft, 8) is None  # unmeasured
 

@@ -384,7 +384,7 @@ class Job:
                     self.stats, self.finish_reason = item.stats, item.finish_reason
                     self.state.metrics.observe(item.stats)
                     if item.stats.method == self.state.spec.method:  # the traffic's α for the γ table
-                        self.state.policy.acceptance.observe(item.stats.rounds)
+                        self.state.policy.observe(item.stats)
                     self.state.metrics.latency.observe(time.perf_counter() - self._start)
                     if not self.audit and self.state.auditor is not None:
                         self.state.auditor.finished(self._audit_case())
