@@ -251,7 +251,7 @@ def test_the_drafts_pass_over_new_prompts_is_a_cost_of_speculating_under_load():
     amx_int8 = {1: 0.0657, 2: 0.0731, 4: 0.0744, 8: 0.0776, 16: 0.0866, 32: 0.1104}  # 1.5B, measured
     draft = {1: 0.0235, 2: 0.025, 4: 0.0325, 8: 0.0415, 16: 0.0738, 32: 0.1291}  # 0.5B int4-all, probe
     without = batch_gammas(amx_int8, 0.75, None, draft, 8)
-    with_prompts = batch_gammas(amx_int8, 0.75, None, draft, 8, draft_prompt_row_s=0.0009)
+    with_prompts = batch_gammas(amx_int8, 0.75, None, draft, 8, draft_prompt_s_per_token=0.0009)  # 0.9 ms a row, 1 a token
     assert without[1] > 0 and with_prompts[1] > 0  # alone it pays either way
     assert (without[8], with_prompts[8]) == (1, 0)
     assert all(with_prompts[n] <= without[n] for n in without)  # an added cost never lengthens drafts
