@@ -27,9 +27,9 @@ import logging
 import math
 import time
 
+from specdec import step_costs
 from specdec.backends.base import Backend
 from specdec.cost_model import Curve
-from specdec import step_costs
 
 log = logging.getLogger(__name__)
 

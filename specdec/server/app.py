@@ -30,12 +30,12 @@ from specdec.config import SpecConfig
 from specdec.drafters.registry import method_info, needs_draft_model, resolve_method
 from specdec.engine import check_context, generate_steps
 from specdec.errors import ContextLengthError, SpecdecError
+from specdec.forward_costs import Forward
 from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase, Auditor, auditable
 from specdec.server.executor import END, ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.params import APIError, sampling_params
-from specdec.forward_costs import Forward
 from specdec.policy import BatchPolicy, LoadAverage, RequestGate, requests_now
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 from specdec.server.responses import logprobs_body, sse, usage_body
@@ -128,6 +128,7 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
     app.state.specdec = state
+
     def heard(forward: Forward) -> None:  # on the model thread, after each forward
         state.metrics.observe_forward(forward)
         state.policy.costs.observe(forward)  # what forwards cost at this load: the policy's γ table reads it
