@@ -196,3 +196,21 @@ def test_train_drafter_fused_features_end_to_end(tiny_dirs, tmp_path):
     assert main([*common, "--out", str(tmp_path / "bad"), "--feature-layers", "4,2"]) == 1
     with pytest.raises(SystemExit):  # not layer numbers at all: refused before the target loads
         main([*common, "--out", str(tmp_path / "bad"), "--feature-layers", "2,x"])
+
+
+def test_one_parser_reads_the_feature_layers_form_for_the_cli_and_the_library():
+    """``--feature-layers``' form has one rule (train.feature_spec): the CLI refuses a typo before the
+    target loads, and a library caller of the training job gets the same message."""
+    import argparse
+
+    from specdec.cli.train_drafter import feature_layers_arg
+    from specdec.train.feature_spec import parse_feature_layers
+    from specdec.train.pipeline import feature_layers
+
+    assert parse_feature_layers("final") == "final" and parse_feature_layers("2,14,28") == (2, 14, 28)
+    with pytest.raises(SpecdecError, match="give final, fused or ascending layer numbers") as library:
+        feature_layers("2,x", 28, "eagle")
+    with pytest.raises(argparse.ArgumentTypeError) as cli:
+        feature_layers_arg("2,x")
+    assert str(cli.value) == str(library.value)
+    assert feature_layers("fused", 28, "eagle") == (2, 14, 28) and feature_layers("2,14", 28, "distill") == (28,)

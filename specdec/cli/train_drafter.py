@@ -16,7 +16,9 @@ from pathlib import Path
 
 from specdec.cli.common import DEFAULT_TARGET, add_debug_flag, positive_int
 from specdec.config import QUANTIZE_MODES, TRAIN_PRECISIONS
+from specdec.errors import SpecdecError
 from specdec.models.registry import DEFAULT_DRAFT
+from specdec.train.feature_spec import parse_feature_layers
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -167,11 +169,13 @@ def concurrency_arg(text: str) -> int | None:
 
 
 def feature_layers_arg(text: str) -> str:
-    """--feature-layers: final, fused or layer numbers, checked for form here (before the target loads);
-    whether the numbers fit the target is checked once its depth is known."""
-    if text in ("final", "fused") or all(part.strip().isdigit() for part in text.split(",")):
-        return text
-    raise argparse.ArgumentTypeError(f"give final, fused or ascending layer numbers such as 2,14,28, got {text!r}")
+    """--feature-layers: final, fused or layer numbers, checked for form here (before the target loads,
+    by the training job's own parser); whether the numbers fit the target is checked once its depth is known."""
+    try:
+        parse_feature_layers(text)
+    except SpecdecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from specdec.errors import SpecdecError
 from specdec.models.head_files import WEIGHTS_FILE
 from specdec.models.registry import DEFAULT_DRAFT
 from specdec.train.data import add_minutes, extract_features, load_documents, load_shards, token_sequences
+from specdec.train.feature_spec import parse_feature_layers
 from specdec.train.generated import generate_sequences, generated_sequences, held_out_prompts
 from specdec.train.loop import TrainConfig, describe, train_head
 from specdec.train.precision import choose_precision
@@ -226,20 +227,16 @@ def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tens
 
 
 def feature_layers(spec: str, num_layers: int, kind: str) -> tuple[int, ...]:
-    """``--feature-layers`` (final | fused | ascending layer numbers) as the target's layers a
-    ``kind`` drafter trains on (distill: the final one, whatever the spec), with a clear error for
-    layers a head cannot read (:func:`~specdec.models.heads.check_feature_layers`)."""
+    """``--feature-layers`` (final | fused | ascending layer numbers: its form read by
+    :func:`~specdec.train.feature_spec.parse_feature_layers`, as the CLI reads it) as the target's layers
+    a ``kind`` drafter trains on (distill: the final one, whatever layers the spec names), with a clear
+    error for layers a head cannot read (:func:`~specdec.models.heads.check_feature_layers`)."""
     from specdec.models.heads import check_feature_layers, fused_layers
 
-    if kind == "distill" or spec == "final":
+    form = parse_feature_layers(spec)
+    if kind == "distill" or form == "final":
         return (num_layers,)
-    if spec == "fused":
-        layers = fused_layers(num_layers)
-    else:
-        try:
-            layers = tuple(int(part) for part in spec.split(","))
-        except ValueError:
-            raise SpecdecError(f"--feature-layers {spec!r}: give final, fused or layer numbers such as 2,14,{num_layers}") from None
+    layers = fused_layers(num_layers) if form == "fused" else form
     check_feature_layers(layers, num_layers, kind)
     return layers
 
