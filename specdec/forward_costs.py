@@ -56,6 +56,7 @@ class ForwardCosts:
         self.min_samples = min_samples
         self._lock = threading.Lock()
         self._seconds: dict[tuple[int, str, int], deque[float]] = {}
+        self._observed = 0
 
     def observe(self, forward: Forward) -> None:
         """Record a forward (one without prompt passes; others are ignored)."""
@@ -67,6 +68,13 @@ class ForwardCosts:
         with self._lock:
             for key in keys:
                 self._seconds.setdefault(key, deque(maxlen=self.window)).append(forward.seconds)
+            self._observed += 1
+
+    @property
+    def observed(self) -> int:
+        """Forwards recorded so far: what is measured changes only when this does (readers cache by it)."""
+        with self._lock:
+            return self._observed
 
     def measured(self, backend: object, per: Literal["rows", "requests"]) -> dict[int, float]:
         """Median seconds of ``backend``'s recent forwards per size (rows or requests), for sizes seen
