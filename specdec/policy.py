@@ -289,10 +289,10 @@ def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedMod
     rescaled by what ``costs`` measured of the batched forwards at each size, once it has
     (specdec.forward_costs: a batch of N requests costs more than one sequence's N-token chunk), and
     the draft's prompt passes are charged at the traffic's ``prompt_share``."""
-    from specdec.cost_model import Curve, batch_gammas, batch_saving_per_token
+    from specdec.cost_model import batch_gammas, batch_saving_per_token
     from specdec.drafters.registry import needs_draft_model
-    from specdec.step_calibration import batch_curve, rescaled
-    from specdec.step_costs import draft_curve, full_curve
+    from specdec.step_calibration import batch_curve, prompt_row_seconds, rescaled
+    from specdec.step_costs import draft_curve
 
     if spec.method is None or not target.backend.step_seconds:
         return None
@@ -302,9 +302,7 @@ def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedMod
     if model_drafts and draft is not None and draft.backend.step_seconds:
         drafting = rescaled(draft_curve(draft.config, draft.backend.mode, spec.draft_vocab_size or None)
                             or draft.backend.step_seconds, draft.backend.step_ratios)
-        prompts = draft.backend.prompt_backend  # the draft's pass over each new prompt: its prompt twin's rows
-        prompt_curve = full_curve(draft.config, prompts.mode) or prompts.step_seconds
-        prompt_row_s = Curve(prompts.mode, prompt_curve).row_seconds() if prompt_curve else 0.0
+        prompt_row_s = prompt_row_seconds(draft.backend)  # the draft's pass over each new prompt
     gamma = spec.num_speculative_tokens if isinstance(spec.num_speculative_tokens, int) else None
     costs = costs if costs is not None else ForwardCosts()
     share = prompt_share if prompt_share is not None else PromptShare()

@@ -82,6 +82,16 @@ def batch_curve(backend: Backend) -> dict[int, float] | None:
     return rescaled(step_costs.full_curve(backend.config, backend.mode) or backend.step_seconds, backend.step_ratios)
 
 
+def prompt_row_seconds(backend: Backend) -> float:
+    """Seconds one more prompt row costs ``backend`` in its prompt mode (its prompt twin's, where it has
+    one: :meth:`Curve.row_seconds` of the probe's curve up to 32 rows where cached, else the twin's own);
+    0 where unmeasured. What a draft's pass over a new prompt, or a prompt's pass in self-distillation,
+    costs per token."""
+    prompts = backend.prompt_backend
+    curve = step_costs.full_curve(backend.config, prompts.mode) or prompts.step_seconds
+    return Curve(prompts.mode, curve).row_seconds() if curve else 0.0
+
+
 def calibrate(backend: Backend) -> dict[int, float]:
     """Time the loaded model (:func:`time_real_steps`) and set ``backend.step_ratios`` to real ÷
     probe per timed size; returns them ({} where there is no probe curve to rescale: float

@@ -153,13 +153,12 @@ def auto_concurrency(backend, prompt_tokens: float, new_tokens: int) -> int:  # 
     64 made 1.5x the rows per minute of 16 (session 35). :data:`DEFAULT_CONCURRENCY` where the curves
     are unmeasured (float weights, CUDA)."""
     from specdec.cost_model import Curve
-    from specdec.step_calibration import batch_curve
+    from specdec.step_calibration import batch_curve, prompt_row_seconds
 
-    steps, prompt_steps = batch_curve(backend), batch_curve(backend.prompt_backend)
+    steps = batch_curve(backend)
     if not steps or len(steps) < 2:
         return DEFAULT_CONCURRENCY
-    step = Curve(backend.mode, steps)
-    prompt_row_s = Curve(backend.prompt_backend.mode, prompt_steps).row_seconds() if prompt_steps and len(prompt_steps) > 1 else 0.0
+    step, prompt_row_s = Curve(backend.mode, steps), prompt_row_seconds(backend)
 
     def rows_per_second(concurrency: int) -> float:  # one continuation's rows over the time its slot takes
         return (prompt_tokens + new_tokens) / (prompt_tokens * prompt_row_s + new_tokens * step.cost(concurrency) / concurrency)
