@@ -217,11 +217,6 @@ def _gguf_chat_template(path: Path) -> str | None:
     return bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
 
 
-def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
-    """A short digest of the vocabulary (:meth:`Tokenizer.fingerprint`)."""
-    return tokenizer.fingerprint()
-
-
 class IncrementalDetokenizer:
     """Streams text for generated ids without splitting a UTF-8 character and without re-decoding
     the whole output each step (vLLM/TGI style).

@@ -17,7 +17,6 @@ import numpy as np
 
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
 from specdec.errors import SpecdecError
-from specdec.tokenizer import tokenizer_fingerprint
 
 FORMAT_VERSION = 1
 SEPARATOR = -1  # between documents: never matches a real token
@@ -38,7 +37,7 @@ def build_datastore(tokenizer, texts: Iterable[str], output: Path, window: int =
         docs += 1
     if not ids:
         raise SpecdecError("the corpus is empty: nothing to index")
-    return write_datastore(ids, output, tokenizer_fingerprint(tokenizer), tokenizer.vocab_size, docs, window)
+    return write_datastore(ids, output, tokenizer.fingerprint(), tokenizer.vocab_size, docs, window)
 
 
 def write_datastore(ids: list[int], output: Path, fingerprint: str, vocab_size: int, docs: int = 1, window: int = 16) -> dict:
@@ -72,7 +71,7 @@ class Datastore:
         self.window = int(self.meta["window"])
 
     def check_tokenizer(self, tokenizer) -> None:  # noqa: ANN001
-        if self.meta.get("tokenizer_fingerprint") != tokenizer_fingerprint(tokenizer):
+        if self.meta.get("tokenizer_fingerprint") != tokenizer.fingerprint():
             raise SpecdecError(
                 "this datastore was built with a different tokenizer than the target model's; "
                 "rebuild it with `specdec datastore build --tokenizer <the target model>`"

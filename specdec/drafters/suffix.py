@@ -23,7 +23,6 @@ import threading
 from collections import Counter, OrderedDict
 
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
-from specdec.tokenizer import tokenizer_fingerprint
 from specdec.tree import children
 
 
@@ -287,7 +286,7 @@ def make_suffix_drafter(res: DrafterResources) -> SuffixDrafter:
 def vocabulary_key(tokenizer, vocab_size: int) -> str:  # noqa: ANN001 - Tokenizer | None
     """Which shared cache a target's requests use: its tokenizer's fingerprint, else its vocab size."""
     if tokenizer is not None:
-        return f"tokenizer:{tokenizer_fingerprint(tokenizer)}"
+        return f"tokenizer:{tokenizer.fingerprint()}"
     return f"vocab:{vocab_size}"
 
 
