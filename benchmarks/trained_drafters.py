@@ -45,8 +45,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4, help="γ of the draft model and of the heads")
     parser.add_argument("--head-gammas", default="", help="more γ for the heads, comma-separated (e.g. 1,2,auto)")
-    parser.add_argument("--tree", action="store_true",
-                        help="also the heads at γ with --spec-tree auto (EAGLE-2 trees; Medusa's per-block branching)")
+    parser.add_argument("--tree", nargs="?", const="auto", default="", metavar="BUDGETS",
+                        help="also the heads at γ as token trees (EAGLE-2 trees; Medusa's per-block branching), one row "
+                             "per --spec-tree budget, comma-separated: auto (the verification costs decide; the "
+                             "default when the flag is bare) or a node count, e.g. --tree auto,8")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -61,9 +63,10 @@ def main() -> None:
             label = method if len(paths) == 1 else f"{method} {Path(path).name}"
             for gamma in head_gammas:
                 plan[f"{label} γ={gamma}"] = specdec.SpecConfig(method=method, drafter_path=path, num_speculative_tokens=gamma)
-            if args.tree:
-                plan[f"{label} γ={args.gamma} tree"] = specdec.SpecConfig(method=method, drafter_path=path,
-                                                                        num_speculative_tokens=args.gamma, spec_tree="auto")
+            for budget in (b.strip() for b in args.tree.split(",") if b.strip()):
+                name = f"{label} γ={args.gamma} tree" + ("" if budget == "auto" else f" {budget}")
+                plan[name] = specdec.SpecConfig(method=method, drafter_path=path, num_speculative_tokens=args.gamma,
+                                                spec_tree=budget)
     draft_of: dict[str, specdec.LoadedModel] = {}
     for name, loaded in drafts.items():
         plan[f"{name} γ={args.gamma}"] = specdec.SpecConfig(method="draft_model", num_speculative_tokens=args.gamma)
