@@ -77,6 +77,23 @@ def test_distillation_moves_the_draft_toward_the_target(tiny_dirs, tiny_target, 
                                                                                    unaligned.stats.summary_line())
 
 
+def test_frozen_layers_run_in_the_training_precision(tiny_dirs, tiny_target, tmp_path):
+    """The frozen layers' pass follows the training's arithmetic: bfloat16 gives its own cached file
+    (a float32 run's is never read for it, nor the reverse), close to the float32 pass but not it."""
+    sequences = [[11 + i, 200 + 7 * i, 40 + 3 * i, 90, 5, 17] for i in range(3)]
+    data = features_of(tiny_target, sequences)
+    decoder = specdec.load_model(tiny_dirs["draft"], dtype="float32", device="cpu").backend.decoder
+    exact = add_frozen_hidden(decoder, 2, data, tmp_path)["draft_hidden"]
+    rounded = add_frozen_hidden(decoder, 2, data, tmp_path, precision="bfloat16")["draft_hidden"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "draft-hidden-split2-rows3-bfloat16.safetensors", "draft-hidden-split2-rows3.safetensors"]
+    assert not torch.equal(exact, rounded)
+    relative = float((rounded.float() - exact.float()).norm() / exact.float().norm())
+    assert relative < 0.02, relative  # bfloat16's 8 mantissa bits through 2 layers
+    again = add_frozen_hidden(decoder, 2, data, tmp_path, precision="bfloat16")["draft_hidden"]
+    assert torch.equal(again, rounded)  # read back, not recomputed
+
+
 def test_train_drafter_distill_end_to_end(tiny_dirs, tmp_path, capsys):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"def g{i}(y):\n" + "    y = y * 2 + 1\n" * 30}) + "\n" for i in range(40)))

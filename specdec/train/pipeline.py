@@ -197,8 +197,9 @@ def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tens
     decoder = draft.backend.decoder
     tail = DraftTail(decoder, job.trainable_layers)
     features = out / "features"
-    train_data = add_frozen_hidden(decoder, tail.split, train_data, features / "train", progress)
-    held_data = add_frozen_hidden(decoder, tail.split, held_data, features / "held_out", progress)
+    precision = job.train.precision  # the frozen layers run in the training's arithmetic
+    train_data = add_frozen_hidden(decoder, tail.split, train_data, features / "train", progress, precision)
+    held_data = add_frozen_hidden(decoder, tail.split, held_data, features / "held_out", progress, precision)
     parts = TargetParts(target.backend.decoder, target.config.vocab_size, getattr(torch, job.train.precision))
     row_loss = distill_row_loss(tail, parts, job.divergence)
     info.update(draft_model=job.draft_model, trainable_layers=job.trainable_layers, divergence=job.divergence,
