@@ -77,7 +77,7 @@ def test_distillation_moves_the_draft_toward_the_target(tiny_dirs, tiny_target, 
                                                                                    unaligned.stats.summary_line())
 
 
-def test_frozen_layers_run_in_the_training_precision(tiny_dirs, tiny_target, tmp_path):
+def test_frozen_layers_run_in_the_training_precision(tiny_dirs, tiny_target, tmp_path, monkeypatch):
     """The frozen layers' pass follows the training's arithmetic: bfloat16 gives its own cached file
     (a float32 run's is never read for it, nor the reverse), close to the float32 pass but not it."""
     sequences = [[11 + i, 200 + 7 * i, 40 + 3 * i, 90, 5, 17] for i in range(3)]
@@ -90,8 +90,12 @@ def test_frozen_layers_run_in_the_training_precision(tiny_dirs, tiny_target, tmp
     assert not torch.equal(exact, rounded)
     relative = float((rounded.float() - exact.float()).norm() / exact.float().norm())
     assert relative < 0.02, relative  # bfloat16's 8 mantissa bits through 2 layers
+    def recomputed(*_args):  # a second call must read the cached file, not run the layers again
+        raise AssertionError("the frozen layers ran again")
+
+    monkeypatch.setattr("specdec.train.distill.frozen_hidden", recomputed)
     again = add_frozen_hidden(decoder, 2, data, tmp_path, precision="bfloat16")["draft_hidden"]
-    assert torch.equal(again, rounded)  # read back, not recomputed
+    assert torch.equal(again, rounded)
 
 
 def test_train_drafter_distill_end_to_end(tiny_dirs, tmp_path, capsys):

@@ -94,9 +94,9 @@ def add_frozen_hidden(decoder: Decoder, split: int, data: dict[str, torch.Tensor
     if path.is_file():
         return dict(data, draft_hidden=load_file(str(path))["draft_hidden"])
     hidden = torch.zeros(rows, longest, decoder.config.hidden_size, dtype=torch.float16)
-    for row in tqdm(range(rows), desc=f"draft layers 0-{split - 1} → {path.parent.name}", unit="seq", disable=not progress):
-        length = int((data["tokens"][row] >= 0).sum())
-        with mixed_precision(precision, decoder.device.type):
+    with mixed_precision(precision, decoder.device.type):
+        for row in tqdm(range(rows), desc=f"draft layers 0-{split - 1} → {path.parent.name}", unit="seq", disable=not progress):
+            length = int((data["tokens"][row] >= 0).sum())
             hidden[row, :length] = frozen_hidden(decoder, split, data["tokens"][row, :length].tolist()).half()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")

@@ -200,7 +200,7 @@ def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tens
     precision = job.train.precision  # the frozen layers run in the training's arithmetic
     train_data = add_frozen_hidden(decoder, tail.split, train_data, features / "train", progress, precision)
     held_data = add_frozen_hidden(decoder, tail.split, held_data, features / "held_out", progress, precision)
-    parts = TargetParts(target.backend.decoder, target.config.vocab_size, getattr(torch, job.train.precision))
+    parts = TargetParts(target.backend.decoder, target.config.vocab_size, getattr(torch, precision))
     row_loss = distill_row_loss(tail, parts, job.divergence)
     info.update(draft_model=job.draft_model, trainable_layers=job.trainable_layers, divergence=job.divergence,
                 trained_parameters=sum(p.numel() for p in tail.parameters()))
