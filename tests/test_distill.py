@@ -14,7 +14,8 @@ from specdec.cli import main
 from specdec.config import SpecConfig
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
-from specdec.train.distill import DraftTail, add_frozen_hidden, check_pair, distill_row_loss, divergence_loss, save_draft
+from specdec.train.distill import (DraftTail, add_frozen_hidden, check_pair, distill_row_loss, divergence_loss, greedy_loss,
+                                   save_draft)
 from specdec.train.loop import TrainConfig, evaluate_rows, train_module
 from specdec.train.target_parts import TargetParts
 from tests.test_heads import features_of
@@ -22,7 +23,7 @@ from tests.test_heads import features_of
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
-def test_divergences_are_kl_and_total_variation():
+def test_divergences_are_kl_total_variation_and_greedy_cross_entropy():
     generator = torch.Generator().manual_seed(0)
     target, draft = torch.randn(5, 40, generator=generator), torch.randn(5, 40, generator=generator)
     p, q = torch.softmax(target, -1), torch.softmax(draft, -1)
@@ -32,11 +33,15 @@ def test_divergences_are_kl_and_total_variation():
     assert float(divergence_loss(target, target, "kl")) == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(SpecdecError, match="divergence"):
         divergence_loss(draft, target, "js")
+    greedy = target.argmax(-1)
+    torch.testing.assert_close(greedy_loss(draft, greedy), -q.log()[torch.arange(5), greedy].mean())
+    sharp = torch.full((5, 40), -30.0).scatter(1, greedy[:, None], 30.0)  # a draft sure of the target's argmax
+    assert float(greedy_loss(sharp, greedy)) == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(SpecdecError, match="tokenizer"):
         check_pair(512, 600, "other")
 
 
-@pytest.mark.parametrize("divergence", ["kl", "tvd"])
+@pytest.mark.parametrize("divergence", ["kl", "tvd", "greedy"])
 def test_distillation_moves_the_draft_toward_the_target(tiny_dirs, tiny_target, tmp_path, divergence):
     """An unrelated random draft, its last 2 layers trained on the target's distributions over the
     target's own greedy continuations: agreement with the target's greedy token must rise, and the

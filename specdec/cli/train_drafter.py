@@ -88,8 +88,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help=f"distill: the draft model to align (same tokenizer as the target) (default: {DEFAULT_DRAFT})")
     cmd.add_argument("--trainable-layers", type=positive_int, default=2, metavar="N",
                      help="distill: the draft's last N decoder layers and final norm train; the rest stays frozen (default: 2)")
-    cmd.add_argument("--divergence", default="kl", choices=["kl", "tvd"],
-                     help="distill: forward KL(target‖draft), or total variation distance (1 − α under sampling) (default: kl)")
+    cmd.add_argument("--divergence", default="kl", choices=["kl", "tvd", "greedy"],
+                     help="distill: forward KL(target‖draft); total variation distance (1 − α under sampling); or "
+                          "greedy: cross-entropy to the target's greedy token (what greedy acceptance counts; no "
+                          "target logits, so faster steps) (default: kl)")
     cmd.add_argument("--unroll-steps", type=positive_int, default=3, metavar="S",
                      help="eagle: draft steps unrolled in training, each reading the head's own previous predictions "
                           "(EAGLE-3's training-time test; 1 = teacher forcing only; each step costs about one more "

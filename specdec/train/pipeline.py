@@ -56,7 +56,7 @@ class DrafterTraining:
     feature_layers: str = "final"
     draft_model: str = DEFAULT_DRAFT  # distill: the draft model to align
     trainable_layers: int = 2  # distill: the draft's last N layers (and final norm) train
-    divergence: str = "kl"  # distill: kl | tvd
+    divergence: str = "kl"  # distill: kl | tvd | greedy
     resume: bool = False
     eval_prompts: int = 8
     eval_prompt_tokens: int = 128
