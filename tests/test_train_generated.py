@@ -13,7 +13,7 @@ from specdec.cli import main
 from specdec.errors import SpecdecError
 from specdec.train.data import Document, file_documents, load_shards, teacher_forced
 from specdec.train.generated import (BATCH_PROMPTS, function_prompts, generate_sequences, generated_sequences,
-                                     held_out_prompts, read_generated)
+                                     held_out_continuations, held_out_prompts, read_generated)
 
 SOURCE = '''import os
 from typing import List
@@ -117,6 +117,31 @@ def test_features_recorded_while_generating_are_the_teacher_forced_ones(tiny_tar
         assert data["target_ids"][index, length - 5 : length].tolist() == row["tokens"][-5:]  # the continuation
 
 
+def test_held_out_continuations_are_the_targets_greedy_text_and_kept(tiny_target, tmp_path, monkeypatch):
+    """The held-out curve's data for a run trained on continuations: held-out prompts continued by
+    the target (not the training documents'), one shard, read back (not regenerated) by a resumed run."""
+    docs = file_documents(corpus(tmp_path, 40))
+    held = held_out_prompts(docs, tiny_target.tokenizer.encode, 3)
+    assert held_out_continuations(tiny_target, docs, tmp_path / "held", 3, new_tokens=5, seq_len=64, concurrency=2)
+    data = load_shards(tmp_path / "held", num_layers=tiny_target.config.num_layers, layers=(tiny_target.config.num_layers,))
+    params = specdec.SamplingParams(max_tokens=5, temperature=0.0)  # both stop at a stop token
+    assert data["tokens"].shape[0] == len(held) == 3
+    for index, prompt in enumerate(held):
+        continuation = specdec.generate(tiny_target, prompt, params).token_ids
+        length = int((data["tokens"][index] >= 0).sum())
+        assert data["tokens"][index, :length].tolist() == (prompt + continuation)[:-1]
+        assert data["target_ids"][index, length - len(continuation) : length].tolist() == continuation
+
+    def regenerated(*_args, **_kwargs):
+        raise AssertionError("the held-out continuations were generated again")
+
+    monkeypatch.setattr("specdec.train.generated.continue_greedily", regenerated)
+    assert held_out_continuations(tiny_target, docs, tmp_path / "held", 3, new_tokens=5)
+    no_prompts = [Document("a.txt", "short")]
+    assert not held_out_continuations(tiny_target, no_prompts, tmp_path / "none", 3, new_tokens=5)
+    assert not (tmp_path / "none").exists()
+
+
 def test_data_without_prompts_is_a_clear_error(tiny_target, tmp_path):
     with pytest.raises(SpecdecError, match="no prompts"):
         generate_sequences(tiny_target, [Document("a.txt", "short")], tmp_path / "g.jsonl", tmp_path / "f", minutes=1,
@@ -133,6 +158,8 @@ def test_train_drafter_with_self_distillation(tiny_dirs, tmp_path):
     assert info["generated_continuations"] == len(rows) > 0
     assert info["generated_tokens"] == sum(len(r["tokens"]) - r["prompt_tokens"] for r in rows) > 0
     assert "own continuations" in (out / "report.md").read_text()
+    assert info["held_out_data"] == "target continuations"  # the held-out curve reads the target's text too
+    assert (out / "features" / "held_out_generated" / "shard-00000.safetensors").is_file()
 
 
 def test_auto_concurrency_follows_the_measured_step_curve(monkeypatch):

@@ -19,7 +19,7 @@ from specdec.models.head_files import WEIGHTS_FILE
 from specdec.models.registry import DEFAULT_DRAFT
 from specdec.train.data import add_minutes, extract_features, load_documents, load_shards, token_sequences
 from specdec.train.feature_spec import parse_feature_layers
-from specdec.train.generated import generate_sequences, generated_sequences, held_out_prompts
+from specdec.train.generated import generate_sequences, generated_sequences, held_out_continuations, held_out_prompts
 from specdec.train.loop import TrainConfig, describe, train_head
 from specdec.train.precision import choose_precision
 from specdec.train.target_parts import TargetParts
@@ -130,7 +130,15 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     extract_minutes = add_minutes(features / "extraction.json", (time.perf_counter() - began) / 60)
     depth = target.config.num_layers
     train_data = load_shards(features / "generated", features / "train", num_layers=depth, layers=layers)
-    held_data = load_shards(features / "held_out", num_layers=depth, layers=layers)
+    held_dir = features / "held_out"
+    on_policy = features / "held_out_generated"
+    # trained on continuations: held out on continuations too — unless a run resumed from before they
+    # existed, whose curve would change data midway
+    if generated and (on_policy.is_dir() or not (job.resume and (out / "checkpoint.pt").is_file())) and \
+            held_out_continuations(target, docs, on_policy, job.held_out_sequences, job.generate_tokens, layers,
+                                   job.seq_len, job.generate_concurrency, job.train.seed, log):
+        held_dir = on_policy
+    held_data = load_shards(held_dir, num_layers=depth, layers=layers)
     train_tokens = int((train_data["tokens"] >= 0).sum())
     log(f"features: {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens ({shards} shards extracted, "
         f"the rest recorded while generating)")
@@ -138,6 +146,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     info = {"kind": job.kind, "target": target.name, "data": job.data, "feature_mode": target.backend.dtype_name,
             "train_sequences": train_data["tokens"].shape[0], "train_tokens": train_tokens,
             "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
+            "held_out_data": "target continuations" if held_dir == on_policy else "source text",
             "extract_minutes": round(extract_minutes, 1), "generate_minutes": round(generate_minutes, 1),
             "generated_continuations": len(generated), "feature_layers": list(layers),
             "generated_tokens": sum(len(row["tokens"]) - row["prompt_tokens"] for row in generated),
@@ -146,7 +155,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     log(f"training precision: {job.train.precision}")
     info["precision"] = job.train.precision
     if job.kind == "distill":
-        return distill_draft(job, target, train_data, held_data, prompts, info, progress, log)
+        return distill_draft(job, target, train_data, held_data, held_dir, prompts, info, progress, log)
 
     size = min(job.draft_vocab_size or target.config.vocab_size, target.config.vocab_size)
     draft_ids = None
@@ -182,9 +191,10 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
 
 
 def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tensor], held_data: dict[str, torch.Tensor],  # noqa: ANN001 - LoadedModel
-                  prompts: list[list[int]], info: dict, progress: bool, log: Callable[[str], None]) -> Path:
+                  held_dir: Path, prompts: list[list[int]], info: dict, progress: bool, log: Callable[[str], None]) -> Path:
     """DistillSpec (:mod:`specdec.train.distill`): train the draft's last layers on the target's
-    distributions, save it as a model directory, and measure α before and after by speculating."""
+    distributions, save it as a model directory, and measure α before and after by speculating.
+    ``held_dir``: where ``held_data``'s shards are (the draft's frozen layers' output is kept beside them)."""
     import specdec
     from specdec.train.distill import DraftTail, add_frozen_hidden, check_pair, distill_row_loss, save_draft
     from specdec.train.loop import evaluate_rows, train_module
@@ -199,7 +209,7 @@ def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tens
     features = out / "features"
     precision = job.train.precision  # the frozen layers run in the training's arithmetic
     train_data = add_frozen_hidden(decoder, tail.split, train_data, features / "train", progress, precision)
-    held_data = add_frozen_hidden(decoder, tail.split, held_data, features / "held_out", progress, precision)
+    held_data = add_frozen_hidden(decoder, tail.split, held_data, held_dir, progress, precision)
     parts = TargetParts(target.backend.decoder, target.config.vocab_size, getattr(torch, precision))
     row_loss = distill_row_loss(tail, parts, job.divergence)
     info.update(draft_model=job.draft_model, trainable_layers=job.trainable_layers, divergence=job.divergence,

@@ -127,7 +127,7 @@ def write_report(out_dir: Path, history: History, result: SpeculationResult | No
     lines = [f"# {title} {info.get('target', '?')}", "",
              f"- data: {info.get('data')} — {info.get('train_sequences')} training sequences "
              f"({info.get('train_tokens')} tokens), {info.get('held_out_sequences')} held-out sequences "
-             f"({info.get('held_out_tokens')} tokens) from documents never trained on"
+             f"({info.get('held_out_tokens')} tokens, {info.get('held_out_data', 'source text')}) from documents never trained on"
              + (f"; first the target's own continuations of {info['generated_continuations']} prompts from it "
                 f"({info.get('generated_tokens')} generated tokens, {info.get('generate_minutes')} min of generation; "
                 f"self-distillation), and the report's prompts are "
