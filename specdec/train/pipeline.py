@@ -26,6 +26,8 @@ from specdec.train.target_parts import TargetParts
 from specdec.train.vocab import coverage, frequency_ids
 
 KINDS = ("eagle", "medusa", "distill")
+#: the held-out curve's shards when training reads the target's continuations (features/<this>)
+ON_POLICY_HELD_OUT = "held_out_generated"
 
 
 @dataclass
@@ -130,14 +132,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     extract_minutes = add_minutes(features / "extraction.json", (time.perf_counter() - began) / 60)
     depth = target.config.num_layers
     train_data = load_shards(features / "generated", features / "train", num_layers=depth, layers=layers)
-    held_dir = features / "held_out"
-    on_policy = features / "held_out_generated"
-    # trained on continuations: held out on continuations too — unless a run resumed from before they
-    # existed, whose curve would change data midway
-    if generated and (on_policy.is_dir() or not (job.resume and (out / "checkpoint.pt").is_file())) and \
-            held_out_continuations(target, docs, on_policy, job.held_out_sequences, job.generate_tokens, layers,
-                                   job.seq_len, job.generate_concurrency, job.train.seed, log):
-        held_dir = on_policy
+    held_dir = held_out_directory(job, target, docs, bool(generated), layers, log)
     held_data = load_shards(held_dir, num_layers=depth, layers=layers)
     train_tokens = int((train_data["tokens"] >= 0).sum())
     log(f"features: {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens ({shards} shards extracted, "
@@ -146,7 +141,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     info = {"kind": job.kind, "target": target.name, "data": job.data, "feature_mode": target.backend.dtype_name,
             "train_sequences": train_data["tokens"].shape[0], "train_tokens": train_tokens,
             "held_out_sequences": held_data["tokens"].shape[0], "held_out_tokens": int((held_data["tokens"] >= 0).sum()),
-            "held_out_data": "target continuations" if held_dir == on_policy else "source text",
+            "held_out_data": "target continuations" if held_dir.name == ON_POLICY_HELD_OUT else "source text",
             "extract_minutes": round(extract_minutes, 1), "generate_minutes": round(generate_minutes, 1),
             "generated_continuations": len(generated), "feature_layers": list(layers),
             "generated_tokens": sum(len(row["tokens"]) - row["prompt_tokens"] for row in generated),
@@ -188,6 +183,22 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
         result = measure_speculation(target, prompts, spec, job.eval_new_tokens)
         log(result.line())
     return write_report(out, history, result, info)
+
+
+def held_out_directory(job: DrafterTraining, target, docs: list, generated: bool, layers: tuple[int, ...],  # noqa: ANN001 - LoadedModel
+                       log: Callable[[str], None]) -> Path:
+    """Where the held-out curve's shards are: a run trained on the target's continuations is held out
+    on its continuations of held-out prompts (:func:`~specdec.train.generated.held_out_continuations`),
+    else on teacher-forced held-out source (``features/held_out``). A run resumed from before the
+    former existed keeps the latter: its curve must not change data midway."""
+    features = Path(job.out_dir).expanduser() / "features"
+    on_policy = features / ON_POLICY_HELD_OUT
+    resumed_older = job.resume and (features.parent / "checkpoint.pt").is_file() and not on_policy.is_dir()
+    if generated and not resumed_older and held_out_continuations(
+            target, docs, on_policy, job.held_out_sequences, job.generate_tokens, layers, job.seq_len,
+            job.generate_concurrency, job.train.seed, log):
+        return on_policy
+    return features / "held_out"
 
 
 def distill_draft(job: DrafterTraining, target, train_data: dict[str, torch.Tensor], held_data: dict[str, torch.Tensor],  # noqa: ANN001 - LoadedModel
