@@ -8,7 +8,9 @@ chosen per task: forward KL(p‖q) (here ``kl``) or the total variation distance
 target's greedy token alone (hard labels): greedy acceptance counts only whether the two argmaxes
 agree, and a soft-label loss spends itself on the tails (on the 1.5B/0.5B Qwen pair, 50 minutes of
 forward KL lowered the held-out KL 8 % and left the argmax agreement at 0.81). It needs no target
-logits at all, so a step skips the target's LM head (~35 % of it).
+logits at all, so a step skips the target's LM head (batch 4 on an AMX Xeon: 2.8 s a step against
+forward KL's 4.0 s). Measured on that pair it raised agreement over the target's continuations
+0.877 → 0.884 at lr 1e-5 with batches of 16; at 1e-4 with batches of 4 it memorised its rows.
 
 What fits a 2-core CPU: only the draft's last ``trainable_layers`` decoder layers and its final
 norm train (float32); its embedding and LM head (tied in small Qwen models) stay frozen. The frozen
