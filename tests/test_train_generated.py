@@ -137,6 +137,10 @@ def test_held_out_continuations_are_the_targets_greedy_text_and_kept(tiny_target
 
     monkeypatch.setattr("specdec.train.generated.continue_greedily", regenerated)
     assert held_out_continuations(tiny_target, docs, tmp_path / "held", 3, new_tokens=5)
+    monkeypatch.undo()
+    assert held_out_continuations(tiny_target, docs, tmp_path / "held", 2, new_tokens=5)  # another count: replaced
+    assert load_shards(tmp_path / "held", num_layers=tiny_target.config.num_layers,
+                       layers=(tiny_target.config.num_layers,))["tokens"].shape[0] == 2
     no_prompts = [Document("a.txt", "short")]
     assert not held_out_continuations(tiny_target, no_prompts, tmp_path / "none", 3, new_tokens=5)
     assert not (tmp_path / "none").exists()

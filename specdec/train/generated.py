@@ -302,13 +302,18 @@ def held_out_continuations(target, docs: list[Document], shard_dir: Path, count:
     text, and teacher-forced agreement over human source is another number — the 0.5B draft agreed
     with the target's greedy token 0.81 of the time over held-out stdlib source but 0.88 over the
     target's continuations of held-out prompts, and only the latter is what speculation accepts.
-    False (nothing written) when the held-out documents give no prompt."""
+    False (nothing written) when the held-out documents give no prompt. A shard of another prompt
+    count (``--held-out-sequences`` changed) is replaced."""
+    from safetensors import safe_open
+
     path = shard_path(shard_dir, 0)
-    if path.is_file():
-        return True
     prompts = held_out_prompts(docs, target.tokenizer.encode, count, seed)
     if not prompts:
         return False
+    if path.is_file():
+        with safe_open(str(path), framework="pt") as shard:
+            if shard.get_slice("tokens").get_shape()[0] == len(prompts):
+                return True
     start = time.perf_counter()
     if concurrency is None:
         concurrency = auto_concurrency(target.backend, sum(map(len, prompts)) / len(prompts), new_tokens)
