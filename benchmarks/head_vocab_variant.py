@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specdec.models.head_files import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402
+from specdec.train.pipeline import ON_POLICY_HELD_OUT  # noqa: E402
 from specdec.train.vocab import coverage, frequency_ids  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def training_target_ids(head_dir: Path) -> torch.Tensor:
 
     parts = []
     for shard in sorted((head_dir / "features").glob("*/shard-*.safetensors")):
-        if shard.parent.name == "held_out":
+        if shard.parent.name.startswith("held_out"):  # held_out, held_out_generated: not training data
             continue
         with safe_open(str(shard), framework="pt") as data:
             parts.append(data.get_tensor("target_ids").flatten())
@@ -53,7 +54,9 @@ def main() -> int:
     size = args.size or config["draft_vocab_size"]
     targets = training_target_ids(args.head)
     ids = frequency_ids(targets, size, config["vocab_size"])
-    held = args.head / "features" / "held_out"
+    held = args.head / "features" / ON_POLICY_HELD_OUT  # the target's continuations of held-out prompts …
+    if not held.is_dir():  # … or, for a run on source text alone, the held-out source
+        held = args.head / "features" / "held_out"
     held_targets = torch.cat([load_file(str(p))["target_ids"].flatten() for p in sorted(held.glob("shard-*.safetensors"))])
     print(f"{size} ids: training tokens covered {coverage(targets, None, size):.2%} (first ids) → "
           f"{coverage(targets, ids, size):.2%} (frequency); held-out {coverage(held_targets, None, size):.2%} → "

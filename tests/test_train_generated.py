@@ -122,7 +122,7 @@ def test_held_out_continuations_are_the_targets_greedy_text_and_kept(tiny_target
     the target (not the training documents'), one shard, read back (not regenerated) by a resumed run."""
     docs = file_documents(corpus(tmp_path, 40))
     held = held_out_prompts(docs, tiny_target.tokenizer.encode, 3)
-    assert held_out_continuations(tiny_target, docs, tmp_path / "held", 3, new_tokens=5, seq_len=64, concurrency=2)
+    assert held_out_continuations(tiny_target, held, tmp_path / "held", new_tokens=5, seq_len=64, concurrency=2)
     data = load_shards(tmp_path / "held", num_layers=tiny_target.config.num_layers, layers=(tiny_target.config.num_layers,))
     params = specdec.SamplingParams(max_tokens=5, temperature=0.0)  # both stop at a stop token
     assert data["tokens"].shape[0] == len(held) == 3
@@ -136,13 +136,14 @@ def test_held_out_continuations_are_the_targets_greedy_text_and_kept(tiny_target
         raise AssertionError("the held-out continuations were generated again")
 
     monkeypatch.setattr("specdec.train.generated.continue_greedily", regenerated)
-    assert held_out_continuations(tiny_target, docs, tmp_path / "held", 3, new_tokens=5)
+    assert held_out_continuations(tiny_target, held, tmp_path / "held", new_tokens=5)
     monkeypatch.undo()
-    assert held_out_continuations(tiny_target, docs, tmp_path / "held", 2, new_tokens=5)  # another count: replaced
+    assert held_out_continuations(tiny_target, held[:2], tmp_path / "held", new_tokens=5)  # another count: replaced
     assert load_shards(tmp_path / "held", num_layers=tiny_target.config.num_layers,
                        layers=(tiny_target.config.num_layers,))["tokens"].shape[0] == 2
-    no_prompts = [Document("a.txt", "short")]
-    assert not held_out_continuations(tiny_target, no_prompts, tmp_path / "none", 3, new_tokens=5)
+    no_prompts = held_out_prompts([Document("a.txt", "short")], tiny_target.tokenizer.encode, 3)
+    assert no_prompts == []
+    assert not held_out_continuations(tiny_target, no_prompts, tmp_path / "none", new_tokens=5)
     assert not (tmp_path / "none").exists()
 
 
@@ -164,6 +165,8 @@ def test_train_drafter_with_self_distillation(tiny_dirs, tmp_path):
     assert "own continuations" in (out / "report.md").read_text()
     assert info["held_out_data"] == "target continuations"  # the held-out curve reads the target's text too
     assert (out / "features" / "held_out_generated" / "shard-00000.safetensors").is_file()
+    assert info["held_out_sequences"] == 2  # --held-out-sequences prompts, continued by the target
+    assert not (out / "features" / "held_out").exists()  # no teacher-forced pass over held-out source it never reads
 
 
 def test_auto_concurrency_follows_the_measured_step_curve(monkeypatch):

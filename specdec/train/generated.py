@@ -293,21 +293,20 @@ def shard_rows(batch: list[Continuation], seq_len: int) -> list[tuple[list[int],
     return [(c.tokens[:-1][-seq_len:], c.features[-seq_len:], c.target_ids[-seq_len:]) for c in batch]
 
 
-def held_out_continuations(target, docs: list[Document], shard_dir: Path, count: int, new_tokens: int,  # noqa: ANN001 - LoadedModel
+def held_out_continuations(target, prompts: list[list[int]], shard_dir: Path, new_tokens: int,  # noqa: ANN001 - LoadedModel
                            layers: tuple[int, ...] = (), seq_len: int = 256, concurrency: int | None = None,
-                           seed: int = 0, log: Callable[[str], None] = lambda _line: None) -> bool:
-    """The held-out curve's data for a run trained on continuations: the target continuing the first
-    ``count`` held-out prompts (:func:`held_out_prompts`), written as one shard in ``shard_dir`` (kept:
-    a resumed run reads it back). Why: a drafter trained on the target's text drafts over the target's
+                           log: Callable[[str], None] = lambda _line: None) -> bool:
+    """The held-out curve's data for a run trained on continuations: the target continuing
+    ``prompts`` (token ids of held-out prompts, :func:`held_out_prompts`), written as one shard in
+    ``shard_dir`` (kept: a resumed run reads it back). Why: a drafter trained on the target's text drafts over the target's
     text, and teacher-forced agreement over human source is another number — the 0.5B draft agreed
     with the target's greedy token 0.81 of the time over held-out stdlib source but 0.88 over the
     target's continuations of held-out prompts, and only the latter is what speculation accepts.
-    False (nothing written) when the held-out documents give no prompt. A shard of another prompt
-    count (``--held-out-sequences`` changed) is replaced."""
+    False (nothing written) when there is no prompt. A shard of another prompt count
+    (``--held-out-sequences`` changed) is replaced."""
     from safetensors import safe_open
 
     path = shard_path(shard_dir, 0)
-    prompts = held_out_prompts(docs, target.tokenizer.encode, count, seed)
     if not prompts:
         return False
     if path.is_file():

@@ -122,17 +122,22 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     if generated:  # the target's own text first (an extraction budget keeps all of it), then the source's
         # (continuations generated with their features need no extraction: generated_sequences skips them)
         train = generated_sequences(generated, job.seq_len, job.train.seed) + train
-        prompts = held_out_prompts(docs, encode, job.eval_prompts, job.train.seed) or prompts
+    # held-out prompts (encoded once): the report speculates on the first eval_prompts, and a run
+    # trained on continuations holds out on the target's continuations of the first held_out_sequences
+    held_prompts = held_out_prompts(docs, encode, max(job.eval_prompts, job.held_out_sequences), job.train.seed) \
+        if generated else []
+    prompts = held_prompts[: job.eval_prompts] or prompts
     generate_minutes = add_minutes(features / "generation.json", (time.perf_counter() - began) / 60)
 
+    held_dir = held_out_directory(job, target, held_prompts[: job.held_out_sequences], layers, log)
     began = time.perf_counter()
-    extract_features(target.backend, held_out, features / "held_out", layers, progress=progress)
+    if held_dir.name != ON_POLICY_HELD_OUT:  # teacher-forced held-out source: only where it is the curve's data
+        extract_features(target.backend, held_out, held_dir, layers, progress=progress)
     shards = extract_features(target.backend, train, features / "train", layers,
                               budget_seconds=job.extract_minutes * 60, progress=progress)
     extract_minutes = add_minutes(features / "extraction.json", (time.perf_counter() - began) / 60)
     depth = target.config.num_layers
     train_data = load_shards(features / "generated", features / "train", num_layers=depth, layers=layers)
-    held_dir = held_out_directory(job, target, docs, bool(generated), layers, log)
     held_data = load_shards(held_dir, num_layers=depth, layers=layers)
     train_tokens = int((train_data["tokens"] >= 0).sum())
     log(f"features: {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens ({shards} shards extracted, "
@@ -185,18 +190,18 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     return write_report(out, history, result, info)
 
 
-def held_out_directory(job: DrafterTraining, target, docs: list, generated: bool, layers: tuple[int, ...],  # noqa: ANN001 - LoadedModel
+def held_out_directory(job: DrafterTraining, target, prompts: list[list[int]], layers: tuple[int, ...],  # noqa: ANN001 - LoadedModel
                        log: Callable[[str], None]) -> Path:
     """Where the held-out curve's shards are: a run trained on the target's continuations is held out
-    on its continuations of held-out prompts (:func:`~specdec.train.generated.held_out_continuations`),
-    else on teacher-forced held-out source (``features/held_out``). A run resumed from before the
+    on its continuations of the held-out ``prompts`` (empty for a run on source text alone;
+    :func:`~specdec.train.generated.held_out_continuations`), else on teacher-forced held-out source
+    (``features/held_out``). A run resumed from before the
     former existed keeps the latter: its curve must not change data midway."""
     features = Path(job.out_dir).expanduser() / "features"
     on_policy = features / ON_POLICY_HELD_OUT
     resumed_older = job.resume and (features.parent / "checkpoint.pt").is_file() and not on_policy.is_dir()
-    if generated and not resumed_older and held_out_continuations(
-            target, docs, on_policy, job.held_out_sequences, job.generate_tokens, layers, job.seq_len,
-            job.generate_concurrency, job.train.seed, log):
+    if prompts and not resumed_older and held_out_continuations(
+            target, prompts, on_policy, job.generate_tokens, layers, job.seq_len, job.generate_concurrency, log):
         return on_policy
     return features / "held_out"
 
