@@ -1,6 +1,7 @@
 """Token trees vs chains (issue 22): τ (tokens per target forward) and decode speed of each drafter
 with chains and with trees, against plain decoding of the same target, configurations interleaved
-per prompt, greedy (every output checked identical to plain decoding).
+per prompt. Greedy by default (every output checked identical to plain decoding); ``--temperature T``
+measures sampled decoding, where SpecTr's trees are meant to pay (seed 000).
 
     .venv/bin/python benchmarks/tree_vs_chain.py --groups humaneval,mt_bench --limit 6 --max-tokens 64
 
@@ -21,11 +22,19 @@ tok/s columns are this CPU's and mean little then.
 suffix table has seen earlier requests. Before each run the table holds the plain outputs of N other
 prompts of the group (after the measured ones in the dataset, disjoint from them) and of the measured
 prompts before this one — never this prompt's own output. 0 (default): an empty table per run.
+
+``--temperature T`` (with ``--top-p``): sampled decoding. A chain drafts tokens sampled from the
+draft's distribution and accepts each with min(1, p/q); a tree offers the draft's likeliest tokens
+at each node as point masses, siblings tried in turn against the target's residual (exact: the χ²
+certificate, ``tests/test_tree.py::test_tree_sampling_certificate``). Each configuration runs ``--samples`` seeds per prompt
+(the same seeds for every configuration); τ is a random variable then, so read its median over
+prompts × seeds. Outputs differ from plain decoding's by design; exactness is the tests' job.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -70,6 +79,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--costs", choices=("measured", "flat"), default="measured",
                         help="verify costs the budget is spent by: this machine's measured curve, or flat (a GPU's)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampled decoding")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling with --temperature (1 = off)")
+    parser.add_argument("--samples", type=int, default=3, help="seeds per prompt and configuration under sampling")
     parser.add_argument("--suffix-history", type=int, default=0, metavar="N",
                         help="the shared suffix table holds the plain outputs of N other prompts of the group and of "
                              "the measured prompts before each one, as a server's would (default: 0, empty)")
@@ -81,47 +93,53 @@ def main() -> None:
     draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize) if needs_draft else None
     if args.costs == "flat":
         flatten_costs(target, draft)
-    params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    greedy = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    seeds = [None] if args.temperature == 0 else list(range(args.samples))
+    decoding = "greedy" if args.temperature == 0 else \
+        f"temperature {args.temperature}, top-p {args.top_p}, {args.samples} seeds per prompt"
     plan = configs(methods, args.gamma)
     shared_key = vocabulary_key(target.tokenizer, target.config.vocab_size)  # the table the suffix drafter reads
     table = (f"{args.suffix_history} other prompts' outputs + the measured ones before" if args.suffix_history
              else "empty per run")
     print(f"# {args.model} {args.quantize} + {args.draft_model} {args.draft_quantize}; CPU: {cpu_description()}; "
-          f"{args.threads} threads; greedy, {args.max_tokens} tokens, γ={args.gamma}, {args.costs} verify costs; "
+          f"{args.threads} threads; {decoding}, {args.max_tokens} tokens, γ={args.gamma}, {args.costs} verify costs; "
           f"suffix table: {table}",
           flush=True)
     for group in args.groups.split(","):
         dataset, categories = GROUPS[group]
         rows = load_prompts(dataset, categories, args.limit + args.suffix_history)
         rows, history_rows = rows[: args.limit], rows[args.limit :]
-        history = [served(target, row, params) for row in history_rows]
+        history = [served(target, row, greedy) for row in history_rows]
         results: dict[str, dict[str, list[float]]] = {name: {} for name in plan}
         for row in rows:
             ids = specdec.api.encode_prompt(target, row.turns[0], chat=row.chat)
-            plain_tokens, plain_speed = None, 1.0
-            for name, spec in plan.items():
-                clear_global_caches()  # no request drafts from an earlier run of itself
-                shared = global_cache_for(shared_key)
-                for tokens in history:
-                    shared.add_request(tokens)
-                uses_draft = spec is not None and specdec.drafters.registry.needs_draft_model(spec.method)
-                out = specdec.generate(target, ids, params, draft=draft if uses_draft else None, spec=spec)
-                s = out.stats
-                speed = (s.generated_tokens - 1) / s.decode_time_s
-                if spec is None:
-                    plain_tokens, plain_speed = out.token_ids, speed
-                elif out.token_ids != plain_tokens:
-                    print(f"MISMATCH {name} on {row.id}", flush=True)
-                values = {"tau": s.mean_accepted_len, "speed": speed, "ratio": speed / plain_speed,
-                          "nodes": s.tree_nodes / s.tree_rounds if s.tree_rounds else s.proposed_tokens / max(s.target_forwards, 1),
-                          "wins": s.tree_branch_wins / s.tree_rounds if s.tree_rounds else 0.0,
-                          "gbs": s.achieved_gb_per_s}
-                for key, value in values.items():
-                    results[name].setdefault(key, []).append(value)
-            if args.suffix_history:
-                history.append(ids[-PROMPT_CONTEXT:] + plain_tokens)
+            for seed in seeds:
+                params = greedy if seed is None else dataclasses.replace(
+                    greedy, temperature=args.temperature, top_p=args.top_p, seed=seed)
+                plain_tokens, plain_speed = None, 1.0
+                for name, spec in plan.items():
+                    clear_global_caches()  # no request drafts from an earlier run of itself
+                    shared = global_cache_for(shared_key)
+                    for tokens in history:
+                        shared.add_request(tokens)
+                    uses_draft = spec is not None and specdec.drafters.registry.needs_draft_model(spec.method)
+                    out = specdec.generate(target, ids, params, draft=draft if uses_draft else None, spec=spec)
+                    s = out.stats
+                    speed = (s.generated_tokens - 1) / s.decode_time_s
+                    if spec is None:
+                        plain_tokens, plain_speed = out.token_ids, speed
+                    elif seed is None and out.token_ids != plain_tokens:
+                        print(f"MISMATCH {name} on {row.id}", flush=True)
+                    values = {"tau": s.mean_accepted_len, "speed": speed, "ratio": speed / plain_speed,
+                              "nodes": s.tree_nodes / s.tree_rounds if s.tree_rounds else s.proposed_tokens / max(s.target_forwards, 1),
+                              "wins": s.tree_branch_wins / s.tree_rounds if s.tree_rounds else 0.0,
+                              "gbs": s.achieved_gb_per_s}
+                    for key, value in values.items():
+                        results[name].setdefault(key, []).append(value)
+                if args.suffix_history and seed == seeds[0]:  # the table sees each prompt once
+                    history.append(ids[-PROMPT_CONTEXT:] + plain_tokens)
             print(f"  {group} {row.id}: done", flush=True)
-        print(f"\n## {group} ({len(rows)} prompts, medians)\n")
+        print(f"\n## {group} ({len(rows)} prompts{'' if seeds == [None] else f' × {len(seeds)} seeds'}, medians)\n")
         print("| config | τ | τ × chain | decode tok/s | × plain | GB/s | verified/round | branch wins |")
         print("|---|---|---|---|---|---|---|---|")
         for name, values in results.items():

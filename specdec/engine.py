@@ -20,6 +20,7 @@ from typing import Callable, Generator, Iterable, Iterator
 import torch
 
 from specdec.adaptive import GammaController, VerifyCosts
+from specdec.alternatives import DEFAULT_ALPHA, chain_nodes_in, with_alternatives
 from specdec.backends.base import Backend
 from specdec.calls import ModelCall, one, waited
 from specdec.config import SpecConfig
@@ -137,6 +138,7 @@ def generate_steps(
     check_context(len(prompt_ids), params.max_tokens, context_len)
     max_k = spec.max_speculative_tokens if drafter is not None else 0
     max_nodes = spec.max_tree_nodes if drafter is not None else 0  # 0: chains only
+    alternatives = max_nodes > 0 and not params.is_greedy  # sampled chains become trees (specdec.alternatives)
     cache_len = min(len(prompt_ids) + params.max_tokens + max(max_k, max_nodes) + 1, context_len)
     generator = generator or make_generator(params.seed, target.device)
 
@@ -236,17 +238,24 @@ def generate_steps(
                     forced = constraint.forced_tokens(draft.tokens, room - drafted)
                     draft = draft.extended(forced, vocab_size)  # certain: accepted whatever the logits
                     grammatical += len(forced)
+            elif alternatives and draft.probs is not None and len(draft):  # trees under sampling (specdec.alternatives)
+                draft = with_alternatives(draft, min(max_nodes, state.max_seq_len - len(context) - 1),
+                                          gamma.planning_alpha if gamma is not None else DEFAULT_ALPHA, verify_costs)
             t1 = time.perf_counter()
             if draft.is_tree:
                 logits, idle_verify = yield from waited(one(ModelCall(
                     target, state, [context[-1], *draft.tokens], tree=TreeLayout(len(context) - 1, [-1, *(p + 1 for p in draft.parents)]))))
-                path, next_token = verify_tree(draft.tokens, draft.parents, logits, params, generator)
+                path, next_token = verify_tree(draft.tokens, draft.parents, logits, params, generator, draft.node_probs)
                 rows = [0, *(node + 1 for node in path)]  # the last committed token, then the accepted nodes
                 state.keep(rows, len(context) - 1)
                 logits = logits[rows]  # the rows that scored the committed tokens
-                num_accepted = drafter_accepted = len(path)
+                num_accepted = drafter_accepted = chain_accepted = len(path)
                 new_tokens = [*(draft.tokens[node] for node in path), next_token]
-                drafter.accepted_path([kept[node] for node in path], next_token)
+                if draft.node_probs is not None:  # a sampled chain with alternatives: the drafter drafted the chain
+                    chain_accepted = chain_nodes_in(path, drafted)
+                    drafter.accepted(chain_accepted, new_tokens[chain_accepted])
+                else:
+                    drafter.accepted_path([kept[node] for node in path], next_token)
                 verified_as = tree_round(draft, path, stats)
             else:
                 logits, idle_verify = yield from waited(one(ModelCall(target, state, [context[-1], *draft.tokens])))
@@ -267,7 +276,7 @@ def generate_steps(
             stats.grammar_forced_tokens += num_accepted - drafter_accepted
             stats.rounds.append(Round(verified_as, drafter_accepted, num_accepted - drafter_accepted, new_tokens))
             if gamma is not None and draft.is_tree and drafter.model_forwards is not None:
-                gamma.update_tree(max(depths(draft.parents), default=0), drafter_accepted, len(draft), draft_s, verify_s)
+                gamma.update_tree(max(depths(draft.parents), default=0), chain_accepted, len(draft), draft_s, verify_s)
             elif gamma is not None and draft.prefix_accept is None:
                 gamma.update(drafted, drafter_accepted, draft_s, verify_s)
             elif gamma is not None:

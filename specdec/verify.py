@@ -18,8 +18,12 @@
   r. That is the point-mass case of recursive rejection sampling (SpecInfer; Jeon et al. 2024) and
   exact for any set of distinct candidates chosen without looking at the target: P(emit y) = p(y)
   whatever the tree (the first sibling is taken with p(x₁), the second with p(x₂)/(1 − p(x₁)) of
-  the remaining mass, …). Sampled (non-point-mass) tree drafts are not accepted here: a drafter
-  that reranks sampled children by their probability would bias them.
+  the remaining mass, …). A child *sampled* from q (``node_probs``: the first child of each node
+  of a sampled chain with alternatives, :mod:`specdec.alternatives`) takes the chain's rule
+  instead — accept with min(1, r(x)/q(x)), else r ← max(r − q, 0) — and the point-mass siblings
+  after it are tried on that residual: each rule samples exactly from its r, so the mix is exact,
+  provided whether a sampled child is verified never depends on the token drawn (a drafter that
+  reranked sampled children by their probability would bias them).
 
 Both p and q must come from :func:`specdec.sampling.logits_to_probs` with the same params.
 
@@ -154,14 +158,20 @@ def verify_tree(
     target_logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator,
+    node_probs: Sequence[torch.Tensor | None] | None = None,
 ) -> tuple[list[int], int]:
     """Walk a token tree: ``draft_tokens [N]`` with ``parents [N]`` (-1: follows the committed
     tokens), ``target_logits [N+1, V]`` (row 0: after the last committed token; row i+1: after
     node i's path). Returns ``(path, next_token)``: the accepted nodes from the root down, then the
     token the target emits after them (the correction, or the bonus token at a leaf).
 
-    Siblings are point-mass proposals tried in index order (see the module docstring); they must
-    be distinct (a repeated sibling is never accepted: its mass is already gone)."""
+    Siblings are tried in index order against what the earlier ones' rejections left of p (see the
+    module docstring); they must be distinct (a repeated point mass is never accepted: its mass is
+    already gone). Under sampling a node with ``node_probs[i]`` (q ``[V]``) was drawn from q, and is
+    accepted with min(1, r(x)/q(x)), leaving max(r − q, 0) to its later siblings — the chain's rule;
+    the others are point masses, accepted with r(x), leaving r without x. Either rule samples
+    exactly from r, so any mix is exact — provided a sampled node's presence never depended on the
+    token drawn (:mod:`specdec.alternatives`)."""
     check_parents(parents, len(draft_tokens))
     if target_logits.shape[0] != len(draft_tokens) + 1:
         raise ValueError(f"verify_tree: {len(draft_tokens)} nodes need {len(draft_tokens) + 1} target rows, "
@@ -183,11 +193,21 @@ def verify_tree(
         accepted = None
         for child in kids.get(node, []):
             token = draft_tokens[child]
-            mass = residual[token] / residual.sum()
+            q = None if node_probs is None else node_probs[child]
+            share = residual / residual.sum()
+            if q is not None:
+                q = q.to(share.device, torch.float64)
+            # q(x) == 0 cannot happen for a token sampled from q; if a drafter breaks that, reject
+            mass = share[token] if q is None else (share[token] / q[token]).clamp(max=1.0) if q[token] > 0 else 0.0
             if float(torch.rand((), generator=generator, dtype=torch.float64, device=residual.device)) < mass:
                 accepted = child
                 break
-            residual[token] = 0.0  # a copy of the row: probs[row].double() above
+            if q is None:
+                residual[token] = 0.0  # a copy of the row: probs[row].double() above
+            else:
+                residual = torch.clamp(share - q, min=0.0)
+                if not float(residual.sum()) > 0:  # p == q up to rounding: a rejection had probability ~0
+                    residual = probs[row].double()
         if accepted is None:
             if not float(residual.sum()) > 0:  # every candidate together held all of p (rounding)
                 residual = probs[row].double()

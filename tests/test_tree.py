@@ -44,8 +44,12 @@ def test_bad_trees_are_refused():
         TreeLayout(0, [0])
     with pytest.raises(ValueError, match="parents"):
         Draft(tokens=[1, 2], parents=[-1])
-    with pytest.raises(ValueError, match="point-mass"):
+    with pytest.raises(ValueError, match="node_probs"):
         Draft(tokens=[1], probs=torch.ones(1, 4) / 4, parents=[-1])
+    with pytest.raises(ValueError, match="one entry"):
+        Draft(tokens=[1, 2], parents=[-1, 0], node_probs=[torch.ones(4) / 4])
+    with pytest.raises(ValueError, match="one entry"):
+        Draft(tokens=[1], node_probs=[None])  # a chain carries q in probs
     with pytest.raises(SpecdecError, match="spec_tree"):
         SpecConfig(method="ngram", spec_tree=0)
     assert SpecConfig(method="ngram", spec_tree="5").max_tree_nodes == 5

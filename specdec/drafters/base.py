@@ -40,20 +40,25 @@ class Draft:
 
     ``parents [k]``, optional: the proposal is a token *tree* (:mod:`specdec.tree`): token i follows
     node ``parents[i]`` (-1: the committed tokens), parents before children, siblings distinct.
-    Tree tokens are point-mass proposals (``probs`` None; :func:`specdec.verify.verify_tree`), and
-    ``prefix_accept[i]`` is then the estimate that node i's whole path is accepted.
+    Tree tokens are point-mass proposals (``probs`` None; :func:`specdec.verify.verify_tree`) unless
+    ``node_probs[i]`` holds the q ``[vocab]`` node i's token was sampled from (a sampled chain with
+    alternatives, :mod:`specdec.alternatives`), and ``prefix_accept[i]`` is then the estimate that
+    node i's whole path is accepted.
     """
 
     tokens: list[int]
     probs: torch.Tensor | None = None
     prefix_accept: list[float] | None = None
     parents: list[int] | None = None
+    node_probs: list[torch.Tensor | None] | None = None
 
     def __post_init__(self) -> None:
         if self.parents is not None:
             check_parents(self.parents, len(self.tokens))
             if self.probs is not None:
-                raise ValueError("tree drafts are point-mass proposals: probs must be None")
+                raise ValueError("tree drafts carry their sampled nodes' q in node_probs: probs must be None")
+        if self.node_probs is not None and (self.parents is None or len(self.node_probs) != len(self.tokens)):
+            raise ValueError("node_probs: one entry (q or None) per node of a tree")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -71,7 +76,7 @@ class Draft:
                          None if self.prefix_accept is None else self.prefix_accept[: len(keep)])
         return Draft([self.tokens[i] for i in keep], None,
                      None if self.prefix_accept is None else [self.prefix_accept[i] for i in keep],
-                     subtree(self.parents, keep))
+                     subtree(self.parents, keep), None if self.node_probs is None else [self.node_probs[i] for i in keep])
 
     def usable_nodes(self, vocab_size: int, max_len: int | None = None, max_depth: int | None = None) -> list[int]:
         """A tree's nodes (ascending, a tree) among its first ``max_len``, no deeper than
@@ -86,7 +91,9 @@ class Draft:
         return sorted(kept)
 
     def as_chain(self) -> "Draft":
-        """A tree's first-child path as a chain (what a request with a grammar verifies); a chain as is."""
+        """A tree's first-child path as a chain (what a request with a grammar verifies); a chain as is.
+        Its tokens become point masses (exact whatever chose them: a grammar's cut may depend on a
+        sampled token, which rejection sampling against its q would not allow)."""
         if self.parents is None:
             return self
         chain = self.nodes(first_chain(self.parents))
@@ -223,6 +230,14 @@ def tree_nodes_for(res: DrafterResources) -> int:
     configuration's budget, except under a grammar (structured output cuts and extends drafts as
     chains, so the engine would verify only a tree's first path)."""
     return res.spec.max_tree_nodes if res.constraint is None else 0
+
+
+def model_tree_nodes_for(res: DrafterResources) -> int:
+    """:func:`tree_nodes_for` a drafter that grows trees from a model's distributions (draft model,
+    EAGLE, Medusa): 0 under sampling, where it drafts a sampled chain instead and the engine hangs
+    point-mass alternatives on it (:mod:`specdec.alternatives`) — its own trees of point masses
+    were accepted less often than the chain they replaced."""
+    return tree_nodes_for(res) if res.params.is_greedy else 0
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from specdec import step_costs
 from specdec.backends.base import Backend
 from specdec.calls import ModelCall, run_now
 from specdec.cost_model import Curve
-from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, model_tree_nodes_for
 from specdec.drafters.vocab import DraftVocab, full_vocab, usable_vocab_limit
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
@@ -385,7 +385,7 @@ def make_draft_model_drafter(res: DrafterResources) -> DraftModelDrafter:
         raise SpecdecError(f"method {res.spec.method!r} needs a draft model (--draft-model NAME_OR_PATH)")
     spec = res.spec
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
-    tree_nodes = tree_nodes_for(res)
+    tree_nodes = model_tree_nodes_for(res)
     return DraftModelDrafter(res.draft_backend, res.params, res.generator, res.max_seq_len, threshold,
                              spec.draft_vocab_size or None, spec.draft_context_window, res.constraint, tree_nodes)
 

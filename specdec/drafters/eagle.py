@@ -26,7 +26,7 @@ import torch
 
 from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
-from specdec.drafters.base import Draft, DrafterResources, MethodInfo, tree_nodes_for
+from specdec.drafters.base import Draft, DrafterResources, MethodInfo, model_tree_nodes_for
 from specdec.drafters.draft_model import draft_steps, grow_tree, ranking_probs
 from specdec.drafters.eagle_graph import EagleStepGraph
 from specdec.drafters.features import FeatureDrafter, head_for
@@ -162,7 +162,7 @@ def make_eagle_drafter(res: DrafterResources) -> EagleDrafter:
     spec = res.spec
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
     return EagleDrafter(head, res.target_backend, res.params, res.generator, res.max_seq_len,
-                        spec.draft_context_window, threshold, res.constraint, tree_nodes_for(res))
+                        spec.draft_context_window, threshold, res.constraint, model_tree_nodes_for(res))
 
 
 METHODS = (MethodInfo("eagle", make_eagle_drafter,

@@ -27,7 +27,7 @@ import torch
 
 from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
-from specdec.drafters.base import Draft, DrafterResources, MethodInfo, tree_nodes_for
+from specdec.drafters.base import Draft, DrafterResources, MethodInfo, model_tree_nodes_for
 from specdec.drafters.draft_model import draft_steps, grow_tree, ranking_probs
 from specdec.drafters.features import FeatureDrafter, head_for
 from specdec.drafters.vocab import DraftVocab
@@ -104,7 +104,7 @@ def head_tree(level_probs: list[torch.Tensor], depth: int, vocab: DraftVocab | N
 
 def make_medusa_drafter(res: DrafterResources) -> MedusaDrafter:
     heads = head_for(res, "medusa")
-    return MedusaDrafter(heads, res.target_backend, res.params, res.generator, res.constraint, tree_nodes_for(res))
+    return MedusaDrafter(heads, res.target_backend, res.params, res.generator, res.constraint, model_tree_nodes_for(res))
 
 
 METHODS = (MethodInfo("medusa", make_medusa_drafter,

@@ -1,0 +1,75 @@
+"""Token trees under sampling: a sampled chain with alternatives.
+
+Under greedy decoding a model drafter's tree offers each node's likeliest tokens (EAGLE-2's dynamic
+tree, :func:`specdec.drafters.draft_model.grow_tree`), point-mass proposals the target accepts when
+one is its argmax. Under sampling a point mass x is accepted with the target's p(x) alone, while a
+chain's token, *sampled* from the draft's q, is accepted with min(1, p/q) — about 1 − TV(p, q), far
+more where both spread their mass: trees of point masses verified fewer tokens than chains of the
+same size (0.81× the chain's τ at 4 nodes, temperature 1, HumanEval and MT-Bench; session 38).
+
+So under sampling a drafter that can branch drafts its chain as usual (each token sampled from q),
+and the engine hangs *alternatives* on it: at each position, the draft's likeliest other tokens as
+point-mass siblings of the sampled one, tried on what its rejection leaves of p
+(:func:`specdec.verify.verify_tree`). The chain is the tree's first-child path, so τ is at least the
+chain's; an alternative is a second chance where the chain would have stopped. Alternatives are
+leaves: nothing was drafted after them (that needs no draft forward at all).
+
+Exactness needs one more thing: whether a sampled token is verified must not depend on the token
+drawn. Here the whole chain is always verified (its length was chosen before drafting, as for any
+chain), and only alternatives — point masses, exact whatever chose them — are picked by value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.adaptive import VerifyCosts
+from specdec.drafters.base import Draft
+
+#: tokens offered per chain position: the sampled one and up to this many − 1 alternatives
+ALTERNATIVE_BRANCHES = 3
+#: the acceptance rate alternatives are valued with when no γ controller measures one
+DEFAULT_ALPHA = 0.7
+
+
+def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: VerifyCosts) -> Draft:
+    """``chain``: a sampled chain (``probs [k, V]``: the q each token was drawn from) → a tree of
+    the chain and the alternatives worth their verify cost, at most ``max_nodes`` nodes in all
+    (never fewer than the chain's). Nodes: the chain first (node i follows node i − 1), then the
+    alternatives, each a leaf whose parent is the chain node before its position.
+
+    Values (the estimated chance a node is reached and accepted, :meth:`VerifyCosts.best_length`):
+    chain node i ``alpha^(i+1)``; an alternative y at position i ``alpha^i · (1 − alpha) ·
+    q(y) / (1 − q(x_i))`` — the chain reached position i, its token x_i was rejected, and y's
+    share of the draft's remaining mass stands in for what the rejection leaves to it."""
+    assert chain.probs is not None and chain.parents is None, "alternatives hang on a sampled chain"
+    length = len(chain)
+    chain_values = [alpha ** (i + 1) for i in range(length)]
+    candidates: list[tuple[float, int, int]] = []  # (value, position, token)
+    for position, (token, q) in enumerate(zip(chain.tokens, chain.probs)):
+        top = torch.topk(q, min(ALTERNATIVE_BRANCHES, q.shape[-1]))
+        rest = max(1.0 - float(q[token]), 1e-12)
+        reached = alpha ** position * (1.0 - alpha)
+        others = [(int(t), float(p)) for t, p in zip(top.indices, top.values) if int(t) != token and float(p) > 0.0]
+        for other, prob in others[: ALTERNATIVE_BRANCHES - 1]:
+            candidates.append((reached * min(1.0, prob / rest), position, other))
+    candidates.sort(key=lambda c: -c[0])
+    candidates = candidates[: max(0, max_nodes - length)]
+    # the most expected committed tokens per second of verification, the whole chain always in
+    expected = 1.0 + sum(chain_values)
+    count, best_rate = length, expected / verify_costs.cost(length)
+    for nodes, (value, _, _) in enumerate(candidates, start=length + 1):
+        expected += value
+        if expected / verify_costs.cost(nodes) > best_rate:
+            count, best_rate = nodes, expected / verify_costs.cost(nodes)
+    chosen = candidates[: count - length]
+    return Draft(tokens=chain.tokens + [token for _, _, token in chosen],
+                 prefix_accept=chain_values + [value for value, _, _ in chosen],
+                 parents=list(range(-1, length - 1)) + [position - 1 for _, position, _ in chosen],
+                 node_probs=[*chain.probs] + [None] * len(chosen))
+
+
+def chain_nodes_in(path: list[int], chain_length: int) -> int:
+    """How many of an accepted ``path``'s nodes are the chain's (node numbers below
+    ``chain_length``; an alternative can only end a path)."""
+    return sum(1 for node in path if node < chain_length)
