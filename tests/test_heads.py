@@ -463,3 +463,58 @@ def test_train_drafter_command_end_to_end(tiny_dirs, tmp_path, capsys):
     assert torch.equal(load_head(out).draft_ids, draft_ids)  # a resumed run keeps the vocabulary it trained with
     assert main(["generate", "--model", str(tiny_dirs["target"]), "--method", "eagle", "--drafter-path", str(out),
                  "def f(x):", "--max-tokens", "8", "--temperature", "0", "--quantize", "none"]) == 0
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_head_init_target_starts_the_layer_as_the_targets_last(tiny_dirs, quantize):
+    """--head-init target: the EAGLE layer computes what the target's last layer computes on the
+    same input (attention as is; a head as wide as the target's MLP keeps every neuron), and a
+    narrower head keeps the neurons with the largest up·down norms."""
+    from specdec.models.transformer import rope_tables
+    from specdec.train.target_parts import float_linear, last_layer_weights
+
+    model = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize=quantize)
+    decoder = model.backend.decoder
+    cfg = model.config
+    full = EagleHead(HeadConfig.for_target(cfg, intermediate_size=cfg.intermediate_size)).init_residual()
+    full.init_from_layer(last_layer_weights(decoder, cfg.intermediate_size))
+    reference = EagleHead(HeadConfig.for_target(cfg, intermediate_size=cfg.intermediate_size))
+    layer = decoder.model.layers[-1]
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        weight, bias = float_linear(getattr(layer.self_attn, name))
+        getattr(reference.layer.self_attn, name).weight.data.copy_(weight)
+        if bias is not None:
+            getattr(reference.layer.self_attn, name).bias.data.copy_(bias)
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        getattr(reference.layer.mlp, name).weight.data.copy_(float_linear(getattr(layer.mlp, name))[0])
+    reference.layer.input_layernorm.weight.data.copy_(layer.input_layernorm.weight.float())
+    reference.layer.post_attention_layernorm.weight.data.copy_(layer.post_attention_layernorm.weight.float())
+    x = torch.randn(5, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    cos, sin = rope_tables(cfg.head_dim, 16, cfg.rope_theta)
+    outputs = [head.layer(x, cos[:5], sin[:5], head.new_cache(16), 0, None) for head in (full, reference)]
+    assert torch.allclose(*outputs, atol=1e-5)
+    if quantize == "int8":  # dequantized: close to the float layer's weights
+        float_q = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="none")
+        exact = float_q.backend.decoder.model.layers[-1].self_attn.q_proj.weight
+        assert torch.allclose(full.layer.self_attn.q_proj.weight, exact, atol=exact.abs().max().item() / 100)
+
+    narrow = cfg.intermediate_size // 2
+    weights = last_layer_weights(decoder, narrow)
+    up, down = float_linear(layer.mlp.up_proj)[0], float_linear(layer.mlp.down_proj)[0]
+    kept = {tuple(row.tolist()) for row in weights["mlp.up_proj.weight"]}
+    best = torch.topk(up.norm(dim=1) * down.norm(dim=0), narrow).indices
+    assert kept == {tuple(up[i].tolist()) for i in best.tolist()}
+    head = EagleHead(HeadConfig.for_target(cfg, intermediate_size=narrow)).init_residual().init_from_layer(weights)
+    assert torch.equal(head.layer.mlp.down_proj.weight, weights["mlp.down_proj.weight"])
+
+
+def test_train_drafter_head_init_target(tiny_dirs, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(20):
+        (corpus / f"mod{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(30)))
+    out = tmp_path / "head"
+    assert main(["train-drafter", "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--out", str(out),
+                 "--quantize", "int8", "--seq-len", "64", "--max-sequences", "8", "--max-steps", "3",
+                 "--held-out-sequences", "2", "--skip-eval", "--head-init", "target", "--checkpoint-minutes", "0"]) == 0
+    assert json.loads((out / "report.json").read_text())["training"]["head_init"] == "target"

@@ -76,6 +76,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                           "tokens); first — ids 0..N-1 (BPE ids are roughly frequency-ranked; FR-Spec) (default: frequency)")
     cmd.add_argument("--intermediate-size", type=int, default=0, metavar="N",
                      help="the head's MLP width (0: twice the target's hidden size; default: 0)")
+    cmd.add_argument("--head-init", default="random", choices=["random", "target"],
+                     help="eagle: the head's decoder layer starts random (small weights) or as the target's last layer "
+                          "(attention as is, the MLP cut to its --intermediate-size most important neurons); fc starts "
+                          "as 'the next feature is this one' either way (default: random)")
     cmd.add_argument("--num-heads", type=positive_int, default=4, metavar="K",
                      help="medusa: heads, i.e. the most tokens one round drafts (default: 4)")
     cmd.add_argument("--feature-layers", type=feature_layers_arg, default="final", metavar="final|fused|L1,L2,..",
@@ -195,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
                           extract_minutes=args.extract_minutes, generate_minutes=args.generate_minutes,
                           generate_tokens=args.generate_tokens, generate_concurrency=args.generate_concurrency,
                           draft_vocab_size=args.draft_vocab_size, draft_vocab=args.draft_vocab,
-                          intermediate_size=args.intermediate_size, num_medusa_heads=args.num_heads,
+                          intermediate_size=args.intermediate_size, head_init=args.head_init,
+                          num_medusa_heads=args.num_heads,
                           feature_layers=args.feature_layers, draft_model=args.draft_model,
                           trainable_layers=args.trainable_layers, divergence=args.divergence, resume=args.resume,
                           eval_prompts=args.eval_prompts,

@@ -185,6 +185,14 @@ class EagleHead(nn.Module):
                     param.zero_()
         return self
 
+    def init_from_layer(self, weights: dict[str, torch.Tensor]) -> "EagleHead":
+        """Start the decoder layer from a trained one (``weights``: a DecoderLayer state dict of this
+        head's shape, e.g. :func:`specdec.train.target_parts.last_layer_weights`); fc and fuse keep
+        :meth:`init_residual`'s start."""
+        with torch.no_grad():
+            self.layer.load_state_dict({name: weights[name].to(param.dtype) for name, param in self.layer.state_dict().items()})
+        return self
+
     def target_feature(self, features: torch.Tensor) -> torch.Tensor:
         """The target's features ``[T, hidden × len(read_layers)]`` → the head's input ``f_i`` ``[T, hidden]``."""
         return features if self.fuse is None else self.fuse(features)

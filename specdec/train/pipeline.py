@@ -22,7 +22,7 @@ from specdec.train.feature_spec import parse_feature_layers
 from specdec.train.generated import generate_sequences, generated_sequences, held_out_continuations, held_out_prompts
 from specdec.train.loop import TrainConfig, describe, train_head
 from specdec.train.precision import choose_precision
-from specdec.train.target_parts import TargetParts
+from specdec.train.target_parts import TargetParts, last_layer_weights
 from specdec.train.vocab import coverage, frequency_ids
 
 KINDS = ("eagle", "medusa", "distill")
@@ -51,6 +51,9 @@ class DrafterTraining:
     draft_vocab_size: int = 32768
     draft_vocab: str = "frequency"  # eagle/medusa: which ids the head scores (first | frequency: specdec.train.vocab)
     intermediate_size: int = 0  # eagle: the head's MLP width (0: 2 × hidden)
+    #: eagle: the head's decoder layer starts "random" (small weights) or as the target's last layer
+    #: ("target": :func:`~specdec.train.target_parts.last_layer_weights`)
+    head_init: str = "random"
     num_medusa_heads: int = 4  # medusa: K heads (tokens per round)
     #: eagle: which of the target's layers the head reads — "final" (EAGLE-1/2), "fused" (EAGLE-3: a low,
     #: a middle and the final one, :func:`~specdec.models.heads.fused_layers`) or ascending layer numbers
@@ -171,7 +174,11 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     torch.manual_seed(job.train.seed)
     parts = TargetParts(target.backend.decoder, draft_ids if draft_ids is not None else size,
                         getattr(torch, job.train.precision))
-    head = new_head(config, draft_ids).to(parts.device)  # trains where the target runs: CPU, or CUDA when present
+    head = new_head(config, draft_ids)
+    if job.head_init == "target" and job.kind == "eagle" and not (job.resume and (out / "checkpoint.pt").is_file()):
+        head.init_from_layer(last_layer_weights(target.backend.decoder, config.intermediate_size))
+    head = head.to(parts.device)  # trains where the target runs: CPU, or CUDA when present
+    info["head_init"] = job.head_init if job.kind == "eagle" else "random"
     info.update(draft_vocab_size=config.draft_vocab_size, draft_vocab=config.draft_vocab, loss_rows=job.train.loss_rows,
                 draft_vocab_coverage=round(coverage(held_data["target_ids"], draft_ids, size), 4),
                 head_parameters=sum(p.numel() for p in head.parameters()))

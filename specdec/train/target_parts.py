@@ -69,3 +69,47 @@ def float_head_rows(decoder: nn.Module, rows: "int | torch.Tensor") -> torch.Ten
         return picked.detach().float().clone()
     hidden = decoder.config.hidden_size
     return decoder.head_rows(rows)(torch.eye(hidden)).float().T.contiguous()
+
+
+@torch.no_grad()
+def float_linear(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A projection's weight ``[out, in]`` and bias as float32: a float ``nn.Linear`` as is, an
+    int8 one dequantized (its per-channel scales times its int8 weights)."""
+    from specdec.errors import SpecdecError
+    from specdec.kernels.int8 import Int8Linear
+
+    if isinstance(module, nn.Linear):
+        weight, bias = module.weight, module.bias
+    elif isinstance(module, Int8Linear):
+        weight, bias = module.qweight.float() * module.scales[:, None], module.bias
+    else:
+        raise SpecdecError(f"--head-init target reads the target's last layer in float or int8, not {type(module).__name__}: "
+                           "train with --quantize int8 or none")
+    return weight.detach().float().clone(), None if bias is None else bias.detach().float().clone()
+
+
+@torch.no_grad()
+def last_layer_weights(decoder: nn.Module, intermediate_size: int) -> dict[str, torch.Tensor]:
+    """The target's last decoder layer as a state dict for an EAGLE head's layer
+    (:meth:`specdec.models.heads.EagleHead.init_from_layer`): attention and norms as they are, the
+    MLP cut to its ``intermediate_size`` most important neurons (‖up row‖ · ‖down column‖: a SwiGLU
+    neuron's output is its down column times its gated up projection) when the head's is narrower.
+    Why start there: the head maps a feature near the target's last residual stream to the next one,
+    the very job of the target's last layer; a random layer spends its first training steps
+    learning projections this one already has."""
+    layer = decoder.model.layers[-1]
+    state: dict[str, torch.Tensor] = {
+        "input_layernorm.weight": layer.input_layernorm.weight.detach().float().clone(),
+        "post_attention_layernorm.weight": layer.post_attention_layernorm.weight.detach().float().clone(),
+    }
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        weight, bias = float_linear(getattr(layer.self_attn, name))
+        state[f"self_attn.{name}.weight"] = weight
+        if bias is not None:
+            state[f"self_attn.{name}.bias"] = bias
+    gate, _ = float_linear(layer.mlp.gate_proj)
+    up, _ = float_linear(layer.mlp.up_proj)
+    down, _ = float_linear(layer.mlp.down_proj)
+    keep = torch.topk(up.norm(dim=1) * down.norm(dim=0), min(intermediate_size, up.shape[0])).indices.sort().values
+    state.update({"mlp.gate_proj.weight": gate[keep], "mlp.up_proj.weight": up[keep], "mlp.down_proj.weight": down[:, keep]})
+    return state
