@@ -35,7 +35,7 @@ DEFAULT_ALPHA = 0.7
 def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: VerifyCosts) -> Draft:
     """``chain``: a sampled chain (``probs [k, V]``: the q each token was drawn from) → a tree of
     the chain and the alternatives worth their verify cost, at most ``max_nodes`` nodes in all
-    (never fewer than the chain's). Nodes: the chain first (node i follows node i − 1), then the
+    (never fewer than the chain's); the chain itself where no alternative pays. Nodes: the chain first (node i follows node i − 1), then the
     alternatives, each a leaf whose parent is the chain node before its position.
 
     Values (the estimated chance a node is reached and accepted, :meth:`VerifyCosts.best_length`):
@@ -63,6 +63,8 @@ def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: 
         if expected / verify_costs.cost(nodes) > best_rate:
             count, best_rate = nodes, expected / verify_costs.cost(nodes)
     chosen = candidates[: count - length]
+    if not chosen:  # nothing worth its cost: the chain itself (verified as a chain, the same RNG draws)
+        return chain
     return Draft(tokens=chain.tokens + [token for _, _, token in chosen],
                  prefix_accept=chain_values + [value for value, _, _ in chosen],
                  parents=list(range(-1, length - 1)) + [position - 1 for _, position, _ in chosen],
