@@ -20,7 +20,7 @@ from typing import Callable, Generator, Iterable, Iterator
 import torch
 
 from specdec.adaptive import GammaController, VerifyCosts
-from specdec.alternatives import DEFAULT_ALPHA, chain_nodes_in, with_alternatives
+from specdec.alternatives import chain_nodes_in, running_alpha, with_alternatives
 from specdec.backends.base import Backend
 from specdec.calls import ModelCall, one, waited
 from specdec.config import SpecConfig
@@ -240,7 +240,8 @@ def generate_steps(
                     grammatical += len(forced)
             elif alternatives and draft.probs is not None and len(draft):  # trees under sampling (specdec.alternatives)
                 draft = with_alternatives(draft, min(max_nodes, state.max_seq_len - len(context) - 1),
-                                          gamma.planning_alpha if gamma is not None else DEFAULT_ALPHA, verify_costs)
+                                          gamma.planning_alpha if gamma is not None else
+                                          running_alpha(stats.accepted_tokens, stats.proposed_tokens), verify_costs)
             t1 = time.perf_counter()
             if draft.is_tree:
                 logits, idle_verify = yield from waited(one(ModelCall(

@@ -11,7 +11,7 @@ import torch
 
 import specdec
 from specdec.adaptive import VerifyCosts
-from specdec.alternatives import ALTERNATIVE_BRANCHES, chain_nodes_in, with_alternatives
+from specdec.alternatives import ALTERNATIVE_BRANCHES, DEFAULT_ALPHA, chain_nodes_in, running_alpha, with_alternatives
 from specdec.drafters.base import Draft
 from specdec.sampling import SamplingParams, make_generator, sample_from_probs
 from specdec.stats_tests import chi_square_pvalue
@@ -78,6 +78,15 @@ def test_alternatives_respect_the_budget_and_the_verify_cost_but_never_cut_the_c
     assert with_alternatives(chain, max_nodes=2, alpha=0.7, verify_costs=VerifyCosts()) is chain
     steep = VerifyCosts.from_measured({k: 1.0 + k for k in range(1, 12)})  # each node costs a whole step
     assert with_alternatives(chain, max_nodes=20, alpha=0.7, verify_costs=steep) is chain  # a chain, verified as one
+
+
+def test_alternatives_are_valued_with_the_requests_own_acceptance():
+    assert running_alpha(0, 0) == DEFAULT_ALPHA
+    assert abs(running_alpha(900, 1000) - 0.9) < 0.01 and running_alpha(4, 4) > DEFAULT_ALPHA
+    chain = _chain()
+    costs = VerifyCosts.from_measured({k: 1.0 + 0.05 * k for k in range(1, 12)})  # nodes cost a little
+    sure, unsure = (len(with_alternatives(chain, 20, alpha, costs).tokens) for alpha in (0.99, 0.5))
+    assert sure < unsure  # an alternative only pays where the chain is often rejected
 
 
 @pytest.mark.parametrize("method", ["draft_model", "eagle"])
