@@ -21,6 +21,7 @@ from specdec.cli import main
 from specdec.config import SpecConfig
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.sampling import SamplingParams
+from tests.corpus_fixtures import module_corpus
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -225,12 +226,7 @@ def test_batch_api_answers_each_prompt_as_alone_on_cuda(cuda_pair):
 def documented_corpus(tmp_path) -> Path:
     """30 small modules of documented functions: training sequences, and prompts that self-distillation
     (--generate-minutes) continues (it needs functions with docstrings)."""
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(30):
-        (corpus / f"mod{i}.py").write_text("".join(f'def f{i}_{j}(x):\n    """Scale."""\n    return x * {j} + {i}\n\n'
-                                                for j in range(30)))
-    return corpus
+    return module_corpus(tmp_path, 30, docstring="Scale.")
 
 
 @pytest.mark.parametrize("kind", ["eagle", "distill"])

@@ -26,6 +26,7 @@ from specdec.sampling import SamplingParams
 from specdec.train.data import select_layers, teacher_forced
 from specdec.train.loop import TrainConfig, evaluate, train_head
 from specdec.train.target_parts import TargetParts
+from tests.corpus_fixtures import module_corpus
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 LAYERS = (1, 2, 4)  # the tiny target has 4 layers: a low, a middle and the final hidden state
@@ -175,10 +176,7 @@ def test_a_fused_head_trains_on_fused_data_and_a_final_head_on_its_last_slice(ti
 
 
 def test_train_drafter_fused_features_end_to_end(tiny_dirs, tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(30):
-        (corpus / f"mod{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(30)))
+    corpus = module_corpus(tmp_path, 30)
     out = tmp_path / "head"
     common = ["train-drafter", "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--quantize", "none",
               "--seq-len", "64", "--max-sequences", "8", "--max-steps", "4", "--held-out-sequences", "2",

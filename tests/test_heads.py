@@ -25,6 +25,7 @@ from specdec.train.data import Document, teacher_forced, token_sequences
 from specdec.train.loop import TrainConfig, evaluate, train_head
 from specdec.train.target_parts import TargetParts, float_head_rows
 from specdec.tree import depths
+from tests.corpus_fixtures import module_corpus
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 PROMPTS = ["def fibonacci(n):", "The quick brown fox jumps over the lazy dog. The quick"]
@@ -441,10 +442,7 @@ def test_train_drafter_medusa(tiny_dirs, tmp_path):
 
 
 def test_train_drafter_command_end_to_end(tiny_dirs, tmp_path, capsys):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(40):
-        (corpus / f"mod{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(30)))
+    corpus = module_corpus(tmp_path, 40)
     out = tmp_path / "head"
     args = ["train-drafter", "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--out", str(out),
             "--quantize", "none", "--seq-len", "64", "--max-sequences", "24", "--max-steps", "12",
@@ -509,10 +507,7 @@ def test_head_init_target_starts_the_layer_as_the_targets_last(tiny_dirs, quanti
 
 
 def test_train_drafter_head_init_target(tiny_dirs, tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(20):
-        (corpus / f"mod{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(30)))
+    corpus = module_corpus(tmp_path, 20)
     out = tmp_path / "head"
     assert main(["train-drafter", "--model", str(tiny_dirs["target"]), "--data", str(corpus), "--out", str(out),
                  "--quantize", "int8", "--seq-len", "64", "--max-sequences", "8", "--max-steps", "3",

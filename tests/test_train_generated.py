@@ -14,6 +14,7 @@ from specdec.errors import SpecdecError
 from specdec.train.data import Document, file_documents, load_shards, teacher_forced
 from specdec.train.generated import (BATCH_PROMPTS, function_prompts, generate_sequences, generated_sequences,
                                      held_out_continuations, held_out_prompts, read_generated)
+from tests.corpus_fixtures import module_corpus
 
 SOURCE = '''import os
 from typing import List
@@ -52,12 +53,7 @@ def test_function_prompts_are_imports_signature_and_docstring_without_the_body()
 
 
 def corpus(tmp_path, files: int = 40):
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for i in range(files):
-        (root / f"mod{i}.py").write_text("".join(f'def f{i}_{j}(x):\n    """Scale x by {j}."""\n    return x * {j} + {i}\n\n'
-                                                for j in range(3)))
-    return root
+    return module_corpus(tmp_path, files, functions=3, docstring="Scale x by {j}.")
 
 
 def test_continuations_are_the_targets_own_and_a_resumed_run_adds_only_new_prompts(tiny_target, tmp_path):
