@@ -24,11 +24,12 @@ prompts of the group (after the measured ones in the dataset, disjoint from them
 prompts before this one — never this prompt's own output. 0 (default): an empty table per run.
 
 ``--temperature T`` (with ``--top-p``): sampled decoding. A chain drafts tokens sampled from the
-draft's distribution and accepts each with min(1, p/q); a tree offers the draft's likeliest tokens
-at each node as point masses, siblings tried in turn against the target's residual (exact: the χ²
-certificate, ``tests/test_tree.py::test_tree_sampling_certificate``). Each configuration runs ``--samples`` seeds per prompt
-(the same seeds for every configuration); τ is a random variable then, so read its median over
-prompts × seeds. Outputs differ from plain decoding's by design; exactness is the tests' job.
+draft's distribution and accepts each with min(1, p/q); with a tree budget a model drafter's sampled
+chain gets the draft's likeliest other tokens as point-mass alternatives (specdec/alternatives.py),
+while suffix and n-gram trees stay point masses (exact: the χ² certificate,
+``tests/test_tree.py::test_tree_sampling_certificate``). Each configuration runs ``--samples`` seeds
+per prompt (the same seeds for every configuration); τ is a random variable then, so read its median
+over prompts × seeds. Outputs differ from plain decoding's by design; exactness is the tests' job.
 """
 
 from __future__ import annotations

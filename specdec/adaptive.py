@@ -81,13 +81,16 @@ class VerifyCosts:
         (k0, t0), (k1, t1) = _bracket(known, k)
         return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
 
-    def best_length(self, prefix_accept: list[float]) -> int:
+    def best_length(self, prefix_accept: list[float], at_least: int = 0) -> int:
         """How many of a draft's tokens to verify, given P(its first j tokens are all accepted) for
         j = 1..k (a drafter's estimates, non-increasing): the length with the most expected committed
         tokens per second of verification. On a GPU (flat cost) that keeps every token; on a CPU,
-        where each verified token costs a fifth of a step in int4, unlikely tails are cut."""
-        best, best_rate, expected = 0, 1.0 / self.cost(0), 1.0
-        for length, probability in enumerate(prefix_accept, start=1):
+        where each verified token costs a fifth of a step in int4, unlikely tails are cut.
+        ``at_least``: the first that many are verified whatever they are worth (a sampled chain that
+        alternatives extend, :mod:`specdec.alternatives`)."""
+        expected = 1.0 + sum(prefix_accept[:at_least])
+        best, best_rate = at_least, expected / self.cost(at_least)
+        for length, probability in enumerate(prefix_accept[at_least:], start=at_least + 1):
             expected += probability
             rate = expected / self.cost(length)
             if rate > best_rate:

@@ -45,8 +45,9 @@ def running_alpha(accepted: int, proposed: int) -> float:
 def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: VerifyCosts) -> Draft:
     """``chain``: a sampled chain (``probs [k, V]``: the q each token was drawn from) → a tree of
     the chain and the alternatives worth their verify cost, at most ``max_nodes`` nodes in all
-    (never fewer than the chain's); the chain itself where no alternative pays. Nodes: the chain first (node i follows node i − 1), then the
-    alternatives, each a leaf whose parent is the chain node before its position.
+    (never fewer than the chain's); the chain itself where no alternative pays. Nodes: the chain
+    first (node i follows node i − 1), then the alternatives, each a leaf whose parent is the chain
+    node before its position.
 
     Values (the estimated chance a node is reached and accepted, :meth:`VerifyCosts.best_length`):
     chain node i ``alpha^(i+1)``; an alternative y at position i ``alpha^i · (1 − alpha) ·
@@ -66,12 +67,7 @@ def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: 
     candidates.sort(key=lambda c: -c[0])
     candidates = candidates[: max(0, max_nodes - length)]
     # the most expected committed tokens per second of verification, the whole chain always in
-    expected = 1.0 + sum(chain_values)
-    count, best_rate = length, expected / verify_costs.cost(length)
-    for nodes, (value, _, _) in enumerate(candidates, start=length + 1):
-        expected += value
-        if expected / verify_costs.cost(nodes) > best_rate:
-            count, best_rate = nodes, expected / verify_costs.cost(nodes)
+    count = verify_costs.best_length(chain_values + [value for value, _, _ in candidates], at_least=length)
     chosen = candidates[: count - length]
     if not chosen:  # nothing worth its cost: the chain itself (verified as a chain, the same RNG draws)
         return chain

@@ -194,20 +194,19 @@ def verify_tree(
         for child in kids.get(node, []):
             token = draft_tokens[child]
             q = None if node_probs is None else node_probs[child]
-            share = residual / residual.sum()
-            if q is not None:
+            if q is None:  # a point mass: accepted with r(x)
+                mass = residual[token] / residual.sum()
+            else:  # sampled from q: min(1, r(x)/q(x)); q(x) == 0 cannot happen for a sampled token: reject
+                share = residual / residual.sum()
                 q = q.to(share.device, torch.float64)
-            # q(x) == 0 cannot happen for a token sampled from q; if a drafter breaks that, reject
-            mass = share[token] if q is None else (share[token] / q[token]).clamp(max=1.0) if q[token] > 0 else 0.0
+                mass = (share[token] / q[token]).clamp(max=1.0) if q[token] > 0 else 0.0
             if float(torch.rand((), generator=generator, dtype=torch.float64, device=residual.device)) < mass:
                 accepted = child
                 break
             if q is None:
                 residual[token] = 0.0  # a copy of the row: probs[row].double() above
-            else:
-                residual = torch.clamp(share - q, min=0.0)
-                if not float(residual.sum()) > 0:  # p == q up to rounding: a rejection had probability ~0
-                    residual = probs[row].double()
+            else:  # the chain's residual max(r − q, 0) (r itself where nothing is left)
+                residual = _residual(share[None], q[None], None)[0]
         if accepted is None:
             if not float(residual.sum()) > 0:  # every candidate together held all of p (rounding)
                 residual = probs[row].double()
