@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.train.loop import TrainConfig, evaluate, learning_rate, train_head, train_module
+from specdec.train.loop import ScheduleAnchor, TrainConfig, evaluate, learning_rate, schedule_done, train_head, train_module
 from specdec.train.precision import choose_precision, mixed_precision
 from specdec.train.target_parts import TargetParts
 from tests.test_heads import periodic_data, random_head
@@ -25,6 +25,54 @@ def test_learning_rate_warms_up_then_decays_to_its_final_ratio_by_the_end_of_the
     assert learning_rate(config, 99, 1.7) == pytest.approx(1e-4)  # past the budget: stays at the floor
     constant = TrainConfig(lr=1e-3, warmup_steps=1, final_lr_ratio=1.0)
     assert {learning_rate(constant, step, step / 10) for step in range(10)} == {1e-3}
+
+
+def test_a_resumed_schedule_goes_on_from_its_rate_and_ends_at_the_new_budget():
+    assert schedule_done(30, 0, 60, 1000) == pytest.approx(0.5)  # a fresh run: the time share
+    assert schedule_done(30, 900, 60, 1000) == pytest.approx(0.9)  # or the step share, if further
+    # cut at 20 of 60 minutes (done 1/3), resumed with 120: from 1/3 at 20 to 1 at 120
+    anchor = ScheduleAnchor(seconds=20, step=100, done=1 / 3)
+    assert schedule_done(20, 100, 120, 10**6, anchor) == pytest.approx(1 / 3)
+    assert schedule_done(70, 200, 120, 10**6, anchor) == pytest.approx(1 / 3 + (2 / 3) / 2)
+    assert schedule_done(120, 300, 120, 10**6, anchor) == pytest.approx(1.0)
+    # resumed with the same budget: the same schedule as never stopping
+    same = ScheduleAnchor(seconds=20, step=100, done=20 / 60)
+    assert schedule_done(45, 200, 60, 10**6, same) == pytest.approx(45 / 60)
+    # a finished run given more time stays at its final rate; so does one resumed past its budget
+    assert schedule_done(70, 400, 120, 10**6, ScheduleAnchor(60, 300, 1.0)) == 1.0
+    assert schedule_done(70, 400, 50, 10**6, ScheduleAnchor(60, 300, 0.8)) == 1.0
+    # a step limit raised on resume stretches the same way
+    assert schedule_done(0, 15, 10**9, 20, ScheduleAnchor(0, 10, 0.5)) == pytest.approx(0.75)
+
+
+def test_a_resumed_run_never_raises_its_learning_rate(tmp_path, monkeypatch):
+    """End to end through the checkpoint: a run stopped by its step limit and resumed with a larger
+    one goes on from the schedule point it reached (session 38's resume jumped back up the cosine)."""
+    import specdec.train.loop as loop
+
+    seen: list[float] = []
+    real = loop.learning_rate
+    monkeypatch.setattr(loop, "learning_rate", lambda config, step, done: seen.append(done) or real(config, step, done))
+    module = torch.nn.Linear(4, 1)
+    data = {"tokens": torch.zeros(8, 1), "x": torch.randn(8, 4)}
+
+    def row_loss(data, row, generator):  # noqa: ANN001, ANN202 - the loop's RowLoss
+        return module(data["x"][row]).pow(2).sum(), {"tokens": 1}
+
+    def evaluation() -> dict:
+        return {"loss": 0.0, "top1": 0.0, "top1_steps": [0.0]}
+
+    def run(max_steps: int, resume: bool) -> list[float]:
+        seen.clear()
+        config = TrainConfig(max_steps=max_steps, budget_minutes=10**6, batch_size=1, max_epochs=100, final_lr_ratio=0.1)
+        train_module(module, "probe", row_loss, evaluation, lambda info: None, data, tmp_path, config, resume=resume)
+        return list(seen)
+
+    first = run(10, resume=False)
+    assert first == pytest.approx([step / 10 for step in range(10)])
+    resumed = run(20, resume=True)
+    assert len(resumed) == 10 and min(resumed) >= max(first)  # the rate never rises again
+    assert resumed == pytest.approx([1.0] * 10)  # that run had finished: it goes on at its final rate
 
 
 def test_slow_evaluations_are_spaced_to_a_share_of_the_run(tmp_path):

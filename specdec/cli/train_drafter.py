@@ -40,7 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                           "a .txt file, a .jsonl file ('text', 'prompt'/'completion' or 'turns'), or a directory of "
                           ".py/.txt/.md/.rst files; 1 document in 20 is held out for evaluation (default: stdlib)")
     cmd.add_argument("--out", required=True, metavar="DIR", help="the trained drafter's directory (config.json, model.safetensors, report)")
-    cmd.add_argument("--resume", action="store_true", help="continue a run in --out: keep its feature shards and its checkpoint")
+    cmd.add_argument("--resume", action="store_true", help="continue a run in --out: keep its feature shards and its checkpoint; with a larger "
+                     "--budget-minutes the learning rate goes on from where it was and decays over the added time "
+                     "(it never rises again; a finished run goes on at its final rate)")
     cmd.add_argument("--budget-minutes", type=float, default=60.0, metavar="M",
                      help="training time budget in minutes, over all resumed runs (default: 60)")
     cmd.add_argument("--extract-minutes", type=float, default=40.0, metavar="M",

@@ -134,10 +134,37 @@ def evaluate(head: DraftHead, parts: TargetParts, data: dict[str, torch.Tensor],
 def learning_rate(config: TrainConfig, step: int, done: float) -> float:
     """Linear warm-up, then a cosine decay to ``final_lr_ratio`` by ``done``, the fraction of the
     run behind us (of the time budget or of the steps, whichever is further: the run's length is a
-    time budget, not known in steps). Resuming with a larger budget raises the rate again."""
+    time budget, not known in steps; see :func:`schedule_done` for a resumed run)."""
     warmup = min(1.0, (step + 1) / max(1, config.warmup_steps))
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, done))))
     return config.lr * warmup * (config.final_lr_ratio + (1 - config.final_lr_ratio) * cosine)
+
+
+@dataclass(frozen=True)
+class ScheduleAnchor:
+    """Where a run was last (re)started on its lr schedule: after ``seconds`` of training and
+    ``step`` steps it was ``done`` of the way through. A fresh run's is all zeros."""
+
+    seconds: float = 0.0
+    step: int = 0
+    done: float = 0.0
+
+
+def schedule_done(seconds: float, step: int, budget: float, last_step: int,
+                  anchor: ScheduleAnchor = ScheduleAnchor()) -> float:
+    """How far through its lr schedule a run is after ``seconds`` of training and ``step`` steps,
+    with a ``budget`` (seconds; 0: none) and a ``last_step``: the further of the two. From
+    ``anchor`` (where a run was resumed) the schedule goes on from the rate it had and ends at the
+    new budget, so resuming with a larger budget stretches what is left of the decay instead of
+    raising the rate back up (that cost ~300 steps of held-out top-1 in session 38); a run that had
+    finished goes on at its final rate. A fresh run gives ``max(seconds / budget, step / last_step)``."""
+
+    def continued(now: float, end: float, start: float) -> float:
+        if end <= start:
+            return 1.0
+        return min(1.0, anchor.done + (1 - anchor.done) * max(0.0, now - start) / (end - start))
+
+    return max(continued(seconds, budget, anchor.seconds), continued(step, max(1, last_step), anchor.step))
 
 
 def train_head(head: DraftHead, parts: TargetParts, train: dict[str, torch.Tensor], held_out: dict[str, torch.Tensor],
@@ -169,6 +196,7 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
     parameters = [param for param in module.parameters() if param.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     history, step, seconds = History(), 0, 0.0
+    anchor = ScheduleAnchor()
     checkpoint = out_dir / "checkpoint.pt"
     if resume and checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False, map_location="cpu")  # loading moves them to the module's device
@@ -177,6 +205,8 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
         history, step = History(**saved["history"]), saved["step"]
         seconds = history.seconds
         generator.set_state(saved["generator"])
+        # checkpoints from before the anchor resume on the plain seconds / budget schedule
+        anchor = ScheduleAnchor(**saved.get("schedule_anchor", {}))
         log(f"resumed at step {step} ({seconds / 60:.1f} min trained)")
     rows = train["tokens"].shape[0]
     steps_per_epoch = max(1, rows // config.batch_size)
@@ -188,12 +218,16 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s {postfix}")
     last_save = time.perf_counter()
 
+    def done() -> float:
+        return schedule_done(seconds, step, budget, last_step, anchor)
+
     def save() -> None:
         info = dict(training_info or {}, steps=step, minutes=round(seconds / 60, 1),
                     train_tokens_seen=history.tokens[-1] if history.tokens else 0, config=asdict(config))
         save_weights(info)
         torch.save({"head": module.state_dict(), "optimizer": optimizer.state_dict(), "history": asdict(history),
-                    "step": step, "generator": generator.get_state()}, checkpoint)
+                    "step": step, "generator": generator.get_state(), "schedule_anchor": asdict(ScheduleAnchor(seconds, step, done()))},
+                   checkpoint)
 
     next_evaluation = 0.0  # training seconds before which no periodic evaluation runs (eval_share)
 
@@ -221,7 +255,7 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
         began = time.perf_counter()
         order = torch.randint(rows, (config.batch_size,), generator=generator)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(config, step, max(seconds / budget if budget else 1.0, step / max(1, last_step)))
+            group["lr"] = learning_rate(config, step, done())
         optimizer.zero_grad(set_to_none=True)
         batch_loss, batch_tokens = 0.0, 0
         for row in order.tolist():
