@@ -134,22 +134,26 @@ def main() -> None:
                     values = {"tau": s.mean_accepted_len, "speed": speed, "ratio": speed / plain_speed,
                               "nodes": s.tree_nodes / s.tree_rounds if s.tree_rounds else s.proposed_tokens / max(s.target_forwards, 1),
                               "wins": s.tree_branch_wins / s.tree_rounds if s.tree_rounds else 0.0,
-                              "gbs": s.achieved_gb_per_s}
+                              "gbs": s.achieved_gb_per_s,
+                              "alt_wins": s.alternative_wins, "alt_promised": s.alternative_promised}
                     for key, value in values.items():
                         results[name].setdefault(key, []).append(value)
                 if args.suffix_history and seed == seeds[0]:  # the table sees each prompt once
                     history.append(ids[-PROMPT_CONTEXT:] + plain_tokens)
             print(f"  {group} {row.id}: done", flush=True)
         print(f"\n## {group} ({len(rows)} prompts{'' if seeds == [None] else f' × {len(seeds)} seeds'}, medians)\n")
-        print("| config | τ | τ × chain | decode tok/s | × plain | GB/s | verified/round | branch wins |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| config | τ | τ × chain | decode tok/s | × plain | GB/s | verified/round | branch wins | "
+              "alternatives won / promised |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for name, values in results.items():
             m = {k: statistics.median(v) for k, v in values.items()}
             chain = results.get(f"{name.split()[0]} chain")
             tau_ratio = "" if spec_is_plain(name) or chain is None else \
                 f"{statistics.median(a / b for a, b in zip(values['tau'], chain['tau']) if b):.2f}"
+            promised = sum(values["alt_promised"])  # all runs together: each run has few
+            calibration = f"{sum(values['alt_wins'])}/{promised:.1f}" if promised else ""
             print(f"| {name} | {m['tau']:.2f} | {tau_ratio} | {m['speed']:.1f} | {m['ratio']:.2f} | {m['gbs']:.1f} | "
-                  f"{m['nodes']:.1f} | {m['wins']:.0%} |", flush=True)
+                  f"{m['nodes']:.1f} | {m['wins']:.0%} | {calibration} |", flush=True)
 
 
 def served(target: specdec.api.LoadedModel, row, params: specdec.SamplingParams) -> list[int]:  # noqa: ANN001 - PromptRow

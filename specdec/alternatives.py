@@ -32,6 +32,12 @@ ALTERNATIVE_BRANCHES = 3
 DEFAULT_ALPHA = 0.7
 #: … which it moves away from after this many drafted tokens' worth of evidence
 ALPHA_PRIOR_TOKENS = 8
+#: what an alternative's win chance is scaled by before a request has measured its own (see
+#: :func:`alternative_scale`): the draft model's alternatives won 0.71 (HumanEval) and 0.50
+#: (MT-Bench) of what the estimate promised (t=1, 3 prompts each, session 39) …
+DEFAULT_SCALE = 0.6
+#: … which it moves away from after this many promised wins' worth of evidence
+SCALE_PRIOR_WINS = 2.0
 
 
 def running_alpha(accepted: int, proposed: int) -> float:
@@ -42,7 +48,40 @@ def running_alpha(accepted: int, proposed: int) -> float:
     return (accepted + DEFAULT_ALPHA * ALPHA_PRIOR_TOKENS) / (proposed + ALPHA_PRIOR_TOKENS)
 
 
-def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: VerifyCosts) -> Draft:
+def alternative_scale(wins: float, promised: float) -> float:
+    """How the request's alternatives have won against what :func:`win_estimate` promised them
+    (wins / promised, drawn towards DEFAULT_SCALE while little was promised). The estimate is
+    q's share, but the rejection leaves p − q, and a draft close to the target leaves little of it
+    on q's own next choices: session 38's alternatives passed the cost model ~3.5 per round and
+    cost the chain 2–7 % of its speed."""
+    return (wins + DEFAULT_SCALE * SCALE_PRIOR_WINS) / (promised + SCALE_PRIOR_WINS)
+
+
+def win_estimate(q: torch.Tensor, chain_token: int, token: int) -> float:
+    """``q [V]``: the draft distribution ``chain_token`` was sampled from → the estimated chance
+    that ``token`` is accepted once ``chain_token`` was rejected: its share of q's other mass, standing
+    in for what the rejection leaves to it."""
+    return min(1.0, float(q[token]) / max(1.0 - float(q[chain_token]), 1e-12))
+
+
+def measured_wins(tree: Draft, chain_length: int, path: list[int]) -> tuple[int, float]:
+    """One verified chain-with-alternatives → (alternatives that won: 0 or 1, the wins
+    :func:`win_estimate` promised the alternatives that were tried). Only the alternatives at the
+    position where the chain stopped were tried; each one's win is a separate outcome of the same
+    rejection (the residual's draw), so their estimates add up to the expected number of wins."""
+    assert tree.parents is not None and tree.node_probs is not None
+    accepted = chain_nodes_in(path, chain_length)
+    if accepted == chain_length:  # the whole chain held: no alternative was tried
+        return 0, 0.0
+    q = tree.node_probs[accepted]
+    assert q is not None
+    promised = sum(win_estimate(q, tree.tokens[accepted], tree.tokens[node])
+                   for node in range(chain_length, len(tree)) if tree.parents[node] + 1 == accepted)
+    return int(len(path) > accepted), promised
+
+
+def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: VerifyCosts,
+                      scale: float = DEFAULT_SCALE) -> Draft:
     """``chain``: a sampled chain (``probs [k, V]``: the q each token was drawn from) → a tree of
     the chain and the alternatives worth their verify cost, at most ``max_nodes`` nodes in all
     (never fewer than the chain's); the chain itself where no alternative pays. Nodes: the chain
@@ -51,19 +90,19 @@ def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: 
 
     Values (the estimated chance a node is reached and accepted, :meth:`VerifyCosts.best_length`):
     chain node i ``alpha^(i+1)``; an alternative y at position i ``alpha^i · (1 − alpha) ·
-    q(y) / (1 − q(x_i))`` — the chain reached position i, its token x_i was rejected, and y's
-    share of the draft's remaining mass stands in for what the rejection leaves to it."""
+    min(1, scale · win_estimate)`` — the chain reached position i, its token x_i was rejected, and
+    y won what the rejection left, as often as the request's alternatives have been measured to
+    (``scale``, :func:`alternative_scale`)."""
     assert chain.probs is not None and chain.parents is None, "alternatives hang on a sampled chain"
     length = len(chain)
     chain_values = [alpha ** (i + 1) for i in range(length)]
     candidates: list[tuple[float, int, int]] = []  # (value, position, token)
     for position, (token, q) in enumerate(zip(chain.tokens, chain.probs)):
         top = torch.topk(q, min(ALTERNATIVE_BRANCHES, q.shape[-1]))
-        rest = max(1.0 - float(q[token]), 1e-12)
         reached = alpha ** position * (1.0 - alpha)
-        others = [(int(t), float(p)) for t, p in zip(top.indices, top.values) if int(t) != token and float(p) > 0.0]
-        for other, prob in others[: ALTERNATIVE_BRANCHES - 1]:
-            candidates.append((reached * min(1.0, prob / rest), position, other))
+        others = [int(t) for t, p in zip(top.indices, top.values) if int(t) != token and float(p) > 0.0]
+        for other in others[: ALTERNATIVE_BRANCHES - 1]:
+            candidates.append((reached * min(1.0, scale * win_estimate(q, token, other)), position, other))
     candidates.sort(key=lambda c: -c[0])
     candidates = candidates[: max(0, max_nodes - length)]
     # the most expected committed tokens per second of verification, the whole chain always in

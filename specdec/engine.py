@@ -20,7 +20,7 @@ from typing import Callable, Generator, Iterable, Iterator
 import torch
 
 from specdec.adaptive import GammaController, VerifyCosts
-from specdec.alternatives import chain_nodes_in, running_alpha, with_alternatives
+from specdec.alternatives import alternative_scale, chain_nodes_in, measured_wins, running_alpha, with_alternatives
 from specdec.backends.base import Backend
 from specdec.calls import ModelCall, one, waited
 from specdec.config import SpecConfig
@@ -241,7 +241,8 @@ def generate_steps(
             elif alternatives and draft.probs is not None and len(draft):  # trees under sampling (specdec.alternatives)
                 draft = with_alternatives(draft, min(max_nodes, state.max_seq_len - len(context) - 1),
                                           gamma.planning_alpha if gamma is not None else
-                                          running_alpha(stats.accepted_tokens, stats.proposed_tokens), verify_costs)
+                                          running_alpha(stats.accepted_tokens, stats.proposed_tokens), verify_costs,
+                                          alternative_scale(stats.alternative_wins, stats.alternative_promised))
             t1 = time.perf_counter()
             if draft.is_tree:
                 logits, idle_verify = yield from waited(one(ModelCall(
@@ -254,6 +255,9 @@ def generate_steps(
                 new_tokens = [*(draft.tokens[node] for node in path), next_token]
                 if draft.node_probs is not None:  # a sampled chain with alternatives: the drafter drafted the chain
                     chain_accepted = chain_nodes_in(path, drafted)
+                    won, promised = measured_wins(draft, drafted, path)
+                    stats.alternative_wins += won
+                    stats.alternative_promised += promised
                     drafter.accepted(chain_accepted, new_tokens[chain_accepted])
                 else:
                     drafter.accepted_path([kept[node] for node in path], next_token)

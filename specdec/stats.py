@@ -67,6 +67,10 @@ class Stats:
     tree_rounds: int = 0
     tree_nodes: int = 0
     tree_branch_wins: int = 0
+    #: sampled chains with alternatives (specdec.alternatives): rounds an alternative won, and the
+    #: wins their estimates promised where they were tried
+    alternative_wins: int = 0
+    alternative_promised: float = 0.0
     #: why a request with a drafter did not draft, when it was decided up front ("" otherwise)
     speculation_note: str = ""
 
@@ -160,6 +164,8 @@ class Stats:
             **dict(zip(("drafted_at_position", "accepted_at_position"), position_counts(self.rounds))),
             **({"tree_rounds": self.tree_rounds, "tree_nodes_per_round": round(self.tree_nodes / self.tree_rounds, 3),
                 "tree_branch_wins": self.tree_branch_wins} if self.tree_rounds else {}),
+            **({"alternative_wins": self.alternative_wins, "alternative_promised": round(self.alternative_promised, 3)}
+               if self.alternative_promised else {}),
             # why a speculative method did not draft (γ=auto judged its prompt pass not worth it): a bench
             # row with α 0 must say so, not look like a drafter that never agreed with the target
             **({"speculation_note": self.speculation_note} if self.speculation_note else {}),
@@ -214,6 +220,8 @@ def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
         total.tree_rounds += s.tree_rounds
         total.tree_nodes += s.tree_nodes
         total.tree_branch_wins += s.tree_branch_wins
+        total.alternative_wins += s.alternative_wins
+        total.alternative_promised += s.alternative_promised
         total.weight_bytes, total.draft_weight_bytes = s.weight_bytes, s.draft_weight_bytes
         draft_forwards += s.proposed_tokens if s.draft_forwards is None else s.draft_forwards
     total.draft_forwards = draft_forwards

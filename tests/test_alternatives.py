@@ -11,7 +11,8 @@ import torch
 
 import specdec
 from specdec.adaptive import VerifyCosts
-from specdec.alternatives import ALTERNATIVE_BRANCHES, DEFAULT_ALPHA, chain_nodes_in, running_alpha, with_alternatives
+from specdec.alternatives import (ALTERNATIVE_BRANCHES, DEFAULT_ALPHA, DEFAULT_SCALE, alternative_scale, chain_nodes_in,
+                                  measured_wins, running_alpha, win_estimate, with_alternatives)
 from specdec.drafters.base import Draft
 from specdec.sampling import SamplingParams, make_generator, sample_from_probs
 from specdec.stats_tests import chi_square_pvalue
@@ -89,6 +90,51 @@ def test_alternatives_are_valued_with_the_requests_own_acceptance():
     assert sure < unsure  # an alternative only pays where the chain is often rejected
 
 
+def test_measured_wins_count_only_the_alternatives_tried_where_the_chain_stopped():
+    chain = _chain()
+    tree = with_alternatives(chain, max_nodes=20, alpha=0.7, verify_costs=VerifyCosts())
+    at = {position: [n for n in range(3, len(tree)) if tree.parents[n] + 1 == position] for position in range(3)}
+    assert measured_wins(tree, 3, [0, 1, 2]) == (0, 0.0)  # the chain held: nothing tried
+    promised_1 = sum(win_estimate(chain.probs[1], chain.tokens[1], tree.tokens[n]) for n in at[1])
+    assert measured_wins(tree, 3, [0]) == (0, pytest.approx(promised_1))  # stopped at 1, no alternative won
+    assert measured_wins(tree, 3, [0, at[1][1]]) == (1, pytest.approx(promised_1))  # the second one won
+    assert measured_wins(tree, 3, [at[0][0]])[0] == 1
+
+
+def test_alternatives_are_valued_by_how_they_have_won():
+    assert alternative_scale(0, 0) == DEFAULT_SCALE
+    assert alternative_scale(20, 100) < 0.3 and alternative_scale(50, 50) > 0.9
+    chain = _chain()
+    costs = VerifyCosts.from_measured({k: 1.0 + 0.05 * k for k in range(1, 12)})
+    trusted, measured_poor = (len(with_alternatives(chain, 20, 0.7, costs, scale=scale).tokens) for scale in (1.0, 0.1))
+    assert measured_poor < trusted
+
+
+def test_measured_wins_match_what_the_verifier_does():
+    """Over many sampled one-token chains with two alternatives each, the wins measured_wins counts
+    equal the analytic expectation: P(chain token rejected) × the residual max(p − q, 0)'s mass on the
+    alternatives (within 4 binomial sd) — what the win rate is calibrated against is real."""
+    # a draft overconfident in token 0: its next choices are where the target has mass left over
+    p = torch.tensor([0.10, 0.30, 0.25, 0.20, 0.10, 0.05])
+    q = torch.tensor([0.50, 0.20, 0.15, 0.10, 0.03, 0.02])
+    target_logits = p.log().expand(4, -1)
+    residual = (p - q).clamp(min=0)
+    residual = residual / residual.sum()
+    params, draw, verify_gen = SamplingParams(temperature=1.0), make_generator(13), make_generator(14)
+    trials, wins, promised, expected = 6000, 0, 0.0, 0.0
+    for _ in range(trials):
+        chain = Draft(tokens=[sample_from_probs(q, draw)], probs=q.unsqueeze(0))
+        tree = with_alternatives(chain, max_nodes=3, alpha=0.5, verify_costs=VerifyCosts())
+        assert len(tree) == 3
+        path, _ = verify_tree(tree.tokens, tree.parents, target_logits, params, verify_gen, tree.node_probs)
+        won, promise = measured_wins(tree, 1, path)
+        wins, promised = wins + won, promised + promise
+        x = tree.tokens[0]
+        expected += float(1 - torch.clamp(p[x] / q[x], max=1.0)) * float(residual[tree.tokens[1:]].sum())
+    assert expected > 500 and abs(wins - expected) < 4 * expected ** 0.5, (wins, expected)
+    assert promised > 0
+
+
 @pytest.mark.parametrize("method", ["draft_model", "eagle"])
 def test_sampled_requests_with_trees_on_verify_chains_with_alternatives(tiny_target, tiny_draft, method, tmp_path):
     """--spec-tree under sampling: the model drafter drafts its sampled chain and the engine hangs
@@ -103,6 +149,7 @@ def test_sampled_requests_with_trees_on_verify_chains_with_alternatives(tiny_tar
     assert runs[0].token_ids == runs[1].token_ids
     stats = runs[0].stats
     assert stats.tree_rounds > 0 and stats.tree_nodes > stats.proposed_tokens
+    assert stats.alternative_promised > 0 and stats.to_dict()["alternative_wins"] == stats.alternative_wins
     assert len(runs[0].token_ids) == 48
 
 
