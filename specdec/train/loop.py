@@ -257,13 +257,19 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(config, step, done())
         optimizer.zero_grad(set_to_none=True)
-        batch_loss, batch_tokens = 0.0, 0
-        for row in order.tolist():
-            with mixed_precision(config.precision, device_type):
+        batch_tokens = 0
+        # the step's rows under one autocast context and one backward: the weights are cast to
+        # bfloat16 and their gradients accumulated once per step, not once per row (15-20 % of an
+        # EAGLE step at 4 rows, session 39); the gradient is the same sum
+        with mixed_precision(config.precision, device_type):
+            losses = []
+            for row in order.tolist():
                 loss, info = row_loss(train, row, generator)
-            (loss / config.batch_size).backward()
-            batch_loss += loss.item() / config.batch_size
-            batch_tokens += info["tokens"]
+                losses.append(loss)
+                batch_tokens += info["tokens"]
+        total = torch.stack(losses).sum() / config.batch_size
+        total.backward()
+        batch_loss = total.item()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         step += 1
