@@ -75,6 +75,34 @@ def test_a_resumed_run_never_raises_its_learning_rate(tmp_path, monkeypatch):
     assert resumed == pytest.approx([1.0] * 10)  # that run had finished: it goes on at its final rate
 
 
+def test_a_step_is_the_mean_of_its_rows_gradients(tmp_path):
+    """One autocast context and one backward per step (not per row) is the same update: the
+    gradient of the mean of the rows' losses, clipped, then AdamW's first step."""
+    torch.manual_seed(0)
+    module = torch.nn.Linear(4, 2)
+    start = {name: p.detach().clone() for name, p in module.named_parameters()}
+    data = {"tokens": torch.zeros(8, 1), "x": torch.randn(8, 4), "y": torch.randn(8, 2)}
+
+    def row_loss(data, row, generator):  # noqa: ANN001, ANN202 - the loop's RowLoss
+        return (module(data["x"][row]) - data["y"][row]).pow(2).sum(), {"tokens": 1}
+
+    config = TrainConfig(max_steps=1, batch_size=4, budget_minutes=60, warmup_steps=1, max_epochs=100, seed=3)
+    train_module(module, "probe", row_loss, lambda: {"loss": 0.0, "top1": 0.0, "top1_steps": [0.0]},
+                 lambda info: None, data, tmp_path, config)
+    rows = torch.randint(8, (4,), generator=torch.Generator().manual_seed(3)).tolist()  # the loop's draw
+    reference = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            p.copy_(start[name])
+    for row in rows:
+        ((reference(data["x"][row]) - data["y"][row]).pow(2).sum() / 4).backward()
+    torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 1.0)
+    torch.optim.AdamW(reference.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay).step()
+    for name, p in module.named_parameters():
+        assert torch.allclose(p, dict(reference.named_parameters())[name], atol=1e-7), name
+        assert not torch.equal(p, start[name])
+
+
 def test_slow_evaluations_are_spaced_to_a_share_of_the_run(tmp_path):
     """A held-out evaluation much slower than a step waits for eval_share of the time to have
     passed in training (the budget counts training alone: frequent slow evaluations stretched a
