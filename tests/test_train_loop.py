@@ -76,8 +76,8 @@ def test_a_resumed_run_never_raises_its_learning_rate(tmp_path, monkeypatch):
 
 
 def test_a_step_is_the_mean_of_its_rows_gradients(tmp_path):
-    """One autocast context and one backward per step (not per row) is the same update: the
-    gradient of the mean of the rows' losses, clipped, then AdamW's first step."""
+    """A step's update is AdamW's (first step) on the clipped gradient of the mean of its drawn
+    rows' losses, however the loop accumulates it (one backward per row keeps one graph alive)."""
     torch.manual_seed(0)
     module = torch.nn.Linear(4, 2)
     start = {name: p.detach().clone() for name, p in module.named_parameters()}
