@@ -33,8 +33,9 @@ DEFAULT_ALPHA = 0.7
 #: … which it moves away from after this many drafted tokens' worth of evidence
 ALPHA_PRIOR_TOKENS = 8
 #: what an alternative's win chance is scaled by before a request has measured its own (see
-#: :func:`alternative_scale`): the draft model's alternatives won 0.71 (HumanEval) and 0.50
-#: (MT-Bench) of what the estimate promised (t=1, 3 prompts each, session 39) …
+#: :func:`alternative_scale`): the draft model's alternatives won 0.65 (HumanEval) and 0.64
+#: (MT-Bench) of what the estimate promised (t=1, 6 prompts × 2 seeds each, session 39; the 0.6
+#: was set from a first 3-prompt look at 0.71 / 0.50) …
 DEFAULT_SCALE = 0.6
 #: … which it moves away from after this many promised wins' worth of evidence
 SCALE_PRIOR_WINS = 2.0

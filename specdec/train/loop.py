@@ -153,7 +153,7 @@ class ScheduleAnchor:
 def schedule_done(seconds: float, step: int, budget: float, last_step: int,
                   anchor: ScheduleAnchor = ScheduleAnchor()) -> float:
     """How far through its lr schedule a run is after ``seconds`` of training and ``step`` steps,
-    with a ``budget`` (seconds; 0: none) and a ``last_step``: the further of the two. From
+    with a ``budget`` (seconds; 0 or less: already at its end) and a ``last_step``: the further of the two. From
     ``anchor`` (where a run was resumed) the schedule goes on from the rate it had and ends at the
     new budget, so resuming with a larger budget stretches what is left of the decay instead of
     raising the rate back up (that cost ~300 steps of held-out top-1 in session 38); a run that had
@@ -226,8 +226,8 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
                     train_tokens_seen=history.tokens[-1] if history.tokens else 0, config=asdict(config))
         save_weights(info)
         torch.save({"head": module.state_dict(), "optimizer": optimizer.state_dict(), "history": asdict(history),
-                    "step": step, "generator": generator.get_state(), "schedule_anchor": asdict(ScheduleAnchor(seconds, step, done()))},
-                   checkpoint)
+                    "step": step, "generator": generator.get_state(),
+                    "schedule_anchor": asdict(ScheduleAnchor(seconds, step, done()))}, checkpoint)
 
     next_evaluation = 0.0  # training seconds before which no periodic evaluation runs (eval_share)
 
