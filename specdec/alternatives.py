@@ -97,13 +97,22 @@ def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: 
     assert chain.probs is not None and chain.parents is None, "alternatives hang on a sampled chain"
     length = len(chain)
     chain_values = [alpha ** (i + 1) for i in range(length)]
+    reached = [alpha ** position * (1.0 - alpha) for position in range(length)]
+    # the most any alternative could be worth (win_estimate ≤ 1): where even that does not pay, the
+    # vocabulary-wide top-k below is not worth running (~0.7 ms a position at 152 k ids, one core)
+    ceiling = sorted((value * min(1.0, scale) for value in reached for _ in range(ALTERNATIVE_BRANCHES - 1)), reverse=True)
+    if verify_costs.best_length(chain_values + ceiling[: max(0, max_nodes - length)], at_least=length) == length:
+        return chain
+    # one top-k over the chain's rows [k, V] and one transfer to Python (a top-k per row cost ~3 ms a round)
+    top = torch.topk(chain.probs, min(ALTERNATIVE_BRANCHES, chain.probs.shape[-1]), dim=-1)
+    tokens = torch.as_tensor(chain.tokens, device=chain.probs.device).unsqueeze(-1)
+    drawn_q = chain.probs.gather(-1, tokens).squeeze(-1).tolist()  # [k]: q of each sampled token
     candidates: list[tuple[float, int, int]] = []  # (value, position, token)
-    for position, (token, q) in enumerate(zip(chain.tokens, chain.probs)):
-        top = torch.topk(q, min(ALTERNATIVE_BRANCHES, q.shape[-1]))
-        reached = alpha ** position * (1.0 - alpha)
-        others = [int(t) for t, p in zip(top.indices, top.values) if int(t) != token and float(p) > 0.0]
-        for other in others[: ALTERNATIVE_BRANCHES - 1]:
-            candidates.append((reached * min(1.0, scale * win_estimate(q, token, other)), position, other))
+    for position, (token, ids, masses) in enumerate(zip(chain.tokens, top.indices.tolist(), top.values.tolist())):
+        others = [(other, mass) for other, mass in zip(ids, masses) if other != token and mass > 0.0]
+        for other, mass in others[: ALTERNATIVE_BRANCHES - 1]:
+            won = min(1.0, mass / max(1.0 - drawn_q[position], 1e-12))  # win_estimate, from the batched rows
+            candidates.append((reached[position] * min(1.0, scale * won), position, other))
     candidates.sort(key=lambda c: -c[0])
     candidates = candidates[: max(0, max_nodes - length)]
     # the most expected committed tokens per second of verification, the whole chain always in

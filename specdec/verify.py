@@ -199,16 +199,18 @@ def verify_tree(
             if q is None:  # a point mass: accepted with r(x)
                 mass = residual[token] / residual.sum()
             else:  # sampled from q: min(1, r(x)/q(x)); q(x) == 0 cannot happen for a sampled token: reject
-                share = residual / residual.sum()
-                q = q.to(share.device, torch.float64)
-                mass = (share[token] / q[token]).clamp(max=1.0) if q[token] > 0 else 0.0
+                # r(x) as the normalised row's entry would be, without normalising the whole row: a
+                # vocabulary-wide division is only needed when the token is rejected (below)
+                total = residual.sum()
+                q = q.to(residual.device, torch.float64)
+                mass = ((residual[token] / total) / q[token]).clamp(max=1.0) if q[token] > 0 else 0.0
             if float(torch.rand((), generator=generator, dtype=torch.float64, device=residual.device)) < mass:
                 accepted = child
                 break
             if q is None:
                 residual[token] = 0.0  # a copy of the row: target_row.double() above
             else:  # the chain's residual max(r − q, 0) (r itself where nothing is left)
-                residual = _residual(share[None], q[None], None)[0]
+                residual = _residual((residual / total)[None], q[None], None)[0]
         if accepted is None:
             if not float(residual.sum()) > 0:  # every candidate together held all of p (rounding)
                 residual = target_row.double()

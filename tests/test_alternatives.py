@@ -81,6 +81,32 @@ def test_alternatives_respect_the_budget_and_the_verify_cost_but_never_cut_the_c
     assert with_alternatives(chain, max_nodes=20, alpha=0.7, verify_costs=steep) is chain  # a chain, verified as one
 
 
+def _alternatives_row_by_row(chain: Draft, max_nodes: int, alpha: float, costs: VerifyCosts, scale: float) -> list[tuple[int, int]]:
+    """The selection written the slow, obvious way (a top-k and win_estimate per chain row): the
+    batched one must choose the same (parent, token) leaves."""
+    candidates = []
+    for position, (token, q) in enumerate(zip(chain.tokens, chain.probs)):
+        top = torch.topk(q, ALTERNATIVE_BRANCHES)
+        others = [int(t) for t, p in zip(top.indices, top.values) if int(t) != token and float(p) > 0.0]
+        for other in others[: ALTERNATIVE_BRANCHES - 1]:
+            value = alpha ** position * (1 - alpha) * min(1.0, scale * win_estimate(q, token, other))
+            candidates.append((value, position, other))
+    candidates = sorted(candidates, key=lambda c: -c[0])[: max_nodes - len(chain)]
+    values = [alpha ** (i + 1) for i in range(len(chain))] + [c[0] for c in candidates]
+    count = costs.best_length(values, at_least=len(chain))
+    return [(position - 1, other) for _, position, other in candidates[: count - len(chain)]]
+
+
+@pytest.mark.parametrize("alpha,scale,step", [(0.7, 0.6, 0.0), (0.5, 1.0, 0.05), (0.9, 0.3, 0.02), (0.95, 0.6, 0.3)])
+def test_batched_selection_equals_the_row_by_row_one(alpha, scale, step):
+    chain = _chain(4)
+    costs = VerifyCosts.from_measured({k: 1.0 + step * k for k in range(1, 14)})
+    tree = with_alternatives(chain, 12, alpha, costs, scale=scale)
+    expected = _alternatives_row_by_row(chain, 12, alpha, costs, scale)
+    chosen = [] if tree is chain else list(zip(tree.parents[4:], tree.tokens[4:]))
+    assert chosen == expected
+
+
 def test_alternatives_are_valued_with_the_requests_own_acceptance():
     assert running_alpha(0, 0) == DEFAULT_ALPHA
     assert abs(running_alpha(900, 1000) - 0.9) < 0.01 and running_alpha(4, 4) > DEFAULT_ALPHA
