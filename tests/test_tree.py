@@ -103,6 +103,35 @@ def test_verify_tree_sampling_never_emits_a_rejected_sibling():
     assert {tuple(path) for path, _ in emitted} == {(), (0,), (1,)}
 
 
+def test_row_wise_attention_reads_each_tree_row_over_its_visible_keys():
+    """The batch-invariant Python attention (float weights, set_batch_invariant): a tree's rows —
+    causal ones (the first-child chain) over their prefix only, others under the ancestor mask —
+    equal plain masked attention computed row by row."""
+    from specdec.models.config import ModelConfig
+    from specdec.models.transformer import Attention
+
+    cfg = ModelConfig(arch="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position_embeddings=64)
+    attention = Attention(cfg, 0)
+    base = 6
+    layout = TreeLayout(base=base, parents=[-1, *(p + 1 for p in PARENTS)])
+    seq = len(PARENTS) + 1
+    mask = layout.mask(seq)[:, : base + seq]
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(cfg.num_heads, seq, cfg.head_dim, generator=gen)
+    keys = torch.randn(cfg.num_kv_heads, base + seq, cfg.head_dim, generator=gen)
+    values = torch.randn(cfg.num_kv_heads, base + seq, cfg.head_dim, generator=gen)
+    out = attention._row_wise(q, keys, values, base, mask)  # [T, heads * D]
+    group = cfg.num_heads // cfg.num_kv_heads
+    for row in range(seq):
+        visible = mask[row].nonzero().flatten()
+        qi = q[:, row].reshape(cfg.num_kv_heads, group, cfg.head_dim)
+        scores = torch.matmul(qi, keys[:, visible].transpose(1, 2)) * cfg.head_dim**-0.5
+        expected = torch.matmul(torch.softmax(scores, -1), values[:, visible]).reshape(-1)
+        torch.testing.assert_close(out[row], expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(attention._row_wise(q, keys, values, base, None)[0], out[0])  # the root row is causal
+
+
 @pytest.fixture(scope="module", params=["none", "int8", "int4"])
 def target_mode(request, tiny_dirs, int4_kernel):
     return specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize=request.param)

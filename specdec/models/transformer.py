@@ -156,13 +156,15 @@ class Attention(nn.Module):
         same ops on the same shapes as the same token decoded alone (M = group rows, K = its prefix)."""
         seq = q.shape[1]
         group = self.num_heads // self.num_kv_heads
+        visible_rows = None if mask is None else mask[:, : start + seq]
+        # which rows see exactly their causal prefix (a tree's first-child chain does): one compare and
+        # one transfer for all rows, not two reductions and a sync per row per layer
+        causal_rows = [True] * seq if visible_rows is None else \
+            (visible_rows == causal_mask(seq, start, visible_rows.device)).all(-1).tolist()
         rows = []
         for i in range(seq):
-            if mask is None:
-                causal, visible = True, None
-            else:
-                visible = mask[i, : start + seq]
-                causal = bool(visible[: start + i + 1].all()) and not bool(visible[start + i + 1 :].any())
+            causal = causal_rows[i]
+            visible = None if visible_rows is None else visible_rows[i]
             length = start + i + 1 if causal else start + seq
             qi = q[:, i].reshape(self.num_kv_heads, group, self.head_dim)
             scores = torch.matmul(qi, keys[:, :length].transpose(1, 2)).float() * self.head_dim**-0.5
