@@ -12,7 +12,7 @@ above a logit threshold, but not with top-p; the outputs differ only when top-p 
 Ties are resolved by *value*, never by sort order, so the kept set is a function of the logits alone
 (identical for p and q rows, across devices and batch sizes):
 
-* greedy (temperature 0): one-hot of ``torch.argmax`` — ties → the lowest token id;
+* greedy (temperature 0): one-hot of the argmax (:func:`greedy_ids`) — ties → the lowest token id;
 * top-k: every token whose logit is ≥ the k-th largest is kept, so a tie at the boundary keeps more
   than k tokens (as HF and vLLM do);
 * top-p: the smallest prefix of the tokens sorted by probability whose mass reaches ``top_p``,
@@ -120,6 +120,34 @@ def _is_real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # rejects NaN
 
 
+#: :func:`greedy_ids` scans a CPU row in blocks of this many logits
+ARGMAX_BLOCK = 128
+
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """``[..., V]`` logits → LongTensor ``[...]``: ``torch.argmax`` over the last dimension, the same
+    index for every input (ties → the lowest id, a NaN wins as in ``torch.argmax``), faster on a CPU.
+
+    Why: on a CPU ``torch.argmax`` over a 152 k vocabulary takes 0.3 ms a row (2 threads here) —
+    ~5× the time of a softmax over the same row — and every greedy token pays it: a plain step, each
+    draft step, each verified row (a 9-node tree: 1.8 ms a round). ``amax`` is vectorised, so: the
+    maximum of each block of ARGMAX_BLOCK logits, the first block holding the row's maximum, then
+    the first maximum inside that block — the row's first maximum (0.07 ms a row; 0.33 ms for 9)."""
+    vocab = logits.shape[-1]
+    if logits.device.type != "cpu" or vocab < 4 * ARGMAX_BLOCK:
+        return logits.argmax(-1)
+    rows = logits.reshape(-1, vocab)
+    whole = vocab - vocab % ARGMAX_BLOCK
+    block_max = rows[:, :whole].reshape(rows.shape[0], -1, ARGMAX_BLOCK).amax(-1)  # [R, blocks]
+    if whole < vocab:  # the last, shorter block
+        block_max = torch.cat([block_max, rows[:, whole:].amax(-1, keepdim=True)], dim=-1)
+    start = block_max.argmax(-1) * ARGMAX_BLOCK  # [R]
+    # ids past the vocabulary (a shorter last block) read its last logit again: they come after it,
+    # so they never change which is the first maximum
+    ids = (start.unsqueeze(-1) + torch.arange(ARGMAX_BLOCK, device=logits.device)).clamp(max=vocab - 1)
+    return (start + rows.gather(-1, ids).argmax(-1)).reshape(logits.shape[:-1])
+
+
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """``[..., V]`` logits (any float dtype) → float32 probabilities, row by row.
 
@@ -130,7 +158,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.float()
     vocab = logits.shape[-1]
     if params.is_greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), vocab).float()
+        return torch.nn.functional.one_hot(greedy_ids(logits), vocab).float()
     # Shift by the row max before dividing so a tiny temperature cannot overflow to inf - inf = NaN.
     logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
     if 0 < params.top_k < vocab:

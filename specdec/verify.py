@@ -39,7 +39,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.sampling import SamplingParams, logits_to_probs, sample_rows
+from specdec.sampling import SamplingParams, greedy_ids, logits_to_probs, sample_rows
 from specdec.tree import check_parents, children
 
 
@@ -148,7 +148,7 @@ def verify(
     proposal) — verifying against an untransformed q silently changes the output distribution.
     """
     if params.is_greedy:
-        return greedy_verify(draft_tokens, target_logits.argmax(dim=-1))
+        return greedy_verify(draft_tokens, greedy_ids(target_logits))
     return rejection_sample(draft_tokens, draft_probs, logits_to_probs(target_logits, params), generator)
 
 
@@ -180,7 +180,7 @@ def verify_tree(
     path: list[int] = []
     node, row = -1, 0
     if params.is_greedy:
-        best = target_logits.argmax(dim=-1).tolist()
+        best = greedy_ids(target_logits).tolist()
         while True:
             match = next((child for child in kids.get(node, []) if draft_tokens[child] == best[row]), None)
             if match is None:

@@ -241,3 +241,22 @@ def test_sampled_frequencies_match_probs():
     assert chi_square_pvalue(counts, probs.tolist()) > 1e-3
     shifted = torch.roll(probs, 1)  # power: the same counts against a different distribution
     assert chi_square_pvalue(counts, shifted.tolist()) < 1e-6
+
+
+@pytest.mark.parametrize("vocab", [151936, 151936 + 37, 4 * 128, 100])
+def test_greedy_ids_is_torch_argmax_ties_tails_and_nans_included(vocab):
+    """The blocked CPU argmax returns torch.argmax's index for every row: the first of tied maxima
+    (also across blocks and in a shorter last block), -inf rows, a NaN (argmax's winner), bfloat16,
+    1-D and 3-D inputs."""
+    from specdec.sampling import greedy_ids
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, vocab, generator=gen)
+    logits[1, 3] = logits[1, vocab - 1] = 50.0  # tie across blocks: the first wins
+    logits[2, vocab - 1] = 60.0  # the maximum in the last (shorter) block
+    logits[3, min(130, vocab - 1)] = logits[3, min(129, vocab - 2)] = 70.0  # tie inside one block
+    logits[4] = float("-inf")
+    logits[5, vocab // 2] = float("nan")
+    logits[6] = 0.0  # all tied
+    for case in (logits, logits.bfloat16(), logits[0], logits.reshape(3, 3, vocab)):
+        assert torch.equal(greedy_ids(case), case.argmax(-1)), case.shape

@@ -24,7 +24,7 @@ from specdec.cost_model import Curve
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, model_tree_nodes_for
 from specdec.drafters.vocab import DraftVocab, full_vocab, usable_vocab_limit
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams, logits_to_probs, sample_from_probs
+from specdec.sampling import SamplingParams, greedy_ids, logits_to_probs, sample_from_probs
 from specdec.step_calibration import planning_curve, rescaled
 from specdec.structured import GrammarConstraint
 from specdec.tree import TreeLayout
@@ -152,7 +152,7 @@ def draft_steps(
                 break
             logits = masked
         if params.is_greedy:
-            row = int(torch.argmax(logits))
+            row = int(greedy_ids(logits))
             token = row if rows is None else rows.token(row)
             top_prob = float(torch.softmax(logits, -1).max()) if confidence_threshold else 1.0
             q = None
