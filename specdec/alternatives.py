@@ -25,6 +25,7 @@ import torch
 
 from specdec.adaptive import VerifyCosts
 from specdec.drafters.base import Draft
+from specdec.sampling import top_candidates
 
 #: tokens offered per chain position: the sampled one and up to this many − 1 alternatives
 ALTERNATIVE_BRANCHES = 3
@@ -103,12 +104,12 @@ def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: 
     ceiling = sorted((value * min(1.0, scale) for value in reached for _ in range(ALTERNATIVE_BRANCHES - 1)), reverse=True)
     if verify_costs.best_length(chain_values + ceiling[: max(0, max_nodes - length)], at_least=length) == length:
         return chain
-    # one top-k over the chain's rows [k, V] and one transfer to Python (a top-k per row cost ~3 ms a round)
-    top = torch.topk(chain.probs, min(ALTERNATIVE_BRANCHES, chain.probs.shape[-1]), dim=-1)
+    # one blocked top-k over the chain's rows [k, V] and one transfer to Python (a torch.topk per row cost ~3 ms a round)
+    top_probs, top_ids = top_candidates(chain.probs, min(ALTERNATIVE_BRANCHES, chain.probs.shape[-1]))
     tokens = torch.as_tensor(chain.tokens, device=chain.probs.device).unsqueeze(-1)
     drawn_q = chain.probs.gather(-1, tokens).squeeze(-1).tolist()  # [k]: q of each sampled token
     candidates: list[tuple[float, int, int]] = []  # (value, position, token)
-    for position, (token, ids, masses) in enumerate(zip(chain.tokens, top.indices.tolist(), top.values.tolist())):
+    for position, (token, ids, masses) in enumerate(zip(chain.tokens, top_ids.tolist(), top_probs.tolist())):
         others = [(other, mass) for other, mass in zip(ids, masses) if other != token and mass > 0.0]
         for other, mass in others[: ALTERNATIVE_BRANCHES - 1]:
             won = min(1.0, mass / max(1.0 - drawn_q[position], 1e-12))  # win_estimate, from the batched rows

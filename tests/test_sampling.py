@@ -260,3 +260,20 @@ def test_greedy_ids_is_torch_argmax_ties_tails_and_nans_included(vocab):
     logits[6] = 0.0  # all tied
     for case in (logits, logits.bfloat16(), logits[0], logits.reshape(3, 3, vocab)):
         assert torch.equal(greedy_ids(case), case.argmax(-1)), case.shape
+
+
+@pytest.mark.parametrize("vocab", [151936, 32768, 151936 + 37, 300])
+def test_top_candidates_are_torch_topk_values_with_their_ids(vocab):
+    """The blocked top-k: the same values as torch.topk, descending, each id pointing at its value,
+    no id twice — with the maxima crowded into one block, spread over blocks, or tied."""
+    from specdec.sampling import top_candidates
+
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.softmax(torch.randn(4, vocab, generator=gen) * 3, -1)
+    scores[1, 10:13] = 0.5  # the three largest in one block, tied
+    scores[2, [5, vocab // 2, vocab - 1]] = torch.tensor([0.7, 0.6, 0.65])  # in three blocks
+    for case in (scores, scores[0]):
+        values, ids = top_candidates(case, 3)
+        assert torch.equal(values, torch.topk(case, 3, dim=-1).values)
+        assert torch.equal(case.gather(-1, ids), values)
+        assert all(len(set(row)) == 3 for row in ids.reshape(-1, 3).tolist())

@@ -24,7 +24,7 @@ from specdec.cost_model import Curve
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, model_tree_nodes_for
 from specdec.drafters.vocab import DraftVocab, full_vocab, usable_vocab_limit
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams, greedy_ids, logits_to_probs, sample_from_probs
+from specdec.sampling import SamplingParams, greedy_ids, logits_to_probs, sample_from_probs, top_candidates
 from specdec.step_calibration import planning_curve, rescaled
 from specdec.structured import GrammarConstraint
 from specdec.tree import TreeLayout
@@ -88,9 +88,9 @@ def grow_tree(first_probs: torch.Tensor, depth: int, width: int, forward: TreeFo
     for level in range(depth):
         added = []
         for node, probs in frontier:
-            top = torch.topk(probs, min(DRAFT_TREE_BRANCHES, probs.shape[-1]))
-            candidates = top.indices.tolist() if vocab is None else vocab.tokens(top.indices)
-            for prob, token in zip(top.values.tolist(), candidates):
+            top_probs, top_ids = top_candidates(probs, min(DRAFT_TREE_BRANCHES, probs.shape[-1]))
+            candidates = top_ids.tolist() if vocab is None else vocab.tokens(top_ids)
+            for prob, token in zip(top_probs.tolist(), candidates):
                 value = (1.0 if node < 0 else estimates[node]) * prob
                 if added and value < DRAFT_TREE_MIN_VALUE:
                     break
