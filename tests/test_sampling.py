@@ -277,3 +277,33 @@ def test_top_candidates_are_torch_topk_values_with_their_ids(vocab):
         assert torch.equal(values, torch.topk(case, 3, dim=-1).values)
         assert torch.equal(case.gather(-1, ids), values)
         assert all(len(set(row)) == 3 for row in ids.reshape(-1, 3).tolist())
+
+
+def test_blocked_inverse_cdf_draws_what_the_whole_row_cumsum_draws():
+    """The CPU's blocked inverse CDF against the float64 cumsum over the whole row: the same token
+    for 3 000 uniforms (edges 0 and 1⁻ included) on a peaked, a flat and an unnormalised row with
+    zero-weight runs across block boundaries — and never a zero-weight token."""
+    from specdec.sampling import _blocked_inverse_cdf
+
+    gen = torch.Generator().manual_seed(2)
+    vocab = 151936
+    peaked = torch.softmax(torch.randn(vocab, generator=gen) * 4, -1)
+    flat = torch.full((vocab,), 1.0 / vocab)
+    holes = torch.rand(vocab, generator=gen) * 3.0
+    holes[100:300] = 0.0  # across a block boundary
+    holes[-129:] = 0.0  # the whole last block and one more
+    holes[:5] = 0.0
+    rows = torch.stack([peaked, flat, holes])
+    uniforms = torch.rand(3000, 3, generator=gen, dtype=torch.float64)
+    uniforms[0], uniforms[1] = 0.0, 1.0 - 2.0**-53
+    expected_rows = []
+    for row, column in zip(rows, uniforms.T):
+        cdf = row.double().cumsum(-1)
+        u = torch.minimum(column * cdf[-1], torch.nextafter(cdf[-1], torch.zeros(())))
+        expected_rows.append(torch.searchsorted(cdf, u, right=True))
+    drawn = torch.stack([torch.stack([_blocked_inverse_cdf(row, u) for u in column])
+                         for row, column in zip(rows, uniforms.T)], dim=1)  # [3000, 3]
+    assert torch.equal(drawn, torch.stack(expected_rows, dim=1))
+    assert torch.equal(_blocked_inverse_cdf(rows, uniforms[7]), drawn[7])  # rows together: the same
+    assert bool((rows.T.gather(0, drawn) > 0).all())
+    assert _blocked_inverse_cdf(holes, torch.tensor(1.0 - 2.0**-53, dtype=torch.float64)).item() == vocab - 130
