@@ -1,10 +1,20 @@
+"""Chain vs tree=auto, interleaved per prompt, paired ratios (session 40).
+
+Usage: python greedy_pairs.py GROUP [METHOD] [GAMMA] — GROUP humaneval|mt_bench, METHOD draft_model|draft_suffix,
+GAMMA an int or auto; greedy, 64 tokens, 6 prompts x 2 repeats, int8 target + int4-all 0.5B draft.
+"""
 import statistics, sys, torch, specdec
+from specdec.drafters.suffix import clear_global_caches
 from specdec.bench.datasets import load_prompts
 torch.set_num_threads(2)
 target = specdec.load_model("qwen2.5-coder-1.5b", quantize="int8")
 draft = specdec.load_model("qwen2.5-coder-0.5b", quantize="int4-all")
 print("draft tree width", draft.backend.step_seconds and {k: round(v*1e3,1) for k, v in list(draft.backend.step_seconds.items())[:5]})
 group = sys.argv[1] if len(sys.argv) > 1 else "humaneval"
+method = sys.argv[2] if len(sys.argv) > 2 else "draft_model"
+gamma = sys.argv[3] if len(sys.argv) > 3 else 4
+gamma = gamma if gamma == "auto" else int(gamma)
+print("group", group, "method", method, "gamma", gamma)
 GROUPS = {"humaneval": ("humaneval", None), "mt_bench": ("spec_bench", ["mt_bench"])}
 dataset, cats = GROUPS[group]
 rows = load_prompts(dataset, cats, 6)
@@ -14,7 +24,8 @@ for rep in range(2):
     for row in rows:
         ids = specdec.api.encode_prompt(target, row.turns[0], chat=row.chat)
         for tree in ("off", "auto"):
-            spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=4, spec_tree=tree)
+            spec = specdec.SpecConfig(method=method, num_speculative_tokens=gamma, spec_tree=tree)
+            clear_global_caches()  # no run drafts from an earlier run of the same prompt
             s = specdec.generate(target, ids, params, draft=draft, spec=spec).stats
             r = s.target_forwards
             res.setdefault(tree, []).append((s.draft_time_s / r * 1e3, s.verify_time_s / r * 1e3, s.mean_accepted_len,
