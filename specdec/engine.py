@@ -119,7 +119,8 @@ def generate_steps(
     scheduler), and one :class:`StreamChunk` per target forward.
 
     ``speculate`` is asked before every step: the most tokens the step may draft (0: none, None: no
-    cap) — a server drafts less or nothing under load, where verification rows cost throughput.
+    cap) — a server drafts less or nothing under load, where verification rows cost throughput; a
+    token tree then verifies at most that many nodes too (its rows cost what a chain's do).
     ``saving_under_load`` is asked once, before a draft model's first pass over the prompt: the
     seconds of forward time per committed token speculation saves at the server's current load
     (None: the request is alone, and its own γ controller's estimate decides) — the prompt pass must
@@ -209,8 +210,9 @@ def generate_steps(
             room = max(0, min(max_k, remaining - 1, context_len - len(context)))
             k = min(gamma.choose() if gamma is not None else max_k, room) if drafting_pays else 0
             cap = speculate() if speculate is not None else None
-            if cap is not None:
-                k, room = min(k, cap), min(room, cap)
+            nodes = max_nodes  # this round's tree budget
+            if cap is not None:  # under load the cap bounds verification rows, a tree's as a chain's
+                k, room, nodes = min(k, cap), min(room, cap), min(max_nodes, cap)
 
             t0 = time.perf_counter()
             # a drafter with free tokens (a suffix table) is asked even when γ is 0 for its model
@@ -220,7 +222,7 @@ def generate_steps(
             if draft.is_tree and constraint is not None:
                 draft = draft.as_chain()  # grammar cuts and forced tokens are chain operations
             if draft.is_tree:  # the drafter's node numbers: kept[i] is node i of the verified tree
-                kept = fit_tree(draft, max_nodes, room, state.max_seq_len - len(context), verify_costs, vocab_size)
+                kept = fit_tree(draft, nodes, room, state.max_seq_len - len(context), verify_costs, vocab_size)
                 draft = draft.nodes(kept)
             elif draft.prefix_accept is not None and len(draft):
                 # the drafter estimated its own acceptance: the cost model picks the length, up to
@@ -239,7 +241,7 @@ def generate_steps(
                     draft = draft.extended(forced, vocab_size)  # certain: accepted whatever the logits
                     grammatical += len(forced)
             elif alternatives and draft.probs is not None and len(draft):  # trees under sampling (specdec.alternatives)
-                draft = with_alternatives(draft, min(max_nodes, state.max_seq_len - len(context) - 1),
+                draft = with_alternatives(draft, min(nodes, state.max_seq_len - len(context) - 1),
                                           gamma.planning_alpha if gamma is not None else
                                           running_alpha(stats.accepted_tokens, stats.proposed_tokens), verify_costs,
                                           alternative_scale(stats.alternative_wins, stats.alternative_promised))

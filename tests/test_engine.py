@@ -303,6 +303,24 @@ def test_a_speculation_cap_bounds_every_round_and_keeps_the_output(tiny_target, 
     assert longest == (4 if cap is None else cap)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("cap", [1, 2])
+def test_a_speculation_cap_bounds_a_trees_nodes_too(tiny_target, tiny_draft, cap, temperature):
+    """Under load the server's cap bounds verification rows: a token tree (greedy) or a sampled
+    chain with alternatives verifies at most ``cap`` nodes a round, as a chain drafts at most
+    ``cap`` tokens. Greedy output stays the plain output."""
+    from specdec.engine import collect, generate_stream
+
+    params = SamplingParams(temperature=temperature, max_tokens=24, ignore_eos=True, seed=3)
+    ids = tiny_target.tokenizer.encode(PROMPTS[2])
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=4, spec_tree=8)
+    drafter = make_drafter(tiny_target, spec, params, make_generator(0), len(ids) + 24 + 16, draft=tiny_draft)
+    result = collect(generate_stream(tiny_target.backend, ids, params, drafter, spec, speculate=lambda: cap), ids, params)
+    assert max(result.stats.gamma_history) <= cap
+    if temperature == 0.0:
+        assert result.token_ids == generate_ids(tiny_target.backend, ids, params).token_ids
+
+
 def test_a_request_too_short_to_pay_back_the_drafts_prompt_pass_does_not_speculate(tiny_target, tiny_draft):
     """γ=auto: a draft model first reads the whole prompt; a request whose remaining tokens cannot
     pay that back at the measured costs decodes plainly (the server's short chat completions lost to
