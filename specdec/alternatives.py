@@ -63,7 +63,12 @@ def win_estimate(q: torch.Tensor, chain_token: int, token: int) -> float:
     """``q [V]``: the draft distribution ``chain_token`` was sampled from → the estimated chance
     that ``token`` is accepted once ``chain_token`` was rejected: its share of q's other mass, standing
     in for what the rejection leaves to it."""
-    return min(1.0, float(q[token]) / max(1.0 - float(q[chain_token]), 1e-12))
+    return share_of_the_rest(float(q[token]), float(q[chain_token]))
+
+
+def share_of_the_rest(token_q: float, chain_token_q: float) -> float:
+    """:func:`win_estimate` from the two probabilities: q(token) / (1 − q(chain token)), at most 1."""
+    return min(1.0, token_q / max(1.0 - chain_token_q, 1e-12))
 
 
 def measured_wins(tree: Draft, chain_length: int, path: list[int]) -> tuple[int, float]:
@@ -112,7 +117,7 @@ def with_alternatives(chain: Draft, max_nodes: int, alpha: float, verify_costs: 
     for position, (token, ids, masses) in enumerate(zip(chain.tokens, top_ids.tolist(), top_probs.tolist())):
         others = [(other, mass) for other, mass in zip(ids, masses) if other != token and mass > 0.0]
         for other, mass in others[: ALTERNATIVE_BRANCHES - 1]:
-            won = min(1.0, mass / max(1.0 - drawn_q[position], 1e-12))  # win_estimate, from the batched rows
+            won = share_of_the_rest(mass, drawn_q[position])  # win_estimate, from the batched rows
             candidates.append((reached[position] * min(1.0, scale * won), position, other))
     candidates.sort(key=lambda c: -c[0])
     candidates = candidates[: max(0, max_nodes - length)]
