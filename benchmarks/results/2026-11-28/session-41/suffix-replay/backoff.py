@@ -31,3 +31,16 @@ class Backoff(SuffixDrafter):
         merged = sorted(estimates.items(), key=lambda kv: -kv[1])[:choices]
         return merged, depth
     alt_weight = 1.0
+
+
+def continuations_with_history(path, history):
+    """train-drafter's generated.jsonl records (long enough to replay), and a shared table holding the
+    first ``history`` of them (as SuffixDrafter.finish stores a request: the prompt's last 8 tokens on)."""
+    import json
+    from specdec.drafters.suffix import GlobalSuffixCache
+    recs = [json.loads(line) for line in open(path)]
+    recs = [r for r in recs if len(r["tokens"]) > r["prompt_tokens"] + 8]
+    cache = GlobalSuffixCache()
+    for r in recs[:history]:
+        cache.add_request(r["tokens"][max(0, r["prompt_tokens"] - 8):])
+    return recs, cache

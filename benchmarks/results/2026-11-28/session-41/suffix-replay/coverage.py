@@ -1,13 +1,9 @@
 import json, sys
-sys.path.insert(0, "/work/main"); sys.path.insert(0, "/tmp/s41")
-from specdec.drafters.suffix import GlobalSuffixCache, FrequencyTable
-from backoff import table_candidates
+sys.path.insert(0, "/work/main"); sys.path.insert(0, __import__("os").path.dirname(__file__))
+from specdec.drafters.suffix import FrequencyTable
+from backoff import table_candidates, continuations_with_history
 path, history, measured = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-recs = [json.loads(l) for l in open(path)]
-recs = [r for r in recs if len(r["tokens"]) > r["prompt_tokens"] + 8]
-cache = GlobalSuffixCache()
-for r in recs[:history]:
-    cache.add_request(r["tokens"][max(0, r["prompt_tokens"] - 8):])
+recs, cache = continuations_with_history(path, history)
 stats = dict(n=0, none=0, top1=0, top3=0, backoff3=0, anyctx=0)
 for r in recs[history:history+measured]:
     toks, p = r["tokens"], r["prompt_tokens"]

@@ -11,7 +11,7 @@ import json
 import statistics
 import sys
 
-sys.path.insert(0, "/work/main"); sys.path.insert(0, "/tmp/s41")
+sys.path.insert(0, "/work/main"); sys.path.insert(0, __import__("os").path.dirname(__file__))
 
 from specdec.drafters.suffix import GlobalSuffixCache, SuffixDrafter  # noqa: E402
 from specdec.tree import children  # noqa: E402
