@@ -1,7 +1,6 @@
-import json, sys
-sys.path.insert(0, "/work/main"); sys.path.insert(0, __import__("os").path.dirname(__file__))
-from specdec.drafters.suffix import FrequencyTable
+import sys
 from backoff import table_candidates, continuations_with_history
+from specdec.drafters.suffix import FrequencyTable
 path, history, measured = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 recs, cache = continuations_with_history(path, history)
 stats = dict(n=0, none=0, top1=0, top3=0, backoff3=0, anyctx=0)
@@ -28,6 +27,5 @@ for r in recs[history:history+measured]:
             stats["backoff3"] += truth in cands
             stats["anyctx"] += truth in anyc
         local.add(toks[:i+1], start=i)
-        cache.table  # unchanged within a request
     cache.add_request(toks[max(0, p-8):])
 n = stats["n"]; print({k: round(v/n, 3) for k, v in stats.items()}, n)

@@ -1,8 +1,7 @@
-import json, sys
+import sys
 from collections import defaultdict
-sys.path.insert(0, "/work/main"); sys.path.insert(0, __import__("os").path.dirname(__file__))
-from specdec.drafters.suffix import FrequencyTable, MATCH_PRIOR
 from backoff import table_candidates, continuations_with_history
+from specdec.drafters.suffix import FrequencyTable, MATCH_PRIOR
 path, history, measured = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 recs, cache = continuations_with_history(path, history)
 rate = lambda d: MATCH_PRIOR[min(d, 8) - 1]
@@ -29,7 +28,6 @@ for r in recs[history:history+measured]:
                     longest[t] = s * rate(d)
                 for tb in (local, cache.table):
                     for dd, cs in table_candidates(tb, ctx, 10**6):
-                        tot = 1.0
                         for t, s in cs:
                             if t != first:
                                 per[t].append(s * rate(dd))
