@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 import torch
 
 from specdec.backends.torch_backend import TorchBackend
-from specdec.config import SpecConfig
+from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 from specdec.drafters.base import DrafterResources
 from specdec.drafters.registry import method_info, method_names
 from specdec.engine import generate_ids
@@ -231,12 +231,13 @@ def real_prompts(target, count: int) -> list[tuple[str, list[int]]]:  # noqa: AN
 def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens: int, samples: int,  # noqa: ANN001
                     alpha: float = 1e-3, gamma: int = 4, greedy: bool = True, distribution: bool = True,
                     progress: Callable[[str], None] | None = None,
-                    configs: Iterable[str] = tuple(DISTRIBUTION_CONFIGS), spec_tree: str | int = "off",
+                    configs: Iterable[str] = tuple(DISTRIBUTION_CONFIGS), spec_tree: str | int = DEFAULT_SPEC_TREE,
                     drafter_path: str | None = None) -> list[CheckResult]:
     """Run both checks for every method; ``target``/``draft`` are LoadedModels (draft may be None).
     ``progress(message)`` is called before each check; ``configs`` names the distribution test's
     sampling configurations (keys of :data:`DISTRIBUTION_CONFIGS`); ``spec_tree`` certifies token
-    trees for the methods that branch (``--spec-tree``). ``drafter_path``: the trained head
+    trees for the methods that branch (``--spec-tree``; the default's: trees under greedy, chains under
+    sampling). ``drafter_path``: the trained head
     certified for ``eagle``/``medusa`` (of that kind) on the real pair (without one their greedy check is skipped, said through
     ``progress``; its distribution check uses an untrained head on the tiny model)."""
     from specdec.api import make_drafter

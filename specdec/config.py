@@ -48,6 +48,15 @@ AUTO_MAX_SPECULATIVE_TOKENS = 8
 AUTO_TREE_NODES_PER_TOKEN = 2
 #: … and never more than this many
 AUTO_MAX_TREE_NODES = 16
+#: The default ``spec_tree``: ``auto`` trees for greedy requests, chains for sampled ones. Greedy
+#: trees ran 1.00–1.15× the chain's decode speed paired per prompt (draft model and draft+suffix,
+#: HumanEval and MT-Bench, AMX Xeon, session 40), 1.13× on chat and 0.95–1.01× on code one request
+#: at a time in the server (sessions 41–42), and ≥ the chain on an AVX2 Zen 3 (session 22); a sampled
+#: chain's alternatives ran 0.93–1.03× (sessions 38, 40): break-even at best on a CPU, so sampled
+#: requests keep chains unless asked.
+DEFAULT_SPEC_TREE = "greedy"
+#: the words ``spec_tree`` takes besides a node count
+SPEC_TREE_WORDS = ("off", "auto", DEFAULT_SPEC_TREE)
 
 
 @dataclass
@@ -78,8 +87,9 @@ class SpecConfig:
     draft_context_window: int = DEFAULT_DRAFT_CONTEXT_WINDOW
     #: token trees (:mod:`specdec.tree`): "off" = chains; N = drafters that can branch propose
     #: trees of up to N nodes, verified in one target forward; "auto" = up to
-    #: AUTO_TREE_NODES_PER_TOKEN × γ nodes (≤ AUTO_MAX_TREE_NODES), cut by the measured verify cost
-    spec_tree: str | int = "off"
+    #: AUTO_TREE_NODES_PER_TOKEN × γ nodes (≤ AUTO_MAX_TREE_NODES), cut by the measured verify cost;
+    #: "greedy" (the default) = "auto" for greedy requests, chains for sampled ones
+    spec_tree: str | int = DEFAULT_SPEC_TREE
     #: eagle: the directory of a trained head (``specdec train-drafter`` writes one)
     drafter_path: str | None = None
 
@@ -112,8 +122,8 @@ class SpecConfig:
         tree = self.spec_tree
         if isinstance(tree, str) and tree.isdigit():
             self.spec_tree = tree = int(tree)
-        if not (tree in ("off", "auto") or (isinstance(tree, int) and not isinstance(tree, bool) and tree >= 1)):
-            raise SpecdecError(f"spec_tree must be 'off', 'auto' or a number of tree nodes >= 1, got {tree!r}")
+        if not (tree in SPEC_TREE_WORDS or (isinstance(tree, int) and not isinstance(tree, bool) and tree >= 1)):
+            raise SpecdecError(f"spec_tree must be 'off', 'auto', 'greedy' or a number of tree nodes >= 1, got {tree!r}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise SpecdecError(
                 f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, {self.prompt_lookup_max}"
@@ -130,9 +140,14 @@ class SpecConfig:
 
     @property
     def max_tree_nodes(self) -> int:
-        """The most nodes a tree round verifies; 0 = chains only."""
+        """The most nodes a tree round of any request verifies; 0 = chains only (what KV room and
+        batch capacity are sized for; :meth:`tree_nodes` is one request's budget)."""
         if self.spec_tree == "off":
             return 0
-        if self.spec_tree == "auto":
+        if self.spec_tree in ("auto", DEFAULT_SPEC_TREE):
             return min(AUTO_TREE_NODES_PER_TOKEN * self.max_speculative_tokens, AUTO_MAX_TREE_NODES)
         return int(self.spec_tree)
+
+    def tree_nodes(self, greedy: bool) -> int:
+        """The most nodes a tree round verifies for a greedy (or sampled) request; 0 = chains."""
+        return 0 if self.spec_tree == DEFAULT_SPEC_TREE and not greedy else self.max_tree_nodes

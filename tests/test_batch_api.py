@@ -178,9 +178,12 @@ def test_the_default_forward_holds_about_one_prompt_chunk_besides_every_verifica
     delays first tokens); 2048 when prompts are not chunked. Answers are each prompt's alone."""
     from specdec.api import WHOLE_PROMPT_BATCH_TOKENS, default_max_num_batched_tokens
 
-    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3)
-    assert default_max_num_batched_tokens(256, 8, spec) == 256 + 8 * 4
-    assert default_max_num_batched_tokens(256, 8, specdec.SpecConfig(num_speculative_tokens="auto")) == 256 + 8 * 9
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3)  # greedy trees: up to 2γ nodes
+    assert default_max_num_batched_tokens(256, 8, spec) == 256 + 8 * 7
+    chains = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3, spec_tree="off")
+    assert default_max_num_batched_tokens(256, 8, chains) == 256 + 8 * 4
+    assert default_max_num_batched_tokens(256, 8, specdec.SpecConfig(num_speculative_tokens="auto", spec_tree="off")) == 256 + 8 * 9
+    assert default_max_num_batched_tokens(256, 8, specdec.SpecConfig(num_speculative_tokens="auto")) == 256 + 8 * 17
     assert default_max_num_batched_tokens(256, 2, specdec.SpecConfig(num_speculative_tokens=2, spec_tree=6)) == 256 + 2 * 7
     assert default_max_num_batched_tokens(0, 8, spec) == WHOLE_PROMPT_BATCH_TOKENS
 
@@ -188,9 +191,9 @@ def test_the_default_forward_holds_about_one_prompt_chunk_besides_every_verifica
     prompts = [" ".join(f"word{j}" for j in range(i, i + 16)) for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     with forward_rows(target) as sizes:
-        outs = specdec.generate_batch(target, prompts, params, draft=draft, spec=spec, max_num_seqs=4, prefill_chunk=8)
+        outs = specdec.generate_batch(target, prompts, params, draft=draft, spec=chains, max_num_seqs=4, prefill_chunk=8)
     assert [o.token_ids for o in outs] == [specdec.generate(target, p, params).token_ids for p in prompts]
-    assert max(sizes) <= default_max_num_batched_tokens(8, 4, spec) < 4 * 8  # never all four prompts' chunks at once
+    assert max(sizes) <= default_max_num_batched_tokens(8, 4, chains) < 4 * 8  # never all four prompts' chunks at once
 
 
 def test_the_scheduler_drafts_first_so_verifications_share_a_forward():
@@ -332,7 +335,9 @@ def test_running_requests_pause_drafting_while_a_prompt_waits_and_answers_do_not
     request's prompt pass waits draft nothing (more empty rounds than without the pause), and every
     answer is still the prompt's answer alone; the measured policy ("auto") keeps them too."""
     target, draft = int8_pair
-    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3)
+    # chains: a tree round may draft nothing by itself (the cost model cut every node), which would
+    # read as a paused round
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3, spec_tree="off")
     params = [SamplingParams(temperature=0, max_tokens=10 + 3 * i, ignore_eos=True) for i in range(len(PROMPTS))]
     alone = [specdec.generate(target, p, q, draft=draft, spec=spec).token_ids for p, q in zip(PROMPTS, params)]
     empty_rounds = {}

@@ -58,7 +58,7 @@ def test_trusted_table_drafts_past_the_rounds_gamma_and_skips_the_draft_model(ti
     maximum even when the controller asked for fewer tokens; an untrusted one goes to the draft model."""
     clear_global_caches()
     params = SamplingParams(temperature=0.0, max_tokens=16)
-    spec = SpecConfig(method="draft_suffix", num_speculative_tokens=6)
+    spec = SpecConfig(method="draft_suffix", num_speculative_tokens=6, spec_tree="off")  # the draft model's chain
     drafter = make_drafter(tiny_target, spec, params, make_generator(0), 200, tiny_draft)
     steps: list[list[int]] = []
     forward = drafter.draft.backend.forward

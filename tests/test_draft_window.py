@@ -48,7 +48,7 @@ def test_first_round_feeds_only_the_window(tiny_target, tiny_dirs):
     ids = encode_prompt(tiny_target, PROMPT)
     assert len(ids) > 20
     params = SamplingParams(temperature=0.0, max_tokens=8)
-    drafter = make_drafter(tiny_target, specdec.SpecConfig(method="draft_model", draft_context_window=12), params,
+    drafter = make_drafter(tiny_target, specdec.SpecConfig(method="draft_model", draft_context_window=12, spec_tree="off"), params,
                            make_generator(0), len(ids) + 16, draft)
     drafter.start(ids)
     first = drafter.propose(ids + [5], 3)

@@ -22,8 +22,9 @@ PROMPTS = [
 ]
 
 
-def run(target, prompt_ids, params, draft=None, gamma=4, drafter_cls=None):
-    spec = SpecConfig(method="draft_model" if draft is not None else None, num_speculative_tokens=gamma)
+def run(target, prompt_ids, params, draft=None, gamma=4, drafter_cls=None, tree="off"):
+    """Chains by default (``tree``: spec_tree): these tests pin chain rounds; test_tree.py the trees."""
+    spec = SpecConfig(method="draft_model" if draft is not None else None, num_speculative_tokens=gamma, spec_tree=tree)
     gen = make_generator(params.seed)
     max_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
     drafter = make_drafter(target, spec, params, gen, max_len, draft)
@@ -34,18 +35,19 @@ def run(target, prompt_ids, params, draft=None, gamma=4, drafter_cls=None):
 
 @pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8, "auto"])
 @pytest.mark.parametrize("draft_kind", ["other", "same"])
-def test_greedy_speculative_equals_plain(tiny_target, tiny_draft, gamma, draft_kind):
+@pytest.mark.parametrize("tree", ["off", "greedy"])  # chains, and the default's trees
+def test_greedy_speculative_equals_plain(tiny_target, tiny_draft, gamma, draft_kind, tree):
     draft = tiny_draft if draft_kind == "other" else tiny_target
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     for prompt in PROMPTS:
         ids = tiny_target.tokenizer.encode(prompt)
         plain = run(tiny_target, ids, params)
-        spec = run(tiny_target, ids, params, draft, gamma)
+        spec = run(tiny_target, ids, params, draft, gamma, tree=tree)
         assert spec.token_ids == plain.token_ids, (prompt, gamma)
         assert spec.text == plain.text
         assert spec.finish_reason == plain.finish_reason == "length"
         assert len(spec.token_ids) == 40
-        if draft_kind == "same" and gamma != "auto":
+        if draft_kind == "same" and gamma != "auto" and tree == "off":  # a tree's siblings are drafted too
             assert spec.stats.acceptance_rate == 1.0
         # every round commits at least one token, so speculation never costs extra target forwards;
         # a draft identical to the target is always accepted, so it saves some
@@ -138,7 +140,7 @@ def test_caches_have_committed_length_after_every_step(tiny_target, tiny_draft, 
     draft = tiny_draft if draft_kind == "other" else tiny_target
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     ids = tiny_target.tokenizer.encode(PROMPTS[1])
-    spec = SpecConfig(method="draft_model", num_speculative_tokens=4)
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=4, spec_tree="off")  # trees: test_tree.py
     gen = make_generator(0)
     drafter = make_drafter(tiny_target, spec, params, gen, 80, draft)
     drafter.__class__ = CheckedDrafter
@@ -281,7 +283,7 @@ def test_draft_given_with_a_spec_without_method_is_used(tiny_target):
     out = specdec.generate(tiny_target, PROMPTS[0], params, draft=tiny_target, spec=SpecConfig(num_speculative_tokens=3))
     assert out.stats.method == DEFAULT_DRAFT_METHOD  # the draft model, with the suffix table's help
     assert out.stats.draft_forwards > 0
-    only_draft = SpecConfig(method="draft_model", num_speculative_tokens=3)
+    only_draft = SpecConfig(method="draft_model", num_speculative_tokens=3, spec_tree="off")
     assert specdec.generate(tiny_target, PROMPTS[0], params, draft=tiny_target, spec=only_draft).stats.acceptance_rate == 1.0
 
 
@@ -293,7 +295,8 @@ def test_a_speculation_cap_bounds_every_round_and_keeps_the_output(tiny_target, 
 
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     ids = tiny_target.tokenizer.encode(PROMPTS[2])
-    spec = SpecConfig(method="draft_model", num_speculative_tokens=4)
+    # chains: a tree's nodes are cut by the cost model too (the cap on trees: the next test)
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=4, spec_tree="off")
     plain = generate_ids(tiny_target.backend, ids, params)
     drafter = make_drafter(tiny_target, spec, params, make_generator(0), len(ids) + 24 + 8, draft=tiny_draft)
     chunks = generate_stream(tiny_target.backend, ids, params, drafter, spec, speculate=lambda: cap)

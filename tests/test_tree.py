@@ -54,7 +54,13 @@ def test_bad_trees_are_refused():
         SpecConfig(method="ngram", spec_tree=0)
     assert SpecConfig(method="ngram", spec_tree="5").max_tree_nodes == 5
     assert SpecConfig(method="ngram", num_speculative_tokens=4, spec_tree="auto").max_tree_nodes == 8
-    assert SpecConfig(method="ngram").max_tree_nodes == 0
+    chains = SpecConfig(method="ngram", spec_tree="off")
+    assert chains.max_tree_nodes == chains.tree_nodes(greedy=True) == chains.tree_nodes(greedy=False) == 0
+    auto = SpecConfig(method="ngram", spec_tree="auto")
+    assert auto.tree_nodes(greedy=True) == auto.tree_nodes(greedy=False) == 8
+    default = SpecConfig(method="ngram")  # spec_tree="greedy": trees for greedy requests only
+    assert (default.spec_tree, default.max_tree_nodes) == ("greedy", 8)
+    assert (default.tree_nodes(greedy=True), default.tree_nodes(greedy=False)) == (8, 0)
 
 
 def test_ranking_keeps_every_prefix_a_tree_and_the_cost_model_picks_how_many():
@@ -194,6 +200,27 @@ def test_greedy_tree_speculation_equals_plain(target_mode, tiny_draft, method, d
         assert out.token_ids == plain.token_ids, (prompt, method, tree)
         assert out.stats.tree_rounds > 0
         assert out.stats.tree_nodes / out.stats.tree_rounds <= spec.max_tree_nodes
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_the_default_grows_trees_for_greedy_requests_and_chains_for_sampled_ones(tiny_target, tiny_draft, method):
+    """spec_tree's default ("greedy"): a greedy request verifies trees (and stays plain decoding's
+    output); a sampled one drafts chains without alternatives, as spec_tree="off" does — the same
+    tokens from the same seed."""
+    draft = tiny_draft if method == "draft_model" else None
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    plain = specdec.generate(tiny_target, PROMPTS[0], greedy)
+    out = specdec.generate(tiny_target, PROMPTS[0], greedy, draft=draft, spec=SpecConfig(method=method))
+    assert out.token_ids == plain.token_ids and out.stats.tree_rounds > 0
+    sampled = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True, seed=3)
+    default = specdec.generate(tiny_target, PROMPTS[0], sampled, draft=draft, spec=SpecConfig(method=method))
+    chains = specdec.generate(tiny_target, PROMPTS[0], sampled, draft=draft,
+                              spec=SpecConfig(method=method, spec_tree="off"))
+    auto = specdec.generate(tiny_target, PROMPTS[0], sampled, draft=draft,
+                            spec=SpecConfig(method=method, spec_tree="auto"))
+    assert auto.stats.tree_rounds > 0  # what the default must not do under sampling
+    assert default.stats.tree_rounds == 0 and default.stats.alternative_promised == 0
+    assert default.token_ids == chains.token_ids
 
 
 def test_tree_stats_count_nodes_and_rounds_won_by_a_second_branch():

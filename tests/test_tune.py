@@ -20,9 +20,9 @@ def result(method: str, prompt: str, tokens: int, wall: float, mismatch: bool = 
 def test_choose_takes_the_fastest_exact_configuration_or_plain():
     runs = [result("ar", "p", 100, 10.0), result("ngram@auto", "p", 100, 8.0), result("suffix@3", "p", 100, 5.0, mismatch=True),
             result("draft_model@3", "p", 100, 6.0)]
-    assert choose(runs)[:3] == ("draft_model", 3, "off")  # suffix was faster but changed the output
-    runs.append(result("draft_model@3:tree=auto", "p", 100, 5.5))
-    assert choose(runs)[:3] == ("draft_model", 3, "auto")
+    assert choose(runs)[:3] == ("draft_model", 3, "greedy")  # suffix was faster but changed the output
+    runs.append(result("draft_model@3:tree=off", "p", 100, 5.5))  # chains, named as not the default
+    assert choose(runs)[:3] == ("draft_model", 3, "off")
     slow = [result("ar", "p", 100, 10.0), result("ngram", "p", 100, 10.0 / (MIN_SPEEDUP - 0.01))]
     assert choose(slow)[:3] == (None, None, "off")
 

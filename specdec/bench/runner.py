@@ -16,7 +16,7 @@ from typing import Any, Callable
 import specdec
 from specdec.api import LoadedModel, encode_prompt
 from specdec.bench.datasets import PromptRow
-from specdec.config import SpecConfig
+from specdec.config import DEFAULT_SPEC_TREE, SPEC_TREE_WORDS, SpecConfig
 from specdec.drafters.registry import is_plain, method_info, needs_draft_model, resolve_method
 from specdec.drafters.suffix import clear_global_caches
 from specdec.errors import SpecdecError
@@ -55,8 +55,8 @@ class BenchConfig:
     exit_layer: int | None = None  # early-exit
     draft_vocab_size: int = 0  # draft_model / self-speculation: score only the first N ids
     #: token trees to try for the methods that branch (``"off"``: chains); each is its own run,
-    #: named ``method:tree=N`` (see :func:`variant_name`)
-    spec_trees: list[str | int] = field(default_factory=lambda: ["off"])
+    #: named ``method:tree=N`` (see :func:`variant_name`); default: the library's (SpecConfig's)
+    spec_trees: list[str | int] = field(default_factory=lambda: [DEFAULT_SPEC_TREE])
     #: --concurrency: how much requests in flight may draft (generate_batch's policy: N, auto, never)
     disable_speculation_above: int | str = "auto"
     extra: dict = field(default_factory=dict)
@@ -64,17 +64,19 @@ class BenchConfig:
 
 def variant_name(method: str, gamma: int | str, tree: str | int, several_gammas: bool) -> str:
     """A run's name in reports: ``method``, ``method@γ`` when several γ are measured, then
-    ``:tree=N`` for a tree run (:func:`parse_variant` reads it back)."""
+    ``:tree=N`` for a run whose trees are not the default's (``:tree=off`` for chains;
+    :func:`parse_variant` reads it back)."""
     name = f"{method}@{gamma}" if several_gammas else method
-    return name if tree == "off" else f"{name}:tree={tree}"
+    return name if tree == DEFAULT_SPEC_TREE else f"{name}:tree={tree}"
 
 
 def parse_variant(name: str) -> tuple[str, int | str | None, str | int]:
-    """``method[@γ][:tree=N]`` → (method, γ or None when not in the name, tree: "off", "auto" or N)."""
+    """``method[@γ][:tree=N]`` → (method, γ or None when not in the name, tree: a word of
+    :data:`~specdec.config.SPEC_TREE_WORDS` or N; the default's when the name has none)."""
     name, _, tree_text = name.partition(":tree=")
     method, _, gamma_text = name.partition("@")
     gamma = None if not gamma_text else gamma_text if gamma_text == "auto" else int(gamma_text)
-    tree: str | int = "off" if not tree_text else tree_text if tree_text == "auto" else int(tree_text)
+    tree: str | int = DEFAULT_SPEC_TREE if not tree_text else tree_text if tree_text in SPEC_TREE_WORDS else int(tree_text)
     return method, gamma, tree
 
 
@@ -86,7 +88,7 @@ def branches(method: str) -> bool:
 def runs_of(method: str, config: BenchConfig) -> list[tuple[str, int | str, str | int]]:
     """A speculative method's runs in a benchmark: ``(name, γ, tree)`` for every γ of ``config`` and,
     for a method that branches, every tree of ``config.spec_trees``."""
-    trees = config.spec_trees if config.spec_trees != ["off"] and branches(method) else ["off"]
+    trees = config.spec_trees if config.spec_trees != [DEFAULT_SPEC_TREE] and branches(method) else [DEFAULT_SPEC_TREE]
     return [(variant_name(method, gamma, tree, len(config.gammas) > 1), gamma, tree)
             for gamma in config.gammas for tree in trees]
 
@@ -98,7 +100,7 @@ def method_needs_draft(method: str) -> bool:
     return needs_draft_model(resolve_method(method))
 
 
-def spec_for(method: str, config: BenchConfig, gamma: int | str, tree: str | int = "off") -> SpecConfig:
+def spec_for(method: str, config: BenchConfig, gamma: int | str, tree: str | int = DEFAULT_SPEC_TREE) -> SpecConfig:
     return SpecConfig(method=resolve_method(method), num_speculative_tokens=gamma, datastore=config.datastore,
                       skip_layers=config.skip_layers, exit_layer=config.exit_layer, draft_vocab_size=config.draft_vocab_size,
                       spec_tree=tree, drafter_path=config.drafter_path)
@@ -123,7 +125,7 @@ def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], 
 
 
 def ours(target: LoadedModel, draft: LoadedModel | None, method: str, config: BenchConfig, gamma: int | str = 4,
-         tree: str | int = "off") -> Callable[[list[int]], tuple[list[int], dict, str]]:
+         tree: str | int = DEFAULT_SPEC_TREE) -> Callable[[list[int]], tuple[list[int], dict, str]]:
     spec = spec_for(method, config, gamma, tree)
 
     def generate_one(ids: list[int]) -> tuple[list[int], dict, str]:

@@ -35,8 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             f"peers as in --peers (default: {DEFAULT_METHODS})")
     bench.add_argument("--gammas", default=None, help="several γ to sweep, e.g. 2,4,6,auto (overrides --num-speculative-tokens)")
     bench.add_argument("--spec-trees", default=None, metavar="LIST",
-                       help="several token trees to run for the methods that branch (draft, draft-suffix, suffix, ngram), each "
-                            "its own row named method:tree=N: off = chains, auto, or a node count, e.g. off,auto "
+                       help="several token trees to run for the methods that branch (draft, draft-suffix, suffix, ngram, eagle, medusa), each "
+                            "its own row named method:tree=N: off = chains, auto, greedy, or a node count, e.g. off,auto "
                             "(default: --spec-tree's one value)")
     bench.add_argument("--concurrency", type=positive_int, default=1, metavar="N",
                        help="throughput mode: each method runs every prompt (first turns) with N requests in flight through "

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import sys
 
-from specdec.config import DEFAULT_DRAFT_CONTEXT_WINDOW, DEFAULT_DRAFT_VOCAB_SIZE, QUANTIZE_MODES
+from specdec.config import DEFAULT_DRAFT_CONTEXT_WINDOW, DEFAULT_DRAFT_VOCAB_SIZE, DEFAULT_SPEC_TREE, QUANTIZE_MODES, SPEC_TREE_WORDS
 from specdec.errors import SpecdecError
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -53,8 +53,8 @@ def speculation_limit_value(text: str) -> int | str:
 
 
 def tree_value(text: str) -> str | int:
-    """--spec-tree: 'off', 'auto' or a positive number of nodes."""
-    return count_or_word(text, ("off", "auto"), 1, "tree nodes")
+    """--spec-tree: 'off', 'auto', 'greedy' or a positive number of nodes."""
+    return count_or_word(text, SPEC_TREE_WORDS, 1, "tree nodes")
 
 
 def tree_values(text: str, flag: str = "--spec-trees") -> list[str | int]:
@@ -134,11 +134,13 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
         help="eagle, medusa: directory of a trained head (written by `specdec train-drafter --kind eagle|medusa`)")
     add("--prompt-lookup-min", type=positive_int, default=1, help="ngram: shortest n-gram to match (default: 1)")
     add("--prompt-lookup-max", type=positive_int, default=4, help="ngram: longest n-gram to match, tried first (default: 4)")
-    add("--spec-tree", type=tree_value, default="off", metavar="off|auto|N",
-        help="draft_model, draft_suffix, suffix, ngram: propose token trees (the draft's 2nd/3rd choices, "
-             "several continuations a table saw) verified in one target pass with tree attention; N = at most N "
-             "nodes per step; 'auto' = up to 2×γ (max 16), the unlikely ones cut where the measured verify "
-             "cost says they do not pay; output unchanged (default: off = chains)")
+    add("--spec-tree", type=tree_value, default=DEFAULT_SPEC_TREE, metavar="greedy|auto|off|N",
+        help="draft_model, draft_suffix, suffix, ngram, eagle, medusa: propose token trees (the draft's 2nd/3rd "
+             "choices, several continuations a table saw) verified in one target pass with tree attention; "
+             "'auto' = up to 2×γ nodes (max 16), the unlikely ones cut where the measured verify cost says they "
+             "do not pay; N = at most N nodes per step; 'greedy' = 'auto' for greedy requests and chains for "
+             "sampled ones, whose tree alternatives measured break-even on CPU; 'off' = chains; output "
+             f"unchanged (default: {DEFAULT_SPEC_TREE})")
     add("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
         help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs (default: 4)")
     add("--draft-confidence-threshold", type=float, default=None, metavar="P",

@@ -11,9 +11,12 @@ import time
 from pathlib import Path
 
 from specdec.cli.common import add_debug_flag, add_model_args, draft_quantize, gamma_value, positive_int, tree_values
+from specdec.config import DEFAULT_SPEC_TREE
 
-#: token trees tune tries for the methods that branch (chains, and trees sized by the cost model)
-DEFAULT_SPEC_TREES = ("off", "auto")
+#: token trees tune tries for the methods that branch: chains, and trees sized by the cost model. Tune
+#: measures greedy requests, where "greedy" trees are "auto" ones; saving "greedy" keeps a tuned
+#: configuration's later sampled requests on chains (their trees measured break-even on CPU)
+DEFAULT_SPEC_TREES = ("off", DEFAULT_SPEC_TREE)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -34,7 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tune.add_argument("--gammas", default="auto", help="γ values to try per method, e.g. auto,3,5 (default: auto)")
     tune.add_argument("--spec-trees", default=",".join(DEFAULT_SPEC_TREES), metavar="LIST",
                       help="token trees to try for the methods that branch (draft_model, draft_suffix, suffix, ngram): "
-                           "off = chains, auto, or a node count N, e.g. off,auto,8 (default: off,auto)")
+                           "off = chains, greedy (trees for greedy requests only), auto, or a node count N, e.g. off,greedy,8 "
+                           f"(default: {','.join(DEFAULT_SPEC_TREES)})")
     tune.add_argument("--max-tokens", type=positive_int, default=128, help="tokens generated per prompt (default: 128)")
     tune.add_argument("--budget-minutes", type=float, default=10.0,
                       help="stop starting new prompts after this long (at least 2 are measured; default: 10)")
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     print((args.out / "report.md").read_text())
     verdict = (f"plain decoding (no method beat it by 3% here)" if method is None else
                f"--method {method} --num-speculative-tokens {chosen['settings']['num_speculative_tokens']}"
-               f"{'' if tree == 'off' else f' --spec-tree {tree}'}: "
+               f"{'' if tree == DEFAULT_SPEC_TREE else f' --spec-tree {tree}'}: "
                f"{figures['speedup']:.2f}× plain end to end, α {figures['acceptance_rate']:.2f}")
     print(f"chosen: {verdict}\nwrote {args.out / 'tune.json'} (use: specdec generate|serve|bench --config {args.out / 'tune.json'})")
     if left_out:
