@@ -142,9 +142,9 @@ def load_model(
     tokenizer = Tokenizer.load(path)
     name = str(model) if not Path(str(model)).exists() else path.name
     backend = TorchBackend(decoder)
-    if mode in CPU_QUANTIZE_MODES:  # measured here by --quantize auto (or an earlier run): the γ prior
+    if mode in CPU_QUANTIZE_MODES:  # the γ prior: the probe's curve (timed once per machine where missing)
         backend.mode = mode
-        backend.step_seconds = step_costs.cached_seconds(decoder.config, mode, AUTO_MAX_SPECULATIVE_TOKENS + 1)
+        backend.step_seconds = step_costs.measured_seconds(decoder.config, mode, AUTO_MAX_SPECULATIVE_TOKENS + 1)
         prompt_mode = resolve_prompt_quantize(prompt_quantize, decoder.config, mode)
         if prompt_mode != mode:
             prompts = TorchBackend(_load_cpu_decoder(path, prompt_mode, device, progress))

@@ -199,14 +199,15 @@ def _read_cache(path: Path) -> dict:
         return {}  # unreadable: measure again and overwrite
 
 
-def cached_seconds(cfg: ModelConfig, mode: str, max_tokens: int = 9) -> dict[int, float] | None:
-    """Forward seconds for T = 1 .. ``max_tokens`` tokens of ``cfg``'s shape in ``mode``, from the
-    curves already cached on this CPU (never measures: None when there is none) — the prior the γ
-    cost model starts a request from (``TorchBackend.step_seconds``)."""
-    seconds = full_curve(cfg, mode)
-    if seconds is None:
-        return None
-    curve = Curve(mode, seconds)
+def measured_seconds(cfg: ModelConfig, mode: str, max_tokens: int = 9) -> dict[int, float]:
+    """Forward seconds for T = 1 .. ``max_tokens`` tokens of ``cfg``'s shape in ``mode`` from this CPU's
+    cached curve, timing the probe first where this CPU has no curve for ``cfg``'s shape in
+    ``mode`` (once per machine: 17 s for the 1.5B int8 shape on 2 cores; cached unless the machine was busy). What loading a
+    model in an explicit CPU mode (``--quantize int8``) does: without a curve, γ=auto's seeded
+    requests would plan on flat costs and a server's ``--disable-speculation-above auto`` would have
+    no γ per load — speculation and trees at full size however many requests share a forward (0.72×
+    plain at 8 concurrent requests on an AMX Xeon, session 41)."""
+    curve = curves_for(cfg, (mode,))[mode]
     return {tokens: curve.cost(tokens) for tokens in range(1, max_tokens + 1)}
 
 
@@ -249,6 +250,8 @@ def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = N
     saved = _read_cache(path)
     entry = saved.setdefault(_shape_key(cfg), {})
     missing = tuple(mode for mode in modes if mode not in entry)
+    if missing:
+        log.info("timing %s step costs for this model shape on this CPU (once; cached in %s)", ", ".join(missing), path)
     fresh, busy, trusted = _probe(cfg, missing) if missing else ({}, 0.0, True)
     if not trusted:
         log.warning("step costs timed while the machine was busy (other processes used %.0f%% of the CPU): "

@@ -46,13 +46,32 @@ def test_nothing_to_rescale_without_a_probe_curve(tiny_target):
 
 def test_loading_a_cpu_execution_mode_with_a_cached_curve_times_the_model(tiny_dirs, monkeypatch):
     """load_model rescales the γ prior of every CPU-mode model whose shape has a cached curve."""
-    monkeypatch.setattr(step_costs, "cached_seconds", lambda cfg, mode, max_tokens=9: {1: 2.0, 2: 2.5, 4: 3.0, 8: 4.0})
+    monkeypatch.setattr(step_costs, "measured_seconds", lambda cfg, mode, max_tokens=9: {1: 2.0, 2: 2.5, 4: 3.0, 8: 4.0})
     timed = []
     original = step_calibration.time_real_steps
     monkeypatch.setattr(step_calibration, "time_real_steps", lambda backend: timed.append(backend) or original(backend))
     model = specdec.load_model(tiny_dirs["target"], quantize="int8")
     assert timed == [model.backend] and sorted(model.backend.step_ratios) == [1, 2, 4]
     assert planning_curve(model.backend, seeded=False)[8] == pytest.approx(4.0 * model.backend.step_ratios[4])
+
+
+def test_an_explicit_cpu_mode_on_a_fresh_machine_times_its_curve_once(tiny_dirs, tmp_path, monkeypatch, int4_kernel):
+    """``--quantize int8`` on a machine with no cached curve used to leave the model unmeasured: seeded
+    requests planned on flat costs and a server's ``auto`` policy had no γ per load. Loading now times
+    the probe for that mode once and caches it; the next load reads the cache."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.setattr(step_costs, "other_cpu_share", lambda start: 0.0)  # a test neighbour is not "busy"
+    model = specdec.load_model(tiny_dirs["target"], quantize="int8")
+    assert sorted(model.backend.step_seconds) == list(range(1, 10))
+    assert all(seconds > 0 for seconds in model.backend.step_seconds.values())
+    assert list((tmp_path / "step_costs").glob("*.json"))
+
+    def must_not_measure(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a cached curve was measured again")
+
+    monkeypatch.setattr(step_costs, "measure_curves", must_not_measure)
+    again = specdec.load_model(tiny_dirs["target"], quantize="int8")
+    assert again.backend.step_seconds == model.backend.step_seconds
 
 
 def test_a_draft_curve_cached_in_a_busy_moment_no_longer_switches_drafting_off(tiny_target, tiny_draft):

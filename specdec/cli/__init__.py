@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not args.debug:  # a first run on a machine pauses while step costs are timed (seconds): say so
+        logging.getLogger("specdec.step_costs").setLevel(logging.INFO)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         if getattr(args, "config", None):
