@@ -55,8 +55,20 @@ AUTO_MAX_TREE_NODES = 16
 #: chain's alternatives ran 0.93–1.03× (sessions 38, 40): break-even at best on a CPU, so sampled
 #: requests keep chains unless asked.
 DEFAULT_SPEC_TREE = "greedy"
+#: ``greedy`` grows trees only where one more verified row costs at most this share of a single step
+#: (the target's measured curve from 1 to 4 rows): an AMX int8 target's 3 % per row paid for its
+#: trees; an int4 target's ~10 % did not — 0.96–0.97× the chain paired per prompt, its cost model
+#: cutting the siblings to τ 1.00–1.03× (session 42). Unmeasured (float weights, CUDA): trees.
+FLAT_VERIFY_ROW_SHARE = 0.05
 #: the words ``spec_tree`` takes besides a node count
 SPEC_TREE_WORDS = ("off", "auto", DEFAULT_SPEC_TREE)
+
+
+def verify_is_flat(seconds: dict[int, float] | None) -> bool:
+    """Does one more verified row cost at most :data:`FLAT_VERIFY_ROW_SHARE` of a single step?"""
+    if not seconds or 1 not in seconds or 4 not in seconds:
+        return True
+    return (seconds[4] - seconds[1]) / 3 <= FLAT_VERIFY_ROW_SHARE * seconds[1]
 
 
 @dataclass
@@ -148,6 +160,9 @@ class SpecConfig:
             return min(AUTO_TREE_NODES_PER_TOKEN * self.max_speculative_tokens, AUTO_MAX_TREE_NODES)
         return int(self.spec_tree)
 
-    def tree_nodes(self, greedy: bool) -> int:
-        """The most nodes a tree round verifies for a greedy (or sampled) request; 0 = chains."""
-        return 0 if self.spec_tree == DEFAULT_SPEC_TREE and not greedy else self.max_tree_nodes
+    def tree_nodes(self, greedy: bool, verify_seconds: dict[int, float] | None = None) -> int:
+        """The most nodes a tree round verifies for a greedy (or sampled) request on a target whose
+        step costs are ``verify_seconds`` (T rows → seconds; None: unmeasured); 0 = chains."""
+        if self.spec_tree == DEFAULT_SPEC_TREE and not (greedy and verify_is_flat(verify_seconds)):
+            return 0
+        return self.max_tree_nodes

@@ -138,7 +138,7 @@ def generate_steps(
     vocab_size = target.config.vocab_size  # drafted ids outside it are cut (Draft.clipped)
     check_context(len(prompt_ids), params.max_tokens, context_len)
     max_k = spec.max_speculative_tokens if drafter is not None else 0
-    max_nodes = spec.tree_nodes(params.is_greedy) if drafter is not None else 0  # 0: chains only
+    max_nodes = spec.tree_nodes(params.is_greedy, target.step_seconds) if drafter is not None else 0  # 0: chains
     alternatives = max_nodes > 0 and not params.is_greedy  # sampled chains become trees (specdec.alternatives)
     cache_len = min(len(prompt_ids) + params.max_tokens + max(max_k, max_nodes) + 1, context_len)
     generator = generator or make_generator(params.seed, target.device)

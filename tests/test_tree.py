@@ -61,6 +61,11 @@ def test_bad_trees_are_refused():
     default = SpecConfig(method="ngram")  # spec_tree="greedy": trees for greedy requests only
     assert (default.spec_tree, default.max_tree_nodes) == ("greedy", 8)
     assert (default.tree_nodes(greedy=True), default.tree_nodes(greedy=False)) == (8, 0)
+    amx_int8 = {1: 0.0758, 2: 0.0786, 4: 0.0831, 8: 0.0845}  # measured curves (session 42, AMX Xeon)
+    int4 = {1: 0.0521, 2: 0.0550, 4: 0.0670, 8: 0.1071}  # ~10 % of a step per extra row: trees did not pay
+    assert default.tree_nodes(greedy=True, verify_seconds=amx_int8) == 8
+    assert default.tree_nodes(greedy=True, verify_seconds=int4) == 0
+    assert auto.tree_nodes(greedy=True, verify_seconds=int4) == 8  # asked for explicitly: trees anyway
 
 
 def test_ranking_keeps_every_prefix_a_tree_and_the_cost_model_picks_how_many():
