@@ -138,8 +138,10 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
         help="draft_model, draft_suffix, suffix, ngram, eagle, medusa: propose token trees (the draft's 2nd/3rd "
              "choices, several continuations a table saw) verified in one target pass with tree attention; "
              "'auto' = up to 2×γ nodes (max 16), the unlikely ones cut where the measured verify cost says they "
-             "do not pay; N = at most N nodes per step; 'greedy' = 'auto' for greedy requests and chains for "
-             "sampled ones, whose tree alternatives measured break-even on CPU; 'off' = chains; output "
+             "do not pay; N = at most N nodes per step; 'greedy' = 'auto' for greedy requests on a target whose "
+             "measured verification is flat (one more row <= 5%% of a step: int8 on AMX yes, int4 no), chains "
+             "otherwise and for sampled requests (their tree alternatives measured break-even on CPU); "
+             "'off' = chains; output "
              f"unchanged (default: {DEFAULT_SPEC_TREE})")
     add("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
         help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs (default: 4)")
