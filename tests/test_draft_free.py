@@ -176,8 +176,8 @@ def test_shared_suffix_cache_is_per_vocabulary(tiny_target):
                                      generator=make_generator(0), max_seq_len=64, tokenizer=tokenizer)
         return make_suffix_drafter(resources).cache
 
-    small = SimpleNamespace(config=SimpleNamespace(vocab_size=8))
-    large = SimpleNamespace(config=SimpleNamespace(vocab_size=50_000))
+    small = SimpleNamespace(config=SimpleNamespace(vocab_size=8), step_seconds=None)  # a Backend's fields the drafter reads
+    large = SimpleNamespace(config=SimpleNamespace(vocab_size=50_000), step_seconds=None)
     assert cache_of(small) is cache_of(small)
     assert cache_of(small) is not cache_of(large)
     assert cache_of(small, tiny_target.tokenizer) is not cache_of(small)
