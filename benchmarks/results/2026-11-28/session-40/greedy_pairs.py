@@ -1,13 +1,18 @@
 """Chain vs tree=auto, interleaved per prompt, paired ratios (session 40).
 
 Usage: python greedy_pairs.py GROUP [METHOD] [GAMMA] — GROUP humaneval|mt_bench, METHOD draft_model|draft_suffix,
-GAMMA an int or auto; greedy, 64 tokens, 6 prompts x 2 repeats, int8 target + int4-all 0.5B draft.
+GAMMA an int or auto, TARGET_MODE int8 (default) or int4 (session 42: make run's mode on the AMX Xeon, its
+prompts read in the mode --prompt-quantize auto picks); greedy, 64 tokens, 6 prompts x 2 repeats, int4-all 0.5B draft.
+Usage with the mode: python greedy_pairs.py GROUP METHOD GAMMA TARGET_MODE.
 """
 import statistics, sys, torch, specdec
 from specdec.drafters.suffix import clear_global_caches
 from specdec.bench.datasets import load_prompts
 torch.set_num_threads(2)
-target = specdec.load_model("qwen2.5-coder-1.5b", quantize="int8")
+target_mode = sys.argv[4] if len(sys.argv) > 4 else "int8"
+target = specdec.load_model("qwen2.5-coder-1.5b", quantize=target_mode,
+                            prompt_quantize=None if target_mode == "int8" else "auto")
+print("target", target_mode, "prompts", target.backend.prompt_backend.mode)
 draft = specdec.load_model("qwen2.5-coder-0.5b", quantize="int4-all")
 print("draft tree width", draft.backend.step_seconds and {k: round(v*1e3,1) for k, v in list(draft.backend.step_seconds.items())[:5]})
 group = sys.argv[1] if len(sys.argv) > 1 else "humaneval"
