@@ -76,15 +76,22 @@ def requests_now(active: int, load: LoadAverage) -> int:
     return max(1, active, math.floor(load.value() + 0.5))
 
 
-def speculation_cap(limit: int | None, gammas: dict[int, int] | None, requests: int) -> int | None:
+def speculation_cap(limit: int | None, gammas: dict[int, int] | None, requests: int,
+                    sharing: int | None = None) -> int | None:
     """The most tokens a request may draft now: 0 none, None no cap. Over ``limit`` requests sharing
     forwards (the server: :func:`requests_now`; None: never) nothing is drafted; else, sharing forwards
-    with others, ``gammas`` (γ per number of requests from a prior α, cost_model.batch_gammas; None:
-    no cap) says how much."""
+    with others, ``gammas`` (γ per number of requests from a prior α, cost_model.batch_gammas) says
+    how much — or, with no table, ``sharing`` (the configured γ maximum; None: no cap). That cap
+    leaves chains as they are and holds a token tree to a chain's rows: a tree sizes itself on one
+    sequence's verify costs, where extra rows are nearly free on a flat curve, but in a shared forward
+    every request's extra rows add up (under a fixed limit, HumanEval trees of 8 nodes ran at
+    0.82–0.88× chains of 4 with 4–8 requests sharing; session 42)."""
     if limit is not None and requests > limit:
         return 0
-    if gammas is None or requests == 1:  # alone, the request's own γ (its controller knows its α)
+    if requests == 1:  # alone, the request's own γ (its controller knows its α)
         return None
+    if gammas is None:
+        return sharing
     return gammas.get(requests, 0)
 
 
@@ -230,6 +237,8 @@ class BatchPolicy:
 
     limit: int | None = None
     table: GammaTable | None = None
+    #: with no table, what a request sharing forwards may draft (speculation_cap's ``sharing``)
+    sharing_cap: int | None = None
     acceptance: AcceptanceMeter = field(default_factory=AcceptanceMeter)
     #: what the scheduler's forwards measured (the table's curves are rescaled by it; fed by its owner)
     costs: ForwardCosts = field(default_factory=ForwardCosts)
@@ -246,10 +255,13 @@ class BatchPolicy:
             costs, share = ForwardCosts(), PromptShare(window=spec.draft_context_window)
             return cls(None, measured_gamma_table(spec, target, draft, max_requests, costs, share), costs=costs,
                        prompt_share=share)
+        # with no table, trees sharing forwards verify a chain's rows where the target's rows are priced
+        # (measured CPU curves); unmeasured (CUDA, float weights) rows count as free, as for one request
+        sharing = spec.max_speculative_tokens if target.backend.step_seconds else None
         if setting in ("never", None):
-            return cls(None)
+            return cls(None, sharing_cap=sharing)
         if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
-            return cls(setting)
+            return cls(setting, sharing_cap=sharing)
         raise SpecdecError(f"disable_speculation_above must be a number of requests >= 0, 'auto' or 'never', "
                            f"got {setting!r}")
 
@@ -259,7 +271,7 @@ class BatchPolicy:
         if self.table is not None:
             gammas = self.table.for_alpha(self.acceptance.alpha)
             limit = None if gammas is None else sum(1 for g in gammas.values() if g)
-        return speculation_cap(limit, gammas, requests)
+        return speculation_cap(limit, gammas, requests, self.sharing_cap)
 
     def saving(self, requests: int) -> float | None:
         """Seconds per token speculating saves with ``requests`` sharing forwards, for a new request's

@@ -150,3 +150,37 @@ def test_a_request_gate_latches_off_but_only_pauses_for_a_waiting_prompt():
     assert gate() == 0 and caps == [4]  # and it stays none without asking again
     assert RequestGate.unless_seeded(SamplingParams(temperature=0.8, seed=1), lambda: 0) is None
     assert isinstance(RequestGate.unless_seeded(SamplingParams(temperature=0), lambda: 0), RequestGate)
+
+
+def test_a_fixed_limit_holds_a_tree_sharing_forwards_to_a_chains_rows():
+    """Under ``--disable-speculation-above N`` (or ``never``) there is no γ table: alone a request
+    drafts as it likes; sharing forwards it may draft at most the configured γ maximum, so a token
+    tree verifies no more rows than the chain would (its extra rows add up across requests)."""
+    from specdec.policy import BatchPolicy
+
+    assert speculation_cap(8, None, 1, sharing=4) is None  # alone: the request's own budget
+    assert speculation_cap(8, None, 3, sharing=4) == 4
+    assert speculation_cap(8, None, 9, sharing=4) == 0  # over the limit: none
+    assert speculation_cap(None, None, 64, sharing=4) == 4  # never switched off, still held to a chain's rows
+    assert speculation_cap(8, {2: 2}, 2, sharing=4) == 2  # a γ table, where there is one, decides
+    policy = BatchPolicy(limit=8, sharing_cap=4)
+    assert [policy.cap(n) for n in (1, 2, 8, 9)] == [None, 4, 4, 0]
+    assert BatchPolicy(limit=8).cap(2) is None  # unmeasured costs (no sharing cap): rows count as free
+
+
+def test_fixed_settings_cap_sharing_trees_only_where_rows_are_priced(tiny_target):
+    """The sharing cap comes with a fixed setting on a target with measured step costs (a CPU
+    kernel mode), not on one whose rows are unmeasured (float weights, CUDA: taken as free)."""
+    from specdec.config import SpecConfig
+    from specdec.policy import BatchPolicy
+
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=4)
+    saved = tiny_target.backend.step_seconds
+    try:
+        tiny_target.backend.step_seconds = {t: 0.05 + 0.005 * t for t in range(1, 10)}
+        assert BatchPolicy.from_setting(6, spec, tiny_target, None, 8).sharing_cap == 4
+        assert BatchPolicy.from_setting("never", spec, tiny_target, None, 8).sharing_cap == 4
+        tiny_target.backend.step_seconds = None
+        assert BatchPolicy.from_setting(6, spec, tiny_target, None, 8).sharing_cap is None
+    finally:
+        tiny_target.backend.step_seconds = saved
