@@ -149,7 +149,43 @@ def verify(
     """
     if params.is_greedy:
         return greedy_verify(draft_tokens, greedy_ids(target_logits))
-    return rejection_sample(draft_tokens, draft_probs, logits_to_probs(target_logits, params), generator)
+    return rejection_sample_rows(draft_tokens, draft_probs, target_logits, params, generator)
+
+
+def rejection_sample_rows(
+    draft_tokens: Sequence[int] | torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> tuple[int, int]:
+    """:func:`rejection_sample` of ``target_logits [k+1, V]``, transforming only the rows the test
+    reaches: row i's probabilities are needed only if tokens 0..i−1 were accepted, and each row's
+    :func:`logits_to_probs` (a softmax over the vocabulary, a top-k/top-p search) costs ~0.6 ms at
+    152 k ids on one core — for every row after the first rejection, for nothing. The same random
+    draws in the same order and the same per-row arithmetic as the batched form (rows never
+    interact), so the result is identical to it for a given generator state (tests/test_verify.py)."""
+    tokens = torch.as_tensor(draft_tokens, dtype=torch.long).reshape(-1).tolist()
+    k = len(tokens)
+    if target_logits.shape[0] != k + 1:
+        raise ValueError(f"verify: {k} draft tokens need {k + 1} target rows, got {target_logits.shape[0]}")
+    if draft_probs is not None and draft_probs.shape[0] != k:
+        raise ValueError(f"verify: {k} draft tokens need {k} draft rows, got {draft_probs.shape[0]}")
+    # the batched form's one draw for all k accept tests (the stream consumed depends only on k)
+    uniforms = torch.rand(1, k, generator=generator, dtype=torch.float64, device=target_logits.device)[0].tolist() if k else []
+    for i, token in enumerate(tokens):
+        p = logits_to_probs(target_logits[i : i + 1], params)  # [1, V]
+        p_token = float(p[0, token])
+        if draft_probs is None:
+            ratio = p_token
+        else:
+            q_token = float(draft_probs[i, token])
+            ratio = p_token / max(q_token, 1e-300) if q_token > 0 else 0.0  # q(d) == 0: a broken drafter, reject
+        if not uniforms[i] < ratio:
+            residual = _residual(p, None if draft_probs is None else draft_probs[i : i + 1],
+                                 torch.tensor([token], device=p.device))
+            return i, int(sample_rows(residual, generator)[0])
+    return k, int(sample_rows(logits_to_probs(target_logits[k : k + 1], params), generator)[0])
 
 
 def verify_tree(

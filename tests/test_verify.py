@@ -335,3 +335,28 @@ def test_errors_module_is_the_user_error_type():
     """Verification never raises user errors; parameter validation does (documents the split)."""
     with pytest.raises(SpecdecError):
         SamplingParams(top_p=2)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9),
+                                    SamplingParams(temperature=1.3, top_k=50, min_p=0.01)])
+def test_verify_transforms_only_the_rows_it_reaches_and_decides_as_the_batched_sampler(params):
+    """``verify`` under sampling computes a row's probabilities only when the tokens before it were
+    accepted (rejection_sample_rows): for every seed the same (n_accepted, next_token) as the batched
+    sampler over all rows, and the generator left in the same state (the next draw is equal)."""
+    vocab, k = 1000, 4
+    logits = torch.randn(k + 1, vocab, generator=torch.Generator().manual_seed(5)) * 3
+    q = logits_to_probs(logits[:k] + torch.randn(k, vocab, generator=torch.Generator().manual_seed(6)), params)
+    likely = logits_to_probs(logits, params).argmax(-1).tolist()  # drafts the target often accepts
+    outcomes = set()
+    for seed in range(60):
+        tokens = [likely[i] if (seed >> i) & 1 else (seed * 7 + i) % vocab for i in range(k)]
+        for draft_probs in (None, q):
+            lazy_gen, batched_gen = make_generator(seed), make_generator(seed)
+            lazy = verify(tokens, draft_probs, logits, params, lazy_gen)
+            batched = rejection_sample(tokens, draft_probs, logits_to_probs(logits, params), batched_gen)
+            assert lazy == batched
+            assert torch.equal(torch.rand(3, generator=lazy_gen), torch.rand(3, generator=batched_gen))
+            outcomes.add(lazy[0])
+    assert len(outcomes) >= 3  # rejections at several positions and full acceptances were exercised
+    with pytest.raises(ValueError):
+        verify([1, 2], None, logits[:2], params, make_generator(0))
