@@ -1,8 +1,9 @@
-"""The linear kernels' instruction-set paths (AVX2, AVX-512 VNNI): each path batch-invariant on its own
+"""The linear kernels' instruction-set paths (AVX2, AVX-VNNI, AVX-512 VNNI): each path batch-invariant on its own
 (a row's output bit-identical alone and inside a chunk), every path giving the same bits as every
 other, and the path chosen at run time by what the CPU reports.
 
-Paths this CPU lacks are skipped with the reason: a CPU without AVX-512 VNNI runs only the AVX2 path.
+Paths this CPU lacks are skipped with the reason: a CPU without AVX-512 VNNI or AVX-VNNI runs only the
+AVX2 path (a CPU with AVX-512 VNNI and AVX-VNNI, like Sapphire Rapids, tests all three).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from specdec.kernels.build import kernel_path, kernel_paths, use_kernel_path
 from specdec.kernels.q4 import Q4Linear, Q8Linear
 from specdec.kernels.q6 import Q6K_BLOCK_BYTES, Q6Linear
 
-ALL_PATHS = ("avx512-vnni", "avx2")
+ALL_PATHS = ("avx512-vnni", "avx-vnni", "avx2")
 
 
 def cpu_flags() -> set[str]:
@@ -74,6 +75,8 @@ def test_the_best_path_this_cpu_has_is_the_default():
     flags = cpu_flags()
     has_vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
     assert ("avx512-vnni" in paths) == has_vnni, f"flags {sorted(flags)} but paths {paths}"
+    # (a compiler older than GCC 11 / clang 12 builds no AVX-VNNI code: linear_kernels_avxvnni.cpp)
+    assert ("avx-vnni" in paths) == ("avx_vnni" in flags), f"flags {sorted(flags)} but paths {paths}"
 
 
 def test_an_unknown_or_unsupported_path_is_refused_and_the_setting_restored():

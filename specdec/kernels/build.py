@@ -1,8 +1,9 @@
 """The C++ extension ``specdec_cpu_kernels``: built once per machine, then imported.
 
 It holds every CPU kernel of the quantized paths: the 4-bit, 6-bit and int8-weight linears
-(``linear_kernels.cpp``, with AVX-512 VNNI versions of their dot products in
-``linear_kernels_avx512.cpp``, chosen at run time by what the CPU reports: :func:`kernel_paths`) and
+(``linear_kernels.cpp``, with AVX-512 VNNI and AVX-VNNI versions of their dot products in
+``linear_kernels_avx512.cpp`` and ``linear_kernels_avxvnni.cpp``, chosen at run time by what the CPU
+reports: :func:`kernel_paths`) and
 the rest of a decoder layer — RMSNorm, RoPE, the KV-cache write,
 attention (``layer_ops.cpp``). The build (~40 s, g++ and ninja) lands in
 ``specdec_home()/ext/specdec_cpu_kernels-<key>``; the key hashes the sources, the compiler flags and
@@ -40,7 +41,8 @@ from specdec.paths import specdec_home
 EXTENSION_NAME = "specdec_cpu_kernels"
 _HERE = Path(__file__).parent
 #: compiled sources: the linear kernels (with the module definition), the rest of a layer
-SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_avx512.cpp", _HERE / "layer_ops.cpp",
+SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_avx512.cpp", _HERE / "linear_kernels_avxvnni.cpp",
+           _HERE / "layer_ops.cpp",
            _HERE / "layer_stack.cpp", _HERE / "int8_gemm.cpp", _HERE / "int8_gemm_avx512.cpp",
            _HERE / "int8_gemm_amx.cpp")
 HEADERS = (_HERE / "simd.h", _HERE / "dot_kernels.h", _HERE / "tile_schedule.h")

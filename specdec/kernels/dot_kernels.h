@@ -29,6 +29,13 @@ extern const DotFn kDotAvx512Vnni[kMaxRows + 1];
 extern const DotQ8Fn kDotQ8Avx512Vnni[kMaxRows + 1];
 extern const DotQ6Fn kDotQ6Avx512Vnni[kMaxRows + 1];
 
+// AVX-VNNI (VEX vpdpbusd / vpdpwssd on 256 bits, 16 vector registers): linear_kernels_avxvnni.cpp; entries
+// from 2 rows, as above. Empty tables where the compiler lacks AVX-VNNI (avx_vnni_compiled() says so).
+extern const DotFn kDotAvxVnni[kMaxRows + 1];
+extern const DotQ8Fn kDotQ8AvxVnni[kMaxRows + 1];
+extern const DotQ6Fn kDotQ6AvxVnni[kMaxRows + 1];
+bool avx_vnni_compiled();
+
 // Whether this CPU runs the AVX-512 VNNI code above and below (linear_kernels.cpp: the one place that asks)
 bool cpu_has_avx512_vnni();
 

@@ -144,20 +144,6 @@ inline void block_sums(const uint8_t* qs, const uint8_t* sc, int64_t groups, int
   }
 }
 
-// Block b's float step for R activation rows: one FMA applies d, one the mins (group sums x mn x dmin).
-template <int R>
-inline void block_accumulate(const int8_t* mn, const float* d, const float* dmin, int64_t b, const __m256i isum[R],
-                             const float* gsum, int64_t gstride, __m256 acc[R], __m256 min_acc[R]) {
-  const __m256 D = _mm256_set1_ps(d[b]);
-  const __m256 mins = _mm256_mul_ps(
-      _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + b * 8)))),
-      _mm256_set1_ps(dmin[b]));
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), D, acc[r]);
-    min_acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(gsum + r * gstride + b * 8), mins, min_acc[r]);
-  }
-}
-
 // Up to 4 activation rows against one weight row (more rows: several passes, so every row runs
 // the same instruction sequence for any M): per block, block_sums then block_accumulate.
 template <int R>
@@ -427,9 +413,15 @@ struct VnniFromTwoRows {
 const VnniFromTwoRows<DotFn> kDotVnni(kDot, specdec_kernels::kDotAvx512Vnni);
 const VnniFromTwoRows<DotQ8Fn> kDotQ8Vnni(kDotQ8, specdec_kernels::kDotQ8Avx512Vnni);
 const VnniFromTwoRows<DotQ6Fn> kDotQ6Vnni(kDotQ6, specdec_kernels::kDotQ6Avx512Vnni);
+const VnniFromTwoRows<DotFn> kDotAvxVnni(kDot, specdec_kernels::kDotAvxVnni);
+const VnniFromTwoRows<DotQ8Fn> kDotQ8AvxVnni(kDotQ8, specdec_kernels::kDotQ8AvxVnni);
+const VnniFromTwoRows<DotQ6Fn> kDotQ6AvxVnni(kDotQ6, specdec_kernels::kDotQ6AvxVnni);
 
+// avx-vnni: the 256-bit VEX form of the same instructions, for CPUs with int8 dot products but no
+// AVX-512 (linear_kernels_avxvnni.cpp); where both exist the AVX-512 path's 32 registers win.
 const KernelPath kPaths[] = {
     {"avx512-vnni", kDotVnni.table, kDotQ8Vnni.table, kDotQ6Vnni.table},
+    {"avx-vnni", kDotAvxVnni.table, kDotQ8AvxVnni.table, kDotQ6AvxVnni.table},
     {"avx2", kDot, kDotQ8, kDotQ6},
 };
 constexpr int kNumPaths = sizeof(kPaths) / sizeof(kPaths[0]);
@@ -448,7 +440,10 @@ bool cpu_has_avx512_vnni() {
 bool path_supported(int i) {
   if (std::strcmp(kPaths[i].name, "avx512-vnni") == 0) return specdec_kernels::cpu_has_avx512_vnni();
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (std::strcmp(kPaths[i].name, "avx-vnni") == 0)
+    return avx2 && specdec_kernels::avx_vnni_compiled() && __builtin_cpu_supports("avxvnni");
+  return avx2;
 }
 
 int best_path() {

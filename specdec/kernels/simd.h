@@ -46,6 +46,22 @@ static inline int32_t hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(t);
 }
 
+// 4-bit (linear_kernels.cpp's format), block b's float step for R activation rows, given their exact int32
+// sums times the groups' sc (`isum`, one lane per group): one FMA applies d, one the mins (group sums x mn x
+// dmin). Every path's 4-bit kernel ends its blocks with these operations, so every path gives the same bits.
+template <int R>
+static inline void block_accumulate(const int8_t* mn, const float* d, const float* dmin, int64_t b, const __m256i isum[R],
+                             const float* gsum, int64_t gstride, __m256 acc[R], __m256 min_acc[R]) {
+  const __m256 D = _mm256_set1_ps(d[b]);
+  const __m256 mins = _mm256_mul_ps(
+      _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + b * 8)))),
+      _mm256_set1_ps(dmin[b]));
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), D, acc[r]);
+    min_acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(gsum + r * gstride + b * 8), mins, min_acc[r]);
+  }
+}
+
 // The 8 code vectors (values 0..63, vector order) of one 6-bit block from its 128 low-nibble bytes
 // `ql` and 64 top-bit bytes `qh` (the layout: q6_linear in linear_kernels.cpp).
 static inline void unpack_q6_block(const uint8_t* ql, const uint8_t* qh, __m256i w[8]) {
