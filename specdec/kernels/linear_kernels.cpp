@@ -145,19 +145,13 @@ inline void block_sums(const uint8_t* qs, const uint8_t* sc, int64_t groups, int
 }
 
 // Up to 4 activation rows against one weight row (more rows: several passes, so every row runs
-// the same instruction sequence for any M): per block, block_sums then block_accumulate.
+// the same instruction sequence for any M): per block, block_sums then simd.h's float step.
 template <int R>
 void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
               int64_t groups, const int8_t* xq, const float* gsum, int64_t K, int64_t gstride, float* result) {
-  const int64_t blocks = (groups + 7) / 8, full = groups / 8;
-  __m256 acc[R], min_acc[R];
-  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); min_acc[r] = _mm256_setzero_ps(); }
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m256i isum[R];
-    block_sums<R>(qs, sc, groups, b, b < full, xq, K, isum);
-    block_accumulate<R>(mn, d, dmin, b, isum, gsum, gstride, acc, min_acc);
-  }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]) - hsum(min_acc[r]);
+  q4_pass<R>(mn, d, dmin, groups, gsum, gstride, result, [&](int64_t b, bool full_block, __m256i* isum) {
+    block_sums<R>(qs, sc, groups, b, full_block, xq, K, isum);
+  });
 }
 
 // One activation row (a decode step) against W consecutive weight rows, their blocks interleaved: per

@@ -90,22 +90,13 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
   for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]) - hsum(min_acc[r]);
 }
 
-// int8 weights: vpdpbusd wants an unsigned operand, so each weight byte is read as w + 128 (xor 0x80)
-// and 128 x (the row's activation sum) is taken off after: exact, and one instruction per 32 bytes and
-// row (AVX2: two sign ops, maddubs, madd, add).
+// int8 weights: simd.h's q8_vnni_rows with the EVEX 256-bit vpdpbusd (one instruction per 32 bytes and
+// row; AVX2: two sign ops, maddubs, madd, add).
 template <int R>
 void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gsum, int64_t gstride, int32_t* result) {
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  __m256i acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
-  for (int64_t k = 0; k < K; k += 32) {
-    if ((k & 63) == 0) prefetch_ahead(w + k, 1);
-    const __m256i wv = _mm256_xor_si256(load(w + k), flip);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_dpbusd_epi32(acc[r], wv, load(xq + r * K + k));
-  }
-  for (int r = 0; r < R; ++r) {
-    result[r] = hsum_epi32(acc[r]) - 128 * gsum[r * gstride];  // the row's activation total
-  }
+  q8_vnni_rows<R>(w, xq, K, gsum, gstride, result, [](__m256i acc, __m256i u, __m256i s) {
+    return _mm256_dpbusd_epi32(acc, u, s);
+  });
 }
 
 // 6-bit: the AVX2 pass (simd.h's q6_pass) with each madd + add of group scales fused into one vpdpwssd.

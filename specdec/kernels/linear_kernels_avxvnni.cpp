@@ -81,30 +81,16 @@ inline void block_sums(const uint8_t* qs, const uint8_t* sc, int64_t groups, int
 template <int R>
 void dot_rows(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
               int64_t groups, const int8_t* xq, const float* gsum, int64_t K, int64_t gstride, float* result) {
-  const int64_t blocks = (groups + 7) / 8, full = groups / 8;
-  __m256 acc[R], min_acc[R];
-  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); min_acc[r] = _mm256_setzero_ps(); }
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m256i isum[R];
-    block_sums<R>(qs, sc, groups, b, b < full, xq, K, isum);
-    block_accumulate<R>(mn, d, dmin, b, isum, gsum, gstride, acc, min_acc);
-  }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]) - hsum(min_acc[r]);
+  q4_pass<R>(mn, d, dmin, groups, gsum, gstride, result, [&](int64_t b, bool full_block, __m256i* isum) {
+    block_sums<R>(qs, sc, groups, b, full_block, xq, K, isum);
+  });
 }
 
-// int8 weights: vpdpbusd wants an unsigned operand, so each weight byte is read as w + 128 (xor 0x80) and
-// 128 x (the row's activation total) is taken off after: the exact int32 the AVX2 sign trick computes.
 template <int R>
 void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gsum, int64_t gstride, int32_t* result) {
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  __m256i acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
-  for (int64_t k = 0; k < K; k += 32) {
-    if ((k & 63) == 0) prefetch_ahead(w + k, 1);
-    const __m256i wv = _mm256_xor_si256(load(w + k), flip);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_dpbusd_avx_epi32(acc[r], wv, load(xq + r * K + k));
-  }
-  for (int r = 0; r < R; ++r) result[r] = hsum_epi32(acc[r]) - 128 * gsum[r * gstride];  // the row's activation total
+  q8_vnni_rows<R>(w, xq, K, gsum, gstride, result, [](__m256i acc, __m256i u, __m256i s) {
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+  });
 }
 
 // 6-bit: the AVX2 pass (simd.h's q6_pass) with each madd + add of group scales fused into one vpdpwssd.

@@ -62,6 +62,41 @@ static inline void block_accumulate(const int8_t* mn, const float* d, const floa
   }
 }
 
+// 4-bit, R activation rows against one weight row: for each block, `block_sums(b, full_block, isum)` (each
+// path's own instructions: the exact int32 sums times the groups' sc) then block_accumulate; the result per
+// row is its two horizontal sums' difference. The float part is this one function on every path.
+template <int R, typename BlockSums>
+static inline void q4_pass(const int8_t* mn, const float* d, const float* dmin, int64_t groups, const float* gsum,
+                           int64_t gstride, float* result, BlockSums block_sums) {
+  const int64_t blocks = (groups + 7) / 8, full = groups / 8;
+  __m256 acc[R], min_acc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); min_acc[r] = _mm256_setzero_ps(); }
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i isum[R];
+    block_sums(b, b < full, isum);
+    block_accumulate<R>(mn, d, dmin, b, isum, gsum, gstride, acc, min_acc);
+  }
+  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]) - hsum(min_acc[r]);
+}
+
+// int8 weights on a VNNI path: vpdpbusd wants an unsigned operand, so each weight byte is read as w + 128
+// (xor 0x80) and 128 x (the row's activation total, gsum[r * gstride]) is taken off after — the exact
+// int32 the AVX2 sign trick computes. `dot(acc, u, s)` is the path's 256-bit vpdpbusd (EVEX or VEX).
+template <int R, typename Dot>
+static inline void q8_vnni_rows(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gsum, int64_t gstride,
+                                int32_t* result, Dot dot) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256i acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+  for (int64_t k = 0; k < K; k += 32) {
+    if ((k & 63) == 0) prefetch_ahead(w + k, 1);
+    const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k)), flip);
+    for (int r = 0; r < R; ++r)
+      acc[r] = dot(acc[r], wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + k)));
+  }
+  for (int r = 0; r < R; ++r) result[r] = hsum_epi32(acc[r]) - 128 * gsum[r * gstride];
+}
+
 // The 8 code vectors (values 0..63, vector order) of one 6-bit block from its 128 low-nibble bytes
 // `ql` and 64 top-bit bytes `qh` (the layout: q6_linear in linear_kernels.cpp).
 static inline void unpack_q6_block(const uint8_t* ql, const uint8_t* qh, __m256i w[8]) {
