@@ -91,7 +91,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             "batched, and drafts verified together cost rows where plain decoding costs one each. auto "
                             "(default): the N up to which speculation is expected to beat plain decoding, from the target's "
                             "step costs measured on this machine (never switched off where they are unmeasured: float "
-                            "weights, CUDA); never: keep speculating")
+                            "weights, CUDA); never: keep speculating. Under N or never a request sharing forwards drafts at most the "
+                            "configured γ, so a token tree verifies no more rows than a chain")
     serve.add_argument("--served-model-name", default=None, help="model id clients use (default: the --model value)")
     serve.add_argument("--audit-fraction", type=float, default=0.0, metavar="F",
                        help="re-decode this fraction of finished greedy requests plainly while the server is idle and "
