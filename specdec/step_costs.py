@@ -30,7 +30,7 @@ import torch
 
 from specdec.cost_model import Curve, ModeChoice, choose_mode, choose_mode_for_load
 from specdec.cpu import cpu_signature, cpu_ticks, last_level_cache_bytes, other_cpu_share
-from specdec.kernels.build import build_key, unsupported_reason
+from specdec.kernels.build import build_key, kernel_path, kernel_paths, unsupported_reason
 from specdec.models.config import ModelConfig
 from specdec.paths import specdec_home
 
@@ -186,9 +186,14 @@ def _shape_key(cfg: ModelConfig) -> str:
 def _cache_path(threads: int | None) -> Path:
     """This CPU's curves at ``threads`` threads, measured with this build of the C++ kernels (a kernel
     change, say a new prefetch, moves every int4 curve; curves cached before it would steer
-    ``--quantize auto`` and γ=auto by the old kernels' costs)."""
+    ``--quantize auto`` and γ=auto by the old kernels' costs) on the kernel path in use: a path other
+    than the CPU's best (``SPECDEC_KERNEL_PATH=avx2``, to see how an older CPU would fare) has its own
+    curves — planned on the best path's, its γ=auto drafted as if its chunks cost what they do there."""
     threads = threads or torch.get_num_threads()
-    kernels = build_key() if unsupported_reason() is None else "none"
+    kernels = "none"
+    if unsupported_reason() is None:
+        path = kernel_path()
+        kernels = build_key() + ("" if path == kernel_paths()[0] else f"-{path}")
     return specdec_home() / "step_costs" / f"{cpu_signature()}-t{threads}-v{CURVE_VERSION}-k{kernels}.json"
 
 

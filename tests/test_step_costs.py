@@ -106,7 +106,8 @@ def test_curves_are_measured_once_and_cached_per_cpu(tmp_path, monkeypatch, int4
 
 def test_a_kernel_change_measures_the_curves_again(tmp_path, monkeypatch):
     """Curves are keyed by the C++ kernels' build: a new build (a kernel edit) must not be planned with
-    the old build's costs, and going back to a build finds its own curves again."""
+    the old build's costs, and going back to a build finds its own curves again; so is a kernel path
+    other than the CPU's best (its chunks cost what they cost there)."""
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     measured = []
 
@@ -119,6 +120,8 @@ def test_a_kernel_change_measures_the_curves_again(tmp_path, monkeypatch):
     monkeypatch.setattr("specdec.step_costs.measure_curves", fake_measure)
     monkeypatch.setattr("specdec.step_costs.other_cpu_share", lambda start: 0.0)
     monkeypatch.setattr("specdec.step_costs.unsupported_reason", lambda: None)
+    monkeypatch.setattr("specdec.step_costs.kernel_paths", lambda: ["avx512-vnni", "avx2"])
+    monkeypatch.setattr("specdec.step_costs.kernel_path", lambda: "avx512-vnni")
     monkeypatch.setattr("specdec.step_costs.build_key", lambda: "aaaaaaaaaaaa")
     old_build = curves_for(TINY, ("int4",))["int4"].cost(1)
     monkeypatch.setattr("specdec.step_costs.build_key", lambda: "bbbbbbbbbbbb")
@@ -128,6 +131,10 @@ def test_a_kernel_change_measures_the_curves_again(tmp_path, monkeypatch):
     assert curves_for(TINY, ("int4",))["int4"].cost(1) == old_build and len(measured) == 2
     assert sorted(p.name.rsplit("-k", 1)[1] for p in (tmp_path / "step_costs").glob("*.json")) == [
         "aaaaaaaaaaaa.json", "bbbbbbbbbbbb.json"]
+    # a path other than the CPU's best (SPECDEC_KERNEL_PATH=avx2) has its own curves, the best path keeps its file
+    monkeypatch.setattr("specdec.step_costs.kernel_path", lambda: "avx2")
+    assert curves_for(TINY, ("int4",))["int4"].cost(1) != old_build and len(measured) == 3
+    assert len(list((tmp_path / "step_costs").glob("*-kaaaaaaaaaaaa-avx2.json"))) == 1
 
 
 def test_plan_names_a_mode_for_target_and_draft(tmp_path, monkeypatch, int4_kernel):
