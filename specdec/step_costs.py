@@ -30,6 +30,7 @@ import torch
 
 from specdec.cost_model import Curve, ModeChoice, choose_mode, choose_mode_for_load
 from specdec.cpu import cpu_signature, cpu_ticks, last_level_cache_bytes, other_cpu_share
+from specdec.kernels.build import available as kernels_available
 from specdec.kernels.build import build_key, kernel_path, kernel_paths, unsupported_reason
 from specdec.models.config import ModelConfig
 from specdec.paths import specdec_home
@@ -192,8 +193,10 @@ def _cache_path(threads: int | None) -> Path:
     threads = threads or torch.get_num_threads()
     kernels = "none"
     if unsupported_reason() is None:
-        path = kernel_path()
-        kernels = build_key() + ("" if path == kernel_paths()[0] else f"-{path}")
+        kernels = build_key()
+        if kernels_available():  # (int8's fbgemm curves are measured without the C++ kernels)
+            path = kernel_path()
+            kernels += "" if path == kernel_paths()[0] else f"-{path}"
     return specdec_home() / "step_costs" / f"{cpu_signature()}-t{threads}-v{CURVE_VERSION}-k{kernels}.json"
 
 
@@ -340,12 +343,11 @@ class ExecutionPlan:
 def cpu_candidates(cfg: ModelConfig, modes: tuple[str, ...]) -> tuple[str, ...]:
     """Those of ``modes`` that run here for this shape (int8 needs fbgemm; int4 our kernels and
     layer input sizes that are multiples of 64)."""
-    from specdec.kernels.build import available
     from specdec.kernels.int8 import int8_available
     from specdec.kernels.q4 import PAIR
 
     int4_ok = all(size % PAIR == 0 for size in (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim))
-    runnable = {"int8": int8_available(), "int4": int4_ok and available(), "int4-all": int4_ok and available()}
+    runnable = {"int8": int8_available(), "int4": int4_ok and kernels_available(), "int4-all": int4_ok and kernels_available()}
     return tuple(mode for mode in modes if runnable.get(mode, False))
 
 

@@ -27,8 +27,10 @@
 
 Both p and q must come from :func:`specdec.sampling.logits_to_probs` with the same params.
 
-The batched form (``[B, k]``) is the implementation; the single-sequence functions call it with
-B = 1, so the χ² tests that run it on tens of thousands of trials at once test the engine's path.
+The batched form (``[B, k]``) is the reference implementation; the single-sequence functions call it
+with B = 1, and the χ² tests run it on tens of thousands of trials at once. On a CPU the engine's path,
+:func:`rejection_sample_rows`, transforms only the rows it reaches, with the same draws and decisions
+(tested seed by seed against the batched form), so the χ² tests certify it too.
 Randomness per sequence: one ``torch.rand(k)`` for the k accept tests (drawn even for positions after
 the first rejection, so the stream consumed depends only on k), then one uniform for the emitted token.
 """
@@ -149,6 +151,8 @@ def verify(
     """
     if params.is_greedy:
         return greedy_verify(draft_tokens, greedy_ids(target_logits))
+    if target_logits.device.type != "cpu":  # an accelerator transforms all rows at once for less than a sync per row
+        return rejection_sample(draft_tokens, draft_probs, logits_to_probs(target_logits, params), generator)
     return rejection_sample_rows(draft_tokens, draft_probs, target_logits, params, generator)
 
 

@@ -120,6 +120,7 @@ def test_a_kernel_change_measures_the_curves_again(tmp_path, monkeypatch):
     monkeypatch.setattr("specdec.step_costs.measure_curves", fake_measure)
     monkeypatch.setattr("specdec.step_costs.other_cpu_share", lambda start: 0.0)
     monkeypatch.setattr("specdec.step_costs.unsupported_reason", lambda: None)
+    monkeypatch.setattr("specdec.step_costs.kernels_available", lambda: True)
     monkeypatch.setattr("specdec.step_costs.kernel_paths", lambda: ["avx512-vnni", "avx2"])
     monkeypatch.setattr("specdec.step_costs.kernel_path", lambda: "avx512-vnni")
     monkeypatch.setattr("specdec.step_costs.build_key", lambda: "aaaaaaaaaaaa")
