@@ -128,20 +128,10 @@ inline void block_sums(const uint8_t* qs, const uint8_t* sc, int64_t groups, int
     }
     return;
   }
-  for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-  for (int64_t g = b * 8; g < groups; g += 2) {
-    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 16));
-    const __m256i w0 = _mm256_and_si256(packed, low);
-    const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-    const __m256i s0 = _mm256_set1_epi16(sc[g]);
-    const __m256i s1 = _mm256_set1_epi16(sc[g + 1]);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* a = xq + r * K + g * 32;
-      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))), s0);
-      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32))), s1);
-      isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
-    }
-  }
+  q4_partial_block<R>(qs, sc, groups, b, xq, K, isum, [](__m256i w, const int8_t* a, uint8_t scale) {
+    const __m256i pairs = _mm256_maddubs_epi16(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(scale));
+  });
 }
 
 // Up to 4 activation rows against one weight row (more rows: several passes, so every row runs

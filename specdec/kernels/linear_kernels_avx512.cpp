@@ -31,7 +31,6 @@ inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<
 template <int R>
 void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin,
               int64_t groups, const int8_t* xq, const float* gsum, int64_t K, int64_t gstride, float* result) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
   const __m512i low512 = _mm512_set1_epi8(0x0F);
   const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
   const int64_t blocks = (groups + 7) / 8, full = groups / 8;
@@ -69,22 +68,12 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
         const __m256i groups8 = _mm256_add_epi32(_mm512_castsi512_si256(both), _mm512_extracti64x4_epi64(both, 1));
         accumulate(r, _mm256_mullo_epi32(groups8, scales));
       }
-    } else {  // a partial last block: pairs of groups in Q4_K's layout, activations in order
-      for (int r = 0; r < R; ++r) {
-        __m256i isum = _mm256_setzero_si256();
-        for (int64_t g = b * 8; g < groups; g += 2) {
-          const __m256i packed = load(qs + g * 16);
-          const __m256i w0 = _mm256_and_si256(packed, low);
-          const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-          const int8_t* a = xq + r * K + g * 32;
-          const __m256i p0 = _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w0, load(a)),
-                                                _mm256_set1_epi32(sc[g]));
-          const __m256i p1 = _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w1, load(a + 32)),
-                                                _mm256_set1_epi32(sc[g + 1]));
-          isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
-        }
-        accumulate(r, isum);
-      }
+    } else {  // a partial last block: simd.h's, with the EVEX vpdpbusd
+      __m256i isum[R];
+      q4_partial_block<R>(qs, sc, groups, b, xq, K, isum, [](__m256i w, const int8_t* a, uint8_t scale) {
+        return _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, load(a)), _mm256_set1_epi32(scale));
+      });
+      for (int r = 0; r < R; ++r) accumulate(r, isum[r]);
     }
   }
   for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]) - hsum(min_acc[r]);

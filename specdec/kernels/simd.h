@@ -62,6 +62,26 @@ static inline void block_accumulate(const int8_t* mn, const float* d, const floa
   }
 }
 
+// 4-bit, a partial last block b (input sizes like the 0.5B draft's 896): Q4_K's pairs of groups (32 bytes,
+// low and high nibbles), activations in order. `scaled(w, a, scale)` is the path's int32 lanes of
+// (group sum of the 32 codes w against the 32 activations at a) x scale; isum[r] is their exact total, whatever
+// the order of the additions, so every path gets the same int32s.
+template <int R, typename Scaled>
+static inline void q4_partial_block(const uint8_t* qs, const uint8_t* sc, int64_t groups, int64_t b, const int8_t* xq,
+                                    int64_t K, __m256i isum[R], Scaled scaled) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+  for (int64_t g = b * 8; g < groups; g += 2) {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 16));
+    const __m256i w0 = _mm256_and_si256(packed, low);
+    const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = xq + r * K + g * 32;
+      isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(scaled(w0, a, sc[g]), scaled(w1, a + 32, sc[g + 1])));
+    }
+  }
+}
+
 // 4-bit, R activation rows against one weight row: for each block, `block_sums(b, full_block, isum)` (each
 // path's own instructions: the exact int32 sums times the groups' sc) then block_accumulate; the result per
 // row is its two horizontal sums' difference. The float part is this one function on every path.
