@@ -161,6 +161,9 @@ class Stats:
             "draft_cost_ratio": round(self.draft_cost_ratio, 4),
             "total_time_s": round(self.total_time_s, 4),
             "grammar_forced_tokens": self.grammar_forced_tokens,
+            # draft-model forwards where the drafter counts them: draft_suffix drafts some tokens from its
+            # suffix table for free, which a mode choice must not price as draft steps (specdec.tune)
+            **({"draft_forwards": self.draft_forwards} if self.draft_forwards is not None else {}),
             **dict(zip(("drafted_at_position", "accepted_at_position"), position_counts(self.rounds))),
             **({"tree_rounds": self.tree_rounds, "tree_nodes_per_round": round(self.tree_nodes / self.tree_rounds, 3),
                 "tree_branch_wins": self.tree_branch_wins} if self.tree_rounds else {}),

@@ -12,9 +12,11 @@ each finished prompt is appended to ``measurements.jsonl`` in the output folder,
 run resumes where it stopped (measurements from another setup in that file are ignored).
 Execution modes: the methods are measured in the modes ``--quantize auto`` picks from step-cost
 curves timed on this machine (with a prior α). Once α is measured, :func:`mode_rates` puts it into
-the same curves, per target mode; when another mode is expected to be faster by
+the same curves, per target mode (with the draft forwards measured per drafted token); when another
+mode is expected to be faster by
 :data:`MIN_SPEEDUP`, the CLI measures the chosen method again in that mode on the same prompts and
-keeps the mode that measured faster.
+keeps the mode that measured faster. A speculative choice is measured in the other mode whatever the
+expectation says (:func:`mode_to_measure`: it misses what long drafts gain where verification is flat).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from specdec.step_costs import ExecutionPlan
 #: the selected configuration must beat plain decoding by this factor, or tune picks plain decoding
 #: (a 2 % "win" on a handful of prompts is inside the noise of these machines)
 MIN_SPEEDUP = 1.03
+#: the share of ``--budget-minutes`` the first pass may start prompts in when another target mode may
+#: be measured after it (the chosen configuration alone, on the same prompts: about a third of the
+#: first pass's time with one method and two trees), so the whole run stays near the budget
+FIRST_PASS_SHARE = 0.75
 
 
 def candidate_methods(has_draft: bool, has_datastore: bool) -> list[str]:
@@ -112,17 +118,23 @@ def choose(results: list[RequestResult]) -> tuple[str | None, int | str | None, 
     return method, gamma, tree, best
 
 
-def mode_rates(plan: ExecutionPlan, method: str | None, acceptance_rate: float) -> ModeChoice | None:
+def mode_rates(plan: ExecutionPlan, method: str | None, acceptance_rate: float,
+               draft_forwards_per_token: float = 1.0) -> ModeChoice | None:
     """Expected tokens/s per target execution mode with the *measured* α of ``method`` (plain
-    decoding when None) and its drafting cost (the draft model's measured step for model drafters,
-    nothing for table drafters); None when there was no choice of mode to make."""
+    decoding when None) and its drafting cost: nothing for table drafters; for model drafters the
+    draft model's measured step times the draft forwards it measured per drafted token
+    (``draft_forwards_per_token``, :func:`specdec.bench.runner.summarize`). Priced at one step per
+    token, draft_suffix — whose suffix table drafts much of code for free — looked no faster on an
+    AMX Xeon's int8 target (flat verification, so longer drafts) than on int4, where it measured
+    1.24× faster on HumanEval (session 43), so tune never measured it. None when there was no choice
+    of mode to make."""
     if plan.choice is None:
         return None
     from specdec.drafters.registry import needs_draft_model
 
     draft_seconds = 0.0
     if method is not None and needs_draft_model(method) and plan.draft_mode in plan.draft_curves:
-        draft_seconds = plan.draft_curves[plan.draft_mode].cost(1)
+        draft_seconds = plan.draft_curves[plan.draft_mode].cost(1) * max(0.0, draft_forwards_per_token)
     return choose_mode(plan.choice.curves, None if method is None else acceptance_rate, draft_seconds)
 
 
@@ -131,6 +143,21 @@ def faster_mode(choice: ModeChoice | None, measured_mode: str) -> str | None:
     if choice is None or choice.mode == measured_mode or measured_mode not in choice.rates:
         return None
     return choice.mode if choice.rates[choice.mode] >= MIN_SPEEDUP * choice.rates[measured_mode] else None
+
+
+def mode_to_measure(choice: ModeChoice | None, measured_mode: str, method: str | None) -> str | None:
+    """The other target mode to measure the chosen configuration in: one expected faster
+    (:func:`faster_mode`) — and for a speculative configuration the best other mode whatever its
+    expected rate. Why: the expectation prices a draft with one α, as if each token were accepted
+    independently, but copies and easy code are accepted in runs, so where verification is flat
+    (int8 on AMX tiles) γ=auto drafts long and gains more than that predicts. Measured on an AMX Xeon
+    (session 44, HumanEval, draft_suffix γ=auto): int8 expected 0.92× int4, measured 1.17–1.6×. Plain
+    decoding's expectation is its measured single step: no second measurement needed."""
+    expected = faster_mode(choice, measured_mode)
+    if expected is not None or method is None or choice is None:
+        return expected
+    others = [mode for mode in choice.rates if mode != measured_mode]
+    return max(others, key=lambda mode: choice.rates[mode]) if others else None
 
 
 def config_file(method: str | None, gamma: int | str | None, default_gamma: int | str, settings: dict[str, Any],

@@ -102,6 +102,46 @@ def test_measured_alpha_decides_the_execution_mode_worth_measuring():
     assert mode_rates(ExecutionPlan("int8"), "suffix", 0.9) is None  # one candidate: nothing to choose
 
 
+def test_draft_tokens_the_suffix_table_gave_free_are_not_priced_as_draft_steps():
+    """draft_suffix drafts part of its tokens from its suffix table with no draft-model forward: the
+    mode choice prices the forwards measured per drafted token, not one per token. With half of them
+    free the flat int8 verification (longer drafts) becomes worth measuring; priced at one step per
+    token it does not (session 43: int8 measured 1.24× int4 with draft_suffix on HumanEval)."""
+    from specdec.bench.runner import summarize
+    from specdec.cost_model import Curve, ModeChoice
+    from specdec.step_costs import ExecutionPlan
+    from specdec.tune import faster_mode, mode_rates
+
+    curves = {"int8": Curve("int8", {1: 0.068, 2: 0.071, 4: 0.075, 8: 0.078}),
+              "int4": Curve("int4", {1: 0.046, 2: 0.056, 4: 0.066, 8: 0.109})}
+    plan = ExecutionPlan("int4", "int4-all", ModeChoice("int4", curves, {}, {}),
+                         {"int4-all": Curve("int4-all", {1: 0.023, 2: 0.031})})
+    every_token = mode_rates(plan, "draft_suffix", 0.9)
+    assert every_token.draft_seconds == pytest.approx(0.023) and faster_mode(every_token, "int4") is None
+    half_free = mode_rates(plan, "draft_suffix", 0.9, draft_forwards_per_token=0.4)
+    assert half_free.draft_seconds == pytest.approx(0.4 * 0.023)
+    assert faster_mode(half_free, "int4") == "int8" and half_free.gammas["int8"] > half_free.gammas["int4"]
+
+    # a speculative choice is measured in the other mode even when not expected faster; plain decoding is not
+    from specdec.tune import mode_to_measure
+
+    assert mode_to_measure(every_token, "int4", "draft_suffix") == "int8"
+    assert mode_to_measure(half_free, "int4", "draft_suffix") == "int8"
+    assert mode_to_measure(mode_rates(plan, None, 0.0), "int4", None) is None
+    assert mode_to_measure(None, "int4", "draft_suffix") is None
+
+    def run(method: str, proposed: int, forwards: int | None, prompt: str) -> RequestResult:
+        stats = {"acceptance_rate": 0.8, "proposed_tokens": proposed}
+        if forwards is not None:
+            stats["draft_forwards"] = forwards
+        return RequestResult(prompt, "c", method, 0, 0, list(range(64)), stats, 2.0)
+
+    overall = summarize([run("ar", 0, None, "a"), run("ar", 0, None, "b"), run("suffix", 30, None, "a"),
+                         run("draft_suffix", 40, 10, "a"), run("draft_suffix", 60, 30, "b")])["overall"]
+    assert overall["draft_suffix"]["draft_forwards_per_token"] == pytest.approx(40 / 100)  # a ratio of sums
+    assert "draft_forwards_per_token" not in overall["suffix"] and "draft_forwards_per_token" not in overall["ar"]
+
+
 def test_tune_writes_the_acceptance_view_of_its_choice(tiny_dirs, tiny_target, tmp_path):
     import argparse
 

@@ -238,9 +238,21 @@ def summarize(results: list[RequestResult]) -> dict[str, dict[str, dict[str, flo
                 "decode_speedup": plain_tpot / tpot if plain_tpot and tpot else 0.0,
                 "mismatches": sum(r.mismatch for r in rs),
                 "requests": len(rs),
+                **_draft_forwards_per_token(rs),
             }
         table[category] = per_method
     return table
+
+
+def _draft_forwards_per_token(results: list[RequestResult]) -> dict[str, float]:
+    """``{"draft_forwards_per_token": F}``: draft-model forwards per drafted token over the requests
+    whose drafter counted them (a ratio of sums; empty where none did). 1 for a draft model drafting
+    every token; below 1 for draft_suffix, whose suffix table drafts some tokens with no forward."""
+    counted = [r.stats for r in results if "draft_forwards" in r.stats]
+    proposed = sum(stats.get("proposed_tokens", 0) for stats in counted)
+    if not proposed:
+        return {}
+    return {"draft_forwards_per_token": sum(stats["draft_forwards"] for stats in counted) / proposed}
 
 
 def _tpot(result: RequestResult) -> float:

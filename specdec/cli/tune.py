@@ -59,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from specdec.api import plan_execution
     from specdec.bench.datasets import load_prompts
     from specdec.bench.report import write_results
-    from specdec.bench.runner import BenchConfig
+    from specdec.bench.runner import BenchConfig, summarize
     from specdec.cpu import cpu_description
     from specdec.errors import SpecdecError
     from specdec.sampling import SamplingParams
-    from specdec.tune import candidate_methods, choose, config_file, run_tune
+    from specdec.tune import FIRST_PASS_SHARE, candidate_methods, choose, config_file, run_tune
 
     rows = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
@@ -98,16 +98,23 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     with tqdm(total=len(rows), desc="tune", unit="prompt") as bar:
-        results, left_out = run_tune(target, draft, rows, config, args.out, args.budget_minutes * 60, setup,
+        first_pass_s = args.budget_minutes * 60 * (FIRST_PASS_SHARE if plan is not None and plan.choice is not None else 1.0)
+        results, left_out = run_tune(target, draft, rows, config, args.out, first_pass_s, setup,
                                      on_row=lambda _: bar.update(1))
     method, gamma, tree, figures = choose(results)
-    modes = None
+    modes, measured_execution, mode_note = None, target.backend.dtype_name, ""
     if plan is not None:
         modes, target = _check_modes(args, plan, target, draft, rows, results, method, gamma or gammas[0], tree,
                                      len(gammas) > 1, params, start)
         target_mode = modes["chosen"]
+        if target_mode != measured_execution:  # the speedup is the chosen mode's against the plain decoding measured
+            plain_tok_s = summarize(results)["overall"]["ar"]["tokens_per_s"]
+            figures = dict(figures, speedup=modes["measured_tok_s"][target_mode] / plain_tok_s if plain_tok_s else 0.0)
+            mode_note = (f" with the target in {target_mode} ({modes['measured_tok_s'][target_mode]:.1f} tok/s; "
+                         f"{modes['measured_tok_s'][measured_execution]:.1f} in {measured_execution}, whose plain decoding "
+                         f"the speedup is against)")
     meta = {"dataset": args.prompts, "command": "specdec " + " ".join(sys.argv[1:]), "machine": cpu_description(),
-            "model": args.model, "draft_model": args.draft_model, "execution": target.backend.dtype_name,
+            "model": args.model, "draft_model": args.draft_model, "execution": measured_execution,
             "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": 0.0, "max_tokens": args.max_tokens,
             "repeats": 1}
     summary = write_results(args.out, results, meta)
@@ -125,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     verdict = (f"plain decoding (no method beat it by 3% here)" if method is None else
                f"--method {method} --num-speculative-tokens {chosen['settings']['num_speculative_tokens']}"
                f"{'' if tree == DEFAULT_SPEC_TREE else f' --spec-tree {tree}'}: "
-               f"{figures['speedup']:.2f}× plain end to end, α {figures['acceptance_rate']:.2f}")
+               f"{figures['speedup']:.2f}× plain end to end, α {figures['acceptance_rate']:.2f}{mode_note}")
     print(f"chosen: {verdict}\nwrote {args.out / 'tune.json'} (use: specdec generate|serve|bench --config {args.out / 'tune.json'})")
     if left_out:
         print(f"note: {left_out} prompts left out for the budget (--budget-minutes)", file=sys.stderr)
@@ -137,26 +144,30 @@ def run(args: argparse.Namespace) -> int:
 def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, method, gamma, tree, several_gammas: bool,  # noqa: ANN001
                  params, start: float):  # noqa: ANN001, ANN202
     """Expected tokens/s per target mode with the measured α (:func:`specdec.tune.mode_rates`); when
-    another mode is expected faster, measure the chosen configuration there too, on the same
-    prompts, and keep whichever measured faster. Returns (a record for tune.json, the target to use)."""
+    another mode is expected faster — or the choice speculates (:func:`specdec.tune.mode_to_measure`) —
+    measure the chosen configuration there too, on the same prompts, and keep whichever measured
+    faster. Returns (a record for tune.json, the target to use)."""
     import specdec
     from specdec.bench.runner import BenchConfig, run_benchmark, summarize, variant_name
-    from specdec.tune import MIN_SPEEDUP, faster_mode, mode_rates
+    from specdec.tune import MIN_SPEEDUP, mode_rates, mode_to_measure
 
     overall = summarize(results)["overall"]
     name = "ar" if method is None else variant_name(method, gamma, tree, several_gammas)
     measured_mode = target.backend.dtype_name
-    rates = mode_rates(plan, method, overall[name]["acceptance_rate"])
+    forwards_per_token = overall[name].get("draft_forwards_per_token", 1.0)
+    rates = mode_rates(plan, method, overall[name]["acceptance_rate"], forwards_per_token)
     record = {"measured_in": measured_mode, "expected_tok_s": {m: round(r, 2) for m, r in (rates.rates if rates else {}).items()},
               "measured_tok_s": {measured_mode: round(overall[name]["tokens_per_s"], 2)}, "chosen": measured_mode}
-    other = faster_mode(rates, measured_mode)
+    if method is not None and "draft_forwards_per_token" in overall[name]:
+        record["draft_forwards_per_token"] = round(forwards_per_token, 3)
+    other = mode_to_measure(rates, measured_mode, method)
     if other is None:
         return record, target
     if time.perf_counter() - start > args.budget_minutes * 60:
-        record["note"] = f"{other} was expected faster but the budget was spent before measuring it"
+        record["note"] = f"{other} was not measured: the budget was spent first"
         return record, target
-    print(f"tune: {other} is expected {rates.rates[other] / rates.rates[measured_mode]:.2f}× {measured_mode} with the "
-          f"measured α; measuring it on the same prompts", file=sys.stderr)
+    print(f"tune: measuring the chosen configuration with the target in {other} on the same prompts (expected "
+          f"{rates.rates[other] / rates.rates[measured_mode]:.2f}× {measured_mode} with the measured α)", file=sys.stderr)
     other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=other,
                                           prompt_quantize=args.prompt_quantize)
     measured_ids = {r.prompt_id for r in results}
