@@ -111,6 +111,18 @@ def test_quantize_auto_measures_and_explains_its_choice(tiny_dirs, capsys, tmp_p
     assert "chosen by --quantize auto" in captured.err and "identical text: yes" in captured.err
 
 
+def test_the_library_defaults_are_the_clis(tiny_dirs, tmp_path, monkeypatch, int4_kernel):
+    """`load_model` without `quantize` chooses as `--quantize auto` does (it once ran float weights: the
+    README's Python example decoded 5× slower than `specdec generate`); a float dtype asks for float."""
+    import specdec
+    from specdec.api import plan_execution
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    chosen = specdec.load_model(tiny_dirs["target"]).backend
+    assert chosen.dtype_name == plan_execution(tiny_dirs["target"]).target_mode != "float32"
+    assert specdec.load_model(tiny_dirs["target"], dtype="float32").backend.dtype_name == "float32"
+
+
 def test_corrupt_gguf_is_clear(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 50)
