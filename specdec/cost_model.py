@@ -144,6 +144,28 @@ def choose_mode(curves: dict[str, Curve], alpha: float | None = None, draft_seco
     return ModeChoice(mode, curves, rates, gammas, alpha, draft_seconds)
 
 
+#: a mode whose (max γ + 1)-token forward costs at most this many single steps verifies long drafts nearly
+#: free; where the chosen mode's costs more than FLATNESS_GAP times as much, --explain says so (below)
+FLAT_VERIFICATION = 1.3
+FLATNESS_GAP = 1.5
+
+
+def flat_verification_note(choice: ModeChoice, max_gamma: int = 8) -> str | None:
+    """A line for ``--explain`` when another mode verifies long drafts nearly free and the chosen one
+    does not: the expectation that chose (one α, tokens accepted independently) cannot see runs of
+    accepted tokens, which is what such a mode turns into speed on code — the int8 target on an AMX
+    Xeon ran draft_suffix 1.17× the chosen int4's on HumanEval and 0.93–1.07× on chat and long
+    prompts (session 44), so it is a hint to measure, not a choice. None when there is nothing to say."""
+    rows = max_gamma + 1
+    slope = {mode: curve.cost(rows) / curve.cost(1) for mode, curve in choice.curves.items()}
+    flat = [mode for mode in slope if mode != choice.mode and slope[mode] <= FLAT_VERIFICATION]
+    if choice.alpha is None or not flat or choice.mode not in slope or slope[choice.mode] < FLATNESS_GAP * slope[flat[0]]:
+        return None
+    return (f"{flat[0]} verifies {rows} tokens for {slope[flat[0]]:.2f}× its single step here ({choice.mode}: "
+            f"{slope[choice.mode]:.2f}×): where drafts are accepted in runs (code, copies) it can speculate faster than "
+            f"{choice.mode} — `specdec tune` measures both modes on your prompts")
+
+
 def draft_rows_cost(draft_step_seconds: dict[int, float] | None) -> Callable[[int], float]:
     """Seconds of one draft-model forward of N rows (the draft steps of N requests, batched): its
     curve; a single measured point is taken as growing linearly with rows; None or empty: drafting

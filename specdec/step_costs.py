@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from specdec.cost_model import Curve, ModeChoice, choose_mode, choose_mode_for_load
+from specdec.cost_model import Curve, ModeChoice, choose_mode, choose_mode_for_load, flat_verification_note
 from specdec.cpu import cpu_signature, cpu_ticks, last_level_cache_bytes, other_cpu_share
 from specdec.kernels.build import available as kernels_available
 from specdec.kernels.build import build_key, kernel_path, kernel_paths, unsupported_reason
@@ -406,4 +406,7 @@ def plan_execution(target_cfg: ModelConfig, draft_cfg: ModelConfig | None = None
         refined = refine_curves(target_cfg, targets)
         if refined is not None:
             choice = choose(refined)
+    note = flat_verification_note(choice, max_gamma) if concurrency == 1 else None
+    if note is not None:
+        choice.notes.append(note)
     return ExecutionPlan(choice.mode, draft_mode, choice, draft_curves)

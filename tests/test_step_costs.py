@@ -372,3 +372,20 @@ def test_a_busy_second_probe_leaves_the_cache_alone(tmp_path, monkeypatch):
     assert plan.target_mode == "int4" and plan.choice.curves["int8"].cost(1) == pytest.approx(0.040)
     saved = json.loads(next((tmp_path / "step_costs").iterdir()).read_text())
     assert next(iter(saved.values()))["int8"]["1"] == pytest.approx(0.040)
+
+
+def test_explain_points_at_tune_where_another_mode_verifies_long_drafts_nearly_free():
+    """int8 on AMX tiles verifies 9 tokens for ~1.2 single steps while int4 pays ~2.6: the choice (made
+    with one α) stays int4, and --explain says that int8 may be faster where drafts are accepted in runs."""
+    from specdec.cost_model import choose_mode, flat_verification_note
+
+    curves = {"int8": Curve("int8", {1: 0.068, 4: 0.075, 9: 0.080}), "int4": Curve("int4", {1: 0.0465, 4: 0.0655, 9: 0.120})}
+    speculating = choose_mode(curves, 0.8, 0.023)
+    assert speculating.mode == "int4"
+    note = flat_verification_note(speculating)
+    assert note is not None and note.startswith("int8 verifies 9 tokens for 1.18×") and "specdec tune" in note
+    assert flat_verification_note(choose_mode(curves)) is None  # plain decoding: nothing to verify
+    steep = {"int8": Curve("int8", {1: 0.068, 9: 0.140}), "int4": curves["int4"]}
+    assert flat_verification_note(choose_mode(steep, 0.8, 0.023)) is None
+    free = choose_mode(curves, 0.99, 0.0)  # a table drafter accepted nearly always: the flat mode is chosen itself
+    assert free.mode == "int8" and flat_verification_note(free) is None
