@@ -159,7 +159,7 @@ def flat_verification_note(choice: ModeChoice, max_gamma: int = 8) -> str | None
     rows = max_gamma + 1
     slope = {mode: curve.cost(rows) / curve.cost(1) for mode, curve in choice.curves.items()}
     flat = [mode for mode in slope if mode != choice.mode and slope[mode] <= FLAT_VERIFICATION]
-    if choice.alpha is None or not flat or choice.mode not in slope or slope[choice.mode] < FLATNESS_GAP * slope[flat[0]]:
+    if choice.alpha is None or not flat or slope[choice.mode] < FLATNESS_GAP * slope[flat[0]]:
         return None
     return (f"{flat[0]} verifies {rows} tokens for {slope[flat[0]]:.2f}× its single step here ({choice.mode}: "
             f"{slope[choice.mode]:.2f}×): where drafts are accepted in runs (code, copies) it can speculate faster than "

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.api import plan_execution
     from specdec.bench.datasets import load_prompts
     from specdec.bench.report import write_results
-    from specdec.bench.runner import BenchConfig, summarize
+    from specdec.bench.runner import BenchConfig
     from specdec.cpu import cpu_description
     from specdec.errors import SpecdecError
     from specdec.sampling import SamplingParams
@@ -107,17 +107,17 @@ def run(args: argparse.Namespace) -> int:
         modes, target = _check_modes(args, plan, target, draft, rows, results, method, gamma or gammas[0], tree,
                                      len(gammas) > 1, params, start)
         target_mode = modes["chosen"]
-        if target_mode != measured_execution:  # the speedup is the chosen mode's against the plain decoding measured
-            plain_tok_s = summarize(results)["overall"]["ar"]["tokens_per_s"]
-            figures = dict(figures, speedup=modes["measured_tok_s"][target_mode] / plain_tok_s if plain_tok_s else 0.0)
-            mode_note = (f" with the target in {target_mode} ({modes['measured_tok_s'][target_mode]:.1f} tok/s; "
-                         f"{modes['measured_tok_s'][measured_execution]:.1f} in {measured_execution}, whose plain decoding "
-                         f"the speedup is against)")
     meta = {"dataset": args.prompts, "command": "specdec " + " ".join(sys.argv[1:]), "machine": cpu_description(),
             "model": args.model, "draft_model": args.draft_model, "execution": measured_execution,
             "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": 0.0, "max_tokens": args.max_tokens,
             "repeats": 1}
     summary = write_results(args.out, results, meta)
+    if modes is not None and target_mode != measured_execution:  # the speedup is the chosen mode's against the plain decoding measured
+        plain_tok_s = summary["overall"]["ar"]["tokens_per_s"]
+        figures = dict(figures, speedup=modes["measured_tok_s"][target_mode] / plain_tok_s if plain_tok_s else 0.0)
+        mode_note = (f" with the target in {target_mode} ({modes['measured_tok_s'][target_mode]:.1f} tok/s; "
+                     f"{modes['measured_tok_s'][measured_execution]:.1f} in {measured_execution}, whose plain decoding "
+                     f"the speedup is against)")
     settings = {"model": args.model, "draft_model": args.draft_model, "quantize": target_mode,
                 "draft_quantize": draft_mode, "draft_vocab_size": args.draft_vocab_size}
     measured = {"prompts": len({r.prompt_id for r in results}), "left_out_for_budget": left_out,
