@@ -51,7 +51,10 @@ def base_kernels(revision: str) -> object:
     directory.mkdir(parents=True, exist_ok=True)
     for path in build.SOURCES + build.HEADERS:
         relative = path.relative_to(REPO).as_posix()
-        source = subprocess.run(["git", "show", f"{commit}:{relative}"], cwd=REPO, capture_output=True, check=True).stdout
+        shown = subprocess.run(["git", "show", f"{commit}:{relative}"], cwd=REPO, capture_output=True)
+        if shown.returncode != 0:  # a file added after that revision
+            continue
+        source = shown.stdout
         target = directory / path.name
         if not target.exists() or target.read_bytes() != source:
             target.write_bytes(source)

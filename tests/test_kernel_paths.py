@@ -182,3 +182,55 @@ def test_layers_made_inside_layers_built_with_take_that_module():
     with build.layers_built_with(sentinel):
         assert build.kernel() is sentinel
     assert build.kernel() is own
+
+
+# (heads, kv_heads, head_dim): Qwen2.5 1.5B / 0.5B / 7B groups (6, 7, 7), no grouping, pairs only, an odd
+# group of 5 with a 40-wide head (value chunks of 32 and 8), a head wider than the AVX-512 kernels take
+ATTENTION_SHAPES = [(12, 2, 128), (14, 2, 64), (28, 4, 128), (8, 8, 64), (8, 2, 96), (10, 2, 40), (4, 2, 320)]
+
+
+def attention_inputs(heads: int, kv_heads: int, dim: int, rows: int, start: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    capacity = start + rows + 3
+    k_cache, v_cache = (c.contiguous() for c in torch.randn(2, kv_heads, capacity, dim, generator=gen).unbind(0))
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=gen)
+    cos, sin = (t.contiguous() for t in torch.randn(2, rows, dim, generator=gen).unbind(0))
+    return qkv, cos, sin, k_cache, v_cache
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", ATTENTION_SHAPES)
+def test_attention_gives_the_same_bits_on_every_path_alone_and_in_a_chunk(heads, kv_heads, dim):
+    """The attention kernels (AVX2: head pairs in 256-bit chains; AVX-512: two heads per register): every
+    path the same bits, and each row of a 9-row chunk over 150 cached slots (three key blocks, a partial
+    one) equal to that row decoded alone after the rows before it."""
+    ops = kernel()
+    rows, start = 9, 150
+    qkv, cos, sin, k_cache, v_cache = attention_inputs(heads, kv_heads, dim, rows, start, seed=heads + dim)
+    outputs = {}
+    for name in kernel_paths():
+        with use_kernel_path(name):
+            outputs[name] = ops.attention(qkv, cos, sin, k_cache.clone(), v_cache.clone(), start, heads, kv_heads, None)
+            keys, values = k_cache.clone(), v_cache.clone()
+            for t in range(rows):
+                one = ops.attention(qkv[t : t + 1], cos[t : t + 1], sin[t : t + 1], keys, values, start + t, heads,
+                                    kv_heads, None)
+                assert torch.equal(one[0], outputs[name][t]), f"{name}: row {t} alone differs from the chunk"
+    for name, out in outputs.items():
+        assert torch.equal(out, outputs["avx2"]), f"{name} differs from avx2"
+
+
+def test_attention_under_a_tree_mask_gives_the_same_bits_on_every_path():
+    """Tree rows see scattered slots (every third prefix slot hidden, siblings hidden from each other)."""
+    ops = kernel()
+    heads, kv_heads, dim, rows, start = 12, 2, 128, 5, 70
+    qkv, cos, sin, k_cache, v_cache = attention_inputs(heads, kv_heads, dim, rows, start, seed=1)
+    mask = torch.ones(rows, start + rows, dtype=torch.bool)
+    mask[:, 0:start:3] = False
+    mask[:, start:] = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0],
+                                    [1, 0, 1, 0, 1]], dtype=torch.bool)
+    outputs = {}
+    for name in kernel_paths():
+        with use_kernel_path(name):
+            outputs[name] = ops.attention(qkv, cos, sin, k_cache.clone(), v_cache.clone(), start, heads, kv_heads, mask)
+    for name, out in outputs.items():
+        assert torch.equal(out, outputs["avx2"]), f"{name} differs from avx2"

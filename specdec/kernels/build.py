@@ -42,7 +42,7 @@ EXTENSION_NAME = "specdec_cpu_kernels"
 _HERE = Path(__file__).parent
 #: compiled sources: the linear kernels (with the module definition), the rest of a layer
 SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_avx512.cpp", _HERE / "linear_kernels_avxvnni.cpp",
-           _HERE / "layer_ops.cpp",
+           _HERE / "layer_ops.cpp", _HERE / "attention_avx512.cpp",
            _HERE / "layer_stack.cpp", _HERE / "int8_gemm.cpp", _HERE / "int8_gemm_avx512.cpp",
            _HERE / "int8_gemm_amx.cpp")
 HEADERS = (_HERE / "simd.h", _HERE / "dot_kernels.h", _HERE / "tile_schedule.h")
@@ -113,8 +113,8 @@ def build_from(source_dir: Path, name: str) -> ModuleType:
     earlier revision's, say — as the module ``name``, so it loads beside this build."""
     directory = source_dir / "build"
     library = directory / f"{name}.so"
-    if not library.is_file():
-        _build(directory, [source_dir / path.name for path in SOURCES], name)
+    if not library.is_file():  # the sources that revision had (a later one may have added files)
+        _build(directory, [source_dir / path.name for path in SOURCES if (source_dir / path.name).is_file()], name)
     return _import(library, name)
 
 

@@ -36,6 +36,25 @@ extern const DotQ8Fn kDotQ8AvxVnni[kMaxRows + 1];
 extern const DotQ6Fn kDotQ6AvxVnni[kMaxRows + 1];
 bool avx_vnni_compiled();
 
+// Attention's inner loops for one token's query heads of one KV head against a block of its visible cache
+// slots slot[i0 .. i1) (layer_ops.cpp runs the rest). Every path computes each (head, slot) score as one
+// 8-lane FMA chain in dimension order and one fixed horizontal sum, and each output lane as an FMA chain in
+// slot order, so all paths give the same bits — alone or inside a chunk.
+// scores: q [heads, D], keys [slots, D] -> p[h * L + i] = q_h · keys[slot[i]]
+using ScoresFn = void (*)(const float* q, int64_t heads, const float* keys, const int64_t* slot, int64_t i0,
+                          int64_t i1, int64_t D, float* p, int64_t L);
+// values: acc[h * D + d] += Σ_i p[h * L + i] · v[slot[i] * D + d], i in slot order
+using ValuesFn = void (*)(const float* p, int64_t heads, int64_t L, const int64_t* slot, int64_t i0, int64_t i1,
+                          const float* v, int64_t D, float* acc);
+struct AttentionKernels {
+  ScoresFn scores;
+  ValuesFn values;
+};
+extern const AttentionKernels kAttentionAvx2;    // layer_ops.cpp
+extern const AttentionKernels kAttentionAvx512;  // attention_avx512.cpp: two heads per 512-bit register
+// The active kernel path's attention kernels (linear_kernels.cpp)
+const AttentionKernels& attention_kernels();
+
 // Whether this CPU runs the AVX-512 VNNI code above and below (linear_kernels.cpp: the one place that asks)
 bool cpu_has_avx512_vnni();
 

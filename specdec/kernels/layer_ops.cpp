@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #include <cmath>
 #include <vector>
+#include "dot_kernels.h"
 #include "simd.h"
 
 namespace {
@@ -57,6 +58,96 @@ inline void accumulate(const float* p, const int64_t* slot, int64_t i0, int64_t 
   for (int c = 0; c < N; ++c) _mm256_storeu_ps(a + 8 * c, sum[c]);
 }
 
+// dot() of two query heads q0, q1 with the keys at 4 slots: 8 chains in flight (two FMA ports × four
+// cycles of latency), each key vector loaded once for both heads. Every result is computed exactly as
+// dot() does (its own accumulator, the same 8-lane order, the same hsum).
+inline void dot2x4(const float* q0, const float* q1, const float* keys, const int64_t* slot, int64_t n, float* out0,
+                   float* out1) {
+  const float* k[4] = {keys + slot[0] * n, keys + slot[1] * n, keys + slot[2] * n, keys + slot[3] * n};
+  __m256 a0[4], a1[4];
+  for (int j = 0; j < 4; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 x0 = _mm256_loadu_ps(q0 + i), x1 = _mm256_loadu_ps(q1 + i);
+    for (int j = 0; j < 4; ++j) {
+      const __m256 kv = _mm256_loadu_ps(k[j] + i);
+      a0[j] = _mm256_fmadd_ps(x0, kv, a0[j]);
+      a1[j] = _mm256_fmadd_ps(x1, kv, a1[j]);
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    out0[j] = hsum(a0[j]);
+    out1[j] = hsum(a1[j]);
+  }
+}
+
+// a0[0 .. 8N) += Σ p0[i] · v[slot[i]][0 .. 8N) and a1 likewise with p1, for i in [i0, i1): two heads'
+// value sums side by side, each value vector loaded once for both; per lane the same slot order as
+// accumulate<N> alone.
+template <int N>
+inline void accumulate2(const float* p0, const float* p1, const int64_t* slot, int64_t i0, int64_t i1, const float* v,
+                        int64_t D, float* a0, float* a1) {
+  __m256 s0[N], s1[N];
+  for (int c = 0; c < N; ++c) {
+    s0[c] = _mm256_loadu_ps(a0 + 8 * c);
+    s1[c] = _mm256_loadu_ps(a1 + 8 * c);
+  }
+  for (int64_t i = i0; i < i1; ++i) {
+    const __m256 w0 = _mm256_set1_ps(p0[i]), w1 = _mm256_set1_ps(p1[i]);
+    const float* row = v + slot[i] * D;
+    for (int c = 0; c < N; ++c) {
+      const __m256 x = _mm256_loadu_ps(row + 8 * c);
+      s0[c] = _mm256_fmadd_ps(w0, x, s0[c]);
+      s1[c] = _mm256_fmadd_ps(w1, x, s1[c]);
+    }
+  }
+  for (int c = 0; c < N; ++c) {
+    _mm256_storeu_ps(a0 + 8 * c, s0[c]);
+    _mm256_storeu_ps(a1 + 8 * c, s1[c]);
+  }
+}
+
+// The AVX2 attention kernels (dot_kernels.h: AttentionKernels): heads in pairs, an odd last head alone.
+void scores_avx2(const float* q, int64_t heads, const float* keys, const int64_t* slot, int64_t i0, int64_t i1,
+                 int64_t D, float* p, int64_t L) {
+  int64_t h = 0;
+  for (; h + 2 <= heads; h += 2) {
+    const float* q0 = q + h * D;
+    float* p0 = p + h * L;
+    int64_t i = i0;
+    for (; i + 4 <= i1; i += 4) dot2x4(q0, q0 + D, keys, slot + i, D, p0 + i, p0 + L + i);
+    for (; i < i1; ++i) {
+      p0[i] = dot(q0, keys + slot[i] * D, D);
+      p0[L + i] = dot(q0 + D, keys + slot[i] * D, D);
+    }
+  }
+  if (h < heads) {
+    const float* qh = q + h * D;
+    float* ph = p + h * L;
+    int64_t i = i0;
+    for (; i + 4 <= i1; i += 4) dot4(qh, keys, slot + i, D, ph + i);
+    for (; i < i1; ++i) ph[i] = dot(qh, keys + slot[i] * D, D);
+  }
+}
+
+void values_avx2(const float* p, int64_t heads, int64_t L, const int64_t* slot, int64_t i0, int64_t i1,
+                 const float* v, int64_t D, float* acc) {
+  int64_t h = 0;
+  for (; h + 2 <= heads; h += 2) {
+    const float* p0 = p + h * L;
+    float* a0 = acc + h * D;
+    int64_t d0 = 0;
+    for (; d0 + 32 <= D; d0 += 32) accumulate2<4>(p0, p0 + L, slot, i0, i1, v + d0, D, a0 + d0, a0 + D + d0);
+    for (; d0 < D; d0 += 8) accumulate2<1>(p0, p0 + L, slot, i0, i1, v + d0, D, a0 + d0, a0 + D + d0);
+  }
+  if (h < heads) {
+    const float* ph = p + h * L;
+    float* a = acc + h * D;
+    int64_t d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) accumulate<8>(ph, slot, i0, i1, v + d0, D, a + d0);
+    for (; d0 < D; d0 += 8) accumulate<1>(ph, slot, i0, i1, v + d0, D, a + d0);
+  }
+}
+
 // e^x for 8 lanes (Cephes' expf: x = n·ln2 + r, a degree-7 polynomial for e^r, 2^n through the
 // exponent bits; ~1 ulp for x in [-87, 88]); the scalar std::exp call per score was most of the
 // attention time at long contexts
@@ -77,17 +168,48 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
 }
 
-// p[i] = e^(p[i] - top) for i < n, every element through exp8 (a partial last chunk via a buffer)
-inline void exp_shifted(float* p, int64_t n, float top) {
-  const __m256 shift = _mm256_set1_ps(top);
+// p[i] *= scale for i < n; returns the largest product (a max is exact in any order)
+inline float scale_max(float* p, int64_t n, float scale) {
+  const __m256 factor = _mm256_set1_ps(scale);
+  __m256 top8 = _mm256_set1_ps(-INFINITY);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), shift)));
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p + i), factor);
+    _mm256_storeu_ps(p + i, x);
+    top8 = _mm256_max_ps(top8, x);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, top8);
+  float top = -INFINITY;
+  for (float lane : lanes) top = std::max(top, lane);
+  for (; i < n; ++i) {
+    p[i] = p[i] * scale;
+    top = std::max(top, p[i]);
+  }
+  return top;
+}
+
+// p[i] = e^(p[i] - top) for i < n, every element through exp8 (a partial last chunk via a buffer);
+// returns Σ p[i] in one fixed order for a given n: 8 lane sums over the whole chunks, hsum, then the
+// tail in order. (A serial scalar sum was a dependency chain of n additions: ~5 % of a 9-row pass.)
+inline float exp_shifted_sum(float* p, int64_t n, float top) {
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 sum8 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), shift));
+    _mm256_storeu_ps(p + i, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  float total = hsum(sum8);
   if (i < n) {
     float tail[8] = {0};
     std::copy(p + i, p + n, tail);
     _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), shift)));
     std::copy(tail, tail + (n - i), p + i);
+    for (int64_t j = 0; j < n - i; ++j) total += tail[j];
   }
+  return total;
 }
 
 // HF's half-rotation RoPE: out = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
@@ -107,6 +229,8 @@ void check_rows(const torch::Tensor& t, const char* name) {
 }
 
 }  // namespace
+
+const specdec_kernels::AttentionKernels specdec_kernels::kAttentionAvx2 = {scores_avx2, values_avx2};
 
 // x += residual (when given, in place: the residual stream), then y = w * (x * rsqrt(mean(x²) + eps)).
 // Folding the residual add in saves a call per sub-layer.
@@ -183,6 +307,7 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
   // the bits do not depend on T or on which other tokens share the pass.
   constexpr int64_t kBlock = 64;
   const int64_t L = start + T;  // slots any token of this chunk can see
+  const specdec_kernels::AttentionKernels& kernels = specdec_kernels::attention_kernels();
   at::parallel_for(0, kv_heads, 1, [&](int64_t h0, int64_t h1) {
     std::vector<std::vector<int64_t>> slots(T);
     for (int64_t t = 0; t < T; ++t) {
@@ -210,39 +335,20 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
       const float* keys = kc + kvh * S * D;
       const float* values = vc + kvh * S * D;
       for_each_block([&](int64_t t, const int64_t* slot, int64_t i0, int64_t i1) {
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qh = q.data() + (t * heads + kvh * group + g) * D;
-          float* p = prob.data() + (t * group + g) * L;
-          int64_t i = i0;
-          for (; i + 4 <= i1; i += 4) dot4(qh, keys, slot + i, D, p + i);  // 4 chains in flight
-          for (; i < i1; ++i) p[i] = dot(qh, keys + slot[i] * D, D);
-        }
+        kernels.scores(q.data() + (t * heads + kvh * group) * D, group, keys, slot, i0, i1, D,
+                       prob.data() + t * group * L, L);
       });
       for (int64_t t = 0; t < T; ++t) {
         const int64_t count = slots[t].size();
         for (int64_t g = 0; g < group; ++g) {
           float* p = prob.data() + (t * group + g) * L;
-          float top = -INFINITY;
-          for (int64_t i = 0; i < count; ++i) {
-            p[i] = p[i] * scale;
-            top = std::max(top, p[i]);
-          }
-          exp_shifted(p, count, top);
-          float total = 0.0f;
-          for (int64_t i = 0; i < count; ++i) total += p[i];
-          inv_total[t * group + g] = 1.0f / total;
+          inv_total[t * group + g] = 1.0f / exp_shifted_sum(p, count, scale_max(p, count, scale));
         }
       }
       // Σ p_i v_i in slot order for every output lane (kept in memory between blocks: exact)
       std::fill(acc.begin(), acc.end(), 0.0f);
       for_each_block([&](int64_t t, const int64_t* slot, int64_t i0, int64_t i1) {
-        for (int64_t g = 0; g < group; ++g) {
-          const float* p = prob.data() + (t * group + g) * L;
-          float* a = acc.data() + (t * group + g) * D;
-          int64_t d0 = 0;
-          for (; d0 + 64 <= D; d0 += 64) accumulate<8>(p, slot, i0, i1, values + d0, D, a + d0);
-          for (; d0 < D; d0 += 8) accumulate<1>(p, slot, i0, i1, values + d0, D, a + d0);
-        }
+        kernels.values(prob.data() + t * group * L, group, L, slot, i0, i1, values, D, acc.data() + t * group * D);
       });
       for (int64_t t = 0; t < T; ++t)
         for (int64_t g = 0; g < group; ++g) {

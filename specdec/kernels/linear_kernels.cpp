@@ -192,6 +192,7 @@ struct KernelPath {
   const DotFn* q4;
   const DotQ8Fn* q8;
   const DotQ6Fn* q6;
+  const specdec_kernels::AttentionKernels* attention;
 };
 const KernelPath& active_path();
 
@@ -404,9 +405,9 @@ const VnniFromTwoRows<DotQ6Fn> kDotQ6AvxVnni(kDotQ6, specdec_kernels::kDotQ6AvxV
 // avx-vnni: the 256-bit VEX form of the same instructions, for CPUs with int8 dot products but no
 // AVX-512 (linear_kernels_avxvnni.cpp); where both exist the AVX-512 path's 32 registers win.
 const KernelPath kPaths[] = {
-    {"avx512-vnni", kDotVnni.table, kDotQ8Vnni.table, kDotQ6Vnni.table},
-    {"avx-vnni", kDotAvxVnni.table, kDotQ8AvxVnni.table, kDotQ6AvxVnni.table},
-    {"avx2", kDot, kDotQ8, kDotQ6},
+    {"avx512-vnni", kDotVnni.table, kDotQ8Vnni.table, kDotQ6Vnni.table, &specdec_kernels::kAttentionAvx512},
+    {"avx-vnni", kDotAvxVnni.table, kDotQ8AvxVnni.table, kDotQ6AvxVnni.table, &specdec_kernels::kAttentionAvx2},
+    {"avx2", kDot, kDotQ8, kDotQ6, &specdec_kernels::kAttentionAvx2},
 };
 constexpr int kNumPaths = sizeof(kPaths) / sizeof(kPaths[0]);
 
@@ -439,6 +440,8 @@ int best_path() {
 std::atomic<int> g_path{best_path()};
 
 const KernelPath& active_path() { return kPaths[g_path.load(std::memory_order_relaxed)]; }
+
+const specdec_kernels::AttentionKernels& specdec_kernels::attention_kernels() { return *active_path().attention; }
 
 // The dot-product paths this CPU can run, best first.
 std::vector<std::string> kernel_paths() {
