@@ -93,15 +93,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="HEAD", help="git revision whose kernels to compare against (default: HEAD)")
     parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="built-in name, GGUF file or HF directory")
-    parser.add_argument("--quantize", default="int4", help="int4 or int4-all: the modes the C++ kernels run")
+    parser.add_argument("--quantize", default="int4",
+                        help="int4, int4-all or int8 (int8's GEMM is this tree's in both models: the A/B then "
+                             "compares the layer glue, attention included)")
     parser.add_argument("--tokens", default="1,2,3,4,5,8", help="new tokens per forward (a verification step's rows)")
     parser.add_argument("--context", type=int, default=256, help="tokens already in the cache")
     parser.add_argument("--repeats", type=int, default=15, help="timed forwards per build, size and load order")
     parser.add_argument("--orders", choices=("both", "one"), default="both",
                         help="both: run twice, each build loaded first once (load order moved results ~5 %%)")
     args = parser.parse_args()
-    if args.quantize not in ("int4", "int4-all"):
-        raise SystemExit(f"--quantize {args.quantize}: the C++ kernels run int4 and int4-all")
+    if args.quantize not in ("int4", "int4-all", "int8"):
+        raise SystemExit(f"--quantize {args.quantize}: the C++ kernels run int4, int4-all and int8")
     tokens = [int(t) for t in args.tokens.split(",")]
     base = base_kernels(args.base)
     runs = []
