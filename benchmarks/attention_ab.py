@@ -5,9 +5,9 @@ Why a separate bench from kernel_ab.py: attention is a small share of a short-co
 grows with context and with the rows verified together (9 rows over 1 536 cached tokens was 37 ms
 of a 1.5B forward), and a whole-model A/B drowns it in the linears' noise. Each cell: median µs of
 one layer's ``attention`` call (RoPE, cache write, grouped-query attention) for T rows after
-``context`` cached slots, the base build and this build on each of its kernel paths alternating;
-``same bits`` says whether all outputs are bit-identical (every path of one build must say yes; against
-the base, a change that keeps every dot's order says yes).
+``context`` cached slots, the base build and this build on each kernel path both have, alternating;
+``new paths same bits`` must say yes (every path gives the same bits), ``new = base bits`` says yes
+for a change that keeps every dot's order.
 
     .venv/bin/python benchmarks/attention_ab.py --base HEAD --heads 12 --kv-heads 2 --head-dim 128
 """
@@ -59,11 +59,12 @@ def main() -> None:
     contexts = [int(c) for c in args.contexts.split(",")]
     capacity = max(contexts) + 64
     print(f"# {cpu_description()}; {args.threads} threads; heads {heads}/{kv_heads}, head_dim {dim}")
-    variants = [("base", base, None)] + [(f"new {path}", new, path) for path in new.kernel_paths()]
-    names = [name for name, _, _ in variants]
-    print("| T | context | " + " | ".join(f"{name} µs" for name in names) + " | "
-          + " | ".join(f"{name} ÷ base" for name in names[1:]) + " | same bits |")
-    print("|---" * (2 + 2 * len(names)) + "|")
+    paths = [path for path in new.kernel_paths() if path in base.kernel_paths()]
+    variants = [(f"{build_name} {path}", module, path) for path in paths
+                for build_name, module in (("base", base), ("new", new))]
+    print("| T | context | " + " | ".join(f"{path}: base µs | new µs | new ÷ base" for path in paths)
+          + " | new paths same bits | new = base bits |")
+    print("|---" * (4 + 3 * len(paths)) + "|")
     gen = torch.Generator().manual_seed(0)
     k_cache, v_cache = torch.randn(2, kv_heads, capacity, dim, generator=gen).unbind(0)
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
@@ -73,21 +74,23 @@ def main() -> None:
         cos, sin = cos.contiguous(), sin.contiguous()
         for context in contexts:
             def call(module, path, context=context, qkv=qkv, cos=cos, sin=sin):
-                if path is not None:
-                    module.set_kernel_path(path)  # an atomic store: free beside the call
+                module.set_kernel_path(path)  # an atomic store: free beside the call
                 return module.attention(qkv, cos, sin, k_cache, v_cache, context, heads, kv_heads, None)
 
-            outputs = [call(module, path) for _, module, path in variants]
-            same = all(torch.equal(outputs[0], out) for out in outputs[1:])
-            times: dict[str, list[float]] = {name: [] for name in names}
+            outputs = {name: call(module, path) for name, module, path in variants}
+            new_outputs = [outputs[f"new {path}"] for path in paths]
+            paths_agree = all(torch.equal(new_outputs[0], out) for out in new_outputs[1:])
+            same_as_base = torch.equal(outputs[f"new {paths[0]}"], outputs[f"base {paths[0]}"])
+            times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
             for round_index in range(args.rounds):
-                order = variants if round_index % 2 == 0 else variants[::-1]
-                for name, module, path in order:
+                for name, module, path in variants if round_index % 2 == 0 else variants[::-1]:
                     times[name].append(time_call(lambda m=module, p=path: call(m, p), args.repeats))
-            medians = [statistics.median(times[name]) for name in names]
-            print(f"| {rows} | {context} | " + " | ".join(f"{m:.0f}" for m in medians) + " | "
-                  + " | ".join(f"{m / medians[0]:.3f}" for m in medians[1:]) + f" | {'yes' if same else 'NO'} |",
-                  flush=True)
+            cells = []
+            for path in paths:
+                b, n = statistics.median(times[f"base {path}"]), statistics.median(times[f"new {path}"])
+                cells.append(f"{b:.0f} | {n:.0f} | {n / b:.3f}")
+            print(f"| {rows} | {context} | " + " | ".join(cells)
+                  + f" | {'yes' if paths_agree else 'NO'} | {'yes' if same_as_base else 'no'} |", flush=True)
 
 
 if __name__ == "__main__":

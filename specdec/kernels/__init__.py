@@ -2,8 +2,8 @@
 
 Modules, bottom up (each imports only those above it):
 
-* ``build``  — the C++ extension ``specdec_cpu_kernels`` (``linear_kernels.cpp``, ``layer_ops.cpp``,
-  ``int8_gemm*.cpp``, ``simd.h``): built once per machine under ``specdec_home()/ext``, then imported;
+* ``build``  — the C++ extension ``specdec_cpu_kernels`` (``linear_kernels*.cpp``, ``layer_ops.cpp`` with
+  ``attention_avx512.cpp``, ``int8_gemm*.cpp``, ``simd.h``): built once per machine under ``specdec_home()/ext``, then imported;
   availability.
 * ``linear`` — the one shape of a C++ kernel layer (``KernelLinear``: ``on_matrix``, ``first_rows``,
   ``concat``) and ``on_rows``.

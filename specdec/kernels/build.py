@@ -5,7 +5,7 @@ It holds every CPU kernel of the quantized paths: the 4-bit, 6-bit and int8-weig
 ``linear_kernels_avx512.cpp`` and ``linear_kernels_avxvnni.cpp``, chosen at run time by what the CPU
 reports: :func:`kernel_paths`) and
 the rest of a decoder layer — RMSNorm, RoPE, the KV-cache write,
-attention (``layer_ops.cpp``). The build (~40 s, g++ and ninja) lands in
+attention (``layer_ops.cpp``; its inner loops on AVX-512 in ``attention_avx512.cpp``, the same bits). The build (~40 s, g++ and ninja) lands in
 ``specdec_home()/ext/specdec_cpu_kernels-<key>``; the key hashes the sources, the compiler flags and
 the torch and Python versions, so a change to any of them builds afresh instead of reusing a stale
 library (builds of the extension under its old name, ``specdec_q4``, are never read).

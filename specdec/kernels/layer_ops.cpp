@@ -23,6 +23,21 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return hsum(acc);
 }
 
+// out[j] = hsum(a[j]) for four registers at once, by hsum's additions in hsum's tree (lane i + lane
+// i+4, then + lane i+2, then + lane i+1; a + b is b + a exactly): 13 instructions for 4 sums instead of
+// ~7 each, which was ~a fifth of a 64-wide head's score pass.
+inline void hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
+  // [a0 low + high | a1 low + high], [a2 … | a3 …]
+  const __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a1, 0x20), _mm256_permute2f128_ps(a0, a1, 0x31));
+  const __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a3, 0x20), _mm256_permute2f128_ps(a2, a3, 0x31));
+  // lanes [x.0 + x.2, x.1 + x.3, y.0 + y.2, y.1 + y.3]: [a0 | a2], [a1 | a3]
+  const __m256 v = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(s01), _mm256_castps_pd(s23))),
+                                 _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(s01), _mm256_castps_pd(s23))));
+  const __m256 r = _mm256_add_ps(v, _mm256_movehdup_ps(v));  // the sums at elements 0 (a0), 2 (a2), 4 (a1), 6 (a3)
+  const __m256 ordered = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0));
+  _mm_storeu_ps(out, _mm256_castps256_ps128(ordered));
+}
+
 // dot() of q with the keys at 4 slots, interleaved: each result is computed exactly as dot() does
 inline void dot4(const float* q, const float* keys, const int64_t* slot, int64_t n, float* out) {
   const float* k0 = keys + slot[0] * n;
@@ -37,10 +52,7 @@ inline void dot4(const float* q, const float* keys, const int64_t* slot, int64_t
     a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
     a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
   }
-  out[0] = hsum(a0);
-  out[1] = hsum(a1);
-  out[2] = hsum(a2);
-  out[3] = hsum(a3);
+  hsum4(a0, a1, a2, a3, out);
 }
 
 // a[0 .. 8N) += Σ_{i0 <= i < i1} p[i] · v[slot[i]][0 .. 8N), one slot after another: N chains of FMAs
@@ -74,10 +86,8 @@ inline void dot2x4(const float* q0, const float* q1, const float* keys, const in
       a1[j] = _mm256_fmadd_ps(x1, kv, a1[j]);
     }
   }
-  for (int j = 0; j < 4; ++j) {
-    out0[j] = hsum(a0[j]);
-    out1[j] = hsum(a1[j]);
-  }
+  hsum4(a0[0], a0[1], a0[2], a0[3], out0);
+  hsum4(a1[0], a1[1], a1[2], a1[3], out1);
 }
 
 // a0[0 .. 8N) += Σ p0[i] · v[slot[i]][0 .. 8N) and a1 likewise with p1, for i in [i0, i1): two heads'
@@ -311,6 +321,7 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
   at::parallel_for(0, kv_heads, 1, [&](int64_t h0, int64_t h1) {
     std::vector<std::vector<int64_t>> slots(T);
     for (int64_t t = 0; t < T; ++t) {
+      slots[t].reserve(L);
       for (int64_t j = 0; j < L; ++j)
         if (mp == nullptr ? j <= start + t : mp[t * mask_stride + j]) slots[t].push_back(j);
       TORCH_CHECK(!slots[t].empty(), "token ", t, " sees no cache slot: check the mask");
