@@ -44,10 +44,11 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
         _mm256_set1_ps(dmin[b]));
     // each row's block result goes straight into its accumulators (no per-row temporaries held: with 8
     // rows they would not fit the registers); per row, the same float operations as the AVX2 pass
-    auto accumulate = [&](int r, __m256i isum) {
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
+    auto accumulate_scaled = [&](int r, __m256 scaled) {  // scaled: float(the groups' sums x their scales)
+      acc[r] = _mm256_fmadd_ps(scaled, D, acc[r]);
       min_acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(gsum + r * gstride + b * 8), mins, min_acc[r]);
     };
+    auto accumulate = [&](int r, __m256i isum) { accumulate_scaled(r, _mm256_cvtepi32_ps(isum)); };
     if (b < full) {
       // zmm i = vectors 2i (low nibbles) and 2i+1 (high nibbles) of the block, beside each other as
       // the activations are (a + 64 i): 4 vpdpbusd of 512 bits per row; lanes g and 8 + g both hold
@@ -57,7 +58,11 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
         const __m512i packed = _mm512_broadcast_i64x4(load(qs + b * 128 + 32 * i));
         w[i] = _mm512_and_si512(_mm512_srlv_epi16(packed, nibble_shift), low512);
       }
-      const __m256i scales = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + b * 8)));
+      // the groups' scales as floats: |group sum| <= 32 * 15 * 128 and scale <= 63 keep every product below
+      // 2^24, so float(sum) * float(scale) is exactly float(sum * scale) — the AVX2 pass's value — without
+      // vpmulld (two µops on the port the vpdpbusd need)
+      const __m256 scales = _mm256_cvtepi32_ps(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + b * 8))));
       for (int r = 0; r < R; ++r) {
         const int8_t* a = xq + r * K + b * 256;
         // one chain per row (the 8 rows' chains overlap): no extra add to join two
@@ -66,7 +71,7 @@ void dot_pass(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const floa
         both = _mm512_dpbusd_epi32(both, w[2], _mm512_loadu_si512(a + 128));
         both = _mm512_dpbusd_epi32(both, w[3], _mm512_loadu_si512(a + 192));
         const __m256i groups8 = _mm256_add_epi32(_mm512_castsi512_si256(both), _mm512_extracti64x4_epi64(both, 1));
-        accumulate(r, _mm256_mullo_epi32(groups8, scales));
+        accumulate_scaled(r, _mm256_mul_ps(_mm256_cvtepi32_ps(groups8), scales));
       }
     } else {  // a partial last block: simd.h's, with the EVEX vpdpbusd
       __m256i isum[R];
