@@ -93,56 +93,13 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gs
   });
 }
 
-// 6-bit on 512 bits: each register holds two of the AVX2 pass's code vectors side by side — [w[i] | w[i+1]]
-// against the activations' 64 contiguous bytes a[i], a[i+1] — so a block is 4 maddubs + 4 vpdpwssd per row
-// instead of 8 + 4 + 4 adds, and the block unpacks with per-half shift counts (one broadcast load of each
-// 32 code bytes). Lane j of the 512-bit sum and lane j + 8 together hold what AVX2 lane j holds for the
-// pair: the int32s are exact, so adding the halves gives the AVX2 pass's isum, then the same FMA with d
-// (simd.h's q6_pass) — the same bits.
-inline __m512i twice(const uint8_t* p) {
-  return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// the 4 code pairs [w[2k] | w[2k+1]] of one block (unpack_q6_block's values, two per register)
-inline void unpack_q6_block_pairs(const uint8_t* ql, const uint8_t* qh, __m512i w[4]) {
-  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
-  const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);  // [0 | 4]
-  for (int i = 0; i < 4; ++i) w[i] = _mm512_and_si512(_mm512_srlv_epi16(twice(ql + 32 * i), nibble_shift), low);
-  const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);   // [<< 4 | << 2]
-  const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  // [>> 0 | >> 2]
-  for (int h = 0; h < 2; ++h) {
-    const __m512i high = twice(qh + 32 * h);
-    w[2 * h] = _mm512_or_si512(w[2 * h], _mm512_and_si512(_mm512_sllv_epi16(high, up), top));
-    w[2 * h + 1] = _mm512_or_si512(w[2 * h + 1], _mm512_and_si512(_mm512_srlv_epi16(high, down), top));
-  }
-}
-
+// 6-bit: the AVX2 pass (simd.h's q6_pass) with each madd + add of group scales fused into one vpdpwssd.
 template <int R>
 void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
                  const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    prefetch_ahead(ql + b * 128, 2);
-    prefetch_ahead(qh + b * 64, 1, kPrefetch / 2);
-    __m512i w[4];
-    unpack_q6_block_pairs(ql + b * 128, qh + b * 64, w);
-    const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16)));
-    const __m512i scales2 = _mm512_broadcast_i64x4(scales);
-    const __m256 D = _mm256_set1_ps(d[b]);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* a = xq + r * K + b * 256;
-      const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(asum + r * astride + b * 16));
-      const __m256i offset = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sums, scales), 5));
-      __m512i wide = _mm512_setzero_si512();
-      for (int i = 0; i < 4; ++i)
-        wide = _mm512_dpwssd_epi32(wide, _mm512_maddubs_epi16(w[i], _mm512_loadu_si512(a + 64 * i)), scales2);
-      const __m256i isum = _mm256_add_epi32(
-          offset, _mm256_add_epi32(_mm512_castsi512_si256(wide), _mm512_extracti64x4_epi64(wide, 1)));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  q6_pass<R>(ql, qh, sc, d, blocks, xq, asum, K, astride, result, [](__m256i isum, __m256i t, __m256i scales) {
+    return _mm256_dpwssd_epi32(isum, t, scales);
+  });
 }
 
 }  // namespace
