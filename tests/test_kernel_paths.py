@@ -234,3 +234,42 @@ def test_attention_under_a_tree_mask_gives_the_same_bits_on_every_path():
             outputs[name] = ops.attention(qkv, cos, sin, k_cache.clone(), v_cache.clone(), start, heads, kv_heads, mask)
     for name, out in outputs.items():
         assert torch.equal(out, outputs["avx2"]), f"{name} differs from avx2"
+
+
+@pytest.fixture
+def q4_amx():
+    """The extension with the 4-bit linear on AMX tiles from one row (restored after); skips without AMX."""
+    module = kernel()
+    default = module.q4_amx_min_rows()
+    if not default:
+        pytest.skip("no AMX-INT8 with AVX-512 VBMI here (or the OS did not grant this process its tile state)")
+    module.set_q4_amx_min_rows(1)
+    yield module
+    module.set_q4_amx_min_rows(default)
+
+
+# whole blocks only (a partial last block runs the VNNI code); 17 and 40 outputs: panels of 16 with a tail
+@pytest.mark.parametrize("width,outputs", [(768, 40), (2048, 17), (896, 40)])
+def test_the_4bit_linear_on_amx_tiles_gives_every_paths_bits(q4_amx, width, outputs):
+    gen = torch.Generator().manual_seed(width)
+    layer = Q4Linear.from_float(torch.randn(outputs, width, generator=gen) * 0.05, torch.randn(outputs, generator=gen))
+    x = make_rows(35, width, seed=width)
+    for rows in (1, 2, 5, 9, 16, 17, 35):  # 35: three 16-row tile passes over each unpacked panel
+        on_amx = layer(x[:rows])
+        q4_amx.set_q4_amx_min_rows(0)
+        on_vnni = layer(x[:rows])
+        q4_amx.set_q4_amx_min_rows(1)
+        with use_kernel_path("avx2"):
+            on_avx2 = layer(x[:rows])
+        assert torch.equal(on_amx, on_vnni), f"{rows} rows"
+        assert torch.equal(on_amx, on_avx2), f"{rows} rows"
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(35)])
+    assert torch.equal(layer(x), alone)
+
+
+def test_the_4bit_amx_threshold_is_checked_and_follows_the_path(q4_amx):
+    with pytest.raises(RuntimeError, match="rows must be >= 0"):
+        q4_amx.set_q4_amx_min_rows(-1)
+    assert q4_amx.q4_amx_min_rows() == 1
+    with use_kernel_path("avx2"):  # the AVX2 path never runs AMX (every path is tested on its own code)
+        assert q4_amx.q4_amx_min_rows() == 0

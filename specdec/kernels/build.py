@@ -5,7 +5,9 @@ It holds every CPU kernel of the quantized paths: the 4-bit, 6-bit and int8-weig
 ``linear_kernels_avx512.cpp`` and ``linear_kernels_avxvnni.cpp``, chosen at run time by what the CPU
 reports: :func:`kernel_paths`) and
 the rest of a decoder layer — RMSNorm, RoPE, the KV-cache write,
-attention (``layer_ops.cpp``; its inner loops on AVX-512 in ``attention_avx512.cpp``, the same bits). The build (~40 s, g++ and ninja) lands in
+attention (``layer_ops.cpp``; its inner loops on AVX-512 in ``attention_avx512.cpp``, the same bits);
+on AMX CPUs the int8 GEMM and the 4-bit linear's prompt rows also run on AMX tiles (``int8_gemm_amx.cpp``,
+``linear_kernels_amx.cpp``, the same bits). The build (~40 s, g++ and ninja) lands in
 ``specdec_home()/ext/specdec_cpu_kernels-<key>``; the key hashes the sources, the compiler flags and
 the torch and Python versions, so a change to any of them builds afresh instead of reusing a stale
 library (builds of the extension under its old name, ``specdec_q4``, are never read).
@@ -44,8 +46,8 @@ _HERE = Path(__file__).parent
 SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_avx512.cpp", _HERE / "linear_kernels_avxvnni.cpp",
            _HERE / "layer_ops.cpp", _HERE / "attention_avx512.cpp",
            _HERE / "layer_stack.cpp", _HERE / "int8_gemm.cpp", _HERE / "int8_gemm_avx512.cpp",
-           _HERE / "int8_gemm_amx.cpp")
-HEADERS = (_HERE / "simd.h", _HERE / "dot_kernels.h", _HERE / "tile_schedule.h")
+           _HERE / "int8_gemm_amx.cpp", _HERE / "linear_kernels_amx.cpp")
+HEADERS = (_HERE / "simd.h", _HERE / "dot_kernels.h", _HERE / "tile_schedule.h", _HERE / "amx_tiles.h")
 #: -ffp-contract=off: no fused multiply-adds the source does not write, so results do not depend on
 #: the compiler's choices (bit-identity of a row alone and in a chunk is checked with torch.equal)
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off")
@@ -170,7 +172,7 @@ def kernel_paths() -> list[str]:
 
 
 def kernel_path() -> str:
-    """The path the linear kernels use now: the best this CPU has unless :func:`use_kernel_path` chose."""
+    """The path the linear and attention kernels use now: the best this CPU has unless :func:`use_kernel_path` chose."""
     return str(kernel().kernel_path())
 
 

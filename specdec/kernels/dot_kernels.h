@@ -71,6 +71,13 @@ void int8_gemm_panel_amx(const int8_t* xq, const float* xs, const int32_t* total
                          int64_t ldo);
 // Whether this CPU has AMX-INT8 and the OS granted this process its tile state (asked once)
 bool amx_int8_ready();
+// The 4-bit linear on AMX tiles (linear_kernels_amx.cpp), K a multiple of 256: `rows` activation rows
+// (int8 in order, K apart; their group sums as floats, gstride apart) x the 16 weight rows at qs/sc/mn/d/dmin
+// (`outs` <= 16 of them real) -> result[r * 16 + j], bit-identical to every path's dot product
+void q4_panel_amx(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin, int64_t K,
+                  int64_t outs, const int8_t* xq, const float* gsum, int64_t gstride, int64_t rows, float* result);
+// amx_int8_ready() and AVX-512 VBMI (the panel's byte permutes): where q4_panel_amx runs
+bool amx_q4_ready();
 // Both kernels' epilogue: int32 sums of q * (w + 128), [rows, 64] -> (float(sum - 128 * total) * row scale) *
 // weight scale (+ bias), `cols` of the 64 outputs stored (one function: the same bits from either kernel)
 void int8_finish_rows(const int32_t* sums, int64_t rows, const int32_t* totals, const float* xs, const float* ws,

@@ -16,6 +16,7 @@
 // The OS must grant a process the AMX tile state before its first use (Linux arch_prctl
 // ARCH_REQ_XCOMP_PERM): amx_int8_ready() asks once and says whether it was granted.
 #include "dot_kernels.h"
+#include "amx_tiles.h"
 
 // AMX intrinsics arrived in GCC 11 and clang 12: an older compiler builds the rest of the extension,
 // and this file then only says that AMX is not ready (the VNNI kernel runs every pass).
@@ -33,24 +34,15 @@ constexpr int64_t kTileInputs = 64;   // inputs per A tile row (bytes)
 constexpr long kArchReqXcompPerm = 0x1023;
 constexpr long kXfeatureXtiledata = 18;
 
-// ldtilecfg's 64-byte operand (palette 1): bytes per row and rows of each of the 8 tiles
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // tiles 0-3: C (one per 16 outputs), 4: A, 5: B, 6: the last A (tail inputs), 7: the last B
-TileConfig make_config(int64_t rows, int64_t tail) {
-  TileConfig cfg;
-  for (int c = 0; c < 4; ++c) { cfg.rows[c] = uint8_t(rows); cfg.colsb[c] = 64; }
-  cfg.rows[4] = uint8_t(rows); cfg.colsb[4] = kTileInputs;
-  cfg.rows[5] = kTileInputs / 4; cfg.colsb[5] = 64;
+specdec_kernels::TileConfig make_config(int64_t rows, int64_t tail) {
+  specdec_kernels::TileConfig cfg;
+  for (int c = 0; c < 4; ++c) cfg.set(c, rows, 64);
+  cfg.set(4, rows, kTileInputs);
+  cfg.set(5, kTileInputs / 4, 64);
   if (tail) {
-    cfg.rows[6] = uint8_t(rows); cfg.colsb[6] = uint16_t(tail);
-    cfg.rows[7] = uint8_t(tail / 4); cfg.colsb[7] = 64;
+    cfg.set(6, rows, tail);
+    cfg.set(7, tail / 4, 64);
   }
   return cfg;
 }
@@ -100,7 +92,7 @@ void int8_gemm_panel_amx(const int8_t* xq, const float* xs, const int32_t* total
   for (int64_t r = 0; r < rows; r += kTileRowsAmx) {
     const int64_t block = std::min<int64_t>(kTileRowsAmx, rows - r);
     if (block != configured) {
-      const TileConfig cfg = make_config(block, tail);
+      const specdec_kernels::TileConfig cfg = make_config(block, tail);
       _tile_loadconfig(&cfg);
       configured = block;
     }

@@ -38,8 +38,9 @@
 namespace {
 
 // How a kernel wants a quantized activation row: in order (int8 weights), or in the vector order
-// of the 4-bit (see above) or 6-bit (q6_linear below) weight layouts.
-enum class Layout { kNatural, kQ4, kQ6 };
+// of the 4-bit (see above) or 6-bit (q6_linear below) weight layouts; kQ4Tiles: in order with kQ4's float
+// group sums (the 4-bit weights on AMX tiles, whose A operand is each group's 32 codes in order).
+enum class Layout { kNatural, kQ4, kQ4Tiles, kQ6 };
 
 // One activation row -> int8 (symmetric, 127 levels, its own scale), laid out for `layout`, and the
 // sums of its codes per group of 32 (kQ4: as float32; kNatural: only their int32 total, first) or 16
@@ -67,7 +68,8 @@ void quantize_row(const float* x, int64_t K, int8_t* xq, float* scale, int32_t* 
     group_sum[g] = _mm_cvtsi128_si32(t);
     // kQ4 keeps them as floats (same memory): the kernel's per-block min term multiplies them as floats,
     // and converting once here saves a conversion per weight row
-    if (layout == Layout::kQ4) reinterpret_cast<float*>(group_sum)[g] = static_cast<float>(group_sum[g]);
+    if (layout == Layout::kQ4 || layout == Layout::kQ4Tiles)
+      reinterpret_cast<float*>(group_sum)[g] = static_cast<float>(group_sum[g]);
     // pack 32 int32 -> 32 int8 in order (packs interleave 128-bit lanes: fix with a permute)
     __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
     __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
@@ -217,30 +219,48 @@ struct NoRowsDot {
   void operator()(int64_t, const int8_t*, const int32_t*, float*) const {}
 };
 
+// Every activation row of x quantized for `layout` (rows 64-byte aligned: no vector load straddles two
+// cache lines — they cost ~30 % of a chunk's time in the 512-bit kernel before), each with its scale and its
+// group sums (group_stride(K) apart), and the one way a row's dot product becomes its output: times the
+// row's scale, then the bias.
+struct QuantizedRows {
+  int64_t M, K, gstride;
+  std::vector<int8_t> xq_storage;
+  std::vector<float> xs;
+  std::vector<int32_t> gsum_storage;
+  int8_t* xq;
+  int32_t* gsum;
+
+  QuantizedRows(const torch::Tensor& x, Layout layout)
+      : M(x.size(0)), K(x.size(1)), gstride(group_stride(K)), xq_storage(M * K + 63), xs(M),
+        gsum_storage(M * gstride + 16, 0), xq(align64(xq_storage.data())), gsum(align64(gsum_storage.data())) {
+    const float* xp = x.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, xq + m * K, &xs[m], gsum + m * gstride, layout);
+  }
+
+  float output(int64_t m, float dot, const float* bias, int64_t n) const {
+    float v = dot * xs[m];
+    if (bias) v = v + bias[n];
+    return v;
+  }
+};
+
+// x [M, K] float32, contiguous, K a multiple of 64 (every kernel's requirement)
+void check_input(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  TORCH_CHECK(x.size(1) % 64 == 0, "input size ", x.size(1), " is not a multiple of 64");
+}
+
 template <typename RowDot, typename RowsDot = NoRowsDot>
 torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optional<torch::Tensor>& bias, Layout layout,
                            RowDot row_dot, RowsDot rows_dot = RowsDot()) {
   constexpr bool kHasRowsDot = !std::is_same_v<RowsDot, NoRowsDot>;
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
-  const int64_t M = x.size(0), K = x.size(1), gstride = group_stride(K);
-  TORCH_CHECK(K % 64 == 0, "input size ", K, " is not a multiple of 64");
-  // 64-byte aligned rows (K is a multiple of 64, gstride of 8): no vector load straddles two cache
-  // lines (they cost ~30 % of a chunk's time in the 512-bit kernel before)
-  std::vector<int8_t> xq_storage(M * K + 63);
-  int8_t* const xq_rows = align64(xq_storage.data());
-  std::vector<float> xs(M);
-  std::vector<int32_t> gsum_storage(M * gstride + 16, 0);
-  int32_t* const gsum = align64(gsum_storage.data());
-  const float* xp = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, xq_rows + m * K, &xs[m], gsum + m * gstride, layout);
+  check_input(x);
+  const QuantizedRows q(x, layout);
+  const int64_t M = q.M, K = q.K, gstride = q.gstride;
   auto out = torch::empty({M, N}, x.options());
   float* op = out.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  auto store = [&](int64_t m, int64_t n, float dot) {  // activation row m's scale, then the bias
-    float v = dot * xs[m];
-    if (bp) v = v + bp[n];
-    op[m * N + n] = v;
-  };
   // tiles of kTileRows weight rows, shared among the threads (tile_schedule.h)
   specdec_kernels::run_tiles((N + kTileRows - 1) / kTileRows, [&](int64_t tile) {
     float result[kMaxRows];
@@ -250,14 +270,57 @@ torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optiona
       int64_t n = nb;
       if (kHasRowsDot && rows == 1) {
         for (; n + kWeightRows <= ne; n += kWeightRows) {
-          rows_dot(n, xq_rows + m0 * K, gsum + m0 * gstride, result);
-          for (int64_t j = 0; j < kWeightRows; ++j) store(m0, n + j, result[j]);
+          rows_dot(n, q.xq + m0 * K, q.gsum + m0 * gstride, result);
+          for (int64_t j = 0; j < kWeightRows; ++j) op[m0 * N + n + j] = q.output(m0, result[j], bp, n + j);
         }
       }
       for (; n < ne; ++n) {
-        row_dot(n, rows, xq_rows + m0 * K, gsum + m0 * gstride, result);
-        for (int64_t r = 0; r < rows; ++r) store(m0 + r, n, result[r]);
+        row_dot(n, rows, q.xq + m0 * K, q.gsum + m0 * gstride, result);
+        for (int64_t r = 0; r < rows; ++r) op[(m0 + r) * N + n] = q.output(m0 + r, result[r], bp, n);
       }
+    }
+  });
+  return out;
+}
+
+// Calls with at least this many activation rows run the 4-bit weights on AMX tiles where the CPU has them and
+// the AVX-512 VNNI path is active (same bits: linear_kernels_amx.cpp); 0: never. Settable for tests and
+// measurements. Why 64: one group of 32 inputs per tile product (each group has its own scale) leaves the
+// tiles latency-bound, so AMX pays only where a panel's unpacking is shared by many rows — the 1.5B int4
+// target's forwards on a 2-core Xeon with AMX, AMX ÷ VNNI time: 16 rows 1.11, 32 rows 1.02, 64 rows 0.92,
+// 128 rows 0.83 (benchmarks/q4_amx_ab.py): prompts, not verification chunks.
+std::atomic<int64_t> g_q4_amx_min_rows{64};
+
+int64_t q4_amx_min_rows() {
+  const bool runs = specdec_kernels::amx_q4_ready() && std::strcmp(active_path().name, "avx512-vnni") == 0;
+  return runs ? g_q4_amx_min_rows.load() : 0;
+}
+
+void set_q4_amx_min_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "rows must be >= 0 (0: never AMX)");
+  g_q4_amx_min_rows = rows;
+}
+
+// The 4-bit linear on AMX tiles: panels of 16 weight rows, each unpacked once for all of x's rows (full blocks
+// only; linear_kernels_amx.cpp).
+torch::Tensor q4_linear_amx(const torch::Tensor& x, const uint8_t* qs, const uint8_t* sc, const int8_t* mn,
+                            const float* d, const float* dmin, int64_t N, const c10::optional<torch::Tensor>& bias) {
+  constexpr int64_t kPanel = 16;
+  const QuantizedRows q(x, Layout::kQ4Tiles);
+  const int64_t M = q.M, K = q.K, blocks = K / 256;
+  auto out = torch::empty({M, N}, x.options());
+  float* op = out.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  specdec_kernels::run_tiles((N + kTileRows - 1) / kTileRows, [&](int64_t tile) {
+    std::vector<float> result(M * kPanel);
+    const int64_t nb = tile * kTileRows, ne = std::min<int64_t>(nb + kTileRows, N);
+    for (int64_t n = nb; n < ne; n += kPanel) {
+      const int64_t outs = std::min<int64_t>(kPanel, ne - n);
+      specdec_kernels::q4_panel_amx(qs + n * (K / 2), sc + n * blocks * 8, mn + n * blocks * 8, d + n * blocks,
+                                    dmin + n * blocks, K, outs, q.xq, reinterpret_cast<const float*>(q.gsum), q.gstride,
+                                    M, result.data());
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < outs; ++j) op[m * N + n + j] = q.output(m, result[m * kPanel + j], bp, n + j);
     }
   });
   return out;
@@ -274,6 +337,10 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   const int8_t* mnp = mn.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
   const float* dmp = dmin.data_ptr<float>();
+  check_input(x);
+  const int64_t amx_from = q4_amx_min_rows();
+  if (amx_from && x.size(0) >= amx_from && K % 256 == 0)
+    return q4_linear_amx(x, qsp, scp, mnp, dp, dmp, N, bias);
   const int64_t gstride = group_stride(K);
   const DotFn* dot = active_path().q4;
   return tiled_linear(x, N, bias, Layout::kQ4, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
@@ -481,6 +548,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernel_paths", &kernel_paths, "the dot-product paths this CPU runs, best first");
   m.def("kernel_path", &kernel_path, "the path the linear kernels use now");
   m.def("set_kernel_path", &set_kernel_path, "use this path (tests; same bits on every path)");
+  m.def("q4_amx_min_rows", &q4_amx_min_rows,
+        "q4_linear runs AMX tiles from this many rows on (0: never, or no AMX / not the avx512-vnni path here)");
+  m.def("set_q4_amx_min_rows", &set_q4_amx_min_rows, "q4_linear's AMX threshold in rows (0: never; same bits)");
   m.def("rms_norm", &rms_norm, "x += residual (in place, optional); RMSNorm(x) * w");
   m.def("attention", &attention, "RoPE, KV-cache write and row-wise attention for one layer");
   register_layer_stack(m);
