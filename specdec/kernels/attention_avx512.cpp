@@ -14,6 +14,7 @@
 // only where the CPU reports avx512f/bw/vl/dq/vnni (linear_kernels.cpp decides).
 #include <immintrin.h>
 #include <cstdint>
+#include <type_traits>
 #include "dot_kernels.h"
 
 #pragma GCC push_options
@@ -101,20 +102,30 @@ void scores_pairs(const float* q, const float* keys, const int64_t* slot, int64_
   for (; i < i1; ++i) scores_tile<P, 1>(qq, D, keys, slot + i, p + i, L);
 }
 
-void scores_avx512(const float* q, int64_t heads, const float* keys, const int64_t* slot, int64_t i0, int64_t i1,
-                   int64_t D, float* p, int64_t L) {
-  if (D > kMaxDim) return kAttentionAvx2.scores(q, heads, keys, slot, i0, i1, D, p, L);
+// The heads in groups of 3, 2, then 1 pair(s): pairs(P, h) with P a std::integral_constant (the pairs in the
+// group) and h the group's first head; then odd(h) for a last odd head (the AVX2 kernel's).
+template <typename Pairs, typename Odd>
+inline void for_head_pairs(int64_t heads, Pairs pairs, Odd odd) {
   int64_t h = 0;
-  for (; h + 6 <= heads; h += 6) scores_pairs<3>(q + h * D, keys, slot, i0, i1, D, p + h * L, L);
+  for (; h + 6 <= heads; h += 6) pairs(std::integral_constant<int, 3>{}, h);
   if (h + 4 <= heads) {
-    scores_pairs<2>(q + h * D, keys, slot, i0, i1, D, p + h * L, L);
+    pairs(std::integral_constant<int, 2>{}, h);
     h += 4;
   }
   if (h + 2 <= heads) {
-    scores_pairs<1>(q + h * D, keys, slot, i0, i1, D, p + h * L, L);
+    pairs(std::integral_constant<int, 1>{}, h);
     h += 2;
   }
-  if (h < heads) kAttentionAvx2.scores(q + h * D, heads - h, keys, slot, i0, i1, D, p + h * L, L);
+  if (h < heads) odd(h);
+}
+
+void scores_avx512(const float* q, int64_t heads, const float* keys, const int64_t* slot, int64_t i0, int64_t i1,
+                   int64_t D, float* p, int64_t L) {
+  if (D > kMaxDim) return kAttentionAvx2.scores(q, heads, keys, slot, i0, i1, D, p, L);
+  for_head_pairs(
+      heads,
+      [&](auto pairs, int64_t h) { scores_pairs<decltype(pairs)::value>(q + h * D, keys, slot, i0, i1, D, p + h * L, L); },
+      [&](int64_t h) { kAttentionAvx2.scores(q + h * D, heads - h, keys, slot, i0, i1, D, p + h * L, L); });
 }
 
 // P pairs of heads, output dimensions [0, 8N) of acc (rows D apart) += Σ p · v over slots [i0, i1), in
@@ -154,17 +165,10 @@ void values_pairs(const float* p, int64_t L, const int64_t* slot, int64_t i0, in
 
 void values_avx512(const float* p, int64_t heads, int64_t L, const int64_t* slot, int64_t i0, int64_t i1,
                    const float* v, int64_t D, float* acc) {
-  int64_t h = 0;
-  for (; h + 6 <= heads; h += 6) values_pairs<3>(p + h * L, L, slot, i0, i1, v, D, acc + h * D);
-  if (h + 4 <= heads) {
-    values_pairs<2>(p + h * L, L, slot, i0, i1, v, D, acc + h * D);
-    h += 4;
-  }
-  if (h + 2 <= heads) {
-    values_pairs<1>(p + h * L, L, slot, i0, i1, v, D, acc + h * D);
-    h += 2;
-  }
-  if (h < heads) kAttentionAvx2.values(p + h * L, heads - h, L, slot, i0, i1, v, D, acc + h * D);
+  for_head_pairs(
+      heads,
+      [&](auto pairs, int64_t h) { values_pairs<decltype(pairs)::value>(p + h * L, L, slot, i0, i1, v, D, acc + h * D); },
+      [&](int64_t h) { kAttentionAvx2.values(p + h * L, heads - h, L, slot, i0, i1, v, D, acc + h * D); });
 }
 
 }  // namespace

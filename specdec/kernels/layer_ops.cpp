@@ -9,7 +9,9 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 #include "dot_kernels.h"
 #include "simd.h"
@@ -318,14 +320,20 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
   constexpr int64_t kBlock = 64;
   const int64_t L = start + T;  // slots any token of this chunk can see
   const specdec_kernels::AttentionKernels& kernels = specdec_kernels::attention_kernels();
-  at::parallel_for(0, kv_heads, 1, [&](int64_t h0, int64_t h1) {
-    std::vector<std::vector<int64_t>> slots(T);
-    for (int64_t t = 0; t < T; ++t) {
+  // each token's visible slots, ascending (built once: every KV head's unit reads them)
+  std::vector<std::vector<int64_t>> slots(T);
+  for (int64_t t = 0; t < T; ++t) {
+    if (mp == nullptr) {  // causal: slots 0 .. start + t
+      slots[t].resize(start + t + 1);
+      std::iota(slots[t].begin(), slots[t].end(), int64_t{0});
+    } else {
       slots[t].reserve(L);
       for (int64_t j = 0; j < L; ++j)
-        if (mp == nullptr ? j <= start + t : mp[t * mask_stride + j]) slots[t].push_back(j);
-      TORCH_CHECK(!slots[t].empty(), "token ", t, " sees no cache slot: check the mask");
+        if (mp[t * mask_stride + j]) slots[t].push_back(j);
     }
+    TORCH_CHECK(!slots[t].empty(), "token ", t, " sees no cache slot: check the mask");
+  }
+  at::parallel_for(0, kv_heads, 1, [&](int64_t h0, int64_t h1) {
     std::vector<float> prob(T * group * L);
     std::vector<float> acc(T * group * D);
     std::vector<float> inv_total(T * group);
@@ -336,8 +344,7 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
       for (int64_t b0 = 0; b0 < L; b0 += kBlock)
         for (int64_t t = 0; t < T; ++t) {
           const int64_t i0 = cursor[t];
-          int64_t i1 = i0;
-          while (i1 < static_cast<int64_t>(slots[t].size()) && slots[t][i1] < b0 + kBlock) ++i1;
+          const int64_t i1 = std::lower_bound(slots[t].begin() + i0, slots[t].end(), b0 + kBlock) - slots[t].begin();
           cursor[t] = i1;
           fn(t, slots[t].data(), i0, i1);
         }
