@@ -273,3 +273,18 @@ def test_the_4bit_amx_threshold_is_checked_and_follows_the_path(q4_amx):
     assert q4_amx.q4_amx_min_rows() == 1
     with use_kernel_path("avx2"):  # the AVX2 path never runs AMX (every path is tested on its own code)
         assert q4_amx.q4_amx_min_rows() == 0
+
+
+def test_the_4bit_amx_threshold_comes_from_the_environment(q4_amx, monkeypatch):
+    from specdec.kernels import build
+    from specdec.kernels.int8 import kernels_note
+
+    monkeypatch.setenv("SPECDEC_Q4_AMX_ROWS", "many")
+    with pytest.raises(SpecdecError, match="SPECDEC_Q4_AMX_ROWS='many'"):
+        build._loaded(q4_amx)
+    monkeypatch.setenv("SPECDEC_Q4_AMX_ROWS", "0")
+    build._loaded(q4_amx)
+    assert q4_amx.q4_amx_min_rows() == 0 and "int4 on AMX" not in kernels_note(["int4"])
+    monkeypatch.setenv("SPECDEC_Q4_AMX_ROWS", "32")
+    build._loaded(q4_amx)
+    assert ", int4 on AMX from 32 rows" in kernels_note(["int4"])

@@ -147,12 +147,19 @@ def _this_build() -> ModuleType:
 
 def _loaded(module: ModuleType) -> ModuleType:
     """``module`` with the kernel path ``SPECDEC_KERNEL_PATH`` names, when set (to compare paths with
-    whole commands, e.g. ``SPECDEC_KERNEL_PATH=avx2 specdec generate …``; outputs are the same bits)."""
+    whole commands, e.g. ``SPECDEC_KERNEL_PATH=avx2 specdec generate …``; outputs are the same bits), and
+    the 4-bit linear's AMX threshold ``SPECDEC_Q4_AMX_ROWS`` sets (rows per call from which prompts run on
+    AMX tiles where the CPU has them; 0: never; the same bits either way)."""
     wanted = os.environ.get("SPECDEC_KERNEL_PATH", "").strip()
     if wanted:
         if wanted not in module.kernel_paths():
             raise SpecdecError(f"SPECDEC_KERNEL_PATH={wanted}: this CPU runs {', '.join(module.kernel_paths())}")
         module.set_kernel_path(wanted)
+    rows = os.environ.get("SPECDEC_Q4_AMX_ROWS", "").strip()
+    if rows:
+        if not rows.isdigit():
+            raise SpecdecError(f"SPECDEC_Q4_AMX_ROWS={rows!r}: a number of rows (0: never AMX)")
+        module.set_q4_amx_min_rows(int(rows))
     return module
 
 

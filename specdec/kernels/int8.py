@@ -105,12 +105,15 @@ def amx_from_rows() -> int:
 
 
 def kernels_note(modes: list[str]) -> str:
-    """``", avx512-vnni kernels, int8 on AMX from 2 rows"``: what an execution line says of the C++ kernels
+    """``", avx512-vnni kernels, int4 on AMX from 64 rows, int8 on AMX from 2 rows"``: what an execution line says of the C++ kernels
     that run ``modes`` here (the instruction set changes speed, and results files are compared across
     CPUs), or ``""`` when none of them runs on these kernels."""
     notes = []
     if any(mode.startswith("int4") for mode in modes):
         notes.append(f"{build.kernel_path()} kernels")
+        q4_amx_rows = int(build.kernel().q4_amx_min_rows())
+        if q4_amx_rows:
+            notes.append(f"int4 on AMX from {q4_amx_rows} rows")
     amx_rows = amx_from_rows() if "int8" in modes else 0
     if amx_rows:
         notes.append(f"int8 on AMX from {amx_rows} rows")
