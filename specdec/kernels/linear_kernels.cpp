@@ -288,7 +288,8 @@ torch::Tensor tiled_linear(const torch::Tensor& x, int64_t N, const c10::optiona
 // measurements. Why 64: one group of 32 inputs per tile product (each group has its own scale) leaves the
 // tiles latency-bound, so AMX pays only where a panel's unpacking is shared by many rows — the 1.5B int4
 // target's forwards on a 2-core Xeon with AMX, AMX ÷ VNNI time: 16 rows 1.11, 32 rows 1.02, 64 rows 0.92,
-// 128 rows 0.83 (benchmarks/q4_amx_ab.py): prompts, not verification chunks.
+// 128 rows 0.83 (benchmarks/q4_amx_ab.py): a loaded server's batched steps and prompts, not one request's
+// verification chunks.
 std::atomic<int64_t> g_q4_amx_min_rows{64};
 
 int64_t q4_amx_min_rows() {
