@@ -43,11 +43,12 @@ from specdec.paths import specdec_home
 EXTENSION_NAME = "specdec_cpu_kernels"
 _HERE = Path(__file__).parent
 #: compiled sources: the linear kernels (with the module definition), the rest of a layer
-SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_avx512.cpp", _HERE / "linear_kernels_avxvnni.cpp",
+SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_q6q8.cpp", _HERE / "linear_kernels_avx512.cpp", _HERE / "linear_kernels_avxvnni.cpp",
            _HERE / "layer_ops.cpp", _HERE / "attention_avx512.cpp",
            _HERE / "layer_stack.cpp", _HERE / "int8_gemm.cpp", _HERE / "int8_gemm_avx512.cpp",
            _HERE / "int8_gemm_amx.cpp", _HERE / "linear_kernels_amx.cpp")
-HEADERS = (_HERE / "simd.h", _HERE / "dot_kernels.h", _HERE / "tile_schedule.h", _HERE / "amx_tiles.h")
+HEADERS = (_HERE / "simd.h", _HERE / "dot_kernels.h", _HERE / "tile_schedule.h", _HERE / "amx_tiles.h",
+           _HERE / "linear_common.h")
 #: -ffp-contract=off: no fused multiply-adds the source does not write, so results do not depend on
 #: the compiler's choices (bit-identity of a row alone and in a chunk is checked with torch.equal)
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off")

@@ -23,6 +23,10 @@ using DotQ8Fn = void (*)(const int8_t*, const int8_t*, int64_t, const int32_t*, 
 using DotQ6Fn = void (*)(const uint8_t*, const uint8_t*, const int8_t*, const float*, int64_t, const int8_t*,
                          const int16_t*, int64_t, int64_t, float*);
 
+// AVX2 (maddubs / madd): linear_kernels_q6q8.cpp (the 4-bit table is linear_kernels.cpp's own)
+extern const DotQ8Fn kDotQ8Avx2[kMaxRows + 1];
+extern const DotQ6Fn kDotQ6Avx2[kMaxRows + 1];
+
 // AVX-512 VNNI (vpdpbusd / vpdpwssd, 32 vector registers): linear_kernels_avx512.cpp; entries from 2
 // rows (one row runs the AVX2 code: see kPaths in linear_kernels.cpp)
 extern const DotFn kDotAvx512Vnni[kMaxRows + 1];
@@ -52,7 +56,17 @@ struct AttentionKernels {
 };
 extern const AttentionKernels kAttentionAvx2;    // layer_ops.cpp
 extern const AttentionKernels kAttentionAvx512;  // attention_avx512.cpp: two heads per 512-bit register
-// The active kernel path's attention kernels (linear_kernels.cpp)
+// The instruction set the dot products and attention run with: the best this CPU has unless set_kernel_path
+// chose another (tests run every supported path). Every path gives the same bits.
+struct KernelPath {
+  const char* name;
+  const DotFn* q4;
+  const DotQ8Fn* q8;
+  const DotQ6Fn* q6;
+  const AttentionKernels* attention;
+};
+// The active path (linear_kernels.cpp) and its attention kernels
+const KernelPath& active_path();
 const AttentionKernels& attention_kernels();
 
 // Whether this CPU runs the AVX-512 VNNI code above and below (linear_kernels.cpp: the one place that asks)
