@@ -82,22 +82,13 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gs
   });
 }
 
-// 6-bit: the AVX2 pass (simd.h's q6_pass) with each madd + add of group scales fused into one vpdpwssd.
-template <int R>
-void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
-                 const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
-  q6_pass<R>(ql, qh, sc, d, blocks, xq, asum, K, astride, result, [](__m256i isum, __m256i t, __m256i scales) {
-    return _mm256_dpwssd_avx_epi32(isum, t, scales);
-  });
-}
-
+// 6-bit: the AVX2 passes (simd.h's q6_rows) with each madd + add of group scales fused into one vpdpwssd.
 template <int R>
 void dot_rows_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
                  const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
-  constexpr int first = R < 4 ? R : 4;
-  dot_pass_q6<first>(ql, qh, sc, d, blocks, xq, asum, K, astride, result);
-  if constexpr (R > 4)
-    dot_pass_q6<R - 4>(ql, qh, sc, d, blocks, xq + 4 * K, asum + 4 * astride, K, astride, result + 4);
+  q6_rows<R>(ql, qh, sc, d, blocks, xq, asum, K, astride, result, [](__m256i isum, __m256i t, __m256i scales) {
+    return _mm256_dpwssd_avx_epi32(isum, t, scales);
+  });
 }
 
 }  // namespace

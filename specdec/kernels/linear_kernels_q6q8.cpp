@@ -68,20 +68,11 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, 
 namespace {
 
 template <int R>
-void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
-                 const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
-  q6_pass<R>(ql, qh, sc, d, blocks, xq, asum, K, astride, result, [](__m256i isum, __m256i t, __m256i scales) {
-    return _mm256_add_epi32(isum, _mm256_madd_epi16(t, scales));
-  });
-}
-
-template <int R>
 void dot_rows_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
                  const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
-  constexpr int first = R < 4 ? R : 4;
-  dot_pass_q6<first>(ql, qh, sc, d, blocks, xq, asum, K, astride, result);
-  if constexpr (R > 4)
-    dot_pass_q6<R - 4>(ql, qh, sc, d, blocks, xq + 4 * K, asum + 4 * astride, K, astride, result + 4);
+  q6_rows<R>(ql, qh, sc, d, blocks, xq, asum, K, astride, result, [](__m256i isum, __m256i t, __m256i scales) {
+    return _mm256_add_epi32(isum, _mm256_madd_epi16(t, scales));
+  });
 }
 
 }  // namespace

@@ -166,3 +166,15 @@ static inline void q6_pass(const uint8_t* ql, const uint8_t* qh, const int8_t* s
   }
   for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
 }
+
+// R (1..8) activation rows against one 6-bit weight row in passes of at most 4 rows (with 16 vector registers 8
+// would spill; the weight row is in L1 for the second pass): q6_pass with the path's `add_scaled`.
+template <int R, typename AddScaled>
+static inline void q6_rows(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
+                           const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result,
+                           AddScaled add_scaled) {
+  constexpr int first = R < 4 ? R : 4;
+  q6_pass<first>(ql, qh, sc, d, blocks, xq, asum, K, astride, result, add_scaled);
+  if constexpr (R > 4)
+    q6_pass<R - 4>(ql, qh, sc, d, blocks, xq + 4 * K, asum + 4 * astride, K, astride, result + 4, add_scaled);
+}
