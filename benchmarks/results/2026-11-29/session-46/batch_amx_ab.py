@@ -11,8 +11,8 @@ spec = specdec.SpecConfig(num_speculative_tokens=8)
 print("# CPU", cpu_description())
 outs = {}
 times = {0: [], 64: []}
-for rep in range(2):
-    for rows in (0, 64) if rep == 0 else (64, 0):
+for rep in range(int(sys.argv[1]) if len(sys.argv) > 1 else 2):
+    for rows in (0, 64) if rep % 2 == 0 else (64, 0):
         m.set_q4_amx_min_rows(rows)
         t = time.perf_counter()
         res = specdec.generate_batch(target, prompts, params, draft=draft, spec=spec, max_num_seqs=16, disable_speculation_above="never")
