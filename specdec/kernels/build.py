@@ -6,7 +6,7 @@ It holds every CPU kernel of the quantized paths: the 4-bit, 6-bit and int8-weig
 reports: :func:`kernel_paths`) and
 the rest of a decoder layer — RMSNorm, RoPE, the KV-cache write,
 attention (``layer_ops.cpp``; its inner loops on AVX-512 in ``attention_avx512.cpp``, the same bits);
-on AMX CPUs the int8 GEMM and the 4-bit linear's prompt rows also run on AMX tiles (``int8_gemm_amx.cpp``,
+on AMX CPUs the int8 GEMM and the 4-bit linear's calls of many rows also run on AMX tiles (``int8_gemm_amx.cpp``,
 ``linear_kernels_amx.cpp``, the same bits). The build (~40 s, g++ and ninja) lands in
 ``specdec_home()/ext/specdec_cpu_kernels-<key>``; the key hashes the sources, the compiler flags and
 the torch and Python versions, so a change to any of them builds afresh instead of reusing a stale
@@ -43,7 +43,8 @@ from specdec.paths import specdec_home
 EXTENSION_NAME = "specdec_cpu_kernels"
 _HERE = Path(__file__).parent
 #: compiled sources: the linear kernels (with the module definition), the rest of a layer
-SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_q6q8.cpp", _HERE / "linear_kernels_avx512.cpp", _HERE / "linear_kernels_avxvnni.cpp",
+SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_q6q8.cpp", _HERE / "linear_kernels_avx512.cpp",
+           _HERE / "linear_kernels_avxvnni.cpp",
            _HERE / "layer_ops.cpp", _HERE / "attention_avx512.cpp",
            _HERE / "layer_stack.cpp", _HERE / "int8_gemm.cpp", _HERE / "int8_gemm_avx512.cpp",
            _HERE / "int8_gemm_amx.cpp", _HERE / "linear_kernels_amx.cpp")
@@ -149,7 +150,7 @@ def _this_build() -> ModuleType:
 def _loaded(module: ModuleType) -> ModuleType:
     """``module`` with the kernel path ``SPECDEC_KERNEL_PATH`` names, when set (to compare paths with
     whole commands, e.g. ``SPECDEC_KERNEL_PATH=avx2 specdec generate …``; outputs are the same bits), and
-    the 4-bit linear's AMX threshold ``SPECDEC_Q4_AMX_ROWS`` sets (rows per call from which prompts run on
+    the 4-bit linear's AMX threshold ``SPECDEC_Q4_AMX_ROWS`` sets (rows per call from which it runs on
     AMX tiles where the CPU has them; 0: never; the same bits either way)."""
     wanted = os.environ.get("SPECDEC_KERNEL_PATH", "").strip()
     if wanted:

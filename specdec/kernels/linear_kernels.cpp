@@ -126,9 +126,9 @@ const DotFn kDot[kMaxRows + 1] = {nullptr, dot_rows<1>, dot_rows<2>, dot_rows<3>
 // the AVX-512 VNNI path is active (same bits: linear_kernels_amx.cpp); 0: never. Settable for tests and
 // measurements. Why 64: one group of 32 inputs per tile product (each group has its own scale) leaves the
 // tiles latency-bound, so AMX pays only where a panel's unpacking is shared by many rows — the 1.5B int4
-// target's forwards on a 2-core Xeon with AMX, AMX ÷ VNNI time: 16 rows 1.11, 32 rows 1.02, 64 rows 0.92,
-// 128 rows 0.83 (benchmarks/q4_amx_ab.py): a loaded server's batched steps and prompts, not one request's
-// verification chunks.
+// target's forwards on a 2-core Xeon with AMX, AMX ÷ VNNI time in two runs: 16 rows 1.11-1.17, 32 rows
+// 0.99-1.02, 64 rows 0.78-0.92, 128 rows 0.69-0.83 (benchmarks/q4_amx_ab.py): a loaded server's batched steps
+// and prompts, not one request's verification chunks.
 std::atomic<int64_t> g_q4_amx_min_rows{64};
 
 int64_t q4_amx_min_rows() {
@@ -146,6 +146,7 @@ void set_q4_amx_min_rows(int64_t rows) {
 torch::Tensor q4_linear_amx(const torch::Tensor& x, const uint8_t* qs, const uint8_t* sc, const int8_t* mn,
                             const float* d, const float* dmin, int64_t N, const c10::optional<torch::Tensor>& bias) {
   constexpr int64_t kPanel = 16;
+  check_input(x);
   const QuantizedRows q(x, Layout::kQ4Tiles);
   const int64_t M = q.M, K = q.K, blocks = K / 256;
   auto out = torch::empty({M, N}, x.options());
@@ -177,7 +178,6 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   const int8_t* mnp = mn.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
   const float* dmp = dmin.data_ptr<float>();
-  check_input(x);
   const int64_t amx_from = q4_amx_min_rows();
   if (amx_from && x.size(0) >= amx_from && K % 256 == 0)
     return q4_linear_amx(x, qsp, scp, mnp, dp, dmp, N, bias);
