@@ -31,7 +31,7 @@ import torch
 from specdec.cost_model import Curve, ModeChoice, choose_mode, choose_mode_for_load, flat_verification_note
 from specdec.cpu import cpu_signature, cpu_ticks, last_level_cache_bytes, other_cpu_share
 from specdec.kernels.build import available as kernels_available
-from specdec.kernels.build import build_key, kernel_path, kernel_paths, unsupported_reason
+from specdec.kernels.build import amx_key, build_key, kernel_path, kernel_paths, unsupported_reason
 from specdec.models.config import ModelConfig
 from specdec.paths import specdec_home
 
@@ -189,7 +189,9 @@ def _cache_path(threads: int | None) -> Path:
     change, say a new prefetch, moves every int4 curve; curves cached before it would steer
     ``--quantize auto`` and γ=auto by the old kernels' costs) on the kernel path in use: a path other
     than the CPU's best (``SPECDEC_KERNEL_PATH=avx2``, to see how an older CPU would fare) has its own
-    curves — planned on the best path's, its γ=auto drafted as if its chunks cost what they do there."""
+    curves — planned on the best path's, its γ=auto drafted as if its chunks cost what they do there.
+    Each 4-bit AMX threshold (``SPECDEC_Q4_AMX_ROWS``) has its own curves too: it moves every int4 chunk's
+    cost from that many rows on."""
     threads = threads or torch.get_num_threads()
     kernels = "none"
     if unsupported_reason() is None:
@@ -197,6 +199,7 @@ def _cache_path(threads: int | None) -> Path:
         if kernels_available():  # (int8's fbgemm curves are measured without the C++ kernels)
             path = kernel_path()
             kernels += "" if path == kernel_paths()[0] else f"-{path}"
+            kernels += amx_key()
     return specdec_home() / "step_costs" / f"{cpu_signature()}-t{threads}-v{CURVE_VERSION}-k{kernels}.json"
 
 

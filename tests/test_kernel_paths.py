@@ -242,7 +242,7 @@ def q4_amx():
     module = kernel()
     default = module.q4_amx_min_rows()
     if not default:
-        pytest.skip("no AMX-INT8 with AVX-512 VBMI here (or the OS did not grant this process its tile state)")
+        pytest.skip("no AMX-INT8 here (or the OS did not grant this process its tile state)")
     module.set_q4_amx_min_rows(1)
     yield module
     module.set_q4_amx_min_rows(default)
@@ -254,7 +254,9 @@ def test_the_4bit_linear_on_amx_tiles_gives_every_paths_bits(q4_amx, width, outp
     gen = torch.Generator().manual_seed(width)
     layer = Q4Linear.from_float(torch.randn(outputs, width, generator=gen) * 0.05, torch.randn(outputs, generator=gen))
     x = make_rows(35, width, seed=width)
-    for rows in (1, 2, 5, 9, 16, 17, 35):  # 35: three 16-row tile passes over each unpacked panel
+    # the layer's AMX copy exists for whole blocks only (so the comparison below compares two different codes)
+    assert (layer.amx_copy() is not None) == (width % 256 == 0)
+    for rows in (1, 2, 5, 9, 16, 17, 35):  # 35: three 16-row tile passes over each panel
         on_amx = layer(x[:rows])
         q4_amx.set_q4_amx_min_rows(0)
         on_vnni = layer(x[:rows])
@@ -265,6 +267,50 @@ def test_the_4bit_linear_on_amx_tiles_gives_every_paths_bits(q4_amx, width, outp
         assert torch.equal(on_amx, on_avx2), f"{rows} rows"
     alone = torch.cat([layer(x[i : i + 1]) for i in range(35)])
     assert torch.equal(layer(x), alone)
+
+
+def test_a_whole_int4_model_gives_the_same_logits_on_amx_tiles(q4_amx, tmp_path):
+    """Through the C++ layer loop: its 4-bit layers carry their AMX copies, and prefill, chunks and single
+    tokens give the VNNI path's bits."""
+    import specdec
+    from tests.conftest import make_tiny_model_dir
+    from tests.model_fixtures import TINY_QWEN2_Q4
+
+    target = specdec.load_model(make_tiny_model_dir(tmp_path / "t", TINY_QWEN2_Q4, seed=3), dtype="float32",
+                                device="cpu", quantize="int4")
+    decoder = target.backend.decoder
+    specs = [linear.spec() for linear in decoder.modules() if isinstance(linear, Q4Linear)]
+    assert specs and all(len(tensors) == 6 for _, tensors, _ in specs)  # the copy rides along to the C++ loop
+    tokens = torch.tensor([5, 9, 2, 77, 31, 8, 4, 19, 23, 6, 11])
+
+    def steps() -> torch.Tensor:
+        cache = decoder.new_cache(16)
+        return torch.cat([decoder(tokens[a:b], torch.arange(a, b), cache) for a, b in ((0, 9), (9, 10), (10, 11))])
+
+    on_amx = steps()
+    q4_amx.set_q4_amx_min_rows(0)
+    on_vnni = steps()
+    q4_amx.set_q4_amx_min_rows(1)
+    assert torch.equal(on_amx, on_vnni)
+
+
+def test_a_4bit_layer_refuses_an_amx_copy_that_is_not_its_own(q4_amx):
+    gen = torch.Generator().manual_seed(1)
+    layer = Q4Linear.from_float(torch.randn(32, 512, generator=gen), None)
+    other = Q4Linear.from_float(torch.randn(48, 512, generator=gen), None)
+    x = make_rows(3, 512, seed=1)
+    with pytest.raises(RuntimeError, match="the AMX copy does not match this layer"):
+        q4_amx.q4_linear(x, layer.qs, layer.sc, layer.mn, layer.d, layer.dmin, None, other.amx_copy())
+    partial = Q4Linear.from_float(torch.randn(16, 320, generator=gen), None)  # a partial last block: VNNI only
+    assert partial.amx_copy() is None
+    with pytest.raises(RuntimeError, match="whole blocks of 256"):
+        q4_amx.q4_amx_repack(partial.qs, partial.sc, partial.mn, partial.d, partial.dmin)
+
+
+def test_turning_the_4bit_amx_path_off_spares_its_copy(q4_amx, monkeypatch):
+    monkeypatch.setenv("SPECDEC_Q4_AMX_ROWS", "0")
+    layer = Q4Linear.from_float(torch.randn(16, 256), None)
+    assert layer.amx_copy() is None and len(layer.spec()[1]) == 5
 
 
 def test_the_4bit_amx_threshold_is_checked_and_follows_the_path(q4_amx):

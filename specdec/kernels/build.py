@@ -165,6 +165,14 @@ def _loaded(module: ModuleType) -> ModuleType:
     return module
 
 
+def amx_key() -> str:
+    """``-amx<rows>``, the 4-bit AMX threshold in use where the CPU runs AMX tiles (0: never), else "": part
+    of the step-cost cache's name, since the threshold (``SPECDEC_Q4_AMX_ROWS``) moves the int4 target's
+    chunk costs from that many rows on."""
+    module = kernel()
+    return f"-amx{int(module.q4_amx_min_rows())}" if module.amx_q4_ready() else ""
+
+
 def available() -> bool:
     """Whether :func:`kernel` works here (builds it on first use)."""
     try:

@@ -85,12 +85,27 @@ void int8_gemm_panel_amx(const int8_t* xq, const float* xs, const int32_t* total
                          int64_t ldo);
 // Whether this CPU has AMX-INT8 and the OS granted this process its tile state (asked once)
 bool amx_int8_ready();
-// The 4-bit linear on AMX tiles (linear_kernels_amx.cpp), K a multiple of 256: `rows` activation rows
-// (int8 in order, K apart; their group sums as floats, gstride apart) x the 16 weight rows at qs/sc/mn/d/dmin
-// (`outs` <= 16 of them real) -> result[r * 16 + j], bit-identical to every path's dot product
-void q4_panel_amx(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin, int64_t K,
-                  int64_t outs, const int8_t* xq, const float* gsum, int64_t gstride, int64_t rows, float* result);
-// amx_int8_ready() and AVX-512 VBMI (the panel's byte permutes): where q4_panel_amx runs
+// The 4-bit linear on AMX tiles (linear_kernels_amx.cpp), K a multiple of 256. Its weights are a copy made once
+// per layer (q4_amx_repack): per panel of 16 weight rows and block of 256 inputs, the codes in tdpbsud's B order,
+// two vectors to a byte (group g, pair c: byte 4 j + t = code 32 g + 8 c + t of weight row j, low nibble, and
+// code 32 g + 8 c + 4 + t, high), and the 16 rows' scales side by side (sc, mn per group; d, dmin)
+struct alignas(64) Q4AmxBlock {
+  uint8_t codes[8][4][64];
+  uint8_t sc[8][16];
+  int8_t mn[8][16];
+  float d[16];
+  float dmin[16];
+};
+static_assert(sizeof(Q4AmxBlock) == 2432, "the repacked block has no padding");
+// N weight rows in the stored format (linear_kernels.cpp) -> ceil(N / 16) panels x K / 256 blocks (a last panel
+// narrower than 16 repeats its last row)
+void q4_amx_repack(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin, int64_t K,
+                   int64_t N, Q4AmxBlock* out);
+// `rows` activation rows (int8 in order, K apart; their group sums as floats, gstride apart) x one panel's K / 256
+// blocks (`outs` <= 16 weight rows real) -> result[r * 16 + j], bit-identical to every path's dot product.
+void q4_panel_amx(const Q4AmxBlock* panel, int64_t K, int64_t outs, const int8_t* xq, const float* gsum,
+                  int64_t gstride, int64_t rows, float* result);
+// amx_int8_ready(): where q4_panel_amx runs
 bool amx_q4_ready();
 // Both kernels' epilogue: int32 sums of q * (w + 128), [rows, 64] -> (float(sum - 128 * total) * row scale) *
 // weight scale (+ bias), `cols` of the 64 outputs stored (one function: the same bits from either kernel)

@@ -13,7 +13,7 @@
 #include <vector>
 
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor mn, torch::Tensor d,
-                        torch::Tensor dmin, c10::optional<torch::Tensor> bias);
+                        torch::Tensor dmin, c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> amx_panels);
 torch::Tensor q6_linear(torch::Tensor x, torch::Tensor ql, torch::Tensor qh, torch::Tensor sc, torch::Tensor d,
                         c10::optional<torch::Tensor> bias);
 torch::Tensor q8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, c10::optional<torch::Tensor> bias);
@@ -30,7 +30,7 @@ namespace {
 constexpr int64_t kShortSegmentRows = 16;
 
 // One of the extension's linear layers: its format and tensors in the constructor order of its
-// Python class (Q4Linear: qs sc mn d dmin; Q6Linear: ql qh sc6 d6; Q8Linear: w8 w8_scales), or the int8
+// Python class (Q4Linear: qs sc mn d dmin [its AMX copy]; Q6Linear: ql qh sc6 d6; Q8Linear: w8 w8_scales), or the int8
 // mode's VNNI layer ("i8": packed panels, scales; Int8Linear.spec).
 struct Linear {
   std::string format;
@@ -38,7 +38,8 @@ struct Linear {
   c10::optional<torch::Tensor> bias;
 
   torch::Tensor operator()(const torch::Tensor& x) const {
-    if (format == "q4") return q4_linear(x, t[0], t[1], t[2], t[3], t[4], bias);
+    if (format == "q4")
+      return q4_linear(x, t[0], t[1], t[2], t[3], t[4], bias, t.size() > 5 ? c10::optional<torch::Tensor>(t[5]) : c10::nullopt);
     if (format == "q6") return q6_linear(x, t[0], t[1], t[2], t[3], bias);
     if (format == "i8") return int8_gemm(x, t[0], t[1], bias, t[1].numel());
     return q8_linear(x, t[0], t[1], bias);
@@ -78,7 +79,8 @@ Linear make_linear(const LinearSpec& spec) {
   const auto& [format, tensors, bias] = spec;
   const size_t expected = format == "q4" ? 5 : format == "q6" ? 4 : format == "q8" || format == "i8" ? 2 : 0;
   TORCH_CHECK(expected > 0, "unknown linear format ", format);
-  TORCH_CHECK(tensors.size() == expected, format, " takes ", expected, " tensors, got ", tensors.size());
+  const bool amx_copy = format == "q4" && tensors.size() == expected + 1;  // Q4Linear's AMX copy, where it has one
+  TORCH_CHECK(tensors.size() == expected || amx_copy, format, " takes ", expected, " tensors, got ", tensors.size());
   return Linear{format, tensors, bias};
 }
 

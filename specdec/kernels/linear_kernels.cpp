@@ -122,14 +122,13 @@ const DotFn kDot[kMaxRows + 1] = {nullptr, dot_rows<1>, dot_rows<2>, dot_rows<3>
 
 }  // namespace
 
-// Calls with at least this many activation rows run the 4-bit weights on AMX tiles where the CPU has them and
-// the AVX-512 VNNI path is active (same bits: linear_kernels_amx.cpp); 0: never. Settable for tests and
-// measurements. Why 64: one group of 32 inputs per tile product (each group has its own scale) leaves the
-// tiles latency-bound, so AMX pays only where a panel's unpacking is shared by many rows — the 1.5B int4
-// target's forwards on a 2-core Xeon with AMX, AMX ÷ VNNI time in two runs: 16 rows 1.11-1.17, 32 rows
-// 0.99-1.02, 64 rows 0.78-0.92, 128 rows 0.69-0.83 (benchmarks/q4_amx_ab.py): a loaded server's batched steps
-// and prompts, not one request's verification chunks.
-std::atomic<int64_t> g_q4_amx_min_rows{64};
+// Calls with at least this many activation rows run the 4-bit weights on AMX tiles where the CPU has them, the
+// AVX-512 VNNI path is active and the layer has its AMX copy (same bits: linear_kernels_amx.cpp); 0: never.
+// Settable for tests and measurements. Why 8: the 1.5B int4 target's forwards on a 2-core Xeon with AMX,
+// VNNI ÷ AMX time (benchmarks/q4_amx_ab.py, context 512): 5 rows 0.94, 7 1.02, 8 1.04, 9 1.17, 16 1.26,
+// 32 1.35, 64 1.43 — the tiles' fixed cost per block (eight products, each stored before the next use of its
+// tile) is what a VNNI pass spends on ~7 rows.
+std::atomic<int64_t> g_q4_amx_min_rows{8};
 
 int64_t q4_amx_min_rows() {
   const bool runs = specdec_kernels::amx_q4_ready() && std::strcmp(active_path().name, "avx512-vnni") == 0;
@@ -141,14 +140,37 @@ void set_q4_amx_min_rows(int64_t rows) {
   g_q4_amx_min_rows = rows;
 }
 
-// The 4-bit linear on AMX tiles: panels of 16 weight rows, each unpacked once for all of x's rows (full blocks
-// only; linear_kernels_amx.cpp).
-torch::Tensor q4_linear_amx(const torch::Tensor& x, const uint8_t* qs, const uint8_t* sc, const int8_t* mn,
-                            const float* d, const float* dmin, int64_t N, const c10::optional<torch::Tensor>& bias) {
+// The AMX path's copy of a 4-bit layer (dot_kernels.h: Q4AmxBlock), made once per layer by Q4Linear where
+// amx_q4_ready(): bytes [panels, blocks, 2432]. Full blocks only (K a multiple of 256).
+torch::Tensor q4_amx_repack(torch::Tensor qs, torch::Tensor sc, torch::Tensor mn, torch::Tensor d, torch::Tensor dmin) {
+  TORCH_CHECK(specdec_kernels::amx_q4_ready(), "this CPU (or this process) cannot run AMX tiles");
+  const int64_t N = qs.size(0), K = qs.size(1) * 2, blocks = K / 256;
+  TORCH_CHECK(K % 256 == 0, "the AMX path takes whole blocks of 256 inputs; this layer has ", K);
+  TORCH_CHECK(qs.is_contiguous() && sc.is_contiguous() && mn.is_contiguous() && d.is_contiguous() && dmin.is_contiguous(),
+              "the layer's tensors must be contiguous");
+  TORCH_CHECK(d.size(1) == blocks && sc.size(1) == blocks * 8 && mn.size(1) == blocks * 8, "block layout does not match");
+  constexpr int64_t kBytes = sizeof(specdec_kernels::Q4AmxBlock);
+  auto out = torch::empty({(N + 15) / 16, blocks, kBytes}, qs.options().dtype(torch::kUInt8));
+  specdec_kernels::q4_amx_repack(qs.data_ptr<uint8_t>(), sc.data_ptr<uint8_t>(), mn.data_ptr<int8_t>(),
+                                 d.data_ptr<float>(), dmin.data_ptr<float>(), K, N,
+                                 reinterpret_cast<specdec_kernels::Q4AmxBlock*>(out.data_ptr<uint8_t>()));
+  return out;
+}
+
+// The 4-bit linear on AMX tiles: per panel of 16 weight rows of the repacked copy, all of x's rows
+// (linear_kernels_amx.cpp).
+torch::Tensor q4_linear_amx(const torch::Tensor& x, const torch::Tensor& panels, int64_t N,
+                            const c10::optional<torch::Tensor>& bias) {
   constexpr int64_t kPanel = 16;
   check_input(x);
+  const int64_t K = x.size(-1), blocks = K / 256;
+  TORCH_CHECK(panels.dim() == 3 && panels.size(0) == (N + kPanel - 1) / kPanel && panels.size(1) == blocks &&
+                  panels.size(2) == static_cast<int64_t>(sizeof(specdec_kernels::Q4AmxBlock)) && panels.is_contiguous() &&
+                  reinterpret_cast<uintptr_t>(panels.data_ptr()) % 64 == 0,
+              "the AMX copy does not match this layer (q4_amx_repack of its own tensors)");
+  const auto* panel_blocks = reinterpret_cast<const specdec_kernels::Q4AmxBlock*>(panels.data_ptr<uint8_t>());
   const QuantizedRows q(x, Layout::kQ4Tiles);
-  const int64_t M = q.M, K = q.K, blocks = K / 256;
+  const int64_t M = q.M;
   auto out = torch::empty({M, N}, x.options());
   float* op = out.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
@@ -157,9 +179,8 @@ torch::Tensor q4_linear_amx(const torch::Tensor& x, const uint8_t* qs, const uin
     const int64_t nb = tile * kTileRows, ne = std::min<int64_t>(nb + kTileRows, N);
     for (int64_t n = nb; n < ne; n += kPanel) {
       const int64_t outs = std::min<int64_t>(kPanel, ne - n);
-      specdec_kernels::q4_panel_amx(qs + n * (K / 2), sc + n * blocks * 8, mn + n * blocks * 8, d + n * blocks,
-                                    dmin + n * blocks, K, outs, q.xq, reinterpret_cast<const float*>(q.gsum), q.gstride,
-                                    M, result.data());
+      specdec_kernels::q4_panel_amx(panel_blocks + (n / kPanel) * blocks, K, outs, q.xq,
+                                    reinterpret_cast<const float*>(q.gsum), q.gstride, M, result.data());
       for (int64_t m = 0; m < M; ++m)
         for (int64_t j = 0; j < outs; ++j) op[m * N + n + j] = q.output(m, result[m * kPanel + j], bp, n + j);
     }
@@ -168,8 +189,10 @@ torch::Tensor q4_linear_amx(const torch::Tensor& x, const uint8_t* qs, const uin
 }
 
 // x [M, K] float32 -> [M, N] float32 (+ bias). See the format above.
+// amx_panels: the layer's q4_amx_repack copy, where it has one (then calls of q4_amx_min_rows() rows or more run
+// on AMX tiles).
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor mn, torch::Tensor d,
-                        torch::Tensor dmin, c10::optional<torch::Tensor> bias) {
+                        torch::Tensor dmin, c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> amx_panels) {
   const int64_t K = x.size(-1), N = qs.size(0), groups = K / 32, blocks = (groups + 7) / 8;
   TORCH_CHECK(K % 64 == 0 && qs.size(1) == K / 2, "weights take ", qs.size(1) * 2, " inputs, x has ", K);
   TORCH_CHECK(d.size(1) == blocks && sc.size(1) == blocks * 8 && mn.size(1) == blocks * 8, "block layout does not match");
@@ -179,8 +202,7 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   const float* dp = d.data_ptr<float>();
   const float* dmp = dmin.data_ptr<float>();
   const int64_t amx_from = q4_amx_min_rows();
-  if (amx_from && x.size(0) >= amx_from && K % 256 == 0)
-    return q4_linear_amx(x, qsp, scp, mnp, dp, dmp, N, bias);
+  if (amx_panels.has_value() && amx_from && x.size(0) >= amx_from) return q4_linear_amx(x, *amx_panels, N, bias);
   const int64_t gstride = group_stride(K);
   const DotFn* dot = active_path().q4;
   return tiled_linear(x, N, bias, Layout::kQ4, [&](int64_t n, int64_t rows, const int8_t* xq, const int32_t* gsum, float* result) {
@@ -292,7 +314,11 @@ void register_layer_stack(pybind11::module& m);
 void register_int8_gemm(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q4_linear", &q4_linear, "4-bit x int8 linear (see source)");
+  m.def("q4_linear", &q4_linear, "4-bit x int8 linear (see source)", pybind11::arg("x"), pybind11::arg("qs"),
+        pybind11::arg("sc"), pybind11::arg("mn"), pybind11::arg("d"), pybind11::arg("dmin"), pybind11::arg("bias"),
+        pybind11::arg("amx_panels") = pybind11::none());
+  m.def("q4_amx_repack", &q4_amx_repack, "a 4-bit layer's copy for the AMX path (where amx_q4_ready)");
+  m.def("amx_q4_ready", &specdec_kernels::amx_q4_ready, "whether this CPU and process run AMX tiles");
   m.def("q6_linear", &q6_linear, "6-bit (Q6_K values) x int8 linear (see source)");
   m.def("q8_linear", &q8_linear, "int8 x int8 linear, per-row weight scales (see source)");
   m.def("kernel_paths", &kernel_paths, "the dot-product paths this CPU runs, best first");

@@ -1,21 +1,26 @@
-// The 4-bit linear's many-row dot products on Intel AMX (Sapphire Rapids and later): the same exact int32 group
-// sums and the same float operations per (activation row, weight row) as every other path (linear_kernels.cpp
-// describes the format), so every output bit is theirs; only the speed differs.
+// The 4-bit linear's dot products of several rows on Intel AMX (Sapphire Rapids and later): the same exact int32
+// group sums and the same float operations per (activation row, weight row) as every other path
+// (linear_kernels.cpp describes the format), so every output bit is theirs; only the speed differs.
 //
-// Why: a prompt's rows are multiply-bound on the VNNI path — 512-bit vpdpbusd issue on one port, four per 256
-// weights, row and output. One tdpbsud multiplies up to 16 activation rows by 16 weight rows over a group of
-// 32 inputs. Measured (linear_kernels.cpp: g_q4_amx_min_rows): each group has its own scale, so each product
-// covers one group and is stored before the next use of its tile; the tiles are then latency-bound and the
-// panel's unpacking costs as much as a VNNI pass — AMX pays only where many rows share one unpacking.
+// Why: verification chunks, trees, batched steps and prompts are multiply-bound on the VNNI path — 512-bit
+// vpdpbusd issue on one port, four per 256 weights, row and output. One tdpbsud multiplies up to 16 activation
+// rows by 16 weight rows over a group of 32 inputs.
+//
+// Why a copy of the weights (q4_amx_repack, made once per layer: Q4Linear.amx_copy): the stored format keeps
+// each weight row's codes together (what the one-row decode kernel streams), so a panel's B tiles were a
+// 16 x 16 transpose of 4-byte units per block and call, which cost as much as the products (session 46: 9 rows
+// at 0.67x the VNNI path's speed). The copy stores each block's B tiles as tdpbsud reads them, two vectors to a
+// byte, so a block's tiles are 32 loads, 64 masks/shifts and stores away; the same bytes as the stored layer.
+// One block at a time: its B tiles, C sums and scales stay in L1 (batches of 4 blocks spilled to L2 and ran
+// 1.5-1.7x slower at 9-16 rows).
 //
 // Per panel of 16 weight rows and block of 256 inputs:
 //   B tiles: the 4-bit codes of group g as tdpbsud's B operand: row v (0..7) = the 16 weight rows' codes
-//     32g + 4v .. 32g + 4v + 3 (unsigned, 4 bytes each). The stored format keeps exactly these 4-byte units
-//     ("vector v, unit g") per weight row, so the panel's 16 rows are a 16 x 16 transpose of 4-byte units
-//     (before the nibbles are split), done in registers for each block.
+//     32g + 4v .. 32g + 4v + 3 (unsigned, 4 bytes each) — the copy's codes[g][v / 2], low nibbles for even v.
 //   A tile: the activation rows' 32 codes of group g, in order (signed; quantized in natural order for this
 //     path) — read straight from the quantized rows, K bytes apart.
 //   C tile: rows x 16 int32, each exactly Σ code x activation over the group — the sum every path computes.
+// Each group has its own scale, so each product covers one group and its C tile is stored before its next use.
 // The float part then runs per activation row with the 16 weight rows in the 16 lanes of a register: per
 // block and group, acc = fma(float(sum) x float(sc), d, acc) and min_acc = fma(group sum, float(mn) x dmin,
 // min_acc), then the result is hsum(acc) - hsum(min_acc) in hsum's order: each lane the operations of
@@ -23,22 +28,21 @@
 // float(sum x sc), the AVX2 path's value).
 #include "dot_kernels.h"
 #include "amx_tiles.h"
+#include "simd.h"
 
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
 #include <immintrin.h>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #pragma GCC push_options
-#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi")
+#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
 
 namespace {
 
 constexpr int64_t kPanel = 16;       // weight rows per panel: the 16 int32 columns of a C tile
 constexpr int64_t kMaxTileRows = 16;  // activation rows per A/C tile
-constexpr int64_t kChunkBlocks = 4;  // blocks whose tile products wait in memory for the float part (L1)
 constexpr int kGroups = 8;           // groups of 32 inputs per block of 256
 
 // tiles: 0 and 2 A (rows x 32 bytes), 1 and 3 B (8 x 64 bytes), 4-7 C (rows x 64 bytes): two operand pairs
@@ -77,7 +81,8 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
-// One block's B tiles for the panel: b_tiles[g * 512 + v * 64 + 4 j + t] = code 32 g + 4 v + t of weight row j.
+// One block's B tiles for a panel from the stored rows (q4_amx_repack: the copy is made from these):
+// b_tiles[g * 512 + v * 64 + 4 j + t] = code 32 g + 4 v + t of weight row j.
 // rows[j]: weight row j's 128 packed bytes of the block (chunk i: vector 2i in the low nibbles, 2i + 1 high).
 inline void unpack_b_tiles(const uint8_t* const rows[kPanel], uint8_t* b_tiles) {
   const __m512i low = _mm512_set1_epi8(0x0F);
@@ -96,34 +101,6 @@ inline void unpack_b_tiles(const uint8_t* const rows[kPanel], uint8_t* b_tiles) 
   }
 }
 
-// vpermt2b indices: half h, byte 16 g + j <- weight row j's byte 4 h + g (byte 8 j + 4 h + g of two gathers)
-struct GroupByteIndex {
-  alignas(64) uint8_t half[2][64];
-};
-constexpr GroupByteIndex make_group_byte_index() {
-  GroupByteIndex index{};
-  for (int h = 0; h < 2; ++h)
-    for (int g = 0; g < 4; ++g)
-      for (int j = 0; j < 16; ++j) index.half[h][16 * g + j] = static_cast<uint8_t>(8 * j + 4 * h + g);
-  return index;
-}
-constexpr GroupByteIndex kGroupByteIndex = make_group_byte_index();
-
-// A block's eight bytes per weight row (its sc or mn; weight row j's at base + row_offsets[j]) -> per group g,
-// the 16 rows' bytes as floats (sign-extended when Signed)
-template <bool Signed>
-inline void group_bytes(const void* base, const __m512i& offsets_lo, const __m512i& offsets_hi, __m512 out[kGroups]) {
-  const __m512i x0 = _mm512_i64gather_epi64(offsets_lo, base, 1);  // rows 0-7, 8 bytes each
-  const __m512i x1 = _mm512_i64gather_epi64(offsets_hi, base, 1);  // rows 8-15
-  for (int h = 0; h < 2; ++h) {
-    const __m512i bytes = _mm512_permutex2var_epi8(x0, _mm512_load_si512(kGroupByteIndex.half[h]), x1);
-    const __m128i parts[4] = {_mm512_extracti32x4_epi32(bytes, 0), _mm512_extracti32x4_epi32(bytes, 1),
-                              _mm512_extracti32x4_epi32(bytes, 2), _mm512_extracti32x4_epi32(bytes, 3)};
-    for (int g = 0; g < 4; ++g)
-      out[4 * h + g] = _mm512_cvtepi32_ps(Signed ? _mm512_cvtepi8_epi32(parts[g]) : _mm512_cvtepu8_epi32(parts[g]));
-  }
-}
-
 // tdpbsud of group g's A and B into a zeroed C, and C's store (rows x 16 int32), issued a few products later so
 // that the product's latency overlaps others. Macros: GCC's tile intrinsics paste the tile number into the
 // instruction's text, so it must be a literal.
@@ -136,15 +113,6 @@ inline void group_bytes(const void* base, const __m512i& offsets_lo, const __m51
   } while (0)
 #define SPECDEC_STORE(TC, c_out) _tile_stored(TC, c_out, 64)
 
-// One block of a panel, ready for its tile products and float part: B tiles (group g's at 512 g), and per group
-// the 16 weight rows' sc and mn x dmin as floats, and their d.
-struct PanelBlock {
-  alignas(64) uint8_t b_tiles[kGroups * 512];
-  alignas(64) float scales[kGroups][kPanel];
-  alignas(64) float mins[kGroups][kPanel];
-  alignas(64) float d[kPanel];
-};
-
 // The 8 lanes' sum in simd.h's hsum order, lane-wise over 16 weight rows: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))
 inline __m512 hsum_order(const __m512 v[kGroups]) {
   const __m512 s0 = _mm512_add_ps(v[0], v[4]), s1 = _mm512_add_ps(v[1], v[5]);
@@ -152,47 +120,58 @@ inline __m512 hsum_order(const __m512 v[kGroups]) {
   return _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
 }
 
+// A block's B tiles: group g's at tiles + 512 g; row v of it = the low (v even) or high (v odd) nibbles of the
+// block's codes[g][v / 2].
+inline void expand_b_tiles(const specdec_kernels::Q4AmxBlock& block, uint8_t* tiles) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int g = 0; g < kGroups; ++g)
+    for (int c = 0; c < 4; ++c) {
+      const __m512i packed = _mm512_load_si512(block.codes[g][c]);
+      prefetch_ahead(block.codes[g][c], 1);
+      _mm512_store_si512(tiles + g * 512 + 2 * c * 64, _mm512_and_si512(packed, low));
+      _mm512_store_si512(tiles + g * 512 + (2 * c + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(packed, 4), low));
+    }
+}
+
 }  // namespace
 
 namespace specdec_kernels {
 
-void q4_panel_amx(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin, int64_t K,
-                  int64_t outs, const int8_t* xq, const float* gsum, int64_t gstride, int64_t rows, float* result) {
-  const int64_t blocks = K / 256;
-  // weight row j of the panel (a panel narrower than 16 repeats its last row; those lanes are not stored)
-  const uint8_t* row_codes[kPanel];
-  alignas(64) int64_t sc_offsets[kPanel];
-  alignas(64) int32_t param_offsets[kPanel];
-  for (int j = 0; j < kPanel; ++j) {
-    const int64_t row = std::min<int64_t>(j, outs - 1);
-    row_codes[j] = qs + row * (K / 2);
-    sc_offsets[j] = row * blocks * 8;
-    param_offsets[j] = static_cast<int32_t>(row * blocks);
-  }
-  const __m512i sc_lo = _mm512_load_si512(sc_offsets), sc_hi = _mm512_load_si512(sc_offsets + 8);
-  const __m512i param_index = _mm512_load_si512(param_offsets);
-
-  // The panel's B tiles and scales for every block, unpacked once for all of the call's 16-row passes (a
-  // prompt's many; the 1.5B target's widest panel, 8960 inputs: 140 KB + 18 KB, in L2)
-  thread_local std::vector<PanelBlock> panel_storage;
-  if (panel_storage.size() < static_cast<size_t>(blocks)) panel_storage.resize(blocks);
-  PanelBlock* panel = panel_storage.data();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block_rows[kPanel];
-    for (int j = 0; j < kPanel; ++j) block_rows[j] = row_codes[j] + b * 128;
-    unpack_b_tiles(block_rows, panel[b].b_tiles);
-    __m512 sc_f[kGroups], mn_f[kGroups];
-    group_bytes<false>(sc + b * 8, sc_lo, sc_hi, sc_f);
-    group_bytes<true>(mn + b * 8, sc_lo, sc_hi, mn_f);
-    const __m512 Dmin = _mm512_i32gather_ps(param_index, dmin + b, 4);
-    _mm512_store_ps(panel[b].d, _mm512_i32gather_ps(param_index, d + b, 4));
-    for (int g = 0; g < kGroups; ++g) {
-      _mm512_store_ps(panel[b].scales[g], sc_f[g]);
-      _mm512_store_ps(panel[b].mins[g], _mm512_mul_ps(mn_f[g], Dmin));
+void q4_amx_repack(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin, int64_t K,
+                   int64_t N, Q4AmxBlock* out) {
+  const int64_t blocks = K / 256, panels = (N + kPanel - 1) / kPanel;
+  alignas(64) uint8_t tiles[kGroups * 512];
+  for (int64_t p = 0; p < panels; ++p) {
+    int64_t row[kPanel];  // a panel narrower than 16 repeats its last row (those lanes are never stored)
+    for (int j = 0; j < kPanel; ++j) row[j] = std::min<int64_t>(p * kPanel + j, N - 1);
+    for (int64_t b = 0; b < blocks; ++b) {
+      Q4AmxBlock& block = out[p * blocks + b];
+      const uint8_t* block_rows[kPanel];
+      for (int j = 0; j < kPanel; ++j) block_rows[j] = qs + row[j] * (K / 2) + b * 128;
+      unpack_b_tiles(block_rows, tiles);
+      for (int g = 0; g < kGroups; ++g)
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < 64; ++i)
+            block.codes[g][c][i] = static_cast<uint8_t>(tiles[g * 512 + 2 * c * 64 + i] |
+                                                        tiles[g * 512 + (2 * c + 1) * 64 + i] << 4);
+      for (int j = 0; j < kPanel; ++j) {
+        for (int g = 0; g < kGroups; ++g) {
+          block.sc[g][j] = sc[row[j] * blocks * 8 + b * 8 + g];
+          block.mn[g][j] = mn[row[j] * blocks * 8 + b * 8 + g];
+        }
+        block.d[j] = d[row[j] * blocks + b];
+        block.dmin[j] = dmin[row[j] * blocks + b];
+      }
     }
   }
+}
 
-  alignas(64) int32_t sums[kChunkBlocks][kGroups][kMaxTileRows * kPanel];
+void q4_panel_amx(const Q4AmxBlock* panel, int64_t K, int64_t outs, const int8_t* xq, const float* gsum,
+                  int64_t gstride, int64_t rows, float* result) {
+  const int64_t blocks = K / 256;
+  alignas(64) uint8_t b_tiles[kGroups * 512];
+  alignas(64) int32_t sums[kGroups][kMaxTileRows * kPanel];
+  alignas(64) float scales[kGroups][kPanel], mins[kGroups][kPanel];
   __m512 acc[kMaxTileRows][kGroups], min_acc[kMaxTileRows][kGroups];
   for (int64_t m0 = 0; m0 < rows; m0 += kMaxTileRows) {
     const int64_t pass_rows = std::min<int64_t>(kMaxTileRows, rows - m0);
@@ -204,44 +183,42 @@ void q4_panel_amx(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const 
     if (std::memcmp(&current, &cfg, sizeof cfg) != 0) _tile_loadconfig(&cfg);
     for (int64_t r = 0; r < pass_rows; ++r)
       for (int g = 0; g < kGroups; ++g) { acc[r][g] = _mm512_setzero_ps(); min_acc[r][g] = _mm512_setzero_ps(); }
-    for (int64_t b0 = 0; b0 < blocks; b0 += kChunkBlocks) {
-      const int64_t chunk = std::min<int64_t>(kChunkBlocks, blocks - b0);
-      // the chunk's products, four C tiles in turn (each stored two products after its own)
-      for (int64_t cb = 0; cb < chunk; ++cb) {
-        const int8_t* a = pass_xq + (b0 + cb) * 256;
-        const uint8_t* bt = panel[b0 + cb].b_tiles;
-        SPECDEC_GROUP_PRODUCT(0, 1, 4, a, K, bt);
-        SPECDEC_GROUP_PRODUCT(2, 3, 5, a + 32, K, bt + 512);
-        SPECDEC_GROUP_PRODUCT(0, 1, 6, a + 64, K, bt + 1024);
-        SPECDEC_GROUP_PRODUCT(2, 3, 7, a + 96, K, bt + 1536);
-        SPECDEC_STORE(4, sums[cb][0]);
-        SPECDEC_STORE(5, sums[cb][1]);
-        SPECDEC_GROUP_PRODUCT(0, 1, 4, a + 128, K, bt + 2048);
-        SPECDEC_GROUP_PRODUCT(2, 3, 5, a + 160, K, bt + 2560);
-        SPECDEC_STORE(6, sums[cb][2]);
-        SPECDEC_STORE(7, sums[cb][3]);
-        SPECDEC_GROUP_PRODUCT(0, 1, 6, a + 192, K, bt + 3072);
-        SPECDEC_GROUP_PRODUCT(2, 3, 7, a + 224, K, bt + 3584);
-        SPECDEC_STORE(4, sums[cb][4]);
-        SPECDEC_STORE(5, sums[cb][5]);
-        SPECDEC_STORE(6, sums[cb][6]);
-        SPECDEC_STORE(7, sums[cb][7]);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const Q4AmxBlock& block = panel[b];
+      expand_b_tiles(block, b_tiles);
+      // the block's products, four C tiles in turn (each stored two products after its own)
+      const int8_t* a = pass_xq + b * 256;
+      SPECDEC_GROUP_PRODUCT(0, 1, 4, a, K, b_tiles);
+      SPECDEC_GROUP_PRODUCT(2, 3, 5, a + 32, K, b_tiles + 512);
+      SPECDEC_GROUP_PRODUCT(0, 1, 6, a + 64, K, b_tiles + 1024);
+      SPECDEC_GROUP_PRODUCT(2, 3, 7, a + 96, K, b_tiles + 1536);
+      SPECDEC_STORE(4, sums[0]);
+      SPECDEC_STORE(5, sums[1]);
+      SPECDEC_GROUP_PRODUCT(0, 1, 4, a + 128, K, b_tiles + 2048);
+      SPECDEC_GROUP_PRODUCT(2, 3, 5, a + 160, K, b_tiles + 2560);
+      SPECDEC_STORE(6, sums[2]);
+      SPECDEC_STORE(7, sums[3]);
+      SPECDEC_GROUP_PRODUCT(0, 1, 6, a + 192, K, b_tiles + 3072);
+      SPECDEC_GROUP_PRODUCT(2, 3, 7, a + 224, K, b_tiles + 3584);
+      SPECDEC_STORE(4, sums[4]);
+      SPECDEC_STORE(5, sums[5]);
+      SPECDEC_STORE(6, sums[6]);
+      SPECDEC_STORE(7, sums[7]);
+      // the block's sc and mn x dmin as floats, once for all rows
+      const __m512 Dmin = _mm512_load_ps(block.dmin), D = _mm512_load_ps(block.d);
+      for (int g = 0; g < kGroups; ++g) {
+        const __m128i sc_bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(block.sc[g]));
+        const __m128i mn_bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(block.mn[g]));
+        _mm512_store_ps(scales[g], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc_bytes)));
+        _mm512_store_ps(mins[g], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(mn_bytes)), Dmin));
       }
-      for (int64_t r = 0; r < pass_rows; ++r) {  // the float part, row by row (its 16 accumulators in registers)
-        __m512 row_acc[kGroups], row_min[kGroups];
-        for (int g = 0; g < kGroups; ++g) { row_acc[g] = acc[r][g]; row_min[g] = min_acc[r][g]; }
-        for (int64_t cb = 0; cb < chunk; ++cb) {
-          const int64_t b = b0 + cb;
-          const __m512 D = _mm512_load_ps(panel[b].d);
-          for (int g = 0; g < kGroups; ++g) {
-            const __m512 sum = _mm512_cvtepi32_ps(_mm512_load_si512(sums[cb][g] + r * kPanel));
-            row_acc[g] = _mm512_fmadd_ps(_mm512_mul_ps(sum, _mm512_load_ps(panel[b].scales[g])), D, row_acc[g]);
-            row_min[g] = _mm512_fmadd_ps(_mm512_set1_ps(pass_gsum[r * gstride + b * 8 + g]),
-                                         _mm512_load_ps(panel[b].mins[g]), row_min[g]);
-          }
+      for (int64_t r = 0; r < pass_rows; ++r)  // the float part, row by row
+        for (int g = 0; g < kGroups; ++g) {
+          const __m512 sum = _mm512_cvtepi32_ps(_mm512_load_si512(sums[g] + r * kPanel));
+          acc[r][g] = _mm512_fmadd_ps(_mm512_mul_ps(sum, _mm512_load_ps(scales[g])), D, acc[r][g]);
+          min_acc[r][g] = _mm512_fmadd_ps(_mm512_set1_ps(pass_gsum[r * gstride + b * 8 + g]), _mm512_load_ps(mins[g]),
+                                          min_acc[r][g]);
         }
-        for (int g = 0; g < kGroups; ++g) { acc[r][g] = row_acc[g]; min_acc[r][g] = row_min[g]; }
-      }
     }
     const __mmask16 stored = static_cast<__mmask16>((1u << outs) - 1);
     for (int64_t r = 0; r < pass_rows; ++r)
@@ -261,7 +238,7 @@ namespace specdec_kernels {
 bool amx_q4_ready() {
   static const bool ready = [] {
     __builtin_cpu_init();
-    return amx_int8_ready() && __builtin_cpu_supports("avx512vbmi");
+    return amx_int8_ready();
   }();
   return ready;
 }
@@ -274,8 +251,10 @@ namespace specdec_kernels {
 
 bool amx_q4_ready() { return false; }
 
-void q4_panel_amx(const uint8_t*, const uint8_t*, const int8_t*, const float*, const float*, int64_t, int64_t,
-                  const int8_t*, const float*, int64_t, int64_t, float*) {}
+void q4_amx_repack(const uint8_t*, const uint8_t*, const int8_t*, const float*, const float*, int64_t, int64_t,
+                   Q4AmxBlock*) {}
+
+void q4_panel_amx(const Q4AmxBlock*, int64_t, int64_t, const int8_t*, const float*, int64_t, int64_t, float*) {}
 
 }  // namespace specdec_kernels
 

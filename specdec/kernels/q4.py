@@ -21,6 +21,9 @@ whole decoder to this mode is kernels/convert.py's ``quantize_decoder_q4``.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -50,6 +53,24 @@ class Q4Linear(KernelLinear):
     def __init__(self, qs: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,
                  bias: torch.Tensor | None) -> None:
         super().__init__((qs, sc, mn, d, dmin), bias, in_features=qs.shape[1] * 2)
+        self._amx_copy: torch.Tensor | None = None
+
+    def amx_copy(self) -> torch.Tensor | None:
+        """The layer's copy for the AMX path (``linear_kernels_amx.cpp``), made on first use; None where it
+        does not run (no AMX here, ``SPECDEC_Q4_AMX_ROWS=0``, or inputs not whole blocks of 256).
+
+        Why a copy: AMX multiplies a panel of 16 weight rows at once, and the stored layout keeps each row's
+        codes together (what the one-row decode kernel streams); regrouping them per panel on every call cost
+        as much as the products. The copy holds the same codes and scales (~0.59 bytes per weight again)."""
+        if self._amx_copy is None and self.in_features % BLOCK == 0 and amx_copies_wanted(self._kernel):
+            self._amx_copy = self._kernel.q4_amx_repack(self.qs, self.sc, self.mn, self.d, self.dmin)
+        return self._amx_copy
+
+    def spec(self) -> tuple[str, list[torch.Tensor], torch.Tensor | None]:
+        """As :meth:`KernelLinear.spec`, with the AMX copy as a sixth tensor where there is one."""
+        amx = self.amx_copy()
+        tensors = [getattr(self, name) for name in self.BUFFERS] + ([amx] if amx is not None else [])
+        return self.FORMAT, tensors, self.bias
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Q4Linear":
@@ -102,10 +123,16 @@ class Q4Linear(KernelLinear):
 
     def on_matrix(self, rows: torch.Tensor) -> torch.Tensor:
         """The kernel call itself: contiguous float32 ``[M, K]`` in, ``[M, N]`` out."""
-        return self._kernel.q4_linear(rows, self.qs, self.sc, self.mn, self.d, self.dmin, self.bias)
+        return self._kernel.q4_linear(rows, self.qs, self.sc, self.mn, self.d, self.dmin, self.bias, self.amx_copy())
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit x int8 per-token"
+
+
+def amx_copies_wanted(module: Any) -> bool:
+    """Whether 4-bit layers make their AMX copy here: the CPU and the OS run AMX tiles and
+    ``SPECDEC_Q4_AMX_ROWS`` is not 0 (turning the path off also spares the memory)."""
+    return bool(module.amx_q4_ready()) and os.environ.get("SPECDEC_Q4_AMX_ROWS", "").strip() != "0"
 
 
 def check_shape(in_features: int) -> None:
