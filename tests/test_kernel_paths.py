@@ -334,3 +334,11 @@ def test_the_4bit_amx_threshold_comes_from_the_environment(q4_amx, monkeypatch):
     monkeypatch.setenv("SPECDEC_Q4_AMX_ROWS", "32")
     build._loaded(q4_amx)
     assert ", int4 on AMX from 32 rows" in kernels_note(["int4"])
+
+
+def test_the_step_cost_cache_names_the_4bit_amx_threshold(q4_amx):
+    from specdec.kernels.build import amx_key
+
+    assert amx_key() == "-amx1"  # the fixture's threshold
+    q4_amx.set_q4_amx_min_rows(0)
+    assert amx_key() == "-amx0"

@@ -107,8 +107,9 @@ def test_curves_are_measured_once_and_cached_per_cpu(tmp_path, monkeypatch, int4
 def test_a_kernel_change_measures_the_curves_again(tmp_path, monkeypatch):
     """Curves are keyed by the C++ kernels' build: a new build (a kernel edit) must not be planned with
     the old build's costs, and going back to a build finds its own curves again; so is a kernel path
-    other than the CPU's best (its chunks cost what they cost there)."""
+    other than the CPU's best (its chunks cost what they cost there), and another 4-bit AMX threshold."""
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.setattr("specdec.step_costs.amx_key", lambda: "")  # (a CPU without AMX; the default threshold)
     measured = []
 
     def fake_measure(cfg, modes):  # noqa: ANN001, ANN202
@@ -136,6 +137,11 @@ def test_a_kernel_change_measures_the_curves_again(tmp_path, monkeypatch):
     monkeypatch.setattr("specdec.step_costs.kernel_path", lambda: "avx2")
     assert curves_for(TINY, ("int4",))["int4"].cost(1) != old_build and len(measured) == 3
     assert len(list((tmp_path / "step_costs").glob("*-kaaaaaaaaaaaa-avx2.json"))) == 1
+    # SPECDEC_Q4_AMX_ROWS moves int4 chunks' costs: its own curves too
+    monkeypatch.setattr("specdec.step_costs.kernel_path", lambda: "avx512-vnni")
+    monkeypatch.setattr("specdec.step_costs.amx_key", lambda: "-amx0")
+    assert curves_for(TINY, ("int4",))["int4"].cost(1) != old_build and len(measured) == 4
+    assert len(list((tmp_path / "step_costs").glob("*-kaaaaaaaaaaaa-amx0.json"))) == 1
 
 
 def test_plan_names_a_mode_for_target_and_draft(tmp_path, monkeypatch, int4_kernel):

@@ -105,7 +105,7 @@ def amx_from_rows() -> int:
 
 
 def kernels_note(modes: list[str]) -> str:
-    """``", avx512-vnni kernels, int4 on AMX from 64 rows, int8 on AMX from 2 rows"``: what an execution line says of the C++ kernels
+    """``", avx512-vnni kernels, int4 on AMX from 8 rows, int8 on AMX from 2 rows"``: what an execution line says of the C++ kernels
     that run ``modes`` here (the instruction set changes speed, and results files are compared across
     CPUs), or ``""`` when none of them runs on these kernels."""
     notes = []
