@@ -101,10 +101,11 @@ static_assert(sizeof(Q4AmxBlock) == 2432, "the repacked block has no padding");
 // narrower than 16 repeats its last row)
 void q4_amx_repack(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const float* d, const float* dmin, int64_t K,
                    int64_t N, Q4AmxBlock* out);
-// `rows` activation rows (int8 in order, K apart; their group sums as floats, gstride apart) x one panel's K / 256
-// blocks (`outs` <= 16 weight rows real) -> result[r * 16 + j], bit-identical to every path's dot product.
+// `rows` activation rows (int8 in order, K apart; their group sums as floats, gstride apart; their scales xs) x
+// one panel's K / 256 blocks (`outs` <= 16 weight rows real) -> out[r * ldo + j] = dot x xs[r] (+ bias[j]), the
+// dot product bit-identical to every path's and then QuantizedRows::output's operations
 void q4_panel_amx(const Q4AmxBlock* panel, int64_t K, int64_t outs, const int8_t* xq, const float* gsum,
-                  int64_t gstride, int64_t rows, float* result);
+                  int64_t gstride, int64_t rows, const float* xs, const float* bias, float* out, int64_t ldo);
 // amx_int8_ready(): where q4_panel_amx runs
 bool amx_q4_ready();
 // Both kernels' epilogue: int32 sums of q * (w + 128), [rows, 64] -> (float(sum - 128 * total) * row scale) *

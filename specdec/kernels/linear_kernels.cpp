@@ -175,15 +175,11 @@ torch::Tensor q4_linear_amx(const torch::Tensor& x, const torch::Tensor& panels,
   float* op = out.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   specdec_kernels::run_tiles((N + kTileRows - 1) / kTileRows, [&](int64_t tile) {
-    std::vector<float> result(M * kPanel);
     const int64_t nb = tile * kTileRows, ne = std::min<int64_t>(nb + kTileRows, N);
-    for (int64_t n = nb; n < ne; n += kPanel) {
-      const int64_t outs = std::min<int64_t>(kPanel, ne - n);
-      specdec_kernels::q4_panel_amx(panel_blocks + (n / kPanel) * blocks, K, outs, q.xq,
-                                    reinterpret_cast<const float*>(q.gsum), q.gstride, M, result.data());
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t j = 0; j < outs; ++j) op[m * N + n + j] = q.output(m, result[m * kPanel + j], bp, n + j);
-    }
+    for (int64_t n = nb; n < ne; n += kPanel)
+      specdec_kernels::q4_panel_amx(panel_blocks + (n / kPanel) * blocks, K, std::min<int64_t>(kPanel, ne - n), q.xq,
+                                    reinterpret_cast<const float*>(q.gsum), q.gstride, M, q.xs.data(),
+                                    bp ? bp + n : nullptr, op + n, N);
   });
   return out;
 }

@@ -167,7 +167,7 @@ void q4_amx_repack(const uint8_t* qs, const uint8_t* sc, const int8_t* mn, const
 }
 
 void q4_panel_amx(const Q4AmxBlock* panel, int64_t K, int64_t outs, const int8_t* xq, const float* gsum,
-                  int64_t gstride, int64_t rows, float* result) {
+                  int64_t gstride, int64_t rows, const float* xs, const float* bias, float* out, int64_t ldo) {
   const int64_t blocks = K / 256;
   alignas(64) uint8_t b_tiles[kGroups * 512];
   alignas(64) int32_t sums[kGroups][kMaxTileRows * kPanel];
@@ -221,9 +221,12 @@ void q4_panel_amx(const Q4AmxBlock* panel, int64_t K, int64_t outs, const int8_t
         }
     }
     const __mmask16 stored = static_cast<__mmask16>((1u << outs) - 1);
-    for (int64_t r = 0; r < pass_rows; ++r)
-      _mm512_mask_storeu_ps(result + (m0 + r) * kPanel, stored,
-                            _mm512_sub_ps(hsum_order(acc[r]), hsum_order(min_acc[r])));
+    for (int64_t r = 0; r < pass_rows; ++r) {  // QuantizedRows::output's operations: times the row's scale, + bias
+      const __m512 dot = _mm512_sub_ps(hsum_order(acc[r]), hsum_order(min_acc[r]));
+      __m512 y = _mm512_mul_ps(dot, _mm512_set1_ps(xs[m0 + r]));
+      if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(stored, bias));
+      _mm512_mask_storeu_ps(out + (m0 + r) * ldo, stored, y);
+    }
   }
 }
 
@@ -254,7 +257,8 @@ bool amx_q4_ready() { return false; }
 void q4_amx_repack(const uint8_t*, const uint8_t*, const int8_t*, const float*, const float*, int64_t, int64_t,
                    Q4AmxBlock*) {}
 
-void q4_panel_amx(const Q4AmxBlock*, int64_t, int64_t, const int8_t*, const float*, int64_t, int64_t, float*) {}
+void q4_panel_amx(const Q4AmxBlock*, int64_t, int64_t, const int8_t*, const float*, int64_t, int64_t, const float*,
+                  const float*, float*, int64_t) {}
 
 }  // namespace specdec_kernels
 
