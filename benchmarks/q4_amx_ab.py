@@ -1,5 +1,5 @@
 """The int4 mode's 4-bit layers on AMX tiles against the AVX-512 VNNI path, in one process: one load, the
-threshold switched between forwards (``set_q4_amx_min_rows``: the same output bits either way, checked here).
+threshold switched between forwards (``use_q4_amx_rows``: the same output bits either way, checked here).
 
 Times forwards of T new tokens after a context — T=1 (decode, never AMX), verification chunks and trees —
 alternating AMX and VNNI, min of the repeats per T. Prints ms for each, VNNI ÷ AMX, and the AMX forward's
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import specdec  # noqa: E402
 from int8_gemm_ab import time_forward  # noqa: E402
 from specdec.cpu import cpu_description  # noqa: E402
-from specdec.kernels.build import kernel  # noqa: E402
+from specdec.kernels.build import kernel, use_q4_amx_rows  # noqa: E402
 
 
 def logits_of(model: specdec.LoadedModel, tokens: int, context: list[int]) -> torch.Tensor:
@@ -39,9 +39,7 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=256, help="tokens already in the cache")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    module = kernel()
-    default = module.q4_amx_min_rows()
-    if not default:
+    if not kernel().q4_amx_min_rows():
         parser.error("this CPU has no AMX-INT8 with AVX-512 VBMI (or the OS did not grant AMX, or another path is set)")
     model = specdec.load_model(args.model, quantize="int4")
     stored = sum(t.numel() * t.element_size() for name, t in model.backend.decoder.state_dict().items()
@@ -52,22 +50,19 @@ def main() -> int:
           f"CPU {cpu_description()}")
     print("| T | VNNI ms | AMX ms | VNNI ÷ AMX | same bits | AMX tok/s | AMX GB/s |")
     print("|---|---|---|---|---|---|---|")
-    try:
-        for tokens in [int(t) for t in args.tokens.split(",")]:
-            outputs = {}
-            for on in (False, True):
-                module.set_q4_amx_min_rows(1 if on else 0)
+    for tokens in [int(t) for t in args.tokens.split(",")]:
+        outputs = {}
+        for on in (False, True):
+            with use_q4_amx_rows(1 if on else 0):
                 outputs[on] = logits_of(model, tokens, context)
-            best = {False: float("inf"), True: float("inf")}
-            for _ in range(args.repeats):
-                for on in (False, True):
-                    module.set_q4_amx_min_rows(1 if on else 0)
+        best = {False: float("inf"), True: float("inf")}
+        for _ in range(args.repeats):
+            for on in (False, True):
+                with use_q4_amx_rows(1 if on else 0):
                     best[on] = min(best[on], time_forward(model, tokens, context))
-            print(f"| {tokens} | {best[False] * 1e3:.1f} | {best[True] * 1e3:.1f} | {best[False] / best[True]:.3f} | "
-                  f"{'yes' if torch.equal(outputs[False], outputs[True]) else 'NO'} | {tokens / best[True]:.1f} | "
-                  f"{stored / best[True] / 1e9:.1f} |", flush=True)
-    finally:
-        module.set_q4_amx_min_rows(default)
+        print(f"| {tokens} | {best[False] * 1e3:.1f} | {best[True] * 1e3:.1f} | {best[False] / best[True]:.3f} | "
+              f"{'yes' if torch.equal(outputs[False], outputs[True]) else 'NO'} | {tokens / best[True]:.1f} | "
+              f"{stored / best[True] / 1e9:.1f} |", flush=True)
     return 0
 
 

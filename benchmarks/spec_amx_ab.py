@@ -18,7 +18,7 @@ from interleaved import add_pair_args, group_prompts, header, load_pair
 
 import specdec
 from specdec.drafters.suffix import clear_global_caches
-from specdec.kernels.build import kernel
+from specdec.kernels.build import kernel, use_q4_amx_rows
 
 
 def main() -> int:
@@ -29,9 +29,7 @@ def main() -> int:
     parser.add_argument("--spec-tree", default="off", help="--spec-tree for every configuration (off, auto or N)")
     parser.add_argument("--amx-rows", type=int, default=8, help="the AMX threshold of the 'on' runs")
     args = parser.parse_args()
-    module = kernel()
-    default = module.q4_amx_min_rows()
-    if not default:
+    if not kernel().q4_amx_min_rows():
         parser.error("the 4-bit layers do not run on AMX here (no AMX, another kernel path, or SPECDEC_Q4_AMX_ROWS=0)")
     target, draft = load_pair(args)
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -39,34 +37,30 @@ def main() -> int:
     print(header(args, f"tree {args.spec_tree}; AMX from {args.amx_rows} rows vs VNNI, alternating per prompt"), flush=True)
     print("| group | config | AMX decode tok/s | VNNI decode tok/s | AMX ÷ VNNI (median, range) | τ AMX / VNNI | "
           "verify ms/round AMX / VNNI |\n|---|---|---|---|---|---|---|")
-    try:
-        for group, prompt_ids in group_prompts(target, args):
-            rows: dict[str, list[tuple[float, ...]]] = {}
-            for number, ids in enumerate(prompt_ids):
-                module.set_q4_amx_min_rows(default)
-                plain = specdec.generate(target, ids, params).token_ids
-                for method, gamma in configs:
-                    spec = specdec.SpecConfig(method=method, num_speculative_tokens=gamma if gamma == "auto" else int(gamma),
-                                              spec_tree=args.spec_tree)
-                    runs = {}
-                    for amx in ((True, False) if number % 2 == 0 else (False, True)):
-                        module.set_q4_amx_min_rows(args.amx_rows if amx else 0)
-                        clear_global_caches()
+    for group, prompt_ids in group_prompts(target, args):
+        rows: dict[str, list[tuple[float, ...]]] = {}
+        for number, ids in enumerate(prompt_ids):
+            plain = specdec.generate(target, ids, params).token_ids
+            for method, gamma in configs:
+                spec = specdec.SpecConfig(method=method, num_speculative_tokens=gamma if gamma == "auto" else int(gamma),
+                                          spec_tree=args.spec_tree)
+                runs = {}
+                for amx in ((True, False) if number % 2 == 0 else (False, True)):
+                    clear_global_caches()
+                    with use_q4_amx_rows(args.amx_rows if amx else 0):
                         out = specdec.generate(target, ids, params, draft=draft, spec=spec)
-                        if out.token_ids != plain:
-                            print(f"MISMATCH {method}:{gamma} amx={amx} on {group} prompt {number}", flush=True)
-                        s = out.stats
-                        runs[amx] = (s.tokens_per_s, s.mean_accepted_len, 1e3 * s.verify_time_s / max(s.target_forwards, 1))
-                    rows.setdefault(f"{method}:{gamma}", []).append(
-                        (runs[True][0], runs[False][0], runs[True][0] / runs[False][0], runs[True][1], runs[False][1],
-                         runs[True][2], runs[False][2]))
-            for name, values in rows.items():
-                m = [statistics.median(column) for column in zip(*values)]
-                ratios = [v[2] for v in values]
-                print(f"| {group} | {name} | {m[0]:.1f} | {m[1]:.1f} | {m[2]:.3f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
-                      f"{m[3]:.2f} / {m[4]:.2f} | {m[5]:.1f} / {m[6]:.1f} |", flush=True)
-    finally:
-        module.set_q4_amx_min_rows(default)
+                    if out.token_ids != plain:
+                        print(f"MISMATCH {method}:{gamma} amx={amx} on {group} prompt {number}", flush=True)
+                    s = out.stats
+                    runs[amx] = (s.tokens_per_s, s.mean_accepted_len, 1e3 * s.verify_time_s / max(s.target_forwards, 1))
+                rows.setdefault(f"{method}:{gamma}", []).append(
+                    (runs[True][0], runs[False][0], runs[True][0] / runs[False][0], runs[True][1], runs[False][1],
+                     runs[True][2], runs[False][2]))
+        for name, values in rows.items():
+            m = [statistics.median(column) for column in zip(*values)]
+            ratios = [v[2] for v in values]
+            print(f"| {group} | {name} | {m[0]:.1f} | {m[1]:.1f} | {m[2]:.3f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
+                  f"{m[3]:.2f} / {m[4]:.2f} | {m[5]:.1f} / {m[6]:.1f} |", flush=True)
     return 0
 
 

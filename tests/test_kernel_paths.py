@@ -20,7 +20,7 @@ from tests.model_fixtures import require_cpu_kernels
 
 require_cpu_kernels()
 
-from specdec.kernels.build import kernel_path, kernel_paths, use_kernel_path
+from specdec.kernels.build import kernel_path, kernel_paths, use_kernel_path, use_q4_amx_rows
 from specdec.kernels.q4 import Q4Linear, Q8Linear
 from specdec.kernels.q6 import Q6K_BLOCK_BYTES, Q6Linear
 
@@ -240,12 +240,10 @@ def test_attention_under_a_tree_mask_gives_the_same_bits_on_every_path():
 def q4_amx():
     """The extension with the 4-bit linear on AMX tiles from one row (restored after); skips without AMX."""
     module = kernel()
-    default = module.q4_amx_min_rows()
-    if not default:
+    if not module.q4_amx_min_rows():
         pytest.skip("no AMX-INT8 here (or the OS did not grant this process its tile state)")
-    module.set_q4_amx_min_rows(1)
-    yield module
-    module.set_q4_amx_min_rows(default)
+    with use_q4_amx_rows(1):
+        yield module
 
 
 # whole blocks only (a partial last block runs the VNNI code); 17 and 40 outputs: panels of 16 with a tail
@@ -258,9 +256,8 @@ def test_the_4bit_linear_on_amx_tiles_gives_every_paths_bits(q4_amx, width, outp
     assert (layer.amx_copy() is not None) == (width % 256 == 0)
     for rows in (1, 2, 5, 9, 16, 17, 35):  # 35: three 16-row tile passes over each panel
         on_amx = layer(x[:rows])
-        q4_amx.set_q4_amx_min_rows(0)
-        on_vnni = layer(x[:rows])
-        q4_amx.set_q4_amx_min_rows(1)
+        with use_q4_amx_rows(0):
+            on_vnni = layer(x[:rows])
         with use_kernel_path("avx2"):
             on_avx2 = layer(x[:rows])
         assert torch.equal(on_amx, on_vnni), f"{rows} rows"
@@ -288,9 +285,8 @@ def test_a_whole_int4_model_gives_the_same_logits_on_amx_tiles(q4_amx, tmp_path)
         return torch.cat([decoder(tokens[a:b], torch.arange(a, b), cache) for a, b in ((0, 9), (9, 10), (10, 11))])
 
     on_amx = steps()
-    q4_amx.set_q4_amx_min_rows(0)
-    on_vnni = steps()
-    q4_amx.set_q4_amx_min_rows(1)
+    with use_q4_amx_rows(0):
+        on_vnni = steps()
     assert torch.equal(on_amx, on_vnni)
 
 
@@ -308,9 +304,19 @@ def test_a_4bit_layer_refuses_an_amx_copy_that_is_not_its_own(q4_amx):
 
 
 def test_turning_the_4bit_amx_path_off_spares_its_copy(q4_amx, monkeypatch):
-    monkeypatch.setenv("SPECDEC_Q4_AMX_ROWS", "0")
-    layer = Q4Linear.from_float(torch.randn(16, 256), None)
-    assert layer.amx_copy() is None and len(layer.spec()[1]) == 5
+    for off in ("0", "00"):  # whatever the threshold reads as 0 (build.q4_amx_rows_from_env, one reader)
+        monkeypatch.setenv("SPECDEC_Q4_AMX_ROWS", off)
+        layer = Q4Linear.from_float(torch.randn(16, 256), None)
+        assert layer.amx_copy() is None and len(layer.spec()[1]) == 5
+
+
+def test_the_4bit_amx_threshold_is_restored_after_a_block(q4_amx):
+    with use_q4_amx_rows(0):
+        assert q4_amx.q4_amx_min_rows() == 0
+        with use_kernel_path("avx2"), use_q4_amx_rows(5):  # the path hides the threshold; it is still restored
+            assert q4_amx.q4_amx_min_rows() == 0
+        assert q4_amx.q4_amx_threshold() == 0
+    assert q4_amx.q4_amx_min_rows() == 1
 
 
 def test_the_4bit_amx_threshold_is_checked_and_follows_the_path(q4_amx):
@@ -340,5 +346,5 @@ def test_the_step_cost_cache_names_the_4bit_amx_threshold(q4_amx):
     from specdec.kernels.build import amx_key
 
     assert amx_key() == "-amx1"  # the fixture's threshold
-    q4_amx.set_q4_amx_min_rows(0)
-    assert amx_key() == "-amx0"
+    with use_q4_amx_rows(0):
+        assert amx_key() == "-amx0"

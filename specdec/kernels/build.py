@@ -157,12 +157,22 @@ def _loaded(module: ModuleType) -> ModuleType:
         if wanted not in module.kernel_paths():
             raise SpecdecError(f"SPECDEC_KERNEL_PATH={wanted}: this CPU runs {', '.join(module.kernel_paths())}")
         module.set_kernel_path(wanted)
-    rows = os.environ.get("SPECDEC_Q4_AMX_ROWS", "").strip()
-    if rows:
-        if not rows.isdigit():
-            raise SpecdecError(f"SPECDEC_Q4_AMX_ROWS={rows!r}: a number of rows (0: never AMX)")
-        module.set_q4_amx_min_rows(int(rows))
+    rows = q4_amx_rows_from_env()
+    if rows is not None:
+        module.set_q4_amx_min_rows(rows)
     return module
+
+
+def q4_amx_rows_from_env() -> int | None:
+    """``SPECDEC_Q4_AMX_ROWS`` as a number of rows (0: never AMX), None when unset; a clear error otherwise.
+    Read here only: the threshold (:func:`_loaded`) and whether 4-bit layers make their AMX copy
+    (``q4.amx_copies_wanted``) must agree on what the variable says."""
+    rows = os.environ.get("SPECDEC_Q4_AMX_ROWS", "").strip()
+    if not rows:
+        return None
+    if not rows.isdigit():
+        raise SpecdecError(f"SPECDEC_Q4_AMX_ROWS={rows!r}: a number of rows (0: never AMX)")
+    return int(rows)
 
 
 def amx_key() -> str:
@@ -205,6 +215,19 @@ def use_kernel_path(name: str) -> Iterator[None]:
         yield
     finally:
         kernel().set_kernel_path(previous)
+
+
+@contextlib.contextmanager
+def use_q4_amx_rows(rows: int) -> Iterator[None]:
+    """Run 4-bit linears of ``rows`` rows or more on AMX tiles inside the block (0: never; tests and
+    benchmarks compare AMX with VNNI, the same bits; the setting is process-wide), restored after."""
+    module = kernel()
+    previous = int(module.q4_amx_threshold())
+    module.set_q4_amx_min_rows(rows)
+    try:
+        yield
+    finally:
+        module.set_q4_amx_min_rows(previous)
 
 
 def _build(directory: Path, sources: Sequence[Path] = SOURCES, name: str = EXTENSION_NAME) -> None:

@@ -323,6 +323,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_amx_min_rows", &q4_amx_min_rows,
         "q4_linear runs AMX tiles from this many rows on (0: never, or no AMX / not the avx512-vnni path here)");
   m.def("set_q4_amx_min_rows", &set_q4_amx_min_rows, "q4_linear's AMX threshold in rows (0: never; same bits)");
+  m.def("q4_amx_threshold", [] { return g_q4_amx_min_rows.load(); },
+        "the threshold set_q4_amx_min_rows last set, whatever this CPU and path run (to restore it)");
   m.def("rms_norm", &rms_norm, "x += residual (in place, optional); RMSNorm(x) * w");
   m.def("attention", &attention, "RoPE, KV-cache write and row-wise attention for one layer");
   register_layer_stack(m);

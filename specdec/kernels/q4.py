@@ -21,7 +21,6 @@ whole decoder to this mode is kernels/convert.py's ``quantize_decoder_q4``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
+from specdec.kernels.build import q4_amx_rows_from_env
 from specdec.kernels.linear import KernelLinear
 
 #: blocks of 256 inputs (8 groups of 32 sharing two float scales), as in Q4_K; a layer whose input
@@ -132,7 +132,7 @@ class Q4Linear(KernelLinear):
 def amx_copies_wanted(module: Any) -> bool:
     """Whether 4-bit layers make their AMX copy here: the CPU and the OS run AMX tiles and
     ``SPECDEC_Q4_AMX_ROWS`` is not 0 (turning the path off also spares the memory)."""
-    return bool(module.amx_q4_ready()) and os.environ.get("SPECDEC_Q4_AMX_ROWS", "").strip() != "0"
+    return bool(module.amx_q4_ready()) and q4_amx_rows_from_env() != 0
 
 
 def check_shape(in_features: int) -> None:
