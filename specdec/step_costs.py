@@ -30,6 +30,7 @@ import torch
 
 from specdec.cost_model import Curve, ModeChoice, choose_mode, choose_mode_for_load, flat_verification_note
 from specdec.cpu import cpu_signature, cpu_ticks, last_level_cache_bytes, other_cpu_share
+from specdec.huge_pages import huge_pages_supported
 from specdec.kernels.build import available as kernels_available
 from specdec.kernels.build import amx_key, build_key, kernel_path, kernel_paths, unsupported_reason
 from specdec.models.config import ModelConfig
@@ -51,9 +52,11 @@ PROBE_CONTEXT = 128
 MAX_OTHER_CPU_SHARE = 0.1
 #: bump when the way curves are measured changes (3: measured up to 32 rows; 4: the AVX-512 VNNI dot
 #: products, which flatten the int4 curve where the CPU has them; 5: the probe's weights are evicted
-#: from the CPU caches before every timed forward; 6: not cached when timed busy). A change to the C++
-#: kernels needs no bump: the cache file is also keyed by their build (``kernels.build.build_key``).
-CURVE_VERSION = 6
+#: from the CPU caches before every timed forward; 6: not cached when timed busy; 7: the probe's weights on
+#: transparent huge pages, as every loaded CPU model's are: ~10 % off a single-token step, less off
+#: chunks). A change to the C++ kernels needs no bump: the cache file is also keyed by their build
+#: (``kernels.build.build_key``).
+CURVE_VERSION = 7
 #: a choice between modes whose expected rates lie within this fraction of each other is timed again —
 #: the probe of every candidate, the minimum per size kept — until MAX_PROBES probes made the curves.
 #: Why: the busy check reads /proc/stat, which does not see a neighbour's memory traffic; a probe in
@@ -191,7 +194,8 @@ def _cache_path(threads: int | None) -> Path:
     than the CPU's best (``SPECDEC_KERNEL_PATH=avx2``, to see how an older CPU would fare) has its own
     curves — planned on the best path's, its γ=auto drafted as if its chunks cost what they do there.
     Each 4-bit AMX threshold (``SPECDEC_Q4_AMX_ROWS``) has its own curves too: it moves every int4 chunk's
-    cost from that many rows on."""
+    cost from that many rows on. Where models stay on 4 KiB pages (``SPECDEC_HUGE_PAGES=0``, or no
+    transparent huge pages) the curves are their own as well (``-4k``)."""
     threads = threads or torch.get_num_threads()
     kernels = "none"
     if unsupported_reason() is None:
@@ -200,6 +204,7 @@ def _cache_path(threads: int | None) -> Path:
             path = kernel_path()
             kernels += "" if path == kernel_paths()[0] else f"-{path}"
             kernels += amx_key()
+    kernels += "" if huge_pages_supported() else "-4k"
     return specdec_home() / "step_costs" / f"{cpu_signature()}-t{threads}-v{CURVE_VERSION}-k{kernels}.json"
 
 

@@ -107,9 +107,11 @@ def test_curves_are_measured_once_and_cached_per_cpu(tmp_path, monkeypatch, int4
 def test_a_kernel_change_measures_the_curves_again(tmp_path, monkeypatch):
     """Curves are keyed by the C++ kernels' build: a new build (a kernel edit) must not be planned with
     the old build's costs, and going back to a build finds its own curves again; so is a kernel path
-    other than the CPU's best (its chunks cost what they cost there), and another 4-bit AMX threshold."""
+    other than the CPU's best (its chunks cost what they cost there), another 4-bit AMX threshold, and
+    weights on 4 KiB pages."""
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     monkeypatch.setattr("specdec.step_costs.amx_key", lambda: "")  # (a CPU without AMX; the default threshold)
+    monkeypatch.setattr("specdec.step_costs.huge_pages_supported", lambda: True)
     measured = []
 
     def fake_measure(cfg, modes):  # noqa: ANN001, ANN202
@@ -142,6 +144,10 @@ def test_a_kernel_change_measures_the_curves_again(tmp_path, monkeypatch):
     monkeypatch.setattr("specdec.step_costs.amx_key", lambda: "-amx0")
     assert curves_for(TINY, ("int4",))["int4"].cost(1) != old_build and len(measured) == 4
     assert len(list((tmp_path / "step_costs").glob("*-kaaaaaaaaaaaa-amx0.json"))) == 1
+    # models on 4 KiB pages (SPECDEC_HUGE_PAGES=0, or no transparent huge pages) stream slower: their own curves
+    monkeypatch.setattr("specdec.step_costs.huge_pages_supported", lambda: False)
+    assert curves_for(TINY, ("int4",))["int4"].cost(1) != old_build and len(measured) == 5
+    assert len(list((tmp_path / "step_costs").glob("*-kaaaaaaaaaaaa-amx0-4k.json"))) == 1
 
 
 def test_plan_names_a_mode_for_target_and_draft(tmp_path, monkeypatch, int4_kernel):

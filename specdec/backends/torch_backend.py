@@ -8,6 +8,7 @@ from typing import Sequence
 import torch
 
 from specdec.backends.cuda_graphs import CudaGraphRunner
+from specdec.huge_pages import move_to_huge_pages
 from specdec.models.kv_cache import KVCache
 from specdec.models.transformer import Decoder, RaggedInput
 from specdec.prefix_cache import PrefixCache
@@ -27,6 +28,8 @@ class TorchBackend:
     On CUDA (float weights) small chunks replay recorded CUDA graphs (backends/cuda_graphs.py)."""
 
     def __init__(self, decoder: Decoder, cuda_graphs: bool | None = None) -> None:
+        if decoder.device.type == "cpu":  # the weights a step streams, on 2 MiB pages (specdec/huge_pages.py)
+            move_to_huge_pages(decoder)
         self.decoder = decoder
         self.config = decoder.config
         self.device = decoder.device

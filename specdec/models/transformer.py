@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.huge_pages import move_to_huge_pages
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
 
@@ -405,6 +406,8 @@ class Decoder(nn.Module):
                 cache[key] = _float_rows(head, slice(0, rows) if isinstance(rows, int) else rows.to(self.device))
             else:
                 cache[key] = head.first_rows(rows) if isinstance(rows, int) else head.select_rows(rows)
+            if self.device.type == "cpu" and isinstance(cache[key], nn.Module):  # a quantized head's copied
+                move_to_huge_pages(cache[key])  # cut is streamed like the head: onto huge pages too
         return cache[key]
 
     @property
