@@ -155,7 +155,7 @@ def load_model(
         backend.step_seconds = step_costs.measured_seconds(decoder.config, mode, AUTO_MAX_SPECULATIVE_TOKENS + 1)
         prompt_mode = resolve_prompt_quantize(prompt_quantize, decoder.config, mode)
         if prompt_mode != mode:
-            prompts = TorchBackend(_load_cpu_decoder(path, prompt_mode, device, progress))
+            prompts = TorchBackend(_load_cpu_decoder(path, prompt_mode, device, progress), huge_pages=False)
             prompts.mode = prompt_mode
             prompts.step_seconds = step_costs.full_curve(decoder.config, prompt_mode)
             backend.use_for_prompts(prompts)

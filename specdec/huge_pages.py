@@ -96,14 +96,15 @@ def _cpu_tensors(module: nn.Module) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def move_to_huge_pages(module: nn.Module, min_bytes: int = MIN_BYTES) -> int:
-    """Copy the CPU storages of ``module``'s tensors of at least ``min_bytes`` into one arena on huge
+def move_to_huge_pages(module: nn.Module, min_bytes: int | None = None) -> int:
+    """Copy the CPU storages of ``module``'s tensors of at least ``min_bytes`` (default MIN_BYTES) into one arena on huge
     pages (each at a 64-byte boundary) and re-point their tensors there (see the module docstring);
     returns the bytes moved (0 where :func:`huge_pages_supported` is False). A storage already in an
     arena stays: calling it again, or on a module sharing moved tensors, moves only what is new.
     The originals are freed as their tensors move (unless something else still holds them)."""
     if not huge_pages_supported():
         return 0
+    min_bytes = MIN_BYTES if min_bytes is None else min_bytes
     by_storage: dict[int, list[torch.Tensor]] = {}
     for tensor in _cpu_tensors(module):
         storage = tensor.untyped_storage()

@@ -143,3 +143,22 @@ def test_inference_tensors_and_trainable_parameters_move():
     before = trained.weight.detach().clone()
     torch.optim.SGD(trained.parameters(), lr=0.1).step()
     assert in_arena(trained.weight) and not torch.equal(trained.weight, before)
+
+
+@needs_thp
+def test_loaded_models_move_but_prompt_twins_do_not(tiny_dirs, int4_kernel, monkeypatch):
+    """A loaded CPU model's weights are moved (its embedding and head: 128 KB each in the float tiny model);
+    a twin that runs only prompt passes (compute-bound) is not, and the execution line says so."""
+    from specdec.cli.common import pages_in_use
+
+    float_model = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu")
+    assert float_model.backend.huge_page_bytes >= 2 * 128 * 1024
+    assert in_arena(float_model.backend.decoder.lm_head.weight)
+    assert pages_in_use(float_model, None) == ", weights on 2 MiB pages (0.0 GB)"
+    monkeypatch.setattr(huge_pages, "MIN_BYTES", 0)  # every tensor of the tiny model moves, wherever it is moved
+    twin_model = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int4",
+                                    prompt_quantize="int8")
+    main, twin = twin_model.backend, twin_model.backend.prompt_backend
+    assert twin is not main and twin.huge_page_bytes == 0 and main.huge_page_bytes > 0
+    assert all(in_arena(t) for t in huge_pages._cpu_tensors(main.decoder.model.layers[0]))
+    assert not any(in_arena(t) for t in huge_pages._cpu_tensors(twin.decoder.model.layers[0]))

@@ -27,9 +27,12 @@ class TorchBackend:
     """Wraps a :class:`Decoder`; each request gets its own :class:`KVCache` from :meth:`new_state`.
     On CUDA (float weights) small chunks replay recorded CUDA graphs (backends/cuda_graphs.py)."""
 
-    def __init__(self, decoder: Decoder, cuda_graphs: bool | None = None) -> None:
-        if decoder.device.type == "cpu":  # the weights a step streams, on 2 MiB pages (specdec/huge_pages.py)
-            move_to_huge_pages(decoder)
+    def __init__(self, decoder: Decoder, cuda_graphs: bool | None = None, huge_pages: bool = True) -> None:
+        """``huge_pages``: move a CPU model's weights onto 2 MiB pages (specdec/huge_pages.py) — what a
+        decode step's weight stream wants; a twin that runs only prompt passes (compute-bound GEMMs, see
+        :meth:`use_for_prompts`) is loaded without, sparing the load the move."""
+        #: bytes of the model moved onto 2 MiB pages at load; 0: none
+        self.huge_page_bytes = move_to_huge_pages(decoder) if huge_pages and decoder.device.type == "cpu" else 0
         self.decoder = decoder
         self.config = decoder.config
         self.device = decoder.device

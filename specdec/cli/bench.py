@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
-                                gamma_value, kernels_in_use, positive_int, sampling_from_args, speculation_limit_value,
+                                gamma_value, kernels_in_use, pages_in_use, positive_int, sampling_from_args, speculation_limit_value,
                                 tree_values)
 from specdec.errors import SpecdecError
 
@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if close_peers is not None:
             close_peers()
-    execution = target.backend.dtype_name + kernels_in_use(target, draft)  # which instruction sets ran
+    # which instruction sets ran, and on which pages
+    execution = target.backend.dtype_name + kernels_in_use(target, draft) + pages_in_use(target, draft)
     meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]),
             "machine": f"{cpu_description()}, {os.cpu_count()} cores, torch {torch.__version__}", "model": args.model,
             "draft_model": args.draft_model if draft else None, "execution": execution,

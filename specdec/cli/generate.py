@@ -9,7 +9,7 @@ import json
 import sys
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, execution_modes, kernels_in_use,
-                                sampling_from_args, spec_from_args)
+                                pages_in_use, sampling_from_args, spec_from_args)
 from specdec.cpu import cpu_description
 
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
     chosen = " (chosen by --quantize auto from step costs measured on this CPU)" if plan is not None and args.quantize == "auto" else ""
     draft_note = f", draft {draft.backend.mode}" if draft is not None else ""  # mode: int4-all where dtype_name says int4
-    draft_note += kernels_in_use(target, draft)
+    draft_note += kernels_in_use(target, draft) + pages_in_use(target, draft)
     prompt_modes = [f"{role} {m.backend.prompt_backend.mode}" for role, m in (("target", target), ("draft", draft))
                     if m is not None and m.backend.prompt_backend is not m.backend]
     if prompt_modes:  # a second copy of the weights runs the prompt passes (--prompt-quantize)
