@@ -1,6 +1,7 @@
 """End to end: plain and speculative decoding with the models on transparent huge pages (as every CPU model is
-loaded now: specdec/huge_pages.py) against the same models on 4 KiB pages, in one process — both pairs loaded
-(the 4 KiB pair with ``SPECDEC_HUGE_PAGES=0``), per prompt each configuration on both, in alternating order.
+loaded now, and their requests' KV caches: specdec/huge_pages.py) against the same models and caches on 4 KiB
+pages, in one process — both pairs loaded (the 4 KiB pair with ``SPECDEC_HUGE_PAGES=0``, also set while it
+generates), per prompt each configuration on both, in alternating order.
 Every output is checked identical to plain decoding (the move changes where weights live, not their bits).
 
     .venv/bin/python benchmarks/huge_pages_e2e.py --groups humaneval,mt_bench --limit 6 \\
@@ -55,6 +56,7 @@ def main() -> int:
                 for name in (("huge", "4k") if number % 2 == 0 else ("4k", "huge")):
                     target, draft = pairs[name]
                     clear_global_caches()
+                    os.environ["SPECDEC_HUGE_PAGES"] = "1" if name == "huge" else "0"  # the requests' KV caches too
                     out = specdec.generate(target, ids, params, draft=draft if spec else None, spec=spec)
                     plain_ids = plain_ids or out.token_ids
                     if out.token_ids != plain_ids:

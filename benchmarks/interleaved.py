@@ -17,7 +17,8 @@ from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.cpu import cpu_description  # noqa: E402
 
 #: group name → (dataset, categories) for load_prompts
-GROUPS = {"humaneval": ("humaneval", None), "gsm8k": ("gsm8k", None), "mt_bench": ("spec_bench", ["mt_bench"])}
+GROUPS = {"humaneval": ("humaneval", None), "gsm8k": ("gsm8k", None), "mt_bench": ("spec_bench", ["mt_bench"]),
+          "summarization": ("spec_bench", ["summarization"])}  # (long prompts: 600-900 tokens)
 
 
 def add_pair_args(parser: argparse.ArgumentParser) -> None:

@@ -12,8 +12,9 @@ and advised (one arena per model: a mapping per storage would leave each one's l
 empty), and every tensor viewing them is re-pointed in place (``Tensor.set_``), so views stay views
 (fused projections and their parts, a head and its first rows) and everything holding the tensor — a
 module, the C++ layer loop's list — sees the new memory. Values are unchanged bit for bit; only where
-they live moves. ``SPECDEC_HUGE_PAGES=0`` turns it off; it does nothing where the kernel's setting
-is ``never`` or the platform has no ``MADV_HUGEPAGE``.
+they live moves. A CPU KV cache gets an arena of its own when made (:func:`zeros_on_huge_pages`).
+``SPECDEC_HUGE_PAGES=0`` turns both off; they do nothing where the kernel's setting is ``never`` or the
+platform has no ``MADV_HUGEPAGE``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,18 @@ def _arena(nbytes: int) -> torch.Tensor:
     region.madvise(mmap.MADV_HUGEPAGE, start, size - start)
     _ARENAS[whole.untyped_storage().data_ptr()] = region
     return whole[start:start + nbytes]
+
+
+def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+    """A zero CPU tensor of ``shape`` in its own arena — a fresh anonymous mapping is zero, so nothing is
+    written now and pages are faulted in as they are first used — or None where huge pages are not
+    supported or it would be under MIN_BYTES (then ``torch.zeros``). For KV caches: at a long context a
+    decode step streams the cached keys and values as it streams the weights (at 2 048 tokens ~50 MB a
+    0.5B draft step on top of 0.26 GB of weights: that step 0.95x the time with them on huge pages)."""
+    nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+    if nbytes < MIN_BYTES or not huge_pages_supported():
+        return None
+    return _arena(nbytes).view(dtype).view(shape)
 
 
 def _cpu_tensors(module: nn.Module) -> list[torch.Tensor]:

@@ -162,3 +162,19 @@ def test_loaded_models_move_but_prompt_twins_do_not(tiny_dirs, int4_kernel, monk
     assert twin is not main and twin.huge_page_bytes == 0 and main.huge_page_bytes > 0
     assert all(in_arena(t) for t in huge_pages._cpu_tensors(main.decoder.model.layers[0]))
     assert not any(in_arena(t) for t in huge_pages._cpu_tensors(twin.decoder.model.layers[0]))
+
+
+@needs_thp
+def test_kv_caches_start_zero_on_huge_pages(monkeypatch):
+    """A CPU KV cache of MIN_BYTES or more gets its own arena (zero without being written: a fresh mapping);
+    a small one, or any with the switch off, is torch.zeros as before."""
+    from specdec.models.kv_cache import KVCache
+
+    big = KVCache(4, 2, 64, 1024)  # 2 MiB per tensor
+    assert in_arena(big.k) and in_arena(big.v) and big.k.data_ptr() != big.v.data_ptr()
+    assert big.k.shape == (4, 2, 1024, 64) and big.k.is_contiguous() and not big.k.any() and not big.v.any()
+    big.k[3, 1, 1023] = 1.0
+    assert big.k.sum() == 64
+    assert not in_arena(KVCache(1, 1, 8, 16).k)
+    monkeypatch.setenv("SPECDEC_HUGE_PAGES", "0")
+    assert not in_arena(KVCache(4, 2, 64, 1024).k)

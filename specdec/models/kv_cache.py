@@ -13,6 +13,14 @@ from typing import Callable, Sequence
 import torch
 
 from specdec.errors import ContextLengthError
+from specdec.huge_pages import zeros_on_huge_pages
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A cache tensor: on a CPU on 2 MiB pages where the OS offers them (a decode step streams the cached
+    keys and values like the weights: specdec/huge_pages.py), else torch.zeros."""
+    huge = zeros_on_huge_pages(shape, dtype) if torch.device(device).type == "cpu" else None
+    return huge if huge is not None else torch.zeros(shape, dtype=dtype, device=device)
 
 
 class KVCache:
@@ -35,7 +43,7 @@ class KVCache:
         buffer from (the same pool, for the same reason); None: a fresh one."""
         shape = (num_layers, num_kv_heads, max_seq_len, head_dim)
         if storage is None:
-            storage = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+            storage = _zeros(shape, dtype, device), _zeros(shape, dtype, device)
         self.k, self.v = storage
         if self.k.shape[2] < max_seq_len:
             raise ValueError(f"storage has {self.k.shape[2]} slots, fewer than {max_seq_len}")
