@@ -96,7 +96,10 @@ def _cpu_tensors(module: nn.Module) -> list[torch.Tensor]:
         visited.add(id(current))
         held: list[object] = []
         for value in vars(current).values():
-            held.extend(value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value])
+            if isinstance(value, dict):
+                held.extend(value.values())
+            else:
+                held.extend(value if isinstance(value, (list, tuple)) else [value])
         pending.extend(value for value in held if isinstance(value, nn.Module))
         pending.extend(current.children())
         for tensor in (*current.parameters(recurse=False), *current.buffers(recurse=False),
@@ -110,8 +113,8 @@ def _cpu_tensors(module: nn.Module) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def move_to_huge_pages(module: nn.Module, min_bytes: int | None = None) -> int:
-    """Copy the CPU storages of ``module``'s tensors of at least ``min_bytes`` (default MIN_BYTES) into one arena on huge
-    pages (each at a 64-byte boundary) and re-point their tensors there (see the module docstring);
+    """Copy the CPU storages of ``module``'s tensors of at least ``min_bytes`` (default MIN_BYTES) into one
+    arena on huge pages (each at a 64-byte boundary) and re-point their tensors there (module docstring);
     returns the bytes moved (0 where :func:`huge_pages_supported` is False). A storage already in an
     arena stays: calling it again, or on a module sharing moved tensors, moves only what is new.
     The originals are freed as their tensors move (unless something else still holds them)."""

@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
-                                gamma_value, kernels_in_use, pages_in_use, positive_int, sampling_from_args, speculation_limit_value,
-                                tree_values)
+                                gamma_value, kernels_in_use, pages_in_use, positive_int, sampling_from_args,
+                                speculation_limit_value, tree_values)
 from specdec.errors import SpecdecError
 
 
