@@ -30,6 +30,8 @@ def main() -> int:
     add_pair_args(parser)
     parser.add_argument("--configs", default="plain,draft_model:4,draft_suffix:auto",
                         help="method:γ pairs (γ a number or auto), comma-separated; plain decoding always runs first")
+    parser.add_argument("--spec-tree", default=None, help="--spec-tree for every speculative configuration "
+                        "(default: the library's; off holds both pairs to the same chains)")
     args = parser.parse_args()
     if not huge_pages_supported():
         parser.error("no transparent huge pages here (or SPECDEC_HUGE_PAGES=0): nothing to compare")
@@ -40,7 +42,7 @@ def main() -> int:
     pairs = {"huge": huge_pair, "4k": small_pair}
     params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     configs = ["plain"] + [c for c in args.configs.split(",") if c != "plain"]  # plain first: the reference
-    print(header(args, "huge pages vs 4 KiB pages, alternating per prompt"), flush=True)
+    print(header(args, f"tree {args.spec_tree or 'default'}; huge pages vs 4 KiB pages, alternating per prompt"), flush=True)
     print("| group | config | huge decode tok/s | 4 KiB decode tok/s | huge ÷ 4 KiB (median, range) | "
           "× plain huge / 4 KiB |\n|---|---|---|---|---|---|")
     for group, prompt_ids in group_prompts(huge_pair[0], args):
@@ -52,7 +54,9 @@ def main() -> int:
                 spec = None
                 if config != "plain":
                     method, gamma = config.split(":")
-                    spec = specdec.SpecConfig(method=method, num_speculative_tokens=gamma if gamma == "auto" else int(gamma))
+                    tree = {} if args.spec_tree is None else {"spec_tree": args.spec_tree}
+                    spec = specdec.SpecConfig(method=method, num_speculative_tokens=gamma if gamma == "auto" else int(gamma),
+                                              **tree)
                 for name in (("huge", "4k") if number % 2 == 0 else ("4k", "huge")):
                     target, draft = pairs[name]
                     clear_global_caches()
