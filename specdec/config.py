@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from specdec.errors import SpecdecError
+
+#: what an on/off environment switch (SPECDEC_CUDA_GRAPHS, SPECDEC_HUGE_PAGES) reads as off
+SWITCH_OFF = ("0", "false", "no", "off")
+
+
+def env_switch(name: str) -> bool:
+    """An on-by-default environment switch: off when ``name`` is one of SWITCH_OFF (any case), on otherwise.
+    Read on every call, so a test or a benchmark can flip it between calls."""
+    return os.environ.get(name, "1").strip().lower() not in SWITCH_OFF
 
 #: --quantize / --draft-quantize values (api.resolve_quantize says what each means)
 QUANTIZE_MODES = ("auto", "none", "int8", "int4", "int4-all")

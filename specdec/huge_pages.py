@@ -13,19 +13,21 @@ empty), and every tensor viewing them is re-pointed in place (``Tensor.set_``), 
 (fused projections and their parts, a head and its first rows) and everything holding the tensor — a
 module, the C++ layer loop's list — sees the new memory. Values are unchanged bit for bit; only where
 they live moves. A CPU KV cache gets an arena of its own when made (:func:`zeros_on_huge_pages`).
-``SPECDEC_HUGE_PAGES=0`` turns both off; they do nothing where the kernel's setting is ``never`` or the
+``SPECDEC_HUGE_PAGES=0`` (or false/no/off) turns both off; they do nothing where the kernel's setting is ``never`` or the
 platform has no ``MADV_HUGEPAGE``.
 """
 
 from __future__ import annotations
 
+import functools
 import mmap
-import os
 import weakref
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from specdec.config import env_switch
 
 #: the huge page size the mappings are aligned to (x86-64 and arm64 with 4 KiB base pages)
 HUGE_PAGE = 2 << 20
@@ -40,14 +42,20 @@ _ARENAS: "weakref.WeakValueDictionary[int, mmap.mmap]" = weakref.WeakValueDictio
 
 def huge_pages_supported() -> bool:
     """Whether advising huge pages can do anything here: Linux with ``MADV_HUGEPAGE``, transparent huge
-    pages not ``never``, and not turned off by ``SPECDEC_HUGE_PAGES=0``."""
-    if os.environ.get("SPECDEC_HUGE_PAGES", "1").strip() == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
+    pages not ``never``, and not turned off by ``SPECDEC_HUGE_PAGES=0`` (or false/no/off, as every
+    on/off switch of specdec reads: config.env_switch). Asked at every model load and KV cache."""
+    return env_switch("SPECDEC_HUGE_PAGES") and _kernel_offers_huge_pages()
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_offers_huge_pages() -> bool:
+    """The kernel's side, read once (the sysfs setting is the machine's, not something a run changes)."""
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
     try:
-        setting = THP_SETTING.read_text()
+        return "[never]" not in THP_SETTING.read_text()
     except OSError:
         return False
-    return "[never]" not in setting
 
 
 def in_arena(tensor: torch.Tensor) -> bool:
@@ -74,7 +82,7 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     supported or it would be under MIN_BYTES (then ``torch.zeros``). For KV caches: at a long context a
     decode step streams the cached keys and values as it streams the weights (at 2 048 tokens ~50 MB a
     0.5B draft step on top of 0.26 GB of weights: that step 0.95x the time with them on huge pages)."""
-    nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     if nbytes < MIN_BYTES or not huge_pages_supported():
         return None
     return _arena(nbytes).view(dtype).view(shape)

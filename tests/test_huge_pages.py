@@ -76,6 +76,9 @@ def test_moving_keeps_values_views_and_every_held_tensor():
 @needs_thp
 def test_small_tensors_stay_and_the_switch_turns_it_off(monkeypatch):
     holder = Holder()
+    for off in ("off", "False", " no "):  # as every on/off switch reads (config.env_switch)
+        monkeypatch.setenv("SPECDEC_HUGE_PAGES", off)
+        assert not huge_pages_supported(), off
     monkeypatch.setenv("SPECDEC_HUGE_PAGES", "0")
     assert not huge_pages_supported()
     assert move_to_huge_pages(holder, min_bytes=0) == 0

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import torch
 
 from specdec.backends.cuda_graphs import CudaGraphRunner
+from specdec.config import env_switch
 from specdec.huge_pages import move_to_huge_pages
 from specdec.models.kv_cache import KVCache
 from specdec.models.transformer import Decoder, RaggedInput
@@ -20,7 +20,7 @@ BatchCall = tuple[KVCache, Sequence[int], "int | None", "TreeLayout | None"]
 
 def cuda_graphs_enabled() -> bool:
     """CUDA graphs are on by default; ``SPECDEC_CUDA_GRAPHS=0`` runs every step eagerly."""
-    return os.environ.get("SPECDEC_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_switch("SPECDEC_CUDA_GRAPHS")
 
 
 class TorchBackend:
