@@ -196,3 +196,35 @@ def test_graph_runner_pools_cache_storage(pair):
     again.record_features(ours.config.hidden_size)
     assert again.features.data_ptr() == features  # the storage's own buffer: the address its graphs wrote to
     assert runner.new_cache(10).k.shape[2] == SLOT_ROUNDING
+
+
+def test_a_meta_skeleton_does_no_arithmetic():
+    """A cached model is rebuilt on a skeleton made on the meta device; any arithmetic there (an
+    embedding's random init, the RoPE tables) runs Python meta functions that import torch._dynamo —
+    ~1 s of every start measured, for values the loaded weights replace."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from specdec.models.config import ModelConfig\n"
+        "from specdec.models.transformer import Decoder\n"
+        f"cfg = ModelConfig.from_hf_dict({TINY_QWEN2!r})\n"
+        "with torch.device('meta'):\n"
+        "    model = Decoder(cfg)\n"
+        "assert model.rope_cos.is_meta and model.model.embed_tokens.weight.is_meta\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_a_random_model_still_gets_random_embeddings():
+    torch.manual_seed(0)
+    from specdec.models.config import ModelConfig
+    from specdec.models.transformer import Decoder
+
+    model = Decoder(ModelConfig.from_hf_dict(TINY_QWEN2))
+    weight = model.model.embed_tokens.weight
+    assert weight.std().item() == pytest.approx(1.0, abs=0.1) and torch.isfinite(model.rope_cos).all()

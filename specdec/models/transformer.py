@@ -225,7 +225,13 @@ class _Body(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        # nn.Embedding's own init runs normal_, and any arithmetic on the meta device (every cached
+        # model's skeleton) goes through Python meta functions that import torch._dynamo: ~1 s of
+        # every start, for values load_state_dict replaces
+        if not weight.is_meta:
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -261,7 +267,11 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        cos, sin = rope_tables(cfg.head_dim, max_rope_positions or cfg.max_position_embeddings, cfg.rope_theta)
+        positions = max_rope_positions or cfg.max_position_embeddings
+        if self.lm_head.weight.is_meta:  # a skeleton for cached weights: no arithmetic on meta (see _Body)
+            cos = sin = torch.empty(positions, cfg.head_dim)
+        else:
+            cos, sin = rope_tables(cfg.head_dim, positions, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
