@@ -23,6 +23,7 @@ import functools
 import mmap
 import weakref
 from pathlib import Path
+from typing import Iterable
 
 import torch
 from torch import nn
@@ -120,20 +121,23 @@ def _cpu_tensors(module: nn.Module) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def move_to_huge_pages(module: nn.Module, min_bytes: int | None = None) -> int:
+def move_to_huge_pages(module: nn.Module, min_bytes: int | None = None, skip: Iterable[torch.Tensor] = ()) -> int:
     """Copy the CPU storages of ``module``'s tensors of at least ``min_bytes`` (default MIN_BYTES) into one
     arena on huge pages (each at a 64-byte boundary) and re-point their tensors there (module docstring);
-    returns the bytes moved (0 where :func:`huge_pages_supported` is False). A storage already in an
-    arena stays: calling it again, or on a module sharing moved tensors, moves only what is new.
-    The originals are freed as their tensors move (unless something else still holds them)."""
+    returns the bytes moved (0 where :func:`huge_pages_supported` is False). The storages of ``skip``'s
+    tensors stay (tables read a row per token: nothing streamed). A storage already in an arena stays:
+    calling it again, or on a module sharing moved tensors, moves only what is new. The originals are
+    freed as their tensors move (unless something else still holds them)."""
     if not huge_pages_supported():
         return 0
     min_bytes = MIN_BYTES if min_bytes is None else min_bytes
+    skipped = {tensor.untyped_storage().data_ptr() for tensor in skip}
     by_storage: dict[int, list[torch.Tensor]] = {}
     for tensor in _cpu_tensors(module):
         storage = tensor.untyped_storage()
-        if storage.nbytes() >= min_bytes and storage.data_ptr() not in _ARENAS:
-            by_storage.setdefault(storage.data_ptr(), []).append(tensor)
+        address = storage.data_ptr()
+        if storage.nbytes() >= min_bytes and address not in _ARENAS and address not in skipped:
+            by_storage.setdefault(address, []).append(tensor)
     if not by_storage:
         return 0
     offsets, total = {}, 0

@@ -150,13 +150,15 @@ def test_inference_tensors_and_trainable_parameters_move():
 
 @needs_thp
 def test_loaded_models_move_but_prompt_twins_do_not(tiny_dirs, int4_kernel, monkeypatch):
-    """A loaded CPU model's weights are moved (its embedding and head: 128 KB each in the float tiny model);
-    a twin that runs only prompt passes (compute-bound) is not, and the execution line says so."""
+    """A loaded CPU model's weights are moved (the float tiny model's head: 128 KB) but not the tables a step
+    reads a row of (its token table, as large, and the RoPE tables); a twin that runs only prompt passes
+    (compute-bound) is not moved, and the execution line says so."""
     from specdec.cli.common import pages_in_use
 
     float_model = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu")
-    assert float_model.backend.huge_page_bytes >= 2 * 128 * 1024
-    assert in_arena(float_model.backend.decoder.lm_head.weight)
+    decoder = float_model.backend.decoder
+    assert float_model.backend.huge_page_bytes == 128 * 1024 and in_arena(decoder.lm_head.weight)
+    assert not any(in_arena(t) for t in (decoder.model.embed_tokens.weight, decoder.rope_cos, decoder.rope_sin))
     assert pages_in_use(float_model, None) == ", weights on 2 MiB pages (0.0 GB)"
     monkeypatch.setattr(huge_pages, "MIN_BYTES", 0)  # every tensor of the tiny model moves, wherever it is moved
     twin_model = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int4",
@@ -181,3 +183,18 @@ def test_kv_caches_start_zero_on_huge_pages(monkeypatch):
     assert not in_arena(KVCache(1, 1, 8, 16).k)
     monkeypatch.setenv("SPECDEC_HUGE_PAGES", "0")
     assert not in_arena(KVCache(4, 2, 64, 1024).k)
+
+
+def test_row_tables_leave_a_shared_head_to_move():
+    """The token table stays on 4 KiB pages unless the LM head is the same tensor (tied embeddings: streamed
+    every step as the head); the RoPE tables always stay."""
+    from specdec.backends.torch_backend import row_tables
+    from specdec.models.config import ModelConfig
+    from specdec.models.transformer import Decoder
+    from tests.model_fixtures import TINY_QWEN2
+
+    for tied in (False, True):
+        decoder = Decoder(ModelConfig.from_hf_dict({**TINY_QWEN2, "tie_word_embeddings": tied}))
+        ids = {id(t) for t in row_tables(decoder)}
+        assert id(decoder.rope_cos) in ids and id(decoder.rope_sin) in ids
+        assert (id(decoder.model.embed_tokens.weight) in ids) is not tied
