@@ -28,8 +28,14 @@ TRAIN_PRECISIONS = ("auto", "float32", "bfloat16")
 #: (2026-11-26); 1.21 vs 1.10, 1.17 vs 1.16, 1.29 vs 1.08 (2026-11-25). ``method="draft_model"`` is
 #: the draft model alone (what vLLM's ``draft_model`` method runs).
 DEFAULT_DRAFT_METHOD = "draft_suffix"
-#: γ used when the user gives a drafter but no ``num_speculative_tokens``.
-DEFAULT_NUM_SPECULATIVE_TOKENS = 4
+#: γ used when the user gives a drafter but no ``num_speculative_tokens``: ``"auto"`` (γ from the measured
+#: acceptance and step costs each round, drafting stopped where it does not pay — what HF transformers'
+#: assisted generation does by default too). Against a fixed γ=4, end to end × our plain decoding, 6 prompts
+#: per group, 96 tokens, 2-core AMX Xeon (benchmarks/gamma_default.py, session 49): HumanEval level
+#: (draft_suffix 1.56 vs 1.58, draft_model 1.53 vs 1.55), MT-Bench 1.25 vs 1.01 (both methods),
+#: Spec-Bench summarization draft_suffix 1.24 vs 1.18 and draft_model 0.96 vs 0.78; every group's
+#: worst prompt better with auto. An integer is a fixed γ, as vLLM's ``num_speculative_tokens``.
+DEFAULT_NUM_SPECULATIVE_TOKENS: int | str = "auto"
 #: Prompt tokens a draft model reads (see drafters/draft_model.py). Measured with
 #: benchmarks/draft_window.py (AVX2, draft_suffix vs plain, decode speed): on 6 Spec-Bench
 #: summarization/rag prompts (600-800 tokens) whole prompt 0.55x, 512 0.68x, 256 0.73x, 128 0.98x;

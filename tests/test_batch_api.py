@@ -59,7 +59,9 @@ def test_batch_answers_equal_each_prompt_alone_and_share_forwards(int8_pair, spe
     assert [o.token_ids for o in outs] == [a.token_ids for a in alone]
     assert [o.text for o in outs] == [a.text for a in alone]
     assert max(calls["target"]) == 4 and len(calls["target"]) < sum(o.stats.target_forwards + 1 for o in outs)  # shared
-    if spec is None or spec.method == "draft_model":  # (a draft model given: draft_model) its steps and trees batched too
+    if spec is None:  # the defaults: draft_suffix at γ=auto, which may find that the tiny draft does not pay
+        assert not calls["draft"] or max(calls["draft"]) <= 4
+    elif spec.method == "draft_model":  # its steps and trees batched too
         assert max(calls["draft"]) == 4 and len(calls["draft"]) < sum(o.stats.draft_forwards for o in outs)
     else:
         assert calls["draft"] == []

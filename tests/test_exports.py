@@ -42,7 +42,7 @@ def test_missing_methods_and_auto_gamma_are_said_not_hidden():
     out = export("llamacpp", "qwen2.5-coder-1.5b", SpecConfig(method="layer_skip", num_speculative_tokens="auto"))
     assert any("no 'layer_skip'" in note for note in out.notes) and any("auto" in note for note in out.notes)
     assert flags(out.command)["--spec-type"] == "ngram-simple"
-    hybrid = export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="draft_suffix"), "qwen2.5-coder-0.5b")
+    hybrid = export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="draft_suffix", num_speculative_tokens=4), "qwen2.5-coder-0.5b")
     assert json.loads(flags(hybrid.command)["--speculative-config"])["method"] == "draft_model"
     assert any("hybrid" in note for note in hybrid.notes)
     text = hybrid.render()

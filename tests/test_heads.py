@@ -288,7 +288,7 @@ def sampled_eagle_draft(target, head_path: Path, prompt: str, k: int = 4):
     from specdec.sampling import make_generator
 
     params = SamplingParams(temperature=1.0, max_tokens=8, seed=0)
-    drafter = make_drafter(target, SpecConfig(method="eagle", drafter_path=str(head_path)), params, make_generator(0), 64)
+    drafter = make_drafter(target, SpecConfig(method="eagle", num_speculative_tokens=4, drafter_path=str(head_path)), params, make_generator(0), 64)
     ids = target.tokenizer.encode(prompt)
     state = target.backend.new_state(64)
     drafter.bind_target_state(state)

@@ -56,10 +56,12 @@ def test_bad_trees_are_refused():
     assert SpecConfig(method="ngram", num_speculative_tokens=4, spec_tree="auto").max_tree_nodes == 8
     chains = SpecConfig(method="ngram", spec_tree="off")
     assert chains.max_tree_nodes == chains.tree_nodes(greedy=True) == chains.tree_nodes(greedy=False) == 0
-    auto = SpecConfig(method="ngram", spec_tree="auto")
+    auto = SpecConfig(method="ngram", num_speculative_tokens=4, spec_tree="auto")
     assert auto.tree_nodes(greedy=True) == auto.tree_nodes(greedy=False) == 8
-    default = SpecConfig(method="ngram")  # spec_tree="greedy": trees for greedy requests only
+    default = SpecConfig(method="ngram", num_speculative_tokens=4)  # spec_tree="greedy": trees for greedy requests only
     assert (default.spec_tree, default.max_tree_nodes) == ("greedy", 8)
+    assert SpecConfig(method="ngram").num_speculative_tokens == "auto"  # γ=auto unless fixed: up to 16 nodes
+    assert SpecConfig(method="ngram").max_tree_nodes == 16
     assert (default.tree_nodes(greedy=True), default.tree_nodes(greedy=False)) == (8, 0)
     amx_int8 = {1: 0.0758, 2: 0.0786, 4: 0.0831, 8: 0.0845}  # measured curves (session 42, AMX Xeon)
     int4 = {1: 0.0521, 2: 0.0550, 4: 0.0670, 8: 0.1071}  # ~10 % of a step per extra row: trees did not pay

@@ -12,6 +12,7 @@ import sys
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
                                 gamma_value, kernels_in_use, pages_in_use, positive_int, sampling_from_args,
                                 speculation_limit_value, tree_values)
+from specdec.config import DEFAULT_NUM_SPECULATIVE_TOKENS
 from specdec.errors import SpecdecError
 
 
@@ -63,7 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags["--method"].help = "not used by `specdec bench`: name the methods to run in --methods"
     flags["--draft-model"].help = ("draft model of the methods that run one (draft, draft-suffix, hf-assisted, llamacpp-draft), "
                                    "loaded only if one of them runs (default: qwen2.5-coder-0.5b)")
-    flags["--num-speculative-tokens"].help = "γ of every method, or 'auto' (default: 4); --gammas sweeps several"
+    flags["--num-speculative-tokens"].help = "γ of every method, or 'auto' (default: auto); --gammas sweeps several"
     add_debug_flag(bench)
     bench.set_defaults(func=run)
     return bench
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             raise SpecdecError(f"unknown peer {peer!r}; available: {', '.join(PEER_METHODS)}")
         methods += PEER_METHODS[peer]
     gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")] if args.gammas else [
-        args.num_speculative_tokens if args.num_speculative_tokens is not None else 4]
+        args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS]
     spec_trees = tree_values(args.spec_trees) if args.spec_trees else [args.spec_tree]
     params = sampling_from_args(args)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize,

@@ -18,7 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags = add_model_args(cal, unused=("--draft-model", "--method", "--skip-layers", "--exit-layer", "--draft-vocab-size",
                                         "--draft-context-window", "--datastore", "--prompt-lookup-min", "--prompt-lookup-max",
                                         "--draft-confidence-threshold", "--draft-quantize"))
-    flags["--num-speculative-tokens"].help = "γ of every trial (default: 4; 'auto' is measured as 4)"
+    flags["--num-speculative-tokens"].help = "γ of every trial (default: auto, measured as 4, as any 'auto')"
     cal.add_argument("--dataset", default="humaneval", help="calibration prompts: spec_bench, humaneval, gsm8k or a JSONL (default: humaneval)")
     cal.add_argument("--categories", default=None, help="comma-separated categories of the dataset (e.g. mt_bench; default: all)")
     cal.add_argument("--prompts", type=positive_int, default=2, help="calibration prompts (default: 2)")

@@ -144,7 +144,8 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
              "'off' = chains; output "
              f"unchanged (default: {DEFAULT_SPEC_TREE})")
     add("--num-speculative-tokens", type=gamma_value, default=None, metavar="N|auto",
-        help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs (default: 4)")
+        help="γ, tokens drafted per step, or 'auto' to pick γ each step from measured acceptance and costs, "
+             "drafting stopped where it does not pay (default: auto)")
     add("--draft-confidence-threshold", type=float, default=None, metavar="P",
         help="with --num-speculative-tokens auto: end a drafting round early once the draft model's top "
              "probability falls below P (0 = never; default: 0.3)")

@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags["--quantize"].help = ("the execution to certify: auto (the default: the modes `generate --draft-model` picks on this "
                                 "machine, where chunked and single-token logits are bit-identical), none (--dtype), int8, "
                                 "int4, int4-all")
-    flags["--num-speculative-tokens"].help = "γ of every certified method (default: 4; 'auto' is certified as 4)"
+    flags["--num-speculative-tokens"].help = "γ of every certified method (default: auto, certified as 4, as any 'auto')"
     ver.add_argument("--methods", default="all", help="comma-separated drafters to certify, or 'all' (default: all registered)")
     ver.add_argument("--thorough", action="store_true",
                      help="the long certificate: 6 prompts × 64 tokens, three sampling configurations and a grammar-constrained one (a regex mask) × 10000 samples "
