@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -53,3 +53,34 @@ def group_prompts(target: specdec.LoadedModel, args: argparse.Namespace) -> Iter
         dataset, categories = GROUPS[group]
         rows = load_prompts(dataset, categories, args.limit)
         yield group, [specdec.api.encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
+
+
+#: one prompt's run of one configuration: (end-to-end tokens/s, that ÷ the prompt's plain run, its stats)
+Run = tuple[float, float, "specdec.Stats"]
+
+
+def compare_to_plain(target: specdec.LoadedModel, draft: specdec.LoadedModel, args: argparse.Namespace,
+                     plan: dict[str, "specdec.SpecConfig | None"],
+                     before: Callable[[str], None] | None = None) -> Iterator[tuple[str, dict[str, list[Run]]]]:
+    """Per group of --groups, each configuration's runs (``plan``: name → spec; the first one None, plain
+    decoding, which every later run is timed against and must equal token for token), interleaved per
+    prompt, greedy, --max-tokens each; suffix caches cleared and ``before(name)`` called before every run."""
+    from specdec.drafters.suffix import clear_global_caches
+
+    params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    for group, prompt_ids in group_prompts(target, args):
+        results: dict[str, list[Run]] = {}
+        for number, ids in enumerate(prompt_ids):
+            plain_speed, plain_tokens = 0.0, None
+            for name, spec in plan.items():
+                if before is not None:
+                    before(name)
+                clear_global_caches()
+                out = specdec.generate(target, ids, params, draft=None if spec is None else draft, spec=spec)
+                speed = out.stats.generated_tokens / out.stats.total_time_s
+                if spec is None:
+                    plain_speed, plain_tokens = speed, out.token_ids
+                elif out.token_ids != plain_tokens:
+                    print(f"MISMATCH {name} on {group} prompt {number}", flush=True)
+                results.setdefault(name, []).append((speed, speed / plain_speed, out.stats))
+        yield group, results
