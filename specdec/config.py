@@ -31,10 +31,11 @@ DEFAULT_DRAFT_METHOD = "draft_suffix"
 #: γ used when the user gives a drafter but no ``num_speculative_tokens``: ``"auto"`` (γ from the measured
 #: acceptance and step costs each round, drafting stopped where it does not pay — what HF transformers'
 #: assisted generation does by default too). Against a fixed γ=4, end to end × our plain decoding, 6 prompts
-#: per group, 96 tokens, 2-core AMX Xeon (benchmarks/gamma_default.py, session 49): HumanEval level
-#: (draft_suffix 1.56 vs 1.58, draft_model 1.53 vs 1.55), MT-Bench 1.25 vs 1.01 (both methods),
-#: Spec-Bench summarization draft_suffix 1.24 vs 1.18 and draft_model 0.96 vs 0.78; every group's
-#: worst prompt better with auto. An integer is a fixed γ, as vLLM's ``num_speculative_tokens``.
+#: per group, 96 tokens, 2-core AMX Xeon (benchmarks/gamma_default.py, session 49): HumanEval and GSM8K
+#: level or a little behind where the draft is well aligned (draft_suffix 1.56 vs 1.58 and 1.46 vs 1.52,
+#: draft_model 1.53 vs 1.55 and 1.53 vs 1.52), MT-Bench 1.25 vs 1.01 (both methods), Spec-Bench
+#: summarization draft_suffix 1.24 vs 1.18 and draft_model 0.96 vs 0.78. An integer is a fixed γ, as
+#: vLLM's ``num_speculative_tokens``.
 DEFAULT_NUM_SPECULATIVE_TOKENS: int | str = "auto"
 #: Prompt tokens a draft model reads (see drafters/draft_model.py). Measured with
 #: benchmarks/draft_window.py (AVX2, draft_suffix vs plain, decode speed): on 6 Spec-Bench
