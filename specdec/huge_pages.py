@@ -88,8 +88,14 @@ def _fault_in(arena: torch.Tensor) -> None:
     if threads == 1:
         pages.fill_(0)
         return
+    inference = arena.is_inference()  # made under inference_mode (a head cut mid-request): a thread-local mode
+
+    def fill(part: torch.Tensor) -> None:
+        with torch.inference_mode(inference):
+            part.fill_(0)
+
     with ThreadPoolExecutor(threads) as pool:  # fill_ releases the GIL
-        list(pool.map(lambda part: part.fill_(0), pages.chunk(threads)))
+        list(pool.map(fill, pages.chunk(threads)))
 
 
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:

@@ -149,6 +149,18 @@ def test_inference_tensors_and_trainable_parameters_move():
 
 
 @needs_thp
+def test_moving_inside_inference_mode_faults_pages_from_threads(monkeypatch):
+    """A head cut made mid-request moves under inference_mode, so its arena is an inference tensor; the threads
+    that fault it in must write it in that mode too (inference_mode is per thread)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    with torch.inference_mode():
+        layer = nn.Linear(2048, 1024)  # 8 MiB: four huge pages, two per thread
+        expected = layer.weight.clone()
+        assert move_to_huge_pages(layer) > 0
+        assert in_arena(layer.weight) and torch.equal(layer.weight, expected)
+
+
+@needs_thp
 def test_loaded_models_move_but_prompt_twins_do_not(tiny_dirs, int4_kernel, monkeypatch):
     """A loaded CPU model's weights are moved (the float tiny model's head: 128 KB) but not the tables a step
     reads a row of (its token table, as large, and the RoPE tables); a twin that runs only prompt passes
