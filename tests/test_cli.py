@@ -212,3 +212,18 @@ def test_a_flag_the_method_does_not_read_warns_on_one_line(capsys):
 def test_flags_the_method_reads_do_not_warn(capsys, argv):
     parse_spec(*argv)
     assert capsys.readouterr().err == ""
+
+
+def test_default_gamma_is_auto_except_for_a_server():
+    """One request at a time drafts γ=auto unless told (measured ahead of a fixed 4 where the draft is poorly
+    aligned); a server keeps 4, where auto, planned per request, drafted too much under load."""
+    from specdec.cli import build_parser
+    from specdec.cli.common import spec_from_args
+
+    parser = build_parser()
+    for command in (["generate", "x"], ["bench"]):
+        assert spec_from_args(parser.parse_args([*command, "--draft-model", "d"])).num_speculative_tokens == "auto"
+    served = parser.parse_args(["serve", "--draft-model", "d"])
+    assert spec_from_args(served).num_speculative_tokens == 4
+    chosen = parser.parse_args(["serve", "--draft-model", "d", "--num-speculative-tokens", "auto"])
+    assert spec_from_args(chosen).num_speculative_tokens == "auto"

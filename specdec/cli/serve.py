@@ -37,6 +37,10 @@ def partial_prefills_value(text: str) -> int | str:
     return count_or_word(text, ("auto",), 1, "prompts")
 
 
+#: γ of a server's requests that name none (see add_parser)
+SERVER_NUM_SPECULATIVE_TOKENS = 4
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server with speculative decoding",
                                   description="Serve /v1/completions and /v1/chat/completions (streaming with SSE), /v1/models, "
@@ -47,6 +51,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags["--quantize"].help += (". A server's auto is the mode with the most total tokens/s at --max-num-seqs concurrent "
                                  "requests (prefill included), which can differ from the fastest for one request (the "
                                  "choice and its expected rates are printed at start); name a mode to pin it")
+    # A server's default γ stays 4 (one request at a time defaults to auto: config.DEFAULT_NUM_SPECULATIVE_TOKENS):
+    # at 4 concurrent requests γ=auto, planned per request, drafted 1.3-1.4x the tokens of γ=4 and served 0.90x
+    # its tokens/s (HumanEval and MT-Bench, benchmarks/serve_load.py --variant, session 49); at 1 it was level or ahead
+    serve.set_defaults(num_speculative_tokens=SERVER_NUM_SPECULATIVE_TOKENS)
+    flags["--num-speculative-tokens"].help = (f"γ of requests that name none, or 'auto' (default here: "
+                                              f"{SERVER_NUM_SPECULATIVE_TOKENS}: auto plans each request alone and "
+                                              "drafted too much under load)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
     serve.add_argument("--max-concurrency", "--max-num-seqs", dest="max_concurrency", type=positive_int, default=8,
