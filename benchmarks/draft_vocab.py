@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from interleaved import add_pair_args, group_prompts, header, load_pair
+from interleaved import add_pair_args, compare_to_plain, header, load_pair
 
 import specdec
 
@@ -27,32 +27,25 @@ def main() -> None:
     parser.add_argument("--gamma", default="auto", help="num_speculative_tokens (default: auto)")
     args = parser.parse_args()
     target, draft = load_pair(args)
-    params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     gamma: int | str = int(args.gamma) if args.gamma.isdigit() else args.gamma
     plan: dict[str, specdec.SpecConfig | None] = {"plain": None}
     for size in (int(s) for s in args.sizes.split(",")):
         plan[f"vocab {size or 'all'}"] = specdec.SpecConfig(method="draft_model", num_speculative_tokens=gamma,
                                                             draft_vocab_size=size)
     print(header(args, f"γ={gamma}"), flush=True)
-    for group, prompt_ids in group_prompts(target, args):
+    for group, runs in compare_to_plain(target, draft, args, plan):
         results: dict[str, dict[str, list[float]]] = {name: {} for name in plan}
-        for number, ids in enumerate(prompt_ids):
-            plain_tokens, plain_speed = None, 1.0
-            for name, spec in plan.items():
-                out = specdec.generate(target, ids, params, draft=None if spec is None else draft, spec=spec)
+        for name, spec in plan.items():
+            size = spec.draft_vocab_size if spec is not None else 0
+            for speed, ratio, out in runs[name]:
                 s = out.stats
-                speed = s.generated_tokens / s.total_time_s
-                if spec is None:
-                    plain_tokens, plain_speed = out.token_ids, speed
-                elif out.token_ids != plain_tokens:
-                    print(f"MISMATCH {name} on {group} prompt {number}", flush=True)
-                size = spec.draft_vocab_size if spec is not None else 0
-                values = {"alpha": s.acceptance_rate, "tau": s.mean_accepted_len, "speed": speed, "ratio": speed / plain_speed,
+                values = {"alpha": s.acceptance_rate, "tau": s.mean_accepted_len, "speed": speed, "ratio": ratio,
                           "draft_ms": 1e3 * s.draft_time_s / s.proposed_tokens if s.proposed_tokens else 0.0,
                           "uncovered": (sum(t >= size for t in out.token_ids) / len(out.token_ids)) if size else 0.0}
                 for key, value in values.items():
                     results[name].setdefault(key, []).append(value)
-        print(f"\n## {group} ({len(prompt_ids)} prompts, medians)\n")
+        prompts = len(runs["plain"])
+        print(f"\n## {group} ({prompts} prompts, medians)\n")
         print("| config | α | τ | draft ms/token | e2e tok/s | × plain | target tokens outside the draft vocabulary |")
         print("|---|---|---|---|---|---|---|")
         for name, values in results.items():

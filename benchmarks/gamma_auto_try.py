@@ -43,7 +43,7 @@ def main() -> None:
         for group, results in compare_to_plain(target, draft, args, plan, before=set_floor):
             for name, runs in results.items():
                 m = [statistics.median(column) for column in
-                     zip(*((s, r, stats.acceptance_rate, stats.proposed_tokens) for s, r, stats in runs))]
+                     zip(*((s, r, out.stats.acceptance_rate, out.stats.proposed_tokens) for s, r, out in runs))]
                 print(f"| {group} | {name} | {m[0]:.1f} | {m[1]:.2f} | {m[2]:.2f} | {m[3]:.0f} |", flush=True)
     finally:
         adaptive.OPTIMISTIC_ALPHA = optimistic

@@ -35,7 +35,7 @@ def main() -> None:
     for group, results in compare_to_plain(target, draft, args, plan):
         for name, runs in results.items():
             speed, ratio, alpha = (statistics.median(column) for column in
-                                   zip(*((s, r, stats.acceptance_rate) for s, r, stats in runs)))
+                                   zip(*((s, r, out.stats.acceptance_rate) for s, r, out in runs)))
             worst = min(r for _, r, _ in runs)
             print(f"| {group} | {name} | {speed:.1f} | {ratio:.2f} | {alpha:.2f} | {worst:.2f} |", flush=True)
 

@@ -55,8 +55,8 @@ def group_prompts(target: specdec.LoadedModel, args: argparse.Namespace) -> Iter
         yield group, [specdec.api.encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
 
 
-#: one prompt's run of one configuration: (end-to-end tokens/s, that ÷ the prompt's plain run, its stats)
-Run = tuple[float, float, "specdec.Stats"]
+#: one prompt's run of one configuration: (end-to-end tokens/s, that ÷ the prompt's plain run, its result)
+Run = tuple[float, float, "specdec.api.GenerationResult"]
 
 
 def compare_to_plain(target: specdec.LoadedModel, draft: specdec.LoadedModel, args: argparse.Namespace,
@@ -82,5 +82,5 @@ def compare_to_plain(target: specdec.LoadedModel, draft: specdec.LoadedModel, ar
                     plain_speed, plain_tokens = speed, out.token_ids
                 elif out.token_ids != plain_tokens:
                     print(f"MISMATCH {name} on {group} prompt {number}", flush=True)
-                results.setdefault(name, []).append((speed, speed / plain_speed, out.stats))
+                results.setdefault(name, []).append((speed, speed / plain_speed, out))
         yield group, results
