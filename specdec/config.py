@@ -37,6 +37,10 @@ DEFAULT_DRAFT_METHOD = "draft_suffix"
 #: summarization draft_suffix 1.24 vs 1.18 and draft_model 0.96 vs 0.78. An integer is a fixed γ, as
 #: vLLM's ``num_speculative_tokens``.
 DEFAULT_NUM_SPECULATIVE_TOKENS: int | str = "auto"
+#: γ of a server's requests that name none (`specdec serve`): a fixed 4, because γ=auto plans each request
+#: as if it ran alone — at 4 concurrent requests it drafted 1.3-1.4x the tokens of γ=4 and served 0.90x its
+#: tokens/s (HumanEval and MT-Bench, benchmarks/serve_load.py --variant, session 49); at 1 it was level or ahead.
+SERVER_NUM_SPECULATIVE_TOKENS: int | str = 4
 #: Prompt tokens a draft model reads (see drafters/draft_model.py). Measured with
 #: benchmarks/draft_window.py (AVX2, draft_suffix vs plain, decode speed): on 6 Spec-Bench
 #: summarization/rag prompts (600-800 tokens) whole prompt 0.55x, 512 0.68x, 256 0.73x, 128 0.98x;

@@ -13,8 +13,8 @@ empty), and every tensor viewing them is re-pointed in place (``Tensor.set_``), 
 (fused projections and their parts, a head and its first rows) and everything holding the tensor — a
 module, the C++ layer loop's list — sees the new memory. Values are unchanged bit for bit; only where
 they live moves. A CPU KV cache gets an arena of its own when made (:func:`zeros_on_huge_pages`).
-``SPECDEC_HUGE_PAGES=0`` (or false/no/off) turns both off; they do nothing where the kernel's setting is ``never`` or the
-platform has no ``MADV_HUGEPAGE``.
+``SPECDEC_HUGE_PAGES=0`` (or false/no/off) turns both off; they do nothing where the kernel's setting
+is ``never`` or the platform has no ``MADV_HUGEPAGE``.
 """
 
 from __future__ import annotations

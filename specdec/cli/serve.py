@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec.cli.common import (add_debug_flag, add_model_args, count_or_word, execution_modes, positive_int, spec_from_args,
                                 speculation_limit_value)
-from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
+from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB, SERVER_NUM_SPECULATIVE_TOKENS
 from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
 
@@ -37,10 +37,6 @@ def partial_prefills_value(text: str) -> int | str:
     return count_or_word(text, ("auto",), 1, "prompts")
 
 
-#: γ of a server's requests that name none (see add_parser)
-SERVER_NUM_SPECULATIVE_TOKENS = 4
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server with speculative decoding",
                                   description="Serve /v1/completions and /v1/chat/completions (streaming with SSE), /v1/models, "
@@ -51,9 +47,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags["--quantize"].help += (". A server's auto is the mode with the most total tokens/s at --max-num-seqs concurrent "
                                  "requests (prefill included), which can differ from the fastest for one request (the "
                                  "choice and its expected rates are printed at start); name a mode to pin it")
-    # A server's default γ stays 4 (one request at a time defaults to auto: config.DEFAULT_NUM_SPECULATIVE_TOKENS):
-    # at 4 concurrent requests γ=auto, planned per request, drafted 1.3-1.4x the tokens of γ=4 and served 0.90x
-    # its tokens/s (HumanEval and MT-Bench, benchmarks/serve_load.py --variant, session 49); at 1 it was level or ahead
     serve.set_defaults(num_speculative_tokens=SERVER_NUM_SPECULATIVE_TOKENS)
     flags["--num-speculative-tokens"].help = (f"γ of requests that name none, or 'auto' (default here: "
                                               f"{SERVER_NUM_SPECULATIVE_TOKENS}: auto plans each request alone and "
