@@ -36,11 +36,12 @@ DEFAULT_DRAFT_METHOD = "draft_suffix"
 #: draft_model 1.53 vs 1.55 and 1.53 vs 1.52), MT-Bench 1.25 vs 1.01 (both methods), Spec-Bench
 #: summarization draft_suffix 1.24 vs 1.18 and draft_model 0.96 vs 0.78. An integer is a fixed γ, as
 #: vLLM's ``num_speculative_tokens``.
+#: A server's requests too: sharing forwards, a request's γ is held to what the γ table prices at the load
+#: (specdec/policy.py, under a fixed --disable-speculation-above too). `specdec serve` (int8 target, 0.5B int4-all draft, 64 tokens, 8 requests a level,
+#: benchmarks/serve_load.py --variant, session 50) auto vs 4, tokens/s at 1/2/4/8 concurrent: HumanEval
+#: 35.3/42.7/63.5/85.5 vs 33.0/43.2/62.5/85.5, MT-Bench 27.2/38.9/53.4/87.9 vs 27.0/37.7/54.1/74.6 (noise: nothing
+#: drafted at 8 either way). Before the table held it, auto drafted 1.3-1.4x γ=4's tokens at 4 concurrent.
 DEFAULT_NUM_SPECULATIVE_TOKENS: int | str = "auto"
-#: γ of a server's requests that name none (`specdec serve`): a fixed 4, because γ=auto plans each request
-#: as if it ran alone — at 4 concurrent requests it drafted 1.3-1.4x the tokens of γ=4 and served 0.90x its
-#: tokens/s (HumanEval and MT-Bench, benchmarks/serve_load.py --variant, session 49); at 1 it was level or ahead.
-SERVER_NUM_SPECULATIVE_TOKENS: int | str = 4
 #: Prompt tokens a draft model reads (see drafters/draft_model.py). Measured with
 #: benchmarks/draft_window.py (AVX2, draft_suffix vs plain, decode speed): on 6 Spec-Bench
 #: summarization/rag prompts (600-800 tokens) whole prompt 0.55x, 512 0.68x, 256 0.73x, 128 0.98x;

@@ -237,6 +237,9 @@ class BatchPolicy:
 
     limit: int | None = None
     table: GammaTable | None = None
+    #: the table also says above how many requests nothing is drafted (``auto``); False: ``limit`` (the
+    #: user's number, or never) says that, and the table only sizes γ=auto drafts below it (at least 1)
+    table_limits: bool = True
     #: with no table, what a request sharing forwards may draft (speculation_cap's ``sharing``)
     sharing_cap: int | None = None
     acceptance: AcceptanceMeter = field(default_factory=AcceptanceMeter)
@@ -255,29 +258,41 @@ class BatchPolicy:
             costs, share = ForwardCosts(), PromptShare(window=spec.draft_context_window)
             return cls(None, measured_gamma_table(spec, target, draft, max_requests, costs, share), costs=costs,
                        prompt_share=share)
+        if setting in ("never", None):
+            limit = None
+        elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
+            limit = setting
+        else:
+            raise SpecdecError(f"disable_speculation_above must be a number of requests >= 0, 'auto' or 'never', "
+                               f"got {setting!r}")
         # with no table, trees sharing forwards verify a chain's rows where the target's rows are priced
         # (measured CPU curves); unmeasured (CUDA, float weights) rows count as free, as for one request
         sharing = spec.max_speculative_tokens if target.backend.step_seconds else None
-        if setting in ("never", None):
-            return cls(None, sharing_cap=sharing)
-        if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
-            return cls(setting, sharing_cap=sharing)
-        raise SpecdecError(f"disable_speculation_above must be a number of requests >= 0, 'auto' or 'never', "
-                           f"got {setting!r}")
+        if spec.num_speculative_tokens != "auto":
+            return cls(limit, sharing_cap=sharing)
+        # γ=auto sharing forwards: each request's controller sees the shared forward's time as its own
+        # verify cost, where its extra rows look nearly free, and drafts too much (at 4 concurrent requests
+        # 1.3-1.4x γ=4's tokens, 0.90x its tokens/s: session 49); the table prices every request's rows
+        costs, share = ForwardCosts(), PromptShare(window=spec.draft_context_window)
+        return cls(limit, measured_gamma_table(spec, target, draft, max_requests, costs, share), sharing_cap=sharing,
+                   costs=costs, prompt_share=share, table_limits=False)
 
     def cap(self, requests: int) -> int | None:
         """The most tokens a request may draft with ``requests`` sharing forwards (0: none, None: no cap)."""
         limit, gammas = self.limit, None
         if self.table is not None:
             gammas = self.table.for_alpha(self.acceptance.alpha)
-            limit = None if gammas is None else sum(1 for g in gammas.values() if g)
+            if self.table_limits:
+                limit = None if gammas is None else sum(1 for g in gammas.values() if g)
+            elif gammas:  # the user's limit says when to stop; below it at least one token (past the table: its last)
+                gammas = {requests: max(1, gammas.get(requests, gammas[max(gammas)]))}
         return speculation_cap(limit, gammas, requests, self.sharing_cap)
 
     def saving(self, requests: int) -> float | None:
         """Seconds per token speculating saves with ``requests`` sharing forwards, for a new request's
         pay-back test (engine.generate_steps): None when it is alone (its own γ controller knows
         better) or the costs are unmeasured."""
-        if self.table is None or requests == 1:
+        if self.table is None or not self.table_limits or requests == 1:  # under a user's limit a request drafts
             return None
         return self.table.saving(self.acceptance.alpha, requests)
 

@@ -214,16 +214,14 @@ def test_flags_the_method_reads_do_not_warn(capsys, argv):
     assert capsys.readouterr().err == ""
 
 
-def test_default_gamma_is_auto_except_for_a_server():
-    """One request at a time drafts γ=auto unless told (measured ahead of a fixed 4 where the draft is poorly
-    aligned); a server keeps 4, where auto, planned per request, drafted too much under load."""
+def test_default_gamma_is_auto_a_server_included():
+    """γ=auto unless told, a server's requests too (sharing forwards, the policy's γ table holds them:
+    test_server_policy); an integer fixes it."""
     from specdec.cli import build_parser
     from specdec.cli.common import spec_from_args
 
     parser = build_parser()
-    for command in (["generate", "x"], ["bench"]):
+    for command in (["generate", "x"], ["bench"], ["serve"]):
         assert spec_from_args(parser.parse_args([*command, "--draft-model", "d"])).num_speculative_tokens == "auto"
-    served = parser.parse_args(["serve", "--draft-model", "d"])
-    assert spec_from_args(served).num_speculative_tokens == 4
-    chosen = parser.parse_args(["serve", "--draft-model", "d", "--num-speculative-tokens", "auto"])
-    assert spec_from_args(chosen).num_speculative_tokens == "auto"
+    fixed = parser.parse_args(["serve", "--draft-model", "d", "--num-speculative-tokens", "4"])
+    assert spec_from_args(fixed).num_speculative_tokens == 4

@@ -184,3 +184,40 @@ def test_fixed_settings_cap_sharing_trees_only_where_rows_are_priced(tiny_target
         assert BatchPolicy.from_setting(6, spec, tiny_target, None, 8).sharing_cap is None
     finally:
         tiny_target.backend.step_seconds = saved
+
+
+def test_a_fixed_limit_sizes_gamma_auto_drafts_from_the_table():
+    """γ=auto under ``--disable-speculation-above N`` (or never): the user's N says when speculation stops;
+    below it the γ table sizes a sharing request's drafts (at least 1 token), because each request's own
+    controller sees the shared forward's time as its verify cost and drafted too much (session 49: at 4
+    concurrent requests 1.3-1.4x γ=4's tokens, 0.90x its tokens/s). The table's saving does not turn a
+    request's drafting off there: the user asked for speculation up to N."""
+    from specdec.policy import BatchPolicy, GammaTable
+
+    table = GammaTable(lambda alpha: {1: 6, 2: 3, 3: 1, 4: 0, 5: 0}, lambda alpha, requests: 0.0)
+    fixed = BatchPolicy(4, table, sharing_cap=8, table_limits=False)
+    assert [fixed.cap(n) for n in (1, 2, 3, 4, 5)] == [None, 3, 1, 1, 0]
+    assert fixed.saving(2) is None
+    never = BatchPolicy(None, table, sharing_cap=8, table_limits=False)
+    assert [never.cap(n) for n in (1, 2, 5, 9)] == [None, 3, 1, 1]  # past the table's sizes: its last
+    automatic = BatchPolicy(None, table, sharing_cap=8)  # --disable-speculation-above auto: the table stops it too
+    assert [automatic.cap(n) for n in (1, 2, 3, 4)] == [None, 3, 1, 0]
+    assert automatic.saving(2) == 0.0
+
+
+def test_fixed_settings_build_a_table_only_for_gamma_auto(tiny_target):
+    from specdec.config import SpecConfig
+    from specdec.policy import BatchPolicy
+
+    saved = tiny_target.backend.step_seconds
+    try:
+        tiny_target.backend.step_seconds = {t: 0.05 + 0.005 * t for t in range(1, 10)}
+        for setting in (6, "never"):
+            sized = BatchPolicy.from_setting(setting, SpecConfig(method="suffix", num_speculative_tokens="auto"),
+                                             tiny_target, None, 8)
+            assert sized.table is not None and not sized.table_limits
+            assert sized.limit == (6 if setting == 6 else None) and 1 <= sized.cap(2) <= 8
+            assert BatchPolicy.from_setting(setting, SpecConfig(method="suffix", num_speculative_tokens=4),
+                                            tiny_target, None, 8).table is None
+    finally:
+        tiny_target.backend.step_seconds = saved

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec.cli.common import (add_debug_flag, add_model_args, count_or_word, execution_modes, positive_int, spec_from_args,
                                 speculation_limit_value)
-from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB, SERVER_NUM_SPECULATIVE_TOKENS
+from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
 from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
 
@@ -47,10 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags["--quantize"].help += (". A server's auto is the mode with the most total tokens/s at --max-num-seqs concurrent "
                                  "requests (prefill included), which can differ from the fastest for one request (the "
                                  "choice and its expected rates are printed at start); name a mode to pin it")
-    serve.set_defaults(num_speculative_tokens=SERVER_NUM_SPECULATIVE_TOKENS)
-    flags["--num-speculative-tokens"].help = (f"γ of requests that name none, or 'auto' (default here: "
-                                              f"{SERVER_NUM_SPECULATIVE_TOKENS}: auto plans each request alone and "
-                                              "drafted too much under load)")
+    flags["--num-speculative-tokens"].help += (". Requests sharing forwards draft at most what --disable-speculation-above's "
+                                               "γ table prices at the current load (with a fixed limit: γ=auto's only)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
     serve.add_argument("--max-concurrency", "--max-num-seqs", dest="max_concurrency", type=positive_int, default=8,
@@ -96,7 +94,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             "(default): the N up to which speculation is expected to beat plain decoding, from the target's "
                             "step costs measured on this machine (never switched off where they are unmeasured: float "
                             "weights, CUDA); never: keep speculating. Under N or never a request sharing forwards drafts at most the "
-                            "configured γ, so a token tree verifies no more rows than a chain")
+                            "configured γ, so a token tree verifies no more rows than a chain — with γ=auto, what the "
+                            "measured costs price at that load (at least 1)")
     serve.add_argument("--served-model-name", default=None, help="model id clients use (default: the --model value)")
     serve.add_argument("--audit-fraction", type=float, default=0.0, metavar="F",
                        help="re-decode this fraction of finished greedy requests plainly while the server is idle and "
@@ -209,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
 
     state = build_state(args)
     keys = f"{len(state.access.api_keys)} API key(s)" if state.access.api_keys else "no API key"
-    if state.policy.table is not None and state.spec.method is not None:
+    if state.policy.table is not None and state.policy.table_limits and state.spec.method is not None:
         prior = state.policy.table.for_alpha(state.policy.acceptance.alpha) or {}
         speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior "
                        f"{state.policy.acceptance.alpha:.2f}: γ ≤ " + ", ".join(f"{g} for {n}" for n, g in prior.items() if g and n > 1)
@@ -217,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         limit = state.policy.limit
         speculative = (state.spec.method or "off") + ("" if state.spec.method is None or limit is None
-                                                      else f" while at most {limit} request(s) are active")
+                                                      else f" while at most {limit} request(s) are active") + (
+            "; γ=auto sized by the measured costs at each load" if state.policy.table is not None else "")
     # bind first (uvicorn's own binding), so the address printed is the one that serves (--port 0: the
     # port the OS picked)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
