@@ -1,5 +1,5 @@
 """Shared by the benchmarks that run a target and a draft model over prompt groups, configurations
-interleaved per prompt (draft_vocab.py, gamma_auto_try.py): the groups, the model flags, loading."""
+interleaved per prompt (draft_vocab.py, draft_window.py, gamma_*.py): the groups, the model flags, loading."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from specdec.cpu import cpu_description  # noqa: E402
 
 #: group name → (dataset, categories) for load_prompts
 GROUPS = {"humaneval": ("humaneval", None), "gsm8k": ("gsm8k", None), "mt_bench": ("spec_bench", ["mt_bench"]),
-          "summarization": ("spec_bench", ["summarization"])}  # (long prompts: 600-900 tokens)
+          "summarization": ("spec_bench", ["summarization"]), "rag": ("spec_bench", ["rag"])}  # (long prompts: 600-900 tokens)
 
 
 def add_pair_args(parser: argparse.ArgumentParser) -> None:
