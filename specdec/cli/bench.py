@@ -10,9 +10,8 @@ import argparse
 import sys
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
-                                gamma_value, kernels_in_use, pages_in_use, positive_int, sampling_from_args,
+                                gamma_from_args, gamma_value, kernels_in_use, pages_in_use, positive_int, sampling_from_args,
                                 speculation_limit_value, tree_values)
-from specdec.config import DEFAULT_NUM_SPECULATIVE_TOKENS
 from specdec.errors import SpecdecError
 
 
@@ -99,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
         if peer not in PEER_METHODS:
             raise SpecdecError(f"unknown peer {peer!r}; available: {', '.join(PEER_METHODS)}")
         methods += PEER_METHODS[peer]
-    gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")] if args.gammas else [
-        args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS]
+    gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")] if args.gammas else [gamma_from_args(args)]
     spec_trees = tree_values(args.spec_trees) if args.spec_trees else [args.spec_tree]
     params = sampling_from_args(args)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize,

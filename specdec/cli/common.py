@@ -287,11 +287,19 @@ def pages_in_use(*models) -> str:  # noqa: ANN002 - LoadedModel | None
     return "" if huge_pages_supported() else ", weights on 4 KiB pages (SPECDEC_HUGE_PAGES=0 or no transparent huge pages)"
 
 
-def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
-    from specdec.config import DEFAULT_DRAFT_METHOD, DEFAULT_NUM_SPECULATIVE_TOKENS, SpecConfig
+def gamma_from_args(args: argparse.Namespace) -> int | str:
+    """``--num-speculative-tokens``, or the default γ where it was not given (None tells a config file's
+    value apart from a typed one, so the flag's own default stays None)."""
+    from specdec.config import DEFAULT_NUM_SPECULATIVE_TOKENS
 
-    gamma = args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS
+    return args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS
+
+
+def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
+    from specdec.config import DEFAULT_DRAFT_METHOD, SpecConfig
     from specdec.drafters.registry import needs_draft_model, resolve_method
+
+    gamma = gamma_from_args(args)
 
     method = resolve_method(args.method) if args.method else (DEFAULT_DRAFT_METHOD if args.draft_model else None)
     if needs_draft_model(method) and not args.draft_model:
