@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specdec.stats import acceptance_trials
 from specdec.tree import ranked_nodes
 
 
@@ -34,13 +35,6 @@ PRIOR_TRIALS = 2.0
 #: 0.92–1.06 (1.00): a drafter that turns out worse costs its prompt pass and a few rounds.
 OPTIMISTIC_ALPHA = 0.9
 TRIALS_TO_JUDGE = 6
-
-
-def acceptance_trials(proposed: int, accepted: int) -> int:
-    """The Bernoulli trials a round that drafted ``proposed`` tokens saw: verification stops at the
-    first rejection, so ``accepted + 1`` of them (all, when every one was accepted). α is accepted
-    over trials, summed over rounds (a ratio of sums: averaging per-round ratios biases it low)."""
-    return min(accepted + 1, proposed)
 
 
 def ema(old: float | None, new: float, smoothing: float) -> float:

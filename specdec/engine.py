@@ -263,7 +263,7 @@ def generate_steps(
                     drafter.accepted(chain_accepted, new_tokens[chain_accepted])
                 else:
                     drafter.accepted_path([kept[node] for node in path], next_token)
-                verified_as = tree_round(draft, path, stats)
+                verified_as, first_choices = tree_round(draft, path, stats)
             else:
                 logits, idle_verify = yield from waited(one(ModelCall(target, state, [context[-1], *draft.tokens])))
                 scored = constraint.mask_rows(logits, grammatical) if constraint is not None else logits
@@ -274,14 +274,14 @@ def generate_steps(
                 drafter_accepted = min(num_accepted, drafted)
                 if drafter is not None and drafted:
                     drafter.accepted(drafter_accepted, new_tokens[drafter_accepted])
-                verified_as = draft.tokens[:drafted]
+                verified_as, first_choices = draft.tokens[:drafted], None
             t2 = time.perf_counter()
             t1, t2 = t1 - idle, t2 - idle - idle_verify  # this round's own draft and verify times
 
             stats.record_step(drafted, drafter_accepted, t1 - t0, t2 - t1)
             draft_s, verify_s = (t1 - t0, t2 - t1) if learn_timings else (None, None)
             stats.grammar_forced_tokens += num_accepted - drafter_accepted
-            stats.rounds.append(Round(verified_as, drafter_accepted, num_accepted - drafter_accepted, new_tokens))
+            stats.rounds.append(Round(verified_as, drafter_accepted, num_accepted - drafter_accepted, new_tokens, first_choices))
             if gamma is not None and draft.is_tree and drafter.model_forwards is not None:
                 gamma.update_tree(max(depths(draft.parents), default=0), chain_accepted, len(draft), draft_s, verify_s)
             elif gamma is not None and draft.prefix_accept is None:
@@ -328,14 +328,25 @@ def fit_tree(draft: Draft, max_nodes: int, room: int, slots: int, verify_costs: 
     return [usable[i] for i in chosen]
 
 
-def tree_round(draft: Draft, path: list[int], stats: Stats) -> list[int]:
+def tree_round(draft: Draft, path: list[int], stats: Stats) -> tuple[list[int], tuple[int, int]]:
     """Record a verified tree in ``stats``; return the round as the acceptance view and the α-per-
-    position counts read it: the accepted path, then the first candidate tried where it stopped."""
+    position counts read it — the accepted path, then the first candidate tried where it stopped —
+    and as a chain of the drafter's first choices would have seen it (Round.first_choices: that
+    chain's depth, and how far the path followed it)."""
     assert draft.parents is not None
     stats.record_tree(len(draft), path, draft.parents)
     node = path[-1] if path else -1
     tried = next((child for child, parent in enumerate(draft.parents) if parent == node), None)
-    return [draft.tokens[n] for n in path] + ([] if tried is None else [draft.tokens[tried]])
+    first_child: dict[int, int] = {}  # parent -> its first child (-1: the root)
+    for child, parent in enumerate(draft.parents):
+        first_child.setdefault(parent, child)
+    depth, node = 0, -1
+    while node in first_child:
+        node, depth = first_child[node], depth + 1
+    followed, node = 0, -1
+    while followed < len(path) and first_child.get(node) == path[followed]:
+        node, followed = path[followed], followed + 1
+    return [draft.tokens[n] for n in path] + ([] if tried is None else [draft.tokens[tried]]), (depth, followed)
 
 
 def commit_tokens(out: OutputTracker, constraint: GrammarConstraint | None, tokens: list[int]) -> list[int]:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Hashable
 
-from specdec.adaptive import PRIOR_TRIALS, TRIALS_TO_JUDGE, acceptance_trials
+from specdec.adaptive import TRIALS_TO_JUDGE
 from specdec.cost_model import PROMPT_TOKENS_PER_GENERATED
 from specdec.errors import SpecdecError
 from specdec.forward_costs import ForwardCosts
@@ -37,6 +37,17 @@ if TYPE_CHECKING:
 
 #: seconds over which the load average forgets (a few requests' length on a CPU)
 LOAD_TIME_CONSTANT_S = 5.0
+#: acceptance trials the traffic meter's prior α counts as: about one request's (64 tokens at a τ of ~2).
+#: Worth 2 (a request's own controller's prior), one 8-token request at α 0.93 (a load benchmark's warm-up)
+#: set the whole server's α, and its table let 8 concurrent chat requests draft at γ ≤ 3: 0.85x plain.
+TRAFFIC_PRIOR_TRIALS = 32.0
+#: a draft model's batched forward ÷ its curve where no forward of that many requests was measured yet
+#: (ForwardCosts replaces it per size once one is): its step after a target forward, with the bonus
+#: token and the last accepted one to feed (two rows a request), in caches of its own per request.
+#: Measured in the scheduler (int4-all 0.5B draft after an int8 1.5B target, AMX Xeon, γ=1, session 50):
+#: 1 request 1.44, 5-8 requests 1.9-2.3; session 35: 1.5-1.64 at 1-8. With the curve alone (1.0) a fresh
+#: server's first wave of 8 chat requests drafted at γ=1 and ran 0.91x speculation off.
+DRAFT_FORWARD_PRIOR = 1.8
 
 
 class LoadAverage:
@@ -131,21 +142,21 @@ class RequestGate:
 
 class AcceptanceMeter:
     """α of the server's own traffic, from its finished requests' rounds: accepted tokens over
-    acceptance trials (adaptive.acceptance_trials, as a request's own γ controller counts them), as
+    acceptance trials (Round.chain_trials: a tree round as a chain of its first choices), as
     running sums that forget older requests (``decay`` per request). Starts from ``prior`` worth of
-    PRIOR_TRIALS trials, so the first requests move it quickly. The γ per number of requests under load
-    (:class:`GammaTable`) is computed with it: the prior α 0.7 is a code drafter's, chat traffic
-    was measured far lower, and speculating at it under load lost throughput."""
+    TRAFFIC_PRIOR_TRIALS trials, about one request's: the first request moves it about halfway. The γ per
+    number of requests under load (:class:`GammaTable`) is computed with it: the prior α 0.7 is a code
+    drafter's, chat traffic was measured far lower, and speculating at it under load lost throughput."""
 
     def __init__(self, prior: float = 0.7, decay: float = 0.8) -> None:
         self.decay = decay
         self._lock = threading.Lock()
-        self._accepted, self._trials = PRIOR_TRIALS * prior, PRIOR_TRIALS
+        self._accepted, self._trials = TRAFFIC_PRIOR_TRIALS * prior, TRAFFIC_PRIOR_TRIALS
         self._observed = 0  # acceptance trials seen in all (not decayed)
 
     def observe(self, rounds: list) -> None:  # noqa: ANN401 - specdec.stats.Round objects
-        accepted = sum(r.accepted for r in rounds if r.drafted)
-        trials = sum(acceptance_trials(len(r.drafted), r.accepted) for r in rounds if r.drafted)
+        counted = [r.chain_trials() for r in rounds if r.drafted]  # trees as chains of their first choices
+        accepted, trials = sum(a for a, _ in counted), sum(t for _, t in counted)
         if not trials:
             return
         with self._lock:
@@ -343,8 +354,8 @@ def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedMod
         seen, built = latest[0]
         if seen != observed:
             measured_target = rescaled(target_curve, costs.ratios(target.backend, target_curve, "rows"))
-            measured_draft = drafting if drafting is None or draft is None else rescaled(
-                drafting, costs.ratios(draft.backend, drafting, "requests"))
+            measured_draft = drafting if drafting is None or draft is None else rescaled(drafting, {
+                **{requests: DRAFT_FORWARD_PRIOR for requests in drafting}, **costs.ratios(draft.backend, drafting, "requests")})
             built = measured_target, measured_draft
             latest[0] = observed, built  # one assignment: another thread reads the old pair or the new
         return built

@@ -72,8 +72,11 @@ def test_the_traffic_alpha_moves_the_gamma_table():
 
     meter = AcceptanceMeter(prior=0.7)
     assert meter.alpha == pytest.approx(0.7)
+    warm_up = [Round(drafted=[1, 2], accepted=2, forced=0, committed=[1, 2, 9])] * 3  # one short request, all accepted
+    meter.observe(warm_up)
+    assert 0.75 < meter.alpha < 0.8  # the prior counts as about one request's trials: moved, not taken over
     rejected_early = [Round(drafted=[1, 2, 3, 4], accepted=0, forced=0, committed=[9])] * 10
-    for _ in range(6):
+    for _ in range(15):
         meter.observe(rejected_early)
     assert meter.alpha < 0.05
     meter.observe([Round(drafted=[], accepted=0, forced=0, committed=[9])])  # plain rounds say nothing
@@ -90,11 +93,12 @@ def test_the_traffic_alpha_moves_the_gamma_table():
 def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
     from types import SimpleNamespace
 
-    from specdec import step_costs
+    from specdec import policy, step_costs
     from specdec.policy import PromptShare, measured_gamma_table
     from specdec.config import SpecConfig
 
     monkeypatch.setattr(step_costs, "full_curve", lambda cfg, mode: None)  # no cached curve: the backends' own
+    monkeypatch.setattr(policy, "DRAFT_FORWARD_PRIOR", 1.0)  # the curves as they are (the prior: the next test)
 
     def model(seconds, prompt_seconds=None):
         config = SimpleNamespace(vocab_size=1000)
@@ -221,3 +225,68 @@ def test_fixed_settings_build_a_table_only_for_gamma_auto(tiny_target):
                                             tiny_target, None, 8).table is None
     finally:
         tiny_target.backend.step_seconds = saved
+
+
+def test_unmeasured_batched_draft_forwards_cost_the_prior_until_measured(monkeypatch):
+    """A draft model's batched forward costs DRAFT_FORWARD_PRIOR x its curve until the scheduler has
+    timed forwards of that many requests; then what they cost. With the curve alone a fresh server's
+    first wave of 8 chat requests drafted at γ=1 and ran 0.91x speculation off (session 50)."""
+    from types import SimpleNamespace
+
+    from specdec import policy, step_costs
+    from specdec.config import SpecConfig
+    from specdec.cost_model import Curve
+    from specdec.forward_costs import Forward, ForwardCosts
+
+    monkeypatch.setattr(step_costs, "full_curve", lambda cfg, mode: None)
+    monkeypatch.setattr(step_costs, "draft_curve", lambda cfg, mode, vocab: None)
+
+    def model(seconds):
+        config = SimpleNamespace(vocab_size=1000)
+        backend = SimpleNamespace(config=config, step_seconds=seconds, step_ratios={}, dtype_name="int8", mode="int8")
+        backend.prompt_backend = backend
+        return SimpleNamespace(config=config, backend=backend)
+
+    target = model({1: 0.060, 2: 0.0605, 4: 0.061, 8: 0.062, 16: 0.066, 32: 0.074})  # flat: AMX int8
+    draft = model({1: 0.008, 2: 0.009, 4: 0.012, 8: 0.018, 16: 0.026})
+    spec = SpecConfig(method="draft_model", num_speculative_tokens="auto")
+    monkeypatch.setattr(policy, "DRAFT_FORWARD_PRIOR", 1.0)
+    optimistic = policy.measured_gamma_table(spec, target, draft, 8).for_alpha(0.7)
+    monkeypatch.setattr(policy, "DRAFT_FORWARD_PRIOR", 2.0)
+    costs = ForwardCosts()
+    table = policy.measured_gamma_table(spec, target, draft, 8, costs)
+    prior = table.for_alpha(0.7)
+    assert optimistic[8] >= 1 and prior[8] == 0 and sum(prior.values()) < sum(optimistic.values())
+    curve = draft.backend.step_seconds
+    for requests in range(1, 9):  # forwards measured at the curve's own cost: the prior leaves those sizes
+        for _ in range(3):
+            costs.observe(Forward(draft.backend, "draft", requests, requests, 0, Curve("d", curve).cost(requests)))
+    assert table.for_alpha(0.7) == optimistic
+
+
+def test_tree_rounds_count_as_chains_of_their_first_choices():
+    """The traffic's α plans chains (under load a tree is held to a chain's rows), so a tree round counts
+    as the chain of its first choices (each node's lowest-numbered child) would have: a path through a
+    second choice is a rejection there, and a tree's depth is not its trials. Counted by depth, a tree
+    drafter's chat traffic read α 0.80-0.93 where its chains were accepted at 0.5-0.6 (session 50)."""
+    from specdec.drafters.base import Draft
+    from specdec.engine import tree_round
+    from specdec.policy import AcceptanceMeter
+    from specdec.stats import Round, Stats
+
+    # root -> 0 (first choice), 1; 0 -> 2 -> 4 (first choices); 1 -> 3
+    draft = Draft(tokens=[10, 11, 12, 13, 14], parents=[-1, -1, 0, 1, 2])
+    assert tree_round(draft, [1, 3], Stats())[1] == (3, 0)  # won through a second choice at depth 1
+    assert tree_round(draft, [0, 2], Stats())[1] == (3, 2)  # first choices, stopped before the chain's end
+    assert tree_round(draft, [0, 2, 4], Stats())[1] == (3, 3)
+    assert tree_round(draft, [], Stats())[1] == (3, 0)
+    second_choice = Round([11, 13], 2, 0, [11, 13, 9], first_choices=(3, 0))
+    assert second_choice.chain_trials() == (0, 1)
+    assert Round([10, 12, 11], 2, 0, [10, 12, 9], first_choices=(3, 2)).chain_trials() == (2, 3)
+    assert Round([10, 12, 14], 3, 0, [10, 12, 14, 9], first_choices=(3, 3)).chain_trials() == (3, 3)
+    assert Round([10, 12, 14], 1, 0, [10, 9]).chain_trials() == (1, 2)  # a chain: as before
+
+    meter = AcceptanceMeter(prior=0.7)
+    for _ in range(15):
+        meter.observe([second_choice] * 10)  # every round accepted 2 tokens, none of them first choices
+    assert meter.alpha < 0.05
