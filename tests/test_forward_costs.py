@@ -51,11 +51,12 @@ def fake_model(seconds, prompt_seconds=None):
 def test_the_gamma_table_follows_what_batched_forwards_cost(monkeypatch):
     """A draft model whose batched steps cost 2x its curve speculates at fewer loads, and the table is
     rebuilt when the measurement moves (it is cached per α and measured costs)."""
-    from specdec import step_costs
+    from specdec import policy, step_costs
     from specdec.config import SpecConfig
     from specdec.policy import measured_gamma_table
 
     monkeypatch.setattr(step_costs, "full_curve", lambda cfg, mode: None)  # no cached curve: the backends' own
+    monkeypatch.setattr(policy, "DRAFT_FORWARD_PRIOR", 1.0)  # unmeasured sizes at the curve (the prior: test_server_policy)
     target, draft = fake_model(TARGET), fake_model(DRAFT, prompt_seconds={16: 0.020, 32: 0.0216})
     costs = ForwardCosts()
     table = measured_gamma_table(SpecConfig(method="draft_model", num_speculative_tokens=4), target, draft, 8, costs)
