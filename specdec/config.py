@@ -37,10 +37,11 @@ DEFAULT_DRAFT_METHOD = "draft_suffix"
 #: summarization draft_suffix 1.24 vs 1.18 and draft_model 0.96 vs 0.78. An integer is a fixed γ, as
 #: vLLM's ``num_speculative_tokens``.
 #: A server's requests too: sharing forwards, a request's γ is held to what the γ table prices at the load
-#: (specdec/policy.py, under a fixed --disable-speculation-above too). `specdec serve` (int8 target, 0.5B int4-all draft, 64 tokens, 8 requests a level,
-#: benchmarks/serve_load.py --variant, session 50) auto vs 4, tokens/s at 1/2/4/8 concurrent: HumanEval
-#: 35.3/42.7/63.5/85.5 vs 33.0/43.2/62.5/85.5, MT-Bench 27.2/38.9/53.4/87.9 vs 27.0/37.7/54.1/74.6 (noise: nothing
-#: drafted at 8 either way). Before the table held it, auto drafted 1.3-1.4x γ=4's tokens at 4 concurrent.
+#: (specdec/policy.py; under a fixed --disable-speculation-above too). `specdec serve` auto vs 4 (int8
+#: target, 0.5B int4-all draft, 64 tokens, benchmarks/serve_load.py --variant, AMX Xeon, session 50, final
+#: code), tokens/s at 1/2/4/8 concurrent MT-Bench requests 28.3/39.5/54.5/88.2 vs 27.3/38.0/54.9/87.6, and
+#: HumanEval at 4: 58.0 and 61.0 vs 57.9 and 60.5. Planned per request alone, auto had drafted 1.3-1.4x γ=4's
+#: tokens at 4 concurrent (session 49).
 DEFAULT_NUM_SPECULATIVE_TOKENS: int | str = "auto"
 #: Prompt tokens a draft model reads (see drafters/draft_model.py). Measured with
 #: benchmarks/draft_window.py (AVX2, draft_suffix vs plain, decode speed): on 6 Spec-Bench

@@ -335,11 +335,10 @@ def tree_round(draft: Draft, path: list[int], stats: Stats) -> tuple[list[int], 
     chain's depth, and how far the path followed it)."""
     assert draft.parents is not None
     stats.record_tree(len(draft), path, draft.parents)
-    node = path[-1] if path else -1
-    tried = next((child for child, parent in enumerate(draft.parents) if parent == node), None)
     first_child: dict[int, int] = {}  # parent -> its first child (-1: the root)
     for child, parent in enumerate(draft.parents):
         first_child.setdefault(parent, child)
+    tried = first_child.get(path[-1] if path else -1)
     depth, node = 0, -1
     while node in first_child:
         node, depth = first_child[node], depth + 1

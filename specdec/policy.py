@@ -265,11 +265,7 @@ class BatchPolicy:
         """``--disable-speculation-above`` / ``disable_speculation_above``: ``"auto"`` — the table from
         the loaded models' measured costs (:func:`measured_gamma_table`; never switched off where those
         are unmeasured) —, a number of requests, or ``"never"`` (None too)."""
-        if setting == "auto":
-            costs, share = ForwardCosts(), PromptShare(window=spec.draft_context_window)
-            return cls(None, measured_gamma_table(spec, target, draft, max_requests, costs, share), costs=costs,
-                       prompt_share=share)
-        if setting in ("never", None):
+        if setting in ("auto", "never", None):
             limit = None
         elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
             limit = setting
@@ -279,14 +275,15 @@ class BatchPolicy:
         # with no table, trees sharing forwards verify a chain's rows where the target's rows are priced
         # (measured CPU curves); unmeasured (CUDA, float weights) rows count as free, as for one request
         sharing = spec.max_speculative_tokens if target.backend.step_seconds else None
-        if spec.num_speculative_tokens != "auto":
+        if setting != "auto" and spec.num_speculative_tokens != "auto":
             return cls(limit, sharing_cap=sharing)
-        # γ=auto sharing forwards: each request's controller sees the shared forward's time as its own
-        # verify cost, where its extra rows look nearly free, and drafts too much (at 4 concurrent requests
-        # 1.3-1.4x γ=4's tokens, 0.90x its tokens/s: session 49); the table prices every request's rows
+        # under a fixed limit, γ=auto sharing forwards: each request's controller sees the shared forward's
+        # time as its own verify cost, where its extra rows look nearly free, and drafts too much (at 4
+        # concurrent requests 1.3-1.4x γ=4's tokens, 0.90x its tokens/s: session 49); the table prices every
+        # request's rows
         costs, share = ForwardCosts(), PromptShare(window=spec.draft_context_window)
         return cls(limit, measured_gamma_table(spec, target, draft, max_requests, costs, share), sharing_cap=sharing,
-                   costs=costs, prompt_share=share, table_limits=False)
+                   costs=costs, prompt_share=share, table_limits=setting == "auto")
 
     def cap(self, requests: int) -> int | None:
         """The most tokens a request may draft with ``requests`` sharing forwards (0: none, None: no cap)."""

@@ -41,7 +41,7 @@ class Round:
         if self.first_choices is None:
             return self.accepted, acceptance_trials(len(self.drafted), self.accepted)
         depth, accepted = self.first_choices
-        return accepted, min(accepted + 1, depth)
+        return accepted, acceptance_trials(depth, accepted)
 
 
 def position_counts(rounds: "list[Round]") -> tuple[list[int], list[int]]:
