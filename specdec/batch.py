@@ -80,8 +80,9 @@ def generate_batch(
                 failures.append(item)
             else:
                 chunks[index].append(item)  # type: ignore[arg-type]
-                if item.stats is not None:  # type: ignore[attr-defined] - the last chunk: α and prompt share for the next
-                    policy.observe(item.stats)  # type: ignore[attr-defined]
+                policy.observe_rounds(item.rounds)  # type: ignore[attr-defined] - the traffic's α, as it runs
+                if item.stats is not None:  # type: ignore[attr-defined] - the last chunk: prompt share for the next
+                    policy.observe_finished(item.stats)  # type: ignore[attr-defined]
         return deliver
 
     waiting = list(range(len(prompts)))

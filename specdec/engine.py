@@ -45,6 +45,8 @@ class StreamChunk:
     stats: Stats | None = None  # on the last chunk
     #: one per token of ``token_ids`` when ``params.logprobs`` is set (the target's log-probabilities)
     logprobs: list[TokenLogprob] | None = None
+    #: the decode rounds completed since the previous chunk (a server learns its traffic's α as they run)
+    rounds: list[Round] = field(default_factory=list)
 
 
 @dataclass
@@ -201,6 +203,7 @@ def generate_steps(
                 stats.speculation_note = (f"not drafting: the draft's pass over the prompt (~{catch_up * 1e3:.0f} ms measured "
                                           f"cost) would not be paid back by {params.max_tokens - 1} more tokens"
                                           + (" at the server's load" if loaded is not None else ""))
+    reported = 0  # rounds handed out in chunks so far
     try:
         if out.finish_reason is None:
             yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params))
@@ -296,8 +299,9 @@ def generate_steps(
             stats.decode_time_s = time.perf_counter() - decode_start
             if out.finish_reason is not None:
                 break
-            yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params))
-            committed = []
+            yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params),
+                              rounds=stats.rounds[reported:])
+            committed, reported = [], len(stats.rounds)
         if prefix_cache is not None and prompt_runner is target:
             # every row came from the kernels a prompt pass runs: the answer is a reusable prefix too
             # (a chat client sends it back with its next message)
@@ -307,7 +311,7 @@ def generate_steps(
         stats.total_time_s = time.perf_counter() - start
         stats.draft_forwards = drafter.model_forwards if drafter is not None else None
         yield StreamChunk(committed, out.new_text(), finish_reason=out.finish_reason, stats=stats,
-                          logprobs=logprobs_of(logits, committed, params))
+                          logprobs=logprobs_of(logits, committed, params), rounds=stats.rounds[reported:])
     finally:
         if drafter is not None:
             drafter.finish()

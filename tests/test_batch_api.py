@@ -83,6 +83,31 @@ def test_sampled_batch_is_reproducible_per_seed(int8_pair, spec):
         assert [o.stats.proposed_tokens for o in outs] == [a.stats.proposed_tokens for a in alone]
 
 
+def test_the_traffic_alpha_is_learned_from_rounds_while_the_first_wave_runs(int8_pair, monkeypatch):
+    """A fresh server's first wave of concurrent requests drafted at the prior's γ to its end when α was
+    learned from finished requests only (0.94x off at 8 chat requests, session 50): every round reaches
+    the policy as its chunk is delivered, each exactly once, before any request of the wave finishes."""
+    from specdec.policy import BatchPolicy
+
+    target, draft = int8_pair
+    events: list[tuple[str, object]] = []
+    observe_rounds, observe_finished = BatchPolicy.observe_rounds, BatchPolicy.observe_finished
+    monkeypatch.setattr(BatchPolicy, "observe_rounds",
+                        lambda self, rounds: (events.append(("rounds", list(rounds))), observe_rounds(self, rounds)))
+    monkeypatch.setattr(BatchPolicy, "observe_finished",
+                        lambda self, stats: (events.append(("finished", stats)), observe_finished(self, stats)))
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = specdec.generate_batch(target, PROMPTS[:4], params, draft=draft, spec=spec, max_num_seqs=4,
+                                  disable_speculation_above="never")
+    first_finished = next(i for i, (kind, _) in enumerate(events) if kind == "finished")
+    seen_before = [r for kind, rounds in events[:first_finished] if kind == "rounds" for r in rounds]  # type: ignore[union-attr]
+    assert sum(r.chain_trials()[1] for r in seen_before) >= 4 * 3  # every request drafted and was judged, mid-wave
+    seen = [id(r) for kind, rounds in events if kind == "rounds" for r in rounds]  # type: ignore[union-attr]
+    assert sorted(seen) == sorted(id(r) for o in outs for r in o.stats.rounds)  # each round once
+    assert sum(kind == "finished" for kind, _ in events) == 4
+
+
 def test_waiting_for_other_requests_is_not_charged_to_a_round():
     """``calls.waited``: time suspended beyond the forward time a call was charged (its share of a
     batched forward) is reported apart, so the γ controller weighs this request's own costs."""

@@ -256,20 +256,25 @@ def test_continuous_batching_serves_concurrent_requests_in_shared_forwards_with_
 
 def test_the_speculation_limit_switches_drafting_off_and_output_stays_the_same(tiny_dirs, tiny_target):
     """``--disable-speculation-above 0``: every request is over the limit, so none drafts; a limit of
-    a thousand never stops one. Both answer what the library answers."""
+    a thousand never stops one. Both answer what the library answers. /metrics shows the traffic's α
+    the γ table plans with: the prior until rounds are drafted, then what they measured."""
     body = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
     expected = specdec.generate(tiny_target, body["prompt"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)).text
-    drafted = {}
+    drafted, traffic_alpha = {}, {}
     for limit in ("0", "1000"):
         proc, base = start_server(tiny_dirs, "--disable-speculation-above", limit)
         try:
             out = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
+            metrics = httpx.get(f"{base}/metrics", timeout=10).text
         finally:
             proc.terminate()
             proc.wait(timeout=30)
         assert out["choices"][0]["text"] == expected
         drafted[limit] = out["usage"]["speculative"]["draft_tokens"]
+        line = next(x for x in metrics.splitlines() if x.startswith("specdec_traffic_acceptance_rate "))
+        traffic_alpha[limit] = float(line.split()[1])
     assert drafted["0"] == 0 and drafted["1000"] > 0
+    assert traffic_alpha["0"] == pytest.approx(0.7) and traffic_alpha["1000"] != pytest.approx(0.7)
 
 
 def test_port_zero_serves_on_the_port_it_prints(tiny_dirs):

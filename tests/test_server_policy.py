@@ -64,9 +64,9 @@ def test_the_load_falling_lets_speculation_back_and_none_never_switches_off():
 
 
 def test_the_traffic_alpha_moves_the_gamma_table():
-    """α from finished requests' rounds (accepted over Bernoulli trials), and the γ per number of
+    """α from the requests' rounds (accepted over Bernoulli trials), and the γ per number of
     requests computed at it: a drafter the target mostly rejects gets no speculation under load."""
-    from specdec.policy import AcceptanceMeter, GammaTable
+    from specdec.policy import TRAFFIC_PRIOR_TRIALS, AcceptanceMeter, GammaTable
     from specdec.stats import Round
     from specdec.cost_model import batch_gammas
 
@@ -74,10 +74,13 @@ def test_the_traffic_alpha_moves_the_gamma_table():
     assert meter.alpha == pytest.approx(0.7)
     warm_up = [Round(drafted=[1, 2], accepted=2, forced=0, committed=[1, 2, 9])] * 3  # one short request, all accepted
     meter.observe(warm_up)
-    assert 0.75 < meter.alpha < 0.8  # the prior counts as about one request's trials: moved, not taken over
-    rejected_early = [Round(drafted=[1, 2, 3, 4], accepted=0, forced=0, committed=[9])] * 10
-    for _ in range(15):
-        meter.observe(rejected_early)
+    assert 0.74 < meter.alpha < 0.8  # the prior counts as about one request's trials: moved, not taken over
+    rejected_early = Round(drafted=[1, 2, 3, 4], accepted=0, forced=0, committed=[9])  # one trial each
+    for _ in range(int(TRAFFIC_PRIOR_TRIALS)):  # about a request's worth, round by round as they run
+        meter.observe([rejected_early])
+    assert 0.25 < meter.alpha < 0.45  # about halfway: it does not take a finished request to move
+    for _ in range(10 * int(TRAFFIC_PRIOR_TRIALS)):
+        meter.observe([rejected_early])
     assert meter.alpha < 0.05
     meter.observe([Round(drafted=[], accepted=0, forced=0, committed=[9])])  # plain rounds say nothing
     assert meter.alpha < 0.05
@@ -88,6 +91,21 @@ def test_the_traffic_alpha_moves_the_gamma_table():
     assert table.for_alpha(0.72) == batch_gammas(steep, 0.7, 4, draft, 4)  # steps of 0.05
     assert table.for_alpha(0.7)[2] >= 1
     assert not any(table.for_alpha(meter.alpha).values())
+
+
+def test_the_meter_forgets_by_trials_however_rounds_are_grouped():
+    """Rounds arrive one chunk at a time from running requests, or a request's worth at once: the
+    forgetting runs per acceptance trial, so the grouping moves α only by the order within a group."""
+    from specdec.policy import AcceptanceMeter
+    from specdec.stats import Round
+
+    rounds = [Round([1, 2, 3], a, 0, [9]) for a in (3, 0, 1, 3, 2, 0, 3, 1)] * 6
+    one_by_one, all_at_once = AcceptanceMeter(prior=0.7), AcceptanceMeter(prior=0.7)
+    for r in rounds:
+        one_by_one.observe([r])
+    all_at_once.observe(rounds)
+    assert one_by_one.alpha == pytest.approx(all_at_once.alpha, abs=0.05)
+    assert one_by_one.measured and all_at_once.measured
 
 
 def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
@@ -287,6 +305,6 @@ def test_tree_rounds_count_as_chains_of_their_first_choices():
     assert Round([10, 12, 14], 1, 0, [10, 9]).chain_trials() == (1, 2)  # a chain: as before
 
     meter = AcceptanceMeter(prior=0.7)
-    for _ in range(15):
+    for _ in range(40):
         meter.observe([second_choice] * 10)  # every round accepted 2 tokens, none of them first choices
     assert meter.alpha < 0.05

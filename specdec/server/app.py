@@ -134,6 +134,7 @@ def create_app(state: ServerState) -> FastAPI:
         state.policy.costs.observe(forward)  # what forwards cost at this load: the policy's γ table reads it
 
     state.executor.enable_batching(on_forward=heard)
+    state.metrics.traffic_acceptance.set_function(lambda: state.policy.acceptance.alpha)
     state.auditor = Auditor(state.target, state.executor, state.metrics, state.audit_fraction,
                             busy=lambda: state.active > 0 or state.waiting > 0)
 
@@ -381,11 +382,13 @@ class Job:
                 self.token_ids.extend(item.token_ids)
                 if self.logprobs is not None and item.logprobs:
                     self.logprobs.extend(item.logprobs)
+                if item.rounds and self.spec.method == self.state.spec.method:  # the traffic's α for the γ table
+                    self.state.policy.observe_rounds(item.rounds)
                 if item.stats is not None:
                     self.stats, self.finish_reason = item.stats, item.finish_reason
                     self.state.metrics.observe(item.stats)
-                    if item.stats.method == self.state.spec.method:  # the traffic's α for the γ table
-                        self.state.policy.observe(item.stats)
+                    if item.stats.method == self.state.spec.method:  # its prompt share for the γ table
+                        self.state.policy.observe_finished(item.stats)
                     self.state.metrics.latency.observe(time.perf_counter() - self._start)
                     if not self.audit and self.state.auditor is not None:
                         self.state.auditor.finished(self._audit_case())

@@ -28,6 +28,9 @@ class Metrics:
         self.draft_tokens = Counter("specdec_spec_decode_num_draft_tokens_total", "Draft tokens proposed", ["method"], registry=r)
         self.accepted_tokens = Counter("specdec_spec_decode_num_accepted_tokens_total", "Draft tokens accepted", ["method"], registry=r)
         self.acceptance_rate = Gauge("specdec_spec_decode_acceptance_rate", "Acceptance rate of the last request, per method", ["method"], registry=r)
+        self.traffic_acceptance = Gauge("specdec_traffic_acceptance_rate", "The server method's acceptance rate on this "
+                                        "traffic as its gamma table plans with it (running requests' rounds, older ones "
+                                        "forgotten; starts at a prior)", registry=r)
         self.active = Gauge("specdec_active_requests", "Requests being generated", registry=r)
         self.refused = Counter("specdec_refused_requests_total", "Requests refused before routing (missing or wrong API key, body too large)",
                                ["reason"], registry=r)
