@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Hashable
 from specdec.adaptive import TRIALS_TO_JUDGE
 from specdec.cost_model import PROMPT_TOKENS_PER_GENERATED
 from specdec.errors import SpecdecError
-from specdec.forward_costs import ForwardCosts
+from specdec.forward_costs import ForwardCosts, at_most_larger
 
 if TYPE_CHECKING:
     from specdec.api import LoadedModel
@@ -356,9 +356,9 @@ def measured_gamma_table(spec: SpecConfig, target: LoadedModel, draft: LoadedMod
         observed = costs.observed
         seen, built = latest[0]
         if seen != observed:
-            measured_target = rescaled(target_curve, costs.ratios(target.backend, target_curve, "rows"))
-            measured_draft = drafting if drafting is None or draft is None else rescaled(drafting, {
-                **{requests: DRAFT_FORWARD_PRIOR for requests in drafting}, **costs.ratios(draft.backend, drafting, "requests")})
+            measured_target = at_most_larger(rescaled(target_curve, costs.ratios(target.backend, target_curve, "rows")))
+            measured_draft = drafting if drafting is None or draft is None else at_most_larger(rescaled(drafting, {
+                **{requests: DRAFT_FORWARD_PRIOR for requests in drafting}, **costs.ratios(draft.backend, drafting, "requests")}))
             built = measured_target, measured_draft
             latest[0] = observed, built  # one assignment: another thread reads the old pair or the new
         return built

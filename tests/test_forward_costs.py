@@ -75,6 +75,33 @@ def test_the_gamma_table_follows_what_batched_forwards_cost(monkeypatch):
     assert sum(table.for_alpha(0.7).values()) > sum(after.values())
 
 
+def test_a_slow_small_size_does_not_make_verification_rows_look_free(monkeypatch):
+    """Forwards of 7 requests slowed by request turnover (another request's HTTP and tokenizing on the
+    same 2 cores) measured 1.24x their curve, 8 requests 1.08x. Rescaled size by size, the smaller sizes
+    took 1.24 and the non-decreasing curve priced 8 and 16 rows alike: the table drafted at 8 concurrent
+    chat requests and served 0.85x speculation off. Timing noise only slows a forward, so a size costs
+    at most what a larger size measured."""
+    from specdec import policy, step_costs
+    from specdec.config import SpecConfig
+    from specdec.forward_costs import at_most_larger
+    from specdec.policy import measured_gamma_table
+
+    assert at_most_larger({1: 0.071, 2: 0.077, 4: 0.078, 8: 0.070, 16: 0.076}) == {
+        1: 0.070, 2: 0.070, 4: 0.070, 8: 0.070, 16: 0.076}
+    assert at_most_larger({1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0}
+    monkeypatch.setattr(step_costs, "full_curve", lambda cfg, mode: None)
+    monkeypatch.setattr(policy, "DRAFT_FORWARD_PRIOR", 1.0)
+    flat = {1: 0.057, 2: 0.061, 4: 0.062, 8: 0.0646, 16: 0.0695, 32: 0.0864}  # int8 1.5B on AMX tiles
+    target, draft = fake_model(flat), fake_model({1: 0.012, 2: 0.013, 4: 0.016, 8: 0.024, 16: 0.040})
+    costs = ForwardCosts()
+    table = measured_gamma_table(SpecConfig(method="draft_model", num_speculative_tokens=4), target, draft, 8, costs)
+    for _ in range(3):
+        costs.observe(Forward(target.backend, "target", 7, 7, 0, 1.24 * 0.0640))  # turnover: slowed
+        costs.observe(Forward(target.backend, "target", 8, 8, 0, 1.08 * flat[8]))
+    assert table.for_alpha(0.8)[8] == 0  # size by size: γ=2 at 8
+    assert table.for_alpha(0.8)[2] >= 1  # where verification rows are cheap it still drafts
+
+
 def test_the_batcher_reports_every_forward():
     """Each forward, the target's and the draft model's, with its requests, rows, prompt passes and time."""
 
