@@ -31,7 +31,7 @@ from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token
 from specdec.step_calibration import planning_curve
 from specdec.stats import Round, Stats
 from specdec.structured import GrammarConstraint
-from specdec.tree import TreeLayout, depths, subtree
+from specdec.tree import TreeLayout, children, depths, first_chain, subtree
 from specdec.verify import verify, verify_tree
 
 
@@ -339,17 +339,10 @@ def tree_round(draft: Draft, path: list[int], stats: Stats) -> tuple[list[int], 
     chain's depth, and how far the path followed it)."""
     assert draft.parents is not None
     stats.record_tree(len(draft), path, draft.parents)
-    first_child: dict[int, int] = {}  # parent -> its first child (-1: the root)
-    for child, parent in enumerate(draft.parents):
-        first_child.setdefault(parent, child)
-    tried = first_child.get(path[-1] if path else -1)
-    depth, node = 0, -1
-    while node in first_child:
-        node, depth = first_child[node], depth + 1
-    followed, node = 0, -1
-    while followed < len(path) and first_child.get(node) == path[followed]:
-        node, followed = path[followed], followed + 1
-    return [draft.tokens[n] for n in path] + ([] if tried is None else [draft.tokens[tried]]), (depth, followed)
+    chain = first_chain(draft.parents)
+    followed = next((i for i, (node, first) in enumerate(zip(path, chain)) if node != first), min(len(path), len(chain)))
+    tried = children(draft.parents).get(path[-1] if path else -1, [])[:1]  # the verifier tries children in order
+    return [draft.tokens[n] for n in path + tried], (len(chain), followed)
 
 
 def commit_tokens(out: OutputTracker, constraint: GrammarConstraint | None, tokens: list[int]) -> list[int]:
