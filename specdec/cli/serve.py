@@ -19,7 +19,7 @@ from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
 
 if TYPE_CHECKING:
-    from specdec.server.app import ServerState
+    from specdec.server.state import ServerState
 
 
 def prefill_chunk_value(text: str) -> int | str:
@@ -138,7 +138,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     from specdec.api import (default_max_num_batched_tokens, default_prefill_chunk, enable_prefix_caching, prompts_per_forward,
                              rows_independent)
     from specdec.policy import BatchPolicy
-    from specdec.server.app import ServerState
+    from specdec.server.state import ServerState
     from specdec.server.executor import ModelExecutor
     from specdec.server.security import AccessPolicy, load_api_keys
 

@@ -1,0 +1,142 @@
+"""One request's generation in the server (:class:`Job`): set up and stepped on the model thread,
+consumed by the event loop — its chunks, usage and the response bodies built from them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from specdec.api import prepare
+from specdec.config import SpecConfig
+from specdec.drafters.registry import needs_draft_model
+from specdec.engine import generate_steps
+from specdec.policy import RequestGate
+from specdec.sampling import SamplingParams, TokenLogprob
+from specdec.server.audit import AuditCase
+from specdec.server.executor import END
+from specdec.server.responses import logprobs_body, usage_body
+from specdec.server.state import ServerState
+
+
+def chunk_body(job: Job, chat: bool, delta: Any, finish_reason: str | None) -> dict[str, Any]:
+    choice = {"index": 0, "finish_reason": finish_reason}
+    choice.update({"delta": delta} if chat else {"text": delta, "logprobs": None})
+    return {"id": job.id, "object": "chat.completion.chunk" if chat else "text_completion", "created": job.created,
+            "model": job.state.model_name, "choices": [choice]}
+
+
+def full_response(job: Job, chat: bool) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": job.finish_reason}
+    logprobs = None if job.logprobs is None else logprobs_body(job.logprobs, job.state.target.tokenizer.decode, chat)
+    if chat:
+        choice["message"] = {"role": "assistant", "content": job.text}
+        choice["logprobs"] = logprobs
+    else:
+        choice.update(text=job.text, logprobs=logprobs)
+    return {"id": job.id, "object": "chat.completion" if chat else "text_completion", "created": job.created,
+            "model": job.state.model_name, "choices": [choice], "usage": job.usage()}
+
+
+class Job:
+    """One request's generation: set up and stepped on the model thread, consumed by the event loop."""
+
+    def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,
+                 audit: bool = False) -> None:
+        self.state = state
+        self.audit = audit  # the client asked for its own audit (else the server may sample one)
+        self.audit_result: str | None = None
+        self.token_ids: list[int] = []
+        #: the target's log-probabilities of the emitted tokens, when the request asked for them
+        self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+        self._logprob_chars = 0  # characters of token text already given offsets (completions)
+        self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.stats = None
+        self.prompt_ids, self.params, self.spec = prompt_ids, params, spec
+        self._cancel = threading.Event()
+        #: asked before each round how much it may draft (policy.py)
+        self._gate = RequestGate.unless_seeded(params, state.speculation_cap,
+                                               state.executor.prompt_pending if state.pause_speculation_for_prompts else None)
+        #: what the model thread delivers for this request: chunks, an exception, then END (open)
+        self._chunks: asyncio.Queue | None = None
+        self._start = time.perf_counter()
+
+    async def open(self) -> None:
+        """Build the drafter (it allocates its caches: a torch op, so on the model thread) and join
+        the batch in the same visit to the model thread, so the next forward can carry its prompt.
+        (Joined on a second visit — once the response had started — a request arriving under load
+        waited one more forward for its first token: the model thread had gone on stepping the
+        others.) Errors building it are raised here, before any response is sent."""
+        loop = asyncio.get_running_loop()
+        self._chunks = asyncio.Queue()
+        await self.state.executor.run(lambda: self.state.executor.add_stream(
+            self._open(), lambda item: loop.call_soon_threadsafe(self._chunks.put_nowait, item), self._cancel.is_set))
+
+    def _open(self):  # noqa: ANN202 - a generate_steps generator
+        state = self.state
+        draft = state.draft if needs_draft_model(self.spec.method) else None
+        # this traffic's α, once measured (before that the request's controller plans optimistically)
+        alpha = state.policy.measured_alpha() if self.spec.method == state.spec.method else None
+        return generate_steps(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
+                              speculate=self._gate, prefill_chunk=state.prefill_chunk, alpha_prior=alpha,
+                              saving_under_load=state.speculation_saving)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    async def chunks(self) -> AsyncIterator[Any]:
+        try:
+            while True:
+                item = await self._chunks.get()
+                if item is END:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                self.text += item.text
+                self.token_ids.extend(item.token_ids)
+                if self.logprobs is not None and item.logprobs:
+                    self.logprobs.extend(item.logprobs)
+                if item.rounds and self.spec.method == self.state.spec.method:  # the traffic's α for the γ table
+                    self.state.policy.observe_rounds(item.rounds)
+                if item.stats is not None:
+                    self.stats, self.finish_reason = item.stats, item.finish_reason
+                    self.state.metrics.observe(item.stats)
+                    if item.stats.method == self.state.spec.method:  # its prompt share for the γ table
+                        self.state.policy.observe_finished(item.stats)
+                    self.state.metrics.latency.observe(time.perf_counter() - self._start)
+                    if not self.audit and self.state.auditor is not None:
+                        self.state.auditor.finished(self._audit_case())
+                yield item
+        finally:
+            self._cancel.set()  # nobody reads on (done, client gone, task cancelled): stop stepping it
+
+    async def run_to_end(self) -> None:
+        async for _ in self.chunks():
+            pass
+
+    def _audit_case(self) -> AuditCase:
+        return AuditCase(self.id, self.prompt_ids, self.params, list(self.token_ids))
+
+    async def run_audit(self) -> None:
+        """The request's own audit, if it asked for one (after its last chunk, before its usage)."""
+        if self.audit and self.audit_result is None and self.state.auditor is not None:
+            self.audit_result = await self.state.auditor.audit_now(self._audit_case())
+
+    def streamed_logprobs(self, scores: list[TokenLogprob], chat: bool) -> dict[str, Any]:
+        """OpenAI's logprobs object for one streamed chunk's tokens, text offsets continuing the
+        chunks before it."""
+        body = logprobs_body(scores, self.state.target.tokenizer.decode, chat, self._logprob_chars)
+        if not chat:
+            self._logprob_chars += sum(len(t) for t in body["tokens"])
+        return body
+
+    def usage(self) -> dict[str, Any]:
+        usage = usage_body(self.stats)
+        if self.audit_result is not None:
+            usage["speculative"]["audit"] = self.audit_result
+        return usage

@@ -1,0 +1,73 @@
+"""What the server holds for its whole life (:class:`ServerState`): the models, the configuration, the
+load policy, the metrics, the request counts and the model thread."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from dataclasses import dataclass, field
+
+from specdec.api import LoadedModel
+from specdec.config import SpecConfig
+from specdec.policy import BatchPolicy, LoadAverage, requests_now
+from specdec.server.audit import Auditor
+from specdec.server.executor import ModelExecutor
+from specdec.server.metrics import Metrics
+from specdec.server.security import AccessPolicy
+
+
+@dataclass
+class ServerState:
+    target: LoadedModel
+    model_name: str
+    draft: LoadedModel | None = None
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    max_concurrency: int = 8
+    max_queue: int = 64
+    #: how much requests may draft at the server's load (policy.py: --disable-speculation-above)
+    policy: BatchPolicy = field(default_factory=BatchPolicy)
+    #: chunked prefill: prompt tokens per target call (0: whole prompts; engine.generate_steps)
+    prefill_chunk: int = 0
+    #: running requests draft nothing while a new one waits for its prompt pass (Batcher.prompt_pending)
+    pause_speculation_for_prompts: bool = True
+    #: request limits (None: only the context window bounds them): prompt tokens, max_tokens
+    max_prompt_tokens: int | None = None
+    max_tokens_limit: int | None = None
+    #: API keys and the body size limit, enforced before routing (server/security.py)
+    access: AccessPolicy = field(default_factory=AccessPolicy)
+    #: fraction of finished greedy requests re-decoded plainly when idle (server/audit.py)
+    audit_fraction: float = 0.0
+    auditor: Auditor | None = None  # made by create_app
+    metrics: Metrics = field(default_factory=Metrics)
+    active: int = 0
+    waiting: int = 0
+    #: recent active + waiting requests, what --disable-speculation-above is read against (policy.py)
+    load: LoadAverage = field(default_factory=LoadAverage)
+    slots: asyncio.Semaphore | None = None
+    #: the thread that loaded the models and runs every step (see server/executor.py)
+    executor: ModelExecutor = field(default_factory=ModelExecutor)
+    #: which process answered (header ``x-specdec-instance``, /health): tells replicas apart behind a proxy
+    instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    def speculation_cap(self) -> int | None:
+        """The most tokens a request may draft now (0: none; None: no cap): policy.py, read against
+        the larger of the requests active now and the recent average."""
+        return self.policy.cap(requests_now(self.active, self.load))
+
+    def speculation_saving(self) -> float | None:
+        """Seconds per token speculating saves at the current load (BatchPolicy.saving)."""
+        return self.policy.saving(requests_now(self.active, self.load))
+
+    def reset_prefix_caches(self) -> int | None:
+        """Empty the target's and the draft model's prefix caches (run it on the model thread);
+        the blocks dropped, or None where no model has one."""
+        caches = [model.backend.prefix_cache for model in (self.target, self.draft)
+                  if model is not None and model.backend.prefix_cache is not None]
+        return sum(cache.reset() for cache in caches) if caches else None
+
+    def count_requests(self) -> None:
+        """After ``active`` or ``waiting`` moved: the gauges and the load average."""
+        self.metrics.active.set(self.active)
+        self.metrics.waiting.set(self.waiting)
+        self.load.set(self.active + self.waiting)
