@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from specdec.api import LoadedModel
     from specdec.config import SpecConfig
     from specdec.sampling import SamplingParams
-    from specdec.stats import Stats
+    from specdec.stats import Round, Stats
 
 #: seconds over which the load average forgets (a few requests' length on a CPU)
 LOAD_TIME_CONSTANT_S = 5.0
@@ -156,7 +156,7 @@ class AcceptanceMeter:
         self._accepted, self._trials = TRAFFIC_PRIOR_TRIALS * prior, TRAFFIC_PRIOR_TRIALS
         self._observed = 0  # acceptance trials seen in all (not decayed)
 
-    def observe(self, rounds: list) -> None:  # noqa: ANN401 - specdec.stats.Round objects
+    def observe(self, rounds: list[Round]) -> None:
         counted = [r.chain_trials() for r in rounds if r.drafted]  # trees as chains of their first choices
         accepted, trials = sum(a for a, _ in counted), sum(t for _, t in counted)
         if not trials:
@@ -307,7 +307,7 @@ class BatchPolicy:
             return None
         return self.table.saving(self.acceptance.alpha, requests)
 
-    def observe_rounds(self, rounds: list) -> None:  # noqa: ANN401 - specdec.stats.Round objects
+    def observe_rounds(self, rounds: list[Round]) -> None:
         """A running request's latest rounds (StreamChunk.rounds): the traffic's α."""
         self.acceptance.observe(rounds)
 
