@@ -75,11 +75,14 @@ void quantize_row(const float* x, int64_t K, int8_t* xq, float* scale, int32_t* 
       for (int i = 0; i < 16; ++i) total += xq[16 * j + i];
       sums[j] = static_cast<int16_t>(total);
     }
-    for (int64_t b = 0; b < K / 256; ++b) {  // unit (group l, v) -> (v, group l), 2 bytes each
-      int16_t units[128];
+    // 4-byte units as the weights' vectors v (q6.py's interleave_q6: lane j of v = unit v mod 4 of group
+    // 2j + v / 4), stored pair by pair — v and v + 4 side by side (position 2 (v mod 4) + v / 4), what one
+    // 512-bit vpdpbusd reads
+    for (int64_t b = 0; b < K / 256; ++b) {
+      int32_t units[64];
       std::memcpy(units, xq + b * 256, 256);
-      for (int v = 0; v < 8; ++v)
-        for (int l = 0; l < 16; ++l) std::memcpy(xq + b * 256 + 2 * (16 * v + l), units + 8 * l + v, 2);
+      for (int p = 0; p < 8; ++p)
+        for (int j = 0; j < 8; ++j) std::memcpy(xq + b * 256 + 4 * (8 * p + j), units + 4 * (2 * j + p % 2) + p / 2, 4);
     }
   }
 }

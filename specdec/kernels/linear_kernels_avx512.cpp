@@ -93,13 +93,49 @@ void dot_rows_q8(const int8_t* w, const int8_t* xq, int64_t K, const int32_t* gs
   });
 }
 
-// 6-bit: the AVX2 pass (simd.h's q6_pass) with each madd + add of group scales fused into one vpdpwssd.
+// 6-bit: up to 8 activation rows against one weight row. zmm u = the block's vectors u (even groups) and u + 4
+// (odd groups) side by side, as the activations store them (linear_common.h), so 4 vpdpbusd of 512 bits leave
+// lane j = group 2j's exact code-activation sum and lane 8 + j group 2j + 1's; one vpmulld applies the 16
+// scales and the halves' sum is the AVX2 pass's isum lane j (simd.h's q6_pass: the same int32s, then the same
+// float operations). The AVX2 pass needs 8 maddubs and 4 madds per row and block.
 template <int R>
 void dot_pass_q6(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
                  const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result) {
-  q6_pass<R>(ql, qh, sc, d, blocks, xq, asum, K, astride, result, [](__m256i isum, __m256i t, __m256i scales) {
-    return _mm256_dpwssd_epi32(isum, t, scales);
-  });
+  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  const __m128i by_parity = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block_ql = ql + b * 128;
+    prefetch_ahead(block_ql, 2);
+    prefetch_ahead(qh + b * 64, 1, kPrefetch / 2);
+    // ql chunk i holds vectors 2i (low nibbles) and 2i + 1 (high); qh half h the top bits of vectors 4h..4h+3
+    const __m512i chunks02 = _mm512_inserti64x4(_mm512_castsi256_si512(load(block_ql)), load(block_ql + 64), 1);
+    const __m512i chunks13 = _mm512_inserti64x4(_mm512_castsi256_si512(load(block_ql + 32)), load(block_ql + 96), 1);
+    const __m512i high = _mm512_loadu_si512(qh + b * 64);
+    __m512i w[4];
+    w[0] = _mm512_or_si512(_mm512_and_si512(chunks02, low), _mm512_and_si512(_mm512_slli_epi16(high, 4), top));
+    w[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(chunks02, 4), low),
+                           _mm512_and_si512(_mm512_slli_epi16(high, 2), top));
+    w[2] = _mm512_or_si512(_mm512_and_si512(chunks13, low), _mm512_and_si512(high, top));
+    w[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(chunks13, 4), low),
+                           _mm512_and_si512(_mm512_srli_epi16(high, 2), top));
+    const __m128i sc_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16));
+    const __m512i lane_scales = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc_bytes, by_parity));
+    const __m256i scales = _mm256_cvtepi8_epi16(sc_bytes);
+    const __m256 D = _mm256_set1_ps(d[b]);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = xq + r * K + b * 256;
+      __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_loadu_si512(a));
+      for (int u = 1; u < 4; ++u) sums = _mm512_dpbusd_epi32(sums, w[u], _mm512_loadu_si512(a + 64 * u));
+      const __m512i scaled = _mm512_mullo_epi32(sums, lane_scales);
+      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(load(asum + r * astride + b * 16), scales), 5);
+      const __m256i isum = _mm256_sub_epi32(
+          _mm256_add_epi32(_mm512_castsi512_si256(scaled), _mm512_extracti64x4_epi64(scaled, 1)), offset);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
 }
 
 }  // namespace

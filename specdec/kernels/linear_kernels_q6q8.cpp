@@ -58,13 +58,16 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, 
 // 6-bit weights (llama.cpp's Q6_K values: the LM head and some v/down projections of a Q4_K_M file)
 // x int8 activations. Per output row n, K inputs (a multiple of 256), groups of 16, blocks of 256:
 //   w[n, k] = d[n, b] * sc[n, l] * (q - 32)      q in 0..63, l = k / 16, b = k / 256; sc int8, d float32
-// Codes are stored in vector order: vector v (0..7) of a block, byte 2*l + t <-> code 16*l + 2*v + t,
-// so after maddubs 16-bit lane l of every vector belongs to group l. Their low 4 bits as in the 4-bit
-// format (ql[128*b + 32*i + p] = lo(vec[2i][p]) | lo(vec[2i+1][p]) << 4), their top 2 bits in
-// qh[64*b + 32*h + p] = sum_j hi(vec[4h+j][p]) << 2j. Two maddubs results add exactly in 16 bits
-// (2 * 2*63*127 < 2^15), one madd per pair applies the 16 group scales; the -32 offset is one more
-// madd per block on the activation sums of each group. ~0.82 bytes per weight instead of int8's 1,
-// and about half of int8's vector operations per row.
+// Codes are stored in vector order: vector v (0..7) of a block, bytes 4*j + t <-> code 16*g + 4*(v % 4) + t of
+// group g = 2*j + v / 4 — each 32-bit lane one group's 4 codes (what vpdpbusd sums), the even groups in vectors
+// 0-3 and the odd ones in 4-7, lane j of both holding the pair of groups the float part scales together.
+// Their low 4 bits as in the 4-bit format (ql[128*b + 32*i + p] = lo(vec[2i][p]) | lo(vec[2i+1][p]) << 4),
+// their top 2 bits in qh[64*b + 32*h + p] = sum_j hi(vec[4h+j][p]) << 2j. On AVX2 two maddubs results of one
+// parity add exactly in 16 bits (2 * 2*63*127 < 2^15) and one madd applies their groups' scales (simd.h's
+// q6_pass); on AVX-512 VNNI one vpdpbusd per pair of vectors sums whole groups and one vpmulld scales them
+// (linear_kernels_avx512.cpp). The -32 offset is one more madd per block on the activation sums of each
+// group. ~0.82 bytes per weight instead of int8's 1. (Session 51: in the earlier order, two codes of a group
+// per 16-bit lane, the VNNI paths had to run the AVX2 maddubs and a 5-row chunk cost 2.5x one row.)
 namespace {
 
 template <int R>

@@ -24,16 +24,19 @@ GROUP = 16
 
 
 def interleave_q6(codes: torch.Tensor) -> torch.Tensor:
-    """Reorder ``[rows, K]`` codes within each block of 256 into the kernel's vector order (vector v,
-    byte 2l + t ↔ code 16l + 2v + t: a 16×8 transpose of 2-code units)."""
+    """Reorder ``[rows, K]`` codes within each block of 256 into the kernel's vector order: vector v
+    (0..7), 4-byte unit j (0..7) = the codes 4·(v mod 4) .. + 3 of group 2j + v // 4 (groups of 16), so a
+    vpdpbusd lane sums one group's codes — the even groups in vectors 0-3, the odd ones in 4-7, each
+    lane pairing with the same lane of the other half as the group scales pair in the float part."""
     rows, cols = codes.shape
-    return codes.reshape(rows, cols // BLOCK, 16, 8, 2).transpose(2, 3).reshape(rows, cols)
+    blocks = codes.reshape(rows, cols // BLOCK, 8, 2, 4, 4)  # [.., pair j, half, unit u, code t]: group 2j + half
+    return blocks.permute(0, 1, 3, 4, 2, 5).reshape(rows, cols)  # vector v = 4 · half + u, then lane j
 
 
 def deinterleave_q6(codes: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`interleave_q6`."""
     rows, cols = codes.shape
-    return codes.reshape(rows, cols // BLOCK, 8, 16, 2).transpose(2, 3).reshape(rows, cols)
+    return codes.reshape(rows, cols // BLOCK, 2, 4, 8, 4).permute(0, 1, 4, 2, 3, 5).reshape(rows, cols)
 
 
 class Q6Linear(KernelLinear):

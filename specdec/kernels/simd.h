@@ -135,10 +135,23 @@ static inline void unpack_q6_block(const uint8_t* ql, const uint8_t* qh, __m256i
   }
 }
 
+// The 6-bit format's group scales as the int16 lanes of a maddubs result see them: lanes 2m and 2m + 1 of a
+// vector of even groups (vectors 0-3) belong to group 2m, of odd groups (4-7) to group 2m + 1.
+static inline void q6_pair_scales(const int8_t* sc, __m256i* even, __m256i* odd) {
+  const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
+  *even = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s, _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14)));
+  *odd = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s, _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15)));
+}
+
+// Where a block's activation vector v is (linear_common.h stores v and v + 4 side by side), in 32-byte units.
+static constexpr int kQ6ActivationAt[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
 // R activation rows against one 6-bit weight row (the format: q6_linear in linear_kernels.cpp). Per row and
-// block: isum starts at the -32 offset (-32 x Σ scale x group sum), then each pair of maddubs results (exact
-// in 16 bits) is added with its groups' scales by `add_scaled(isum, t, scales)` — madd + add on AVX2,
-// one vpdpwssd on AVX-512 VNNI: the same int32s — and one FMA applies d. So every path gives the same bits.
+// block: isum lane j = Σ over groups 2j and 2j + 1 of scale x (their code-activation sum - 32 x their
+// activation sum), exact: it starts at the -32 offset, then each pair of maddubs results of one parity (exact
+// in 16 bits) is added with its groups' scales by `add_scaled(isum, t, scales)` — madd + add on AVX2, one
+// vpdpwssd on a VNNI path: the same int32s as the 512-bit vpdpbusd kernel — and one FMA applies d. So every
+// path gives the same bits.
 template <int R, typename AddScaled>
 static inline void q6_pass(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, const float* d, int64_t blocks,
                            const int8_t* xq, const int16_t* asum, int64_t K, int64_t astride, float* result,
@@ -151,15 +164,17 @@ static inline void q6_pass(const uint8_t* ql, const uint8_t* qh, const int8_t* s
     __m256i w[8];
     unpack_q6_block(ql + b * 128, qh + b * 64, w);
     const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16)));
+    __m256i even, odd;
+    q6_pair_scales(sc + b * 16, &even, &odd);
     const __m256 D = _mm256_set1_ps(d[b]);
     for (int r = 0; r < R; ++r) {
       const __m256i* a = reinterpret_cast<const __m256i*>(xq + r * K + b * 256);
       const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(asum + r * astride + b * 16));
       __m256i isum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sums, scales), 5));
       for (int i = 0; i < 8; i += 2) {
-        const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w[i], _mm256_loadu_si256(a + i)),
-                                           _mm256_maddubs_epi16(w[i + 1], _mm256_loadu_si256(a + i + 1)));
-        isum = add_scaled(isum, t, scales);
+        const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w[i], _mm256_loadu_si256(a + kQ6ActivationAt[i])),
+                                           _mm256_maddubs_epi16(w[i + 1], _mm256_loadu_si256(a + kQ6ActivationAt[i + 1])));
+        isum = add_scaled(isum, t, i < 4 ? even : odd);
       }
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc[r]);
     }

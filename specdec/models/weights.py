@@ -54,8 +54,9 @@ GGUF_LAYER_NAMES = {
 }
 #: bump when a conversion changes (2: int4 runs tensors a GGUF stores in < 6 bits at 4 bits, not 8;
 #: 3: int4 codes interleaved within blocks of 256 for the kernel, Q6_K tensors kept as 6-bit;
-#: 4: the token embedding kept in its GGUF blocks, kernels/embedding.py)
-CACHE_FORMAT_VERSION = 4
+#: 4: the token embedding kept in its GGUF blocks, kernels/embedding.py; 5: 6-bit codes in vpdpbusd's order,
+#: kernels/q6.py interleave_q6)
+CACHE_FORMAT_VERSION = 5
 
 
 def our_name(gguf_name: str) -> str | None:
