@@ -137,8 +137,7 @@ static inline void unpack_q6_block(const uint8_t* ql, const uint8_t* qh, __m256i
 
 // The 6-bit format's group scales as the int16 lanes of a maddubs result see them: lanes 2m and 2m + 1 of a
 // vector of even groups (vectors 0-3) belong to group 2m, of odd groups (4-7) to group 2m + 1.
-static inline void q6_pair_scales(const int8_t* sc, __m256i* even, __m256i* odd) {
-  const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
+static inline void q6_pair_scales(__m128i s, __m256i* even, __m256i* odd) {
   *even = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s, _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14)));
   *odd = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s, _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15)));
 }
@@ -163,9 +162,10 @@ static inline void q6_pass(const uint8_t* ql, const uint8_t* qh, const int8_t* s
     prefetch_ahead(qh + b * 64, 1, kPrefetch / 2);
     __m256i w[8];
     unpack_q6_block(ql + b * 128, qh + b * 64, w);
-    const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16)));
+    const __m128i sc_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * 16));
+    const __m256i scales = _mm256_cvtepi8_epi16(sc_bytes);  // group order: the -32 offset's madd
     __m256i even, odd;
-    q6_pair_scales(sc + b * 16, &even, &odd);
+    q6_pair_scales(sc_bytes, &even, &odd);
     const __m256 D = _mm256_set1_ps(d[b]);
     for (int r = 0; r < R; ++r) {
       const __m256i* a = reinterpret_cast<const __m256i*>(xq + r * K + b * 256);
