@@ -36,7 +36,7 @@ class Handler(BaseHTTPRequestHandler):
             f.write(json.dumps({{"args": args, "body": body}}) + "\\n")
         n = body["n_predict"]
         reply = {{"content": "x" * n, "tokens": [7] * n,
-                 "timings": {{"predicted_per_second": 42.0, "prompt_per_second": 100.0,
+                 "timings": {{"predicted_per_second": 42.0, "prompt_per_second": 100.0, "prompt_ms": 30.0,
                              **({{"draft_n": 8, "draft_n_accepted": 6}} if has_draft else {{}})}}}}
         data = json.dumps(reply).encode()
         self.send_response(200)
@@ -65,15 +65,19 @@ def test_peers_send_token_ids_and_report_llama_timings(fake_bin, tmp_path):
 
     bin_dir, log = fake_bin
     target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
-    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)
     peers, close = llamacpp_peers(bin_dir, target, draft, params, num_tokens=3)
     try:
         assert set(peers) == {"llamacpp", "llamacpp-draft"}
         tokens, stats, text = peers["llamacpp"]([1, 2, 3])
-        assert tokens == [7] * 5 and text == "xxxxx"
+        assert tokens == [7] * 9 and text == "x" * 9
         assert stats["tokens_per_s"] == 42.0 and stats["proposed_tokens"] == 0
+        assert stats["ttft_s"] == pytest.approx(0.03)  # its prompt time: the report's TTFT column
+        assert "mean_accepted_len" not in stats  # nothing drafted: no τ to report (the table shows 1)
         _, draft_stats, _ = peers["llamacpp-draft"]([1, 2, 3])
         assert draft_stats["acceptance_rate"] == pytest.approx(0.75)
+        # 8 tokens after the first, 6 of them accepted drafts: 2 decode forwards, τ 4
+        assert draft_stats["mean_accepted_len"] == pytest.approx(4.0)
     finally:
         close()
     sent = [json.loads(line) for line in log.read_text().splitlines()]

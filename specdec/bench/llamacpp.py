@@ -9,7 +9,10 @@ Build the binary from the ``llama-cpp-python`` sdist's bundled source (the regis
           -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
     cmake --build /tmp/llamacpp-build -j2 --target llama-server
 
-and pass ``--llama-bin /tmp/llamacpp-build/bin``. The server's own timings give decode tokens/s
+and pass ``--llama-bin /tmp/llamacpp-build/bin``. On a CPU with AMX (Sapphire Rapids and later) that build
+segfaults in ``ggml_backend_amx_mul_mat`` on the Q4_K_M target (ggml-org/llama.cpp#20824): add
+``-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"`` and the same ``CMAKE_CXX_FLAGS``, which keep
+everything else ``-march=native`` gives. The server's own timings give decode tokens/s
 (``predicted_per_second``) and, with a draft model, its acceptance counts.
 """
 
@@ -85,12 +88,22 @@ class LlamaServer:
 
 
 def result_stats(reply: dict) -> dict:
-    """Our stats names for the figures llama-server reports."""
+    """Our stats names for the figures llama-server reports. ``ttft_s`` is its prompt time (the
+    first token is sampled from the prompt pass's logits, as ours is). ``mean_accepted_len`` (τ,
+    tokens per target forward) where it drafted: every decode forward commits its accepted drafts
+    plus one token, so the forwards after the prompt's are ``generated - 1 - accepted``."""
     timings = reply.get("timings", {})
     drafted, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
-    return {"generated_tokens": len(reply.get("tokens", [])), "tokens_per_s": timings.get("predicted_per_second", 0.0),
-            "prefill_tokens_per_s": timings.get("prompt_per_second", 0.0), "proposed_tokens": drafted,
-            "accepted_tokens": accepted, "acceptance_rate": accepted / drafted if drafted else 0.0}
+    generated = len(reply.get("tokens", []))
+    stats = {"generated_tokens": generated, "tokens_per_s": timings.get("predicted_per_second", 0.0),
+             "prefill_tokens_per_s": timings.get("prompt_per_second", 0.0), "proposed_tokens": drafted,
+             "accepted_tokens": accepted, "acceptance_rate": accepted / drafted if drafted else 0.0}
+    if timings.get("prompt_ms"):
+        stats["ttft_s"] = timings["prompt_ms"] / 1000
+    forwards = generated - 1 - accepted
+    if drafted and forwards > 0:
+        stats["mean_accepted_len"] = (generated - 1) / forwards
+    return stats
 
 
 def llamacpp_peers(bin_dir: Path | str, target_gguf: Path, draft_gguf: Path | None, params: SamplingParams,
