@@ -32,7 +32,7 @@ from specdec.drafters.suffix import clear_global_caches  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--llama-bin", default="/tmp/llamacpp-build/bin", help="directory with llama-completion, llama-speculative-simple")
+    parser.add_argument("--llama-bin", default="/tmp/llamacpp-build/bin", help="directory with llama.cpp's llama-server (build: see specdec/bench/llamacpp.py)")
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
     parser.add_argument("--prompts", type=int, default=2, help="per group (HumanEval, summarization, rag)")
