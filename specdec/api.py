@@ -32,6 +32,7 @@ from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_de
 from specdec.prefix_cache import PrefixCache
 from specdec.sampling import SamplingParams, make_generator
 from specdec.step_costs import ExecutionPlan
+from specdec.penalties import check_logit_bias_ids
 from specdec.structured import GrammarConstraint
 from specdec.tokenizer import Tokenizer
 
@@ -258,6 +259,7 @@ def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, 
     prompt_ids = encode_prompt(target, prompt, chat)
     generator = make_generator(params.seed, target.backend.device)
     max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
+    check_logit_bias_ids(params.logit_bias, target.config.vocab_size)  # before anything runs: a clear 400 in a server
     constraint = None
     if params.structured is not None:
         constraint = GrammarConstraint.build(params.structured, target.tokenizer, target.config.vocab_size)

@@ -27,6 +27,7 @@ from specdec.engine import generate_ids
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import Decoder
 from specdec.sampling import SamplingParams, logits_to_probs, make_generator
+from specdec.penalties import Penalties
 from specdec.stats_tests import chi_square_pvalue
 from specdec.structured import INSTALL_HINT, GrammarConstraint, StructuredOutput, compile_for_vocab
 from specdec.structured import available as structured_available
@@ -42,6 +43,10 @@ DISTRIBUTION_CONFIGS: dict[str, SamplingParams] = {
     # structured output: a regex over the tiny vocabulary (token i is the letter "abcdefgh"[i]) whose
     # mask changes at every position, so drafts are often refused and p, q are masked differently
     "T=1,regex": SamplingParams(temperature=1.0, structured=StructuredOutput(regex="[bcd](a|[e-h])[aceg]")),
+    # penalties and a logit bias: each row's logits depend on the tokens drafted before it (the
+    # prompt repeats tokens 1-3, so the repetition penalty acts from the first token on)
+    "T=1,penalties": SamplingParams(temperature=1.0, repetition_penalty=1.6, frequency_penalty=0.8,
+                                    presence_penalty=0.5, logit_bias={0: -1.5, 5: 1.0}),
 }
 #: the tiny model's vocabulary as text, for grammars (see the "regex" configuration)
 TINY_VOCAB = list("abcdefgh")
@@ -77,7 +82,9 @@ def tiny_model(vocab: int = 8, seed: int = 0, scale: float = 0.2, device: str = 
 def exact_joint(target: TorchBackend, prompt: list[int], params: SamplingParams, length: int,
                 constraint: GrammarConstraint | None = None) -> dict[tuple[int, ...], float]:
     """P(first ``length`` tokens) under plain sampling, by enumerating every prefix (each prefix's
-    logits masked by ``constraint``'s grammar after it, when given)."""
+    logits masked by ``constraint``'s grammar after it, when given, and penalised after it when
+    ``params`` sets penalties)."""
+    penalties = Penalties.build(params, prompt, target.config.vocab_size)
     result: dict[tuple[int, ...], float] = {}
     frontier: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
     for _ in range(length):
@@ -87,6 +94,8 @@ def exact_joint(target: TorchBackend, prompt: list[int], params: SamplingParams,
             logits = target.forward(state, prompt + list(prefix), num_logits=1)[-1]
             if constraint is not None:
                 logits = constraint.mask_logits(logits, list(prefix))
+            if penalties is not None:
+                logits = penalties.apply(logits, list(prefix))
             probs = logits_to_probs(logits, params)
             for token in probs.nonzero().flatten().tolist():
                 next_frontier.append((prefix + (token,), mass * float(probs[token])))

@@ -27,6 +27,7 @@ from specdec.config import SpecConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.output import OutputTracker
+from specdec.penalties import Penalties
 from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
 from specdec.step_calibration import planning_curve
 from specdec.stats import Round, Stats
@@ -140,7 +141,8 @@ def generate_steps(
     vocab_size = target.config.vocab_size  # drafted ids outside it are cut (Draft.clipped)
     check_context(len(prompt_ids), params.max_tokens, context_len)
     max_k = spec.max_speculative_tokens if drafter is not None else 0
-    max_nodes = spec.tree_nodes(params.is_greedy, target.step_seconds) if drafter is not None else 0  # 0: chains
+    # 0: chains (penalties, like a grammar, are applied along one history per row: chains only)
+    max_nodes = spec.tree_nodes(params.is_greedy, target.step_seconds) if drafter is not None and not params.has_penalties else 0
     alternatives = max_nodes > 0 and not params.is_greedy  # sampled chains become trees (specdec.alternatives)
     cache_len = min(len(prompt_ids) + params.max_tokens + max(max_k, max_nodes) + 1, context_len)
     generator = generator or make_generator(params.seed, target.device)
@@ -155,6 +157,7 @@ def generate_steps(
         if tokenizer is None:
             raise SpecdecError("structured output needs a tokenizer")
         constraint = GrammarConstraint.build(params.structured, tokenizer, vocab_size)
+    penalties = Penalties.build(params, prompt_ids, vocab_size)  # logit bias, repetition penalties (or None)
     stats = Stats(
         method=drafter.name if drafter is not None else "ar",
         dtype=target.dtype_name,
@@ -186,6 +189,8 @@ def generate_steps(
     if prefix_cache is not None:
         prefix_cache.store(state, prompt_ids)
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
+    if penalties is not None:
+        scored = penalties.apply(scored, [])
     _, first = verify([], None, scored, params, generator)
     context = list(prompt_ids) + [first]
     committed = commit_tokens(out, constraint, [first])
@@ -222,8 +227,8 @@ def generate_steps(
             asked = drafter is not None and (k > 0 or (room > 0 and drafter.has_free_tokens))
             # time spent suspended while other requests' forwards ran is not this round's cost
             draft, idle = (yield from waited(drafter.propose_steps(context, k))) if asked else (Draft(tokens=[]), 0.0)
-            if draft.is_tree and constraint is not None:
-                draft = draft.as_chain()  # grammar cuts and forced tokens are chain operations
+            if draft.is_tree and (constraint is not None or penalties is not None):
+                draft = draft.as_chain()  # grammar cuts and forced tokens, penalties' histories: chain operations
             if draft.is_tree:  # the drafter's node numbers: kept[i] is node i of the verified tree
                 kept = fit_tree(draft, nodes, room, state.max_seq_len - len(context), verify_costs, vocab_size)
                 draft = draft.nodes(kept)
@@ -270,6 +275,8 @@ def generate_steps(
             else:
                 logits, idle_verify = yield from waited(one(ModelCall(target, state, [context[-1], *draft.tokens])))
                 scored = constraint.mask_rows(logits, grammatical) if constraint is not None else logits
+                if penalties is not None:  # row i after the output so far and the first i drafted tokens
+                    scored = penalties.apply(scored, context[len(prompt_ids):], draft.tokens)
                 num_accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
                 state.truncate(len(context) + num_accepted)
                 new_tokens = [*draft.tokens[:num_accepted], next_token]

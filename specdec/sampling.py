@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.penalties import check_penalty_params
 from specdec.structured import StructuredOutput
 
 
@@ -76,6 +77,15 @@ class SamplingParams:
     #: constrain the output to a JSON schema / JSON object / regex / choice / grammar
     #: (:mod:`specdec.structured`); exact under speculation: the same mask reaches p and q
     structured: StructuredOutput | None = None
+    #: OpenAI's penalties, over the output's tokens: ``presence_penalty`` is subtracted from the logit of
+    #: every token the output holds, ``frequency_penalty`` once per occurrence ([-2, 2], 0 = off);
+    #: vLLM's / HF's ``repetition_penalty`` divides the positive logits (multiplies the negative ones)
+    #: of every token in the prompt or the output (> 0, 1 = off); ``logit_bias`` adds to the logits of
+    #: the token ids it names ([-100, 100]). Exact under speculation (:mod:`specdec.penalties`).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string, as the OpenAI API allows
@@ -100,10 +110,16 @@ class SamplingParams:
             raise SpecdecError(f"structured must be a specdec.StructuredOutput, got {type(self.structured).__name__}")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise SpecdecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        check_penalty_params(self.presence_penalty, self.frequency_penalty, self.repetition_penalty, self.logit_bias)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether a logit bias or a penalty is set (then each row depends on the tokens before it)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias)
 
     @property
     def is_seeded_sampling(self) -> bool:

@@ -131,6 +131,21 @@ def test_int8_speculative_greedy_is_identical_for_every_method(pair_int8, humane
     assert out.stats.proposed_tokens > 0 or method in ("ngram", "suffix")
 
 
+def test_int8_penalties_greedy_is_identical_and_changes_the_text(pair_int8, humaneval_prompt):
+    """Repetition / frequency / presence penalties and a banned token on the real pair: identical to
+    plain decoding with them, with drafted tokens verified (the draft applies them to its q too)."""
+    target, draft = pair_int8
+    unpenalised = specdec.generate(target, humaneval_prompt, specdec.SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
+    banned = unpenalised.token_ids[0]  # the answer's first token: the text must change
+    params = specdec.SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, repetition_penalty=1.2,
+                                    frequency_penalty=0.4, presence_penalty=0.2, logit_bias={banned: -100.0})
+    plain = specdec.generate(target, humaneval_prompt, params)
+    out = specdec.generate(target, humaneval_prompt, params, draft=draft,
+                           spec=specdec.SpecConfig(method="draft_suffix", num_speculative_tokens=4))
+    assert out.token_ids == plain.token_ids and banned not in plain.token_ids
+    assert out.stats.accepted_tokens > 5, out.stats
+
+
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_int8_feature_heads_on_the_real_target(pair_int8, humaneval_prompt, tmp_path, kind):
     """A feature head of the real target's shape (untrained: its weights are not shipped; a trained one

@@ -72,6 +72,19 @@ def test_completion_equals_library_greedy(client, tiny_target):
     assert usage["completion_tokens"] == 16 and usage["speculative"]["method"] == DEFAULT_DRAFT_METHOD
 
 
+def test_penalties_and_logit_bias_equal_library_greedy(client, tiny_target):
+    """OpenAI's presence/frequency penalties and logit_bias, vLLM's repetition_penalty: the server
+    speculates (its default drafter) and still answers what plain decoding with them gives."""
+    penalties = dict(presence_penalty=0.4, frequency_penalty=0.6)
+    out = client.completions.create(model="tiny", prompt="for i in range(10):", max_tokens=24, temperature=0,
+                                    logit_bias={"7": -100}, **penalties,
+                                    extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
+    expected = specdec.generate(tiny_target, "for i in range(10):", SamplingParams(
+        temperature=0, max_tokens=24, ignore_eos=True, logit_bias={7: -100.0}, repetition_penalty=1.3, **penalties))
+    assert out.choices[0].text == expected.text
+    assert out.usage.model_dump()["speculative"]["method"] == DEFAULT_DRAFT_METHOD
+
+
 def test_streamed_completion_and_chat(client, tiny_target):
     pieces = [c.choices[0].text for c in client.completions.create(model="tiny", prompt="for i in", max_tokens=12, temperature=0,
                                                                     stream=True, extra_body={"ignore_eos": True})]
@@ -120,6 +133,11 @@ def test_concurrent_requests_equal_sequential(server):
     ({"model": "tiny", "prompt": "x", "max_tokens": 100000}, 400, "context window"),
     ({"model": "tiny", "prompt": "x", "speculative": {"method": "telepathy"}}, 400, "unknown speculative method"),
     ({"model": "tiny", "prompt": "x", "speculative": {"num_speculative_tokens": 0}}, 400, ">= 1"),
+    ({"model": "tiny", "prompt": "x", "frequency_penalty": 3}, 400, "frequency_penalty must be a number in [-2, 2]"),
+    ({"model": "tiny", "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty must be a finite number > 0"),
+    ({"model": "tiny", "prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias keys must be token ids"),
+    ({"model": "tiny", "prompt": "x", "logit_bias": {"3": 500}}, 400, "logit_bias values must be numbers in [-100, 100]"),
+    ({"model": "tiny", "prompt": "x", "logit_bias": {"99999999": 1}}, 400, "outside the vocabulary"),
 ])
 def test_bad_input_gets_error_object_and_server_stays_up(server, payload, status, fragment):
     url = f"{server}/v1/completions"

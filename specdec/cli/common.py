@@ -190,6 +190,13 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: random)")
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop generating when this text appears (repeatable; default: none)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="divide the positive logits (multiply the negative ones) of tokens already in the prompt "
+                             "or output by this; > 1 discourages repeats, 1 = off (default: 1.0; as HF / vLLM)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0,
+                        help="subtract this × the token's count in the output so far from its logit, -2..2; 0 = off (default: 0; as OpenAI)")
+    parser.add_argument("--presence-penalty", type=float, default=0.0,
+                        help="subtract this from the logit of every token the output already holds, -2..2; 0 = off (default: 0; as OpenAI)")
     structured = parser.add_argument_group(
         "structured output", "constrain the output (one of these; exact under speculation; needs pip install 'specdec[structured]')")
     only_one = structured.add_mutually_exclusive_group()
@@ -239,6 +246,8 @@ def sampling_from_args(args: argparse.Namespace):  # noqa: ANN201
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
         max_tokens=args.max_tokens, stop=list(args.stop), ignore_eos=args.ignore_eos, structured=structured_from_args(args),
+        repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
     )
 
 

@@ -17,7 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                 description="Certify exactness for every registered drafter: (a) greedy speculative output is "
                                             "token-identical to plain decoding on real prompts with the given model pair and dtype; "
                                             "(b) on a tiny random model, the distribution of the first generated tokens under "
-                                            "speculative sampling (T=1, top-k, top-p) equals the exact target distribution "
+                                            "speculative sampling (T=0.7 with top-k; --thorough adds T=1, top-p, a regex grammar and penalties with a logit bias) "
+                                            "equals the exact target distribution "
                                             "(chi-square test, false-alarm rate --alpha per row). Exits 1 on any FAIL.")
     flags = add_model_args(ver, unused=("--method", "--skip-layers", "--exit-layer", "--draft-vocab-size", "--draft-context-window",
                                         "--datastore", "--prompt-lookup-min", "--prompt-lookup-max",

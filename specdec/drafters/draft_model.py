@@ -24,6 +24,7 @@ from specdec.cost_model import Curve
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, model_tree_nodes_for
 from specdec.drafters.vocab import DraftVocab, full_vocab, usable_vocab_limit
 from specdec.errors import SpecdecError
+from specdec.penalties import Penalties, penalty_shape
 from specdec.sampling import SamplingParams, greedy_ids, logits_to_probs, sample_from_probs, top_candidates
 from specdec.step_calibration import planning_curve, rescaled
 from specdec.structured import GrammarConstraint
@@ -119,6 +120,7 @@ def draft_steps(
     take_over: Callable[[list[int], int], list[int]] | None = None,
     constraint: GrammarConstraint | None = None,
     vocab: DraftVocab | None = None,
+    shape: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
 ) -> Generator[ModelCall, torch.Tensor, Draft]:
     """Up to ``k`` tokens, one model step each: ``logits`` follow the context, ``step(token)`` feeds a
     drafted token and returns the next logits (steps: the forward is yielded to whoever drives
@@ -137,11 +139,13 @@ def draft_steps(
     stops where the grammar allows nothing the draft can score. ``vocab``: the logits score its rows
     (``None``: the whole vocabulary) — greedy takes the argmax row's token; sampling and a grammar
     see the rows over the whole vocabulary (:class:`~specdec.drafters.vocab.DraftVocab`).
+    ``shape(logits, drafted)``: the request's logit bias and penalties after the tokens drafted so
+    far (:meth:`specdec.penalties.Penalties.for_context`), as the target's row gets them.
     """
     tokens: list[int] = []
     probs: list[torch.Tensor] = []
     # sampling and grammars need each step's rows over the whole vocabulary; plain greedy maps its argmax
-    spread = vocab if vocab is not None and (constraint is not None or not params.is_greedy) else None
+    spread = vocab if vocab is not None and (constraint is not None or shape is not None or not params.is_greedy) else None
     rows = vocab if spread is None else None
     for i in range(k):
         if spread is not None:
@@ -151,6 +155,8 @@ def draft_steps(
             if masked is None:
                 break
             logits = masked
+        if shape is not None:
+            logits = shape(logits, tokens)
         if params.is_greedy:
             row = int(greedy_ids(logits))
             token = row if rows is None else rows.token(row)
@@ -227,6 +233,7 @@ class DraftModelDrafter(Drafter):
         #: optional ``(drafted, room) -> tokens`` asked before each draft step (see draft_steps)
         self.take_over: Callable[[list[int], int], list[int]] | None = None
         self.constraint = constraint  # structured output: the request's grammar (masks q like p)
+        self.penalties: Penalties | None = None  # the request's logit bias and penalties (set by start)
         # a tree's region beyond the chain's room: tree_width forwarded nodes per level (a tree
         # stops growing where its cache is full)
         self.state = backend.new_state(max_seq_len + self.tree_width * tree_nodes)
@@ -266,6 +273,7 @@ class DraftModelDrafter(Drafter):
         return Curve("draft", dict(measured)).cost(pending) if pending > 1 else 0.0
 
     def start(self, prompt_ids: list[int]) -> None:
+        self.penalties = Penalties.build(self.params, prompt_ids, self.backend.config.vocab_size, strict=False)
         self.state.truncate(0)
         self.cached = []
         self.offset = 0
@@ -330,7 +338,7 @@ class DraftModelDrafter(Drafter):
             return (yield from self._forward([token]))
 
         return (yield from draft_steps(logits, step, k, self.params, self.generator, self.confidence_threshold,
-                                       self.take_over, self.constraint))
+                                       self.take_over, self.constraint, shape=penalty_shape(self.penalties, context_ids)))
 
     def _propose_tree(self, logits: torch.Tensor, depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
         """A token tree up to ``depth`` deep (:func:`grow_tree`), one draft forward of

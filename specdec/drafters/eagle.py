@@ -31,6 +31,7 @@ from specdec.drafters.draft_model import draft_steps, grow_tree, ranking_probs
 from specdec.drafters.eagle_graph import EagleStepGraph
 from specdec.drafters.features import FeatureDrafter, head_for
 from specdec.models.heads import EagleHead
+from specdec.penalties import Penalties, penalty_shape
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint
 from specdec.tree import TreeLayout
@@ -55,6 +56,7 @@ class EagleDrafter(FeatureDrafter):
         self.context_window = context_window  # read at most the last N prompt positions (0: all)
         self.confidence_threshold = confidence_threshold
         self.constraint = constraint
+        self.penalties: Penalties | None = None  # the request's logit bias and penalties (set by start)
         #: > 0: grow token trees (:meth:`_propose_tree`); 0: chains
         self.tree_nodes = tree_nodes
         # a tree's region beyond the chain's room: EAGLE_TREE_WIDTH head rows per level
@@ -71,6 +73,7 @@ class EagleDrafter(FeatureDrafter):
         return self.head.weight_bytes + self.head_rows_bytes()
 
     def start(self, prompt_ids: list[int]) -> None:
+        self.penalties = Penalties.build(self.params, prompt_ids, self.head.config.vocab_size, strict=False)
         self.cache.truncate(0)
         self.read = 0
         # pair i reads f_i and x_{i+1}: the prompt's pairs are 0 .. len-1 once the first token is out
@@ -121,7 +124,8 @@ class EagleDrafter(FeatureDrafter):
             yield  # runs at once: a generator that yields nothing  # noqa: unreachable
 
         return run_now(draft_steps(self._scores(predicted), step, k, self.params, self.generator,
-                                   self.confidence_threshold, None, self.constraint, self.vocab))
+                                   self.confidence_threshold, None, self.constraint, self.vocab,
+                                   penalty_shape(self.penalties, context_ids)))
 
     def _propose_tree(self, predicted: torch.Tensor, depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
         """A token tree up to ``depth`` deep (:func:`~specdec.drafters.draft_model.grow_tree`): each

@@ -38,6 +38,7 @@ from specdec.drafters.draft_model import draft_steps, next_token_steps
 from specdec.drafters.vocab import usable_vocab_limit
 from specdec.errors import SpecdecError
 from specdec.paths import specdec_home
+from specdec.penalties import Penalties, penalty_shape
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint
 from specdec.tree import TreeLayout
@@ -91,6 +92,7 @@ class LayerSkipDrafter(Drafter):
                  constraint: GrammarConstraint | None = None) -> None:
         self.backend = subset
         self.constraint = constraint  # structured output: masks q like p (see draft_steps)
+        self.penalties: Penalties | None = None  # the request's logit bias and penalties (set by start)
         self.vocab_limit = usable_vocab_limit(vocab_limit, subset.config.vocab_size)
         self.params = params
         self.generator = generator
@@ -104,6 +106,9 @@ class LayerSkipDrafter(Drafter):
     def bind_target_state(self, state: SequenceState) -> None:
         """The engine hands over the target's cache of this request (before its prefill)."""
         self.state = state
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.penalties = Penalties.build(self.params, prompt_ids, self.backend.config.vocab_size, strict=False)
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         state = self.state
@@ -123,7 +128,7 @@ class LayerSkipDrafter(Drafter):
         def proposal() -> Generator[ModelCall, torch.Tensor, Draft]:
             logits = yield from step(context_ids[-1])
             return (yield from draft_steps(logits, step, k, self.params, self.generator, self.confidence_threshold,
-                                           constraint=self.constraint))
+                                           constraint=self.constraint, shape=penalty_shape(self.penalties, context_ids)))
 
         try:  # in the target's own cache, so never batched with other requests: run at once
             return run_now(proposal())

@@ -32,6 +32,7 @@ from specdec.drafters.draft_model import draft_steps, grow_tree, ranking_probs
 from specdec.drafters.features import FeatureDrafter, head_for
 from specdec.drafters.vocab import DraftVocab
 from specdec.models.heads import MedusaHeads
+from specdec.penalties import Penalties, penalty_shape
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint
 from specdec.tree import depths
@@ -53,6 +54,7 @@ class MedusaDrafter(FeatureDrafter):
         self.params = params
         self.generator = generator
         self.constraint = constraint
+        self.penalties: Penalties | None = None  # the request's logit bias and penalties (set by start)
         self.tree_nodes = tree_nodes  # > 0: propose token trees (see module doc); 0: chains
 
     @property
@@ -61,6 +63,7 @@ class MedusaDrafter(FeatureDrafter):
         return self.heads.weight_bytes + len(self.heads.blocks) * self.head_rows_bytes()
 
     def start(self, prompt_ids: list[int]) -> None:
+        self.penalties = Penalties.build(self.params, prompt_ids, self.heads.config.vocab_size, strict=False)
         self.model_forwards = 0
 
     @torch.inference_mode()
@@ -85,7 +88,8 @@ class MedusaDrafter(FeatureDrafter):
             return rows[position]
             yield  # the rows are computed already: a generator that yields nothing  # noqa: unreachable
 
-        return run_now(draft_steps(rows[0], step, k, self.params, self.generator, 0.0, None, self.constraint, self.vocab))
+        return run_now(draft_steps(rows[0], step, k, self.params, self.generator, 0.0, None, self.constraint, self.vocab,
+                                   penalty_shape(self.penalties, context_ids)))
 
 
 def head_tree(level_probs: list[torch.Tensor], depth: int, vocab: DraftVocab | None = None) -> Generator[ModelCall, torch.Tensor, Draft]:

@@ -12,6 +12,8 @@ from specdec.structured import StructuredOutput, schema_text
 #: them against the new text, so an unbounded list is a per-token cost a client could impose
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
+#: at most this many ``logit_bias`` entries (OpenAI's limit): each is an operation on every scored row
+MAX_LOGIT_BIAS = 300
 
 
 class APIError(Exception):
@@ -27,8 +29,6 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
     """The request's sampling fields → :class:`SamplingParams`, or a 400 that names the field."""
     if req.n != 1:
         raise APIError(400, "only n=1 is supported", param="n")
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported by this server", param="logit_bias")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
         raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters "
@@ -42,9 +42,30 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
     try:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                               seed=req.seed, max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos, logprobs=logprobs,
-                              structured=_structured(req))
+                              structured=_structured(req), presence_penalty=req.presence_penalty,
+                              frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+                              logit_bias=_logit_bias(req.logit_bias))
     except SpecdecError as exc:
-        raise APIError(400, str(exc)) from None
+        raise APIError(400, str(exc), param=_field_named(str(exc))) from None
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys, so strings) → ids → bias."""
+    if not bias:
+        return None
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise APIError(400, f"logit_bias: at most {MAX_LOGIT_BIAS} token ids (got {len(bias)})", param="logit_bias")
+    try:
+        return {int(token): value for token, value in bias.items()}
+    except ValueError:
+        bad = next(token for token in bias if not token.strip().lstrip("-").isdigit())
+        raise APIError(400, f"logit_bias keys must be token ids, got {bad!r}", param="logit_bias") from None
+
+
+def _field_named(message: str) -> str | None:
+    """The request field a SamplingParams error is about (its messages start with the field's name)."""
+    field = message.split(" ", 1)[0]
+    return field if field in CompletionRequest.model_fields else None
 
 
 def _structured(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutput | None:

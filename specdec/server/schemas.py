@@ -64,8 +64,11 @@ class _SamplingFields(BaseModel):
     ignore_eos: bool = False
     # absent = the server's default drafter; null = plain decoding; an object = override
     speculative: Optional[SpeculativeOverride] = Field(default_factory=lambda: SpeculativeOverride())
-    #: accepted so OpenAI clients that send ``{}`` work; a non-empty map is refused (not supported:
-    #: ignoring it would silently change what the client asked for)
+    # OpenAI's penalties and vLLM's repetition_penalty (specdec.penalties: exact under speculation)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    #: token id (as a string, OpenAI's form) → bias added to its logit, -100..100
     logit_bias: Optional[dict[str, float]] = None
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None

@@ -1,0 +1,141 @@
+"""Logit bias and repetition / frequency / presence penalties, exact under speculation.
+
+These are the sampling parameters of OpenAI's API (``logit_bias``, ``presence_penalty``,
+``frequency_penalty``), vLLM's and HF's (``repetition_penalty``). Unlike temperature or top-p they
+depend on the tokens *before* each position, which is why they are not part of
+:func:`specdec.sampling.logits_to_probs`: a verification forward scores k + 1 rows at once, row i
+after the committed tokens and the first i drafted ones, and row i must get the penalties of exactly
+that history — what plain decoding applies at that position. Then greedy output is token-identical
+to plain decoding and sampled output has the target's penalised distribution (the rejection test
+sees p after the penalties; a model drafter applies the same ones to its q, which only raises α).
+
+The definitions are vLLM's, in its order: the bias is added, then the repetition penalty divides a
+positive logit (multiplies a negative one) of every token seen in the prompt or the output, then
+``frequency_penalty × count`` and ``presence_penalty × [count > 0]`` are subtracted, the counts
+over the output only. Temperature, top-k / top-p / min-p come after (``logits_to_probs``), greedy
+takes the argmax of the penalised row.
+
+Each row is transformed alone, by elementwise operations over the ids its history touched, so a
+row gets the same bits whether it is scored alone or inside a chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+
+from specdec.errors import SpecdecError
+
+#: OpenAI's ranges (a value outside is refused, as the API does)
+PENALTY_RANGE = (-2.0, 2.0)
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+
+
+def check_penalty_params(presence: float, frequency: float, repetition: float, logit_bias: dict[int, float] | None) -> None:
+    """Raise :class:`SpecdecError` for a value no peer accepts (called by ``SamplingParams``)."""
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if not _is_real(value) or not PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1]:
+            raise SpecdecError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+    if not _is_real(repetition) or not math.isfinite(repetition) or repetition <= 0:
+        raise SpecdecError(f"repetition_penalty must be a finite number > 0 (1 = off), got {repetition!r}")
+    if logit_bias is None:
+        return
+    if not isinstance(logit_bias, dict):
+        raise SpecdecError(f"logit_bias must map token ids to numbers, got {type(logit_bias).__name__}")
+    for token, bias in logit_bias.items():
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise SpecdecError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+        if not _is_real(bias) or not LOGIT_BIAS_RANGE[0] <= bias <= LOGIT_BIAS_RANGE[1]:
+            raise SpecdecError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
+
+
+def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
+    """Raise :class:`SpecdecError` when ``logit_bias`` names an id the model does not have."""
+    outside = sorted(token for token in (logit_bias or {}) if token >= vocab_size)
+    if outside:
+        raise SpecdecError(f"logit_bias names token ids outside the vocabulary (0..{vocab_size - 1}): {outside[:5]}")
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # rejects NaN
+
+
+class Penalties:
+    """One request's logit bias and penalties: built from its sampling parameters and prompt, applied
+    to any row given the output tokens before it. Stateless between calls (the history is passed
+    in), so the engine and a drafter can share one.
+
+    ``apply(logits [T, V] or [V], output_ids, drafted)``: row i follows ``output_ids`` (tokens
+    generated after the prompt, all committed) and then ``drafted[:i]``."""
+
+    def __init__(self, presence: float, frequency: float, repetition: float, logit_bias: dict[int, float] | None,
+                 prompt_ids: Sequence[int], vocab_size: int, strict: bool = True) -> None:
+        self.presence, self.frequency, self.repetition = float(presence), float(frequency), float(repetition)
+        self.vocab_size = vocab_size
+        self.prompt_len = len(prompt_ids)
+        bias = dict(sorted((logit_bias or {}).items()))
+        if strict:
+            check_logit_bias_ids(bias, vocab_size)
+        else:  # a draft with fewer ids than the target: it cannot draft those anyway
+            bias = {token: value for token, value in bias.items() if token < vocab_size}
+        self.bias_ids = torch.tensor(list(bias), dtype=torch.long)  # [B]
+        self.bias_values = torch.tensor(list(bias.values()), dtype=torch.float32)  # [B]
+        # the prompt's distinct ids: only the repetition penalty reads them
+        self.prompt_ids = (torch.tensor(sorted(set(prompt_ids)), dtype=torch.long) if self.repetition != 1.0
+                           else torch.zeros(0, dtype=torch.long))  # [P]
+
+    @classmethod
+    def build(cls, params, prompt_ids: Sequence[int], vocab_size: int, strict: bool = True) -> "Penalties | None":  # noqa: ANN001 - SamplingParams
+        """The request's penalties, or None when its parameters set none (the common case costs nothing).
+        ``strict``: a logit bias for an id outside the vocabulary is an error (the target's side); a
+        drafter passes False (its rows may be fewer: those ids are skipped, and it cannot draft them)."""
+        if not params.has_penalties:
+            return None
+        return cls(params.presence_penalty, params.frequency_penalty, params.repetition_penalty, params.logit_bias,
+                   prompt_ids, vocab_size, strict)
+
+    def output_of(self, context_ids: Sequence[int]) -> list[int]:
+        """The generated part of a request's committed tokens (prompt + output)."""
+        return list(context_ids[self.prompt_len :])
+
+    def apply(self, logits: torch.Tensor, output_ids: Sequence[int], drafted: Sequence[int] = ()) -> torch.Tensor:
+        """``logits [T, V]`` (or ``[V]``, then T = 1) → float32 penalised logits, row i after
+        ``output_ids`` + ``drafted[:i]``. A new tensor; the input is left as it is."""
+        single = logits.dim() == 1
+        rows = logits.reshape(1, -1) if single else logits
+        out = rows.float().clone()
+        history = list(output_ids)
+        for i in range(out.shape[0]):
+            if i:
+                history.append(int(drafted[i - 1]))
+            self._apply_row(out[i], history)
+        return out[0] if single else out
+
+    def for_context(self, context_ids: Sequence[int]) -> Callable[[torch.Tensor, Sequence[int]], torch.Tensor]:
+        """``shape(logits [V], drafted)``: the row after ``context_ids`` and then ``drafted`` — what a
+        model drafter applies to each step's logits."""
+        output = self.output_of(context_ids)
+        return lambda logits, drafted: self.apply(logits, [*output, *drafted])
+
+    def _apply_row(self, row: torch.Tensor, history: list[int]) -> None:
+        """Penalise one float32 row ``[V]`` in place after ``history`` (output tokens)."""
+        device, vocab = row.device, row.shape[0]
+        if len(self.bias_ids):
+            ids = self.bias_ids.to(device)
+            row[ids] = row[ids] + self.bias_values.to(device)
+        seen = torch.tensor([token for token in history if token < vocab], dtype=torch.long, device=device)  # [H]
+        if self.repetition != 1.0:
+            ids = torch.unique(torch.cat([self.prompt_ids.to(device), seen]))  # sorted, distinct
+            ids = ids[ids < vocab]
+            values = row[ids]
+            row[ids] = torch.where(values > 0, values / self.repetition, values * self.repetition)
+        if (self.frequency or self.presence) and len(seen):
+            ids, counts = torch.unique(seen, return_counts=True)
+            row[ids] = row[ids] - (self.frequency * counts.float() + self.presence)
+
+
+def penalty_shape(penalties: Penalties | None, context_ids: Sequence[int]) -> Callable[[torch.Tensor, Sequence[int]], torch.Tensor] | None:
+    """A model drafter's ``shape`` for this round's draft steps (None: the request sets no penalties)."""
+    return penalties.for_context(context_ids) if penalties is not None else None
