@@ -85,6 +85,33 @@ def test_penalties_and_logit_bias_equal_library_greedy(client, tiny_target):
     assert out.usage.model_dump()["speculative"]["method"] == DEFAULT_DRAFT_METHOD
 
 
+def test_n_choices_are_the_seeded_requests_seed_plus_index(client, server):
+    """``n`` choices step side by side; choice i is what a single request with seed + i answers
+    (seeded sampling does not depend on its batch), greedy choices are all the plain text."""
+    body = dict(model="tiny", prompt="def add(a, b):", max_tokens=12, temperature=1.0, extra_body={"ignore_eos": True})
+    many = client.completions.create(n=3, seed=7, **body)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    for i, choice in enumerate(many.choices):
+        assert choice.text == client.completions.create(seed=7 + i, **body).choices[0].text
+    assert len({c.text for c in many.choices}) > 1
+    usage = many.usage.model_dump()
+    assert usage["completion_tokens"] == 36 and len(usage["speculative"]["choices"]) == 3
+    greedy = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=2,
+                                            max_tokens=8, temperature=0)
+    single = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                            temperature=0)
+    assert [c.message.content for c in greedy.choices] == [single.choices[0].message.content] * 2
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(n=3, seed=7, stream=True, **body):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert streamed == {i: c.text for i, c in enumerate(many.choices)}
+    for n, fragment in [(17, "n must be in 1..16"), (5, "--max-concurrency")]:
+        response = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": "x", "n": n})
+        assert response.status_code == 400 and fragment in response.json()["error"]["message"]
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
 def test_streamed_completion_and_chat(client, tiny_target):
     pieces = [c.choices[0].text for c in client.completions.create(model="tiny", prompt="for i in", max_tokens=12, temperature=0,
                                                                     stream=True, extra_body={"ignore_eos": True})]

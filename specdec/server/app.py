@@ -26,7 +26,8 @@ from specdec.engine import check_context
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.forward_costs import Forward
 from specdec.server.audit import Auditor, auditable
-from specdec.server.jobs import Job, chunk_body, full_response
+from specdec.sampling import SamplingParams
+from specdec.server.jobs import Job, choice_params, chunk_body, full_response, merged_chunks
 from specdec.server.state import ServerState
 from specdec.server.params import APIError, sampling_params
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
@@ -158,29 +159,51 @@ def create_app(state: ServerState) -> FastAPI:
         audit = req.speculative is not None and req.speculative.audit
         if audit and not auditable(params):
             raise APIError(400, "an audit compares token ids with plain decoding: it needs temperature 0", param="speculative")
-        await acquire_slot()
+        if req.n > state.max_concurrency:
+            raise APIError(400, f"n={req.n} choices would need more than this server's {state.max_concurrency} "
+                                "concurrent generations (--max-concurrency)", param="n")
         endpoint = "chat" if chat else "completions"
-        job = Job(state, prompt_ids, params, spec, audit)
-        try:
-            await job.open()
-        except SpecdecError as exc:
-            release_slot()
-            raise APIError(400, str(exc)) from None
-        except BaseException:
-            release_slot()
-            raise
+        jobs = await open_jobs(prompt_ids, [choice_params(params, i) for i in range(req.n)], spec, audit)
         if req.stream:
-            return StreamingResponse(stream_events(job, chat, endpoint), media_type="text/event-stream",
+            return StreamingResponse(stream_events(jobs, chat, endpoint), media_type="text/event-stream",
                                      headers={"x-specdec-instance": state.instance})
         try:
-            await job.run_to_end()
-            await job.run_audit()
+            await asyncio.gather(*(job.run_to_end() for job in jobs))
+            await asyncio.gather(*(job.run_audit() for job in jobs))
         except SpecdecError as exc:
             raise APIError(400, str(exc)) from None
         finally:
-            release_slot()
+            close_jobs(jobs)
         state.metrics.requests.labels(endpoint, "200").inc()
-        return JSONResponse(full_response(job, chat), headers={"x-specdec-instance": state.instance})
+        return JSONResponse(full_response(jobs, chat), headers={"x-specdec-instance": state.instance})
+
+    async def open_jobs(prompt_ids: list[int], choices: list[SamplingParams], spec: SpecConfig, audit: bool) -> list[Job]:
+        """One job per choice (``n``), each holding a concurrency slot from before it opens (a
+        refusal or error on any releases them all); they join the batch and step side by side."""
+        jobs: list[Job] = []
+        try:
+            for params in choices:
+                await acquire_slot()
+                try:
+                    job = Job(state, prompt_ids, params, spec, audit)
+                except BaseException:
+                    release_slot()
+                    raise
+                jobs.append(job)  # its slot is released with the others' from here
+                await job.open()
+        except SpecdecError as exc:
+            close_jobs(jobs)
+            raise APIError(400, str(exc)) from None
+        except BaseException:
+            close_jobs(jobs)
+            raise
+        return jobs
+
+    def close_jobs(jobs: list[Job]) -> None:
+        """Stop the jobs at their next step (a no-op for finished ones) and free their slots."""
+        for job in jobs:
+            job.cancel()
+            release_slot()
 
     async def acquire_slot() -> None:
         if state.slots is None:
@@ -203,14 +226,18 @@ def create_app(state: ServerState) -> FastAPI:
         assert state.slots is not None
         state.slots.release()
 
-    async def stream_events(job: Job, chat: bool, endpoint: str) -> AsyncIterator[str]:
+    async def stream_events(jobs: list[Job], chat: bool, endpoint: str) -> AsyncIterator[str]:
+        """The choices' chunks as they come (each names its choice's index); a choice's last chunk
+        carries its usage."""
         try:
             if chat:
-                yield sse(chunk_body(job, chat, {"role": "assistant", "content": ""}, None))
-            async for chunk in job.chunks():
+                for index, job in enumerate(jobs):
+                    yield sse(chunk_body(job, chat, {"role": "assistant", "content": ""}, None, index, jobs[0].id))
+            async for index, chunk in merged_chunks(jobs):
+                job = jobs[index]
                 if chunk.text or chunk.finish_reason or chunk.logprobs:
                     delta = {"content": chunk.text} if chat else chunk.text
-                    body = chunk_body(job, chat, delta, chunk.finish_reason)
+                    body = chunk_body(job, chat, delta, chunk.finish_reason, index, jobs[0].id)
                     if chunk.logprobs is not None:
                         body["choices"][0]["logprobs"] = job.streamed_logprobs(chunk.logprobs, chat)
                     if chunk.stats is not None:
@@ -220,8 +247,7 @@ def create_app(state: ServerState) -> FastAPI:
             yield "data: [DONE]\n\n"
             state.metrics.requests.labels(endpoint, "200").inc()
         finally:
-            job.cancel()  # client gone or done: stop generating at the next step
-            release_slot()
+            close_jobs(jobs)  # client gone or done: stop generating at the next step
 
     app.state.handle = handle
     reasons = {401: "invalid_api_key", 413: "body_too_large"}

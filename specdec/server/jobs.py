@@ -4,6 +4,7 @@ consumed by the event loop — its chunks, usage and the response bodies built f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -21,23 +22,89 @@ from specdec.server.responses import logprobs_body, usage_body
 from specdec.server.state import ServerState
 
 
-def chunk_body(job: Job, chat: bool, delta: Any, finish_reason: str | None) -> dict[str, Any]:
-    choice = {"index": 0, "finish_reason": finish_reason}
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice ``index`` of a request's ``n``: a seeded request's choices use seeds seed, seed + 1, …
+    (so they differ, and each is reproducible); greedy choices are all the same text."""
+    if index == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + index) % 2**63)
+
+
+def chunk_body(job: Job, chat: bool, delta: Any, finish_reason: str | None, index: int = 0,
+               request_id: str | None = None) -> dict[str, Any]:
+    choice = {"index": index, "finish_reason": finish_reason}
     choice.update({"delta": delta} if chat else {"text": delta, "logprobs": None})
-    return {"id": job.id, "object": "chat.completion.chunk" if chat else "text_completion", "created": job.created,
-            "model": job.state.model_name, "choices": [choice]}
+    return {"id": request_id or job.id, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": job.created, "model": job.state.model_name, "choices": [choice]}
 
 
-def full_response(job: Job, chat: bool) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": job.finish_reason}
-    logprobs = None if job.logprobs is None else logprobs_body(job.logprobs, job.state.target.tokenizer.decode, chat)
-    if chat:
-        choice["message"] = {"role": "assistant", "content": job.text}
-        choice["logprobs"] = logprobs
-    else:
-        choice.update(text=job.text, logprobs=logprobs)
-    return {"id": job.id, "object": "chat.completion" if chat else "text_completion", "created": job.created,
-            "model": job.state.model_name, "choices": [choice], "usage": job.usage()}
+def full_response(jobs: list[Job], chat: bool) -> dict[str, Any]:
+    """The non-streamed body of a request's choices (one job each, in index order)."""
+    choices = []
+    for index, job in enumerate(jobs):
+        choice: dict[str, Any] = {"index": index, "finish_reason": job.finish_reason}
+        logprobs = None if job.logprobs is None else logprobs_body(job.logprobs, job.state.target.tokenizer.decode, chat)
+        if chat:
+            choice["message"] = {"role": "assistant", "content": job.text}
+            choice["logprobs"] = logprobs
+        else:
+            choice.update(text=job.text, logprobs=logprobs)
+        choices.append(choice)
+    first = jobs[0]
+    return {"id": first.id, "object": "chat.completion" if chat else "text_completion", "created": first.created,
+            "model": first.state.model_name, "choices": choices, "usage": combined_usage(jobs)}
+
+
+def combined_usage(jobs: list[Job]) -> dict[str, Any]:
+    """OpenAI's usage of a request with ``n`` choices: the prompt once, the completions' tokens
+    summed; the speculative figures over all choices (rates from the sums)."""
+    usage = jobs[0].usage()
+    if len(jobs) == 1:
+        return usage
+    others = [job.usage() for job in jobs[1:]]
+    completion = usage["completion_tokens"] + sum(u["completion_tokens"] for u in others)
+    usage.update(completion_tokens=completion, total_tokens=usage["prompt_tokens"] + completion)
+    spec = usage["speculative"]
+    for key in ("draft_tokens", "accepted_tokens"):
+        spec[key] += sum(u["speculative"][key] for u in others)
+    spec["acceptance_rate"] = round(spec["accepted_tokens"] / spec["draft_tokens"], 4) if spec["draft_tokens"] else 0.0
+    spec["choices"] = [usage_body(job.stats)["speculative"] for job in jobs]
+    return usage
+
+
+async def merged_chunks(jobs: list[Job]) -> AsyncIterator[tuple[int, Any]]:
+    """``(choice index, chunk)`` from every job's :meth:`Job.chunks`, in the order they arrive; an
+    error in any ends the stream with it."""
+    if len(jobs) == 1:
+        async for chunk in jobs[0].chunks():
+            yield 0, chunk
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, job: Job) -> None:
+        try:
+            async for chunk in job.chunks():
+                await queue.put((index, chunk))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, who re-raises it
+            await queue.put((index, exc))
+        finally:
+            await queue.put((index, done))
+
+    tasks = [asyncio.create_task(pump(index, job)) for index, job in enumerate(jobs)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is done:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 class Job:

@@ -12,6 +12,9 @@ from specdec.structured import StructuredOutput, schema_text
 #: them against the new text, so an unbounded list is a per-token cost a client could impose
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
+#: at most this many choices per request (``n``; each is a generation of its own, and never more than
+#: the server's --max-concurrency)
+MAX_CHOICES = 16
 #: at most this many ``logit_bias`` entries (OpenAI's limit): each is an operation on every scored row
 MAX_LOGIT_BIAS = 300
 
@@ -27,8 +30,8 @@ class APIError(Exception):
 def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len: int, prompt_len: int,
                     max_tokens_limit: int | None = None) -> SamplingParams:
     """The request's sampling fields → :class:`SamplingParams`, or a 400 that names the field."""
-    if req.n != 1:
-        raise APIError(400, "only n=1 is supported", param="n")
+    if not 1 <= req.n <= MAX_CHOICES:
+        raise APIError(400, f"n must be in 1..{MAX_CHOICES} (choices per request), got {req.n}", param="n")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
         raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters "
