@@ -84,7 +84,7 @@ def exact_joint(target: TorchBackend, prompt: list[int], params: SamplingParams,
     """P(first ``length`` tokens) under plain sampling, by enumerating every prefix (each prefix's
     logits masked by ``constraint``'s grammar after it, when given, and penalised after it when
     ``params`` sets penalties)."""
-    penalties = Penalties.build(params, prompt, target.config.vocab_size)
+    penalties = Penalties.build(params, prompt, target.config.vocab_size, params.stop_token_ids)
     result: dict[tuple[int, ...], float] = {}
     frontier: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
     for _ in range(length):

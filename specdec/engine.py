@@ -157,7 +157,7 @@ def generate_steps(
         if tokenizer is None:
             raise SpecdecError("structured output needs a tokenizer")
         constraint = GrammarConstraint.build(params.structured, tokenizer, vocab_size)
-    penalties = Penalties.build(params, prompt_ids, vocab_size)  # logit bias, repetition penalties (or None)
+    penalties = Penalties.build(params, prompt_ids, vocab_size, stop_ids)  # bias, penalties, min_tokens (or None)
     stats = Stats(
         method=drafter.name if drafter is not None else "ar",
         dtype=target.dtype_name,

@@ -41,7 +41,7 @@ class OutputTracker:
             if self.detok is not None:
                 before = len(self.text)
                 self.text += self.detok.push(token)
-                if self.params.stop and self._cut_at_stop_string(before):
+                if self.params.stop and len(self.token_ids) >= self.params.min_tokens and self._cut_at_stop_string(before):
                     self.finish_reason = "stop"
                     self.stopped_by_string = True
                     break

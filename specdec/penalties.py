@@ -1,4 +1,4 @@
-"""Logit bias and repetition / frequency / presence penalties, exact under speculation.
+"""Logit bias, repetition / frequency / presence penalties and min_tokens, exact under speculation.
 
 These are the sampling parameters of OpenAI's API (``logit_bias``, ``presence_penalty``,
 ``frequency_penalty``), vLLM's and HF's (``repetition_penalty``). Unlike temperature or top-p they
@@ -12,8 +12,10 @@ sees p after the penalties; a model drafter applies the same ones to its q, whic
 The definitions are vLLM's, in its order: the bias is added, then the repetition penalty divides a
 positive logit (multiplies a negative one) of every token seen in the prompt or the output, then
 ``frequency_penalty × count`` and ``presence_penalty × [count > 0]`` are subtracted, the counts
-over the output only. Temperature, top-k / top-p / min-p come after (``logits_to_probs``), greedy
-takes the argmax of the penalised row.
+over the output only. vLLM's ``min_tokens`` bans the stop tokens (end of sequence unless
+``ignore_eos``, and ``stop_token_ids``) from rows before the output holds that many tokens.
+Temperature, top-k / top-p / min-p come after (``logits_to_probs``), greedy takes the argmax of the
+penalised row.
 
 Each row is transformed alone, by elementwise operations over the ids its history touched, so a
 row gets the same bits whether it is scored alone or inside a chunk.
@@ -22,7 +24,7 @@ row gets the same bits whether it is scored alone or inside a chunk.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -33,8 +35,11 @@ PENALTY_RANGE = (-2.0, 2.0)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 
 
-def check_penalty_params(presence: float, frequency: float, repetition: float, logit_bias: dict[int, float] | None) -> None:
+def check_penalty_params(presence: float, frequency: float, repetition: float, logit_bias: dict[int, float] | None,
+                         min_tokens: int, max_tokens: int) -> None:
     """Raise :class:`SpecdecError` for a value no peer accepts (called by ``SamplingParams``)."""
+    if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or not 0 <= min_tokens <= max_tokens:
+        raise SpecdecError(f"min_tokens must be an integer in [0, max_tokens = {max_tokens}], got {min_tokens!r}")
     for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
         if not _is_real(value) or not PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1]:
             raise SpecdecError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
@@ -70,12 +75,15 @@ class Penalties:
     ``apply(logits [T, V] or [V], output_ids, drafted)``: row i follows ``output_ids`` (tokens
     generated after the prompt, all committed) and then ``drafted[:i]``."""
 
-    def __init__(self, presence: float, frequency: float, repetition: float, logit_bias: dict[int, float] | None,
-                 prompt_ids: Sequence[int], vocab_size: int, strict: bool = True) -> None:
-        self.presence, self.frequency, self.repetition = float(presence), float(frequency), float(repetition)
+    def __init__(self, params, prompt_ids: Sequence[int], vocab_size: int, stop_ids: Iterable[int] = (),  # noqa: ANN001 - SamplingParams
+                 strict: bool = True) -> None:
+        self.presence, self.frequency = float(params.presence_penalty), float(params.frequency_penalty)
+        self.repetition = float(params.repetition_penalty)
+        self.min_tokens = params.min_tokens
+        self.stop_ids = torch.tensor(sorted(t for t in stop_ids if t < vocab_size), dtype=torch.long)  # [S]
         self.vocab_size = vocab_size
         self.prompt_len = len(prompt_ids)
-        bias = dict(sorted((logit_bias or {}).items()))
+        bias = dict(sorted((params.logit_bias or {}).items()))
         if strict:
             check_logit_bias_ids(bias, vocab_size)
         else:  # a draft with fewer ids than the target: it cannot draft those anyway
@@ -87,14 +95,16 @@ class Penalties:
                            else torch.zeros(0, dtype=torch.long))  # [P]
 
     @classmethod
-    def build(cls, params, prompt_ids: Sequence[int], vocab_size: int, strict: bool = True) -> "Penalties | None":  # noqa: ANN001 - SamplingParams
+    def build(cls, params, prompt_ids: Sequence[int], vocab_size: int, stop_ids: Iterable[int] = (),  # noqa: ANN001 - SamplingParams
+              strict: bool = True) -> "Penalties | None":
         """The request's penalties, or None when its parameters set none (the common case costs nothing).
-        ``strict``: a logit bias for an id outside the vocabulary is an error (the target's side); a
-        drafter passes False (its rows may be fewer: those ids are skipped, and it cannot draft them)."""
+        ``stop_ids``: the tokens that end it (what ``min_tokens`` bans; a drafter that does not know
+        them passes none: its q is then only less like p). ``strict``: a logit bias for an id outside
+        the vocabulary is an error (the target's side); a drafter passes False (its rows may be
+        fewer: those ids are skipped, and it cannot draft them)."""
         if not params.has_penalties:
             return None
-        return cls(params.presence_penalty, params.frequency_penalty, params.repetition_penalty, params.logit_bias,
-                   prompt_ids, vocab_size, strict)
+        return cls(params, prompt_ids, vocab_size, stop_ids, strict)
 
     def output_of(self, context_ids: Sequence[int]) -> list[int]:
         """The generated part of a request's committed tokens (prompt + output)."""
@@ -122,6 +132,8 @@ class Penalties:
     def _apply_row(self, row: torch.Tensor, history: list[int]) -> None:
         """Penalise one float32 row ``[V]`` in place after ``history`` (output tokens)."""
         device, vocab = row.device, row.shape[0]
+        if len(history) < self.min_tokens and len(self.stop_ids):
+            row[self.stop_ids.to(device)] = float("-inf")
         if len(self.bias_ids):
             ids = self.bias_ids.to(device)
             row[ids] = row[ids] + self.bias_values.to(device)

@@ -86,6 +86,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    #: vLLM's: the stop tokens (end of sequence, ``stop_token_ids``) cannot be generated, nor stop
+    #: strings end the output, before it holds this many tokens
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string, as the OpenAI API allows
@@ -110,7 +113,8 @@ class SamplingParams:
             raise SpecdecError(f"structured must be a specdec.StructuredOutput, got {type(self.structured).__name__}")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise SpecdecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        check_penalty_params(self.presence_penalty, self.frequency_penalty, self.repetition_penalty, self.logit_bias)
+        check_penalty_params(self.presence_penalty, self.frequency_penalty, self.repetition_penalty, self.logit_bias,
+                             self.min_tokens, self.max_tokens)
 
     @property
     def is_greedy(self) -> bool:
@@ -118,8 +122,10 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        """Whether a logit bias or a penalty is set (then each row depends on the tokens before it)."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias)
+        """Whether a logit bias, a penalty or min_tokens is set (then each row depends on the tokens
+        before it: :mod:`specdec.penalties`)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias
+                    or self.min_tokens)
 
     @property
     def is_seeded_sampling(self) -> bool:

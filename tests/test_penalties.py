@@ -24,7 +24,7 @@ def test_repetition_penalty_is_transformers_definition():
     torch.manual_seed(0)
     logits = torch.randn(50) * 3
     prompt, output = [1, 4, 4, 9], [9, 12, 30, 12]
-    ours = Penalties(0.0, 0.0, 1.7, None, prompt, 50).apply(logits, output)
+    ours = Penalties(SamplingParams(repetition_penalty=1.7), prompt, 50).apply(logits, output)
     theirs = RepetitionPenaltyLogitsProcessor(1.7)(torch.tensor([prompt + output]), logits.clone()[None])[0]
     assert torch.equal(ours, theirs)
 
@@ -34,7 +34,8 @@ def test_frequency_presence_and_bias_follow_openai():
     torch.manual_seed(1)
     logits = torch.randn(40)
     prompt, output = [3, 3, 7], [5, 5, 5, 8]
-    ours = Penalties(0.5, 0.25, 1.0, {2: -3.0, 5: 1.0}, prompt, 40).apply(logits, output)
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, logit_bias={2: -3.0, 5: 1.0})
+    ours = Penalties(params, prompt, 40).apply(logits, output)
     expected = logits.clone()
     expected[2] -= 3.0
     expected[5] += 1.0
@@ -47,7 +48,9 @@ def test_frequency_presence_and_bias_follow_openai():
 def test_each_verified_row_gets_its_own_history_bit_for_bit():
     """Row i of a chunk after the output and drafted[:i] — the same bits as that row alone."""
     torch.manual_seed(2)
-    penalties = Penalties(0.3, 0.7, 1.4, {1: 2.0}, [1, 2, 3], 64)
+    params = SamplingParams(presence_penalty=0.3, frequency_penalty=0.7, repetition_penalty=1.4, logit_bias={1: 2.0},
+                            min_tokens=5)
+    penalties = Penalties(params, [1, 2, 3], 64, stop_ids=[9])
     chunk = torch.randn(4, 64)
     output, drafted = [5, 6, 5], [7, 5, 7]
     together = penalties.apply(chunk, output, drafted)
@@ -55,6 +58,31 @@ def test_each_verified_row_gets_its_own_history_bit_for_bit():
         alone = penalties.apply(chunk[i], output + drafted[:i])
         assert torch.equal(together[i], alone)
     assert not torch.equal(together[1], penalties.apply(chunk[1], output))  # the drafted token counts
+    assert [bool(together[i, 9].isinf()) for i in range(4)] == [True, True, False, False]  # min_tokens: 5 by row 2
+
+
+def test_min_tokens_holds_back_the_end_and_speculation_keeps_it_exact(tiny_target, tiny_draft):
+    """A stop token the output reaches early: min_tokens pushes the end past the bound under plain
+    decoding and every drafter alike."""
+    stop = specdec.generate(tiny_target, PROMPTS[1], SamplingParams(temperature=0, max_tokens=8)).token_ids[2]
+    free = specdec.generate(tiny_target, PROMPTS[1], SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop]))
+    assert free.finish_reason == "stop" and len(free.token_ids) == 2
+    params = SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop], min_tokens=20)
+    plain = specdec.generate(tiny_target, PROMPTS[1], params)
+    assert len(plain.token_ids) >= 20 and stop not in plain.token_ids[:20]
+    for method in ("draft_model", "draft_suffix", "ngram"):
+        out = specdec.generate(tiny_target, PROMPTS[1], params, draft=tiny_draft,
+                               spec=specdec.SpecConfig(method=method, num_speculative_tokens=4))
+        assert out.token_ids == plain.token_ids and out.finish_reason == plain.finish_reason
+
+
+def test_stop_strings_wait_for_min_tokens(tiny_target):
+    """As vLLM: no stop string ends the output before min_tokens tokens either."""
+    text = specdec.generate(tiny_target, PROMPTS[1], SamplingParams(temperature=0, max_tokens=8)).text
+    early = SamplingParams(temperature=0, max_tokens=30, stop=[text[:3]])
+    assert specdec.generate(tiny_target, PROMPTS[1], early).text == ""
+    held = specdec.generate(tiny_target, PROMPTS[1], SamplingParams(temperature=0, max_tokens=30, stop=[text[:3]], min_tokens=12))
+    assert len(held.token_ids) >= 12 and held.text.startswith(text[:3])
 
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "suffix", "draft_suffix", "layer_skip"])
@@ -118,6 +146,8 @@ def test_a_wrong_history_fails_the_sampling_certificate(monkeypatch):
     (dict(logit_bias={-1: 1.0}), "logit_bias keys must be token ids"),
     (dict(logit_bias={3: 101.0}), "logit_bias values must be numbers in [-100, 100]"),
     (dict(logit_bias=[1, 2]), "logit_bias must map token ids to numbers"),
+    (dict(min_tokens=20, max_tokens=10), "min_tokens must be an integer in [0, max_tokens = 10]"),
+    (dict(min_tokens=-1), "min_tokens"),
 ])
 def test_bad_values_are_clear_errors(kwargs, fragment):
     with pytest.raises(SpecdecError) as raised:

@@ -78,9 +78,11 @@ def test_penalties_and_logit_bias_equal_library_greedy(client, tiny_target):
     penalties = dict(presence_penalty=0.4, frequency_penalty=0.6)
     out = client.completions.create(model="tiny", prompt="for i in range(10):", max_tokens=24, temperature=0,
                                     logit_bias={"7": -100}, **penalties,
-                                    extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
+                                    extra_body={"ignore_eos": True, "repetition_penalty": 1.3, "min_tokens": 4,
+                                                "stop_token_ids": [9]})
     expected = specdec.generate(tiny_target, "for i in range(10):", SamplingParams(
-        temperature=0, max_tokens=24, ignore_eos=True, logit_bias={7: -100.0}, repetition_penalty=1.3, **penalties))
+        temperature=0, max_tokens=24, ignore_eos=True, logit_bias={7: -100.0}, repetition_penalty=1.3, min_tokens=4,
+        stop_token_ids=[9], **penalties))
     assert out.choices[0].text == expected.text
     assert out.usage.model_dump()["speculative"]["method"] == DEFAULT_DRAFT_METHOD
 
@@ -165,6 +167,8 @@ def test_concurrent_requests_equal_sequential(server):
     ({"model": "tiny", "prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias keys must be token ids"),
     ({"model": "tiny", "prompt": "x", "logit_bias": {"3": 500}}, 400, "logit_bias values must be numbers in [-100, 100]"),
     ({"model": "tiny", "prompt": "x", "logit_bias": {"99999999": 1}}, 400, "outside the vocabulary"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 4, "min_tokens": 9}, 400, "min_tokens must be an integer in [0, max_tokens = 4]"),
+    ({"model": "tiny", "prompt": "x", "stop_token_ids": list(range(300))}, 400, "stop_token_ids: at most 256"),
 ])
 def test_bad_input_gets_error_object_and_server_stays_up(server, payload, status, fragment):
     url = f"{server}/v1/completions"

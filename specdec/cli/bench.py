@@ -117,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
         check_pair(target, draft)
     peer_methods = [m for m in methods if any(m in names for names in PEER_METHODS.values())]
     if peer_methods and params.has_penalties:  # HF lacks OpenAI's penalties; llama.cpp's read a window of recent tokens
-        raise SpecdecError(f"--repetition-penalty / --frequency-penalty / --presence-penalty: the peers ({', '.join(peer_methods)}) "
-                           "define penalties differently or not at all, so their text would differ; bench them without")
+        raise SpecdecError(f"--repetition-penalty / --frequency-penalty / --presence-penalty / --min-tokens: the peers "
+                           f"({', '.join(peer_methods)}) define them differently or not at all, so their text would differ; "
+                           "bench them without")
     peers: dict = {}
     close_peers = None
     peer_gamma = gammas[0] if isinstance(gammas[0], int) else 4

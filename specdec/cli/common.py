@@ -190,6 +190,9 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: random)")
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop generating when this text appears (repeatable; default: none)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    parser.add_argument("--min-tokens", type=int, default=0,
+                        help="generate at least this many tokens before an end-of-sequence token or a stop string may end "
+                             "the output (default: 0; as vLLM)")
     parser.add_argument("--repetition-penalty", type=float, default=1.0,
                         help="divide the positive logits (multiply the negative ones) of tokens already in the prompt "
                              "or output by this; > 1 discourages repeats, 1 = off (default: 1.0; as HF / vLLM)")
@@ -247,7 +250,7 @@ def sampling_from_args(args: argparse.Namespace):  # noqa: ANN201
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
         max_tokens=args.max_tokens, stop=list(args.stop), ignore_eos=args.ignore_eos, structured=structured_from_args(args),
         repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
-        presence_penalty=args.presence_penalty,
+        presence_penalty=args.presence_penalty, min_tokens=args.min_tokens,
     )
 
 

@@ -12,6 +12,8 @@ from specdec.structured import StructuredOutput, schema_text
 #: them against the new text, so an unbounded list is a per-token cost a client could impose
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
+#: at most this many ``stop_token_ids`` (vLLM's extension)
+MAX_STOP_TOKEN_IDS = 256
 #: at most this many choices per request (``n``; each is a generation of its own, and never more than
 #: the server's --max-concurrency)
 MAX_CHOICES = 16
@@ -36,6 +38,8 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
     if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
         raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters "
                             f"(got {len(stop)}, longest {max((len(s) for s in stop), default=0)})", param="stop")
+    if len(req.stop_token_ids or []) > MAX_STOP_TOKEN_IDS:
+        raise APIError(400, f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} (got {len(req.stop_token_ids)})", param="stop_token_ids")
     logprobs = _logprobs_asked(req)
     default = min(256, max(1, context_len - prompt_len), max_tokens_limit or 256)
     max_tokens = req.max_completion_tokens or req.max_tokens or default
@@ -47,7 +51,8 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
                               seed=req.seed, max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos, logprobs=logprobs,
                               structured=_structured(req), presence_penalty=req.presence_penalty,
                               frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-                              logit_bias=_logit_bias(req.logit_bias))
+                              logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens,
+                              stop_token_ids=list(req.stop_token_ids or []))
     except SpecdecError as exc:
         raise APIError(400, str(exc), param=_field_named(str(exc))) from None
 

@@ -68,6 +68,9 @@ class _SamplingFields(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # vLLM's extensions: token ids that end the output, and the fewest tokens before anything may end it
+    stop_token_ids: Optional[list[int]] = None
+    min_tokens: int = 0
     #: token id (as a string, OpenAI's form) → bias added to its logit, -100..100
     logit_bias: Optional[dict[str, float]] = None
     response_format: Optional[ResponseFormat] = None
