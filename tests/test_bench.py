@@ -48,6 +48,19 @@ def test_bench_writes_results_report_and_plots(tiny_dirs, dataset, tmp_path, cap
     assert "+0.0%" in capsys.readouterr().out
 
 
+def test_bench_with_penalties_names_them_and_refuses_the_peers(tiny_dirs, dataset, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
+            "--gammas", "3", "--repeats", "1", "--max-tokens", "10", "--dtype", "float32", "--ignore-eos", "--out", str(out),
+            "--repetition-penalty", "1.2", "--presence-penalty", "0.5"]
+    assert main([*args, "--methods", "ar,draft"]) == 0, capsys.readouterr().err
+    report = (out / "report.md").read_text()
+    assert "repetition penalty 1.2, presence penalty 0.5," in report
+    assert all(m["mismatches"] == 0 for m in json.loads((out / "results.json").read_text())["summary"]["overall"].values())
+    assert main([*args, "--methods", "ar,hf"]) != 0
+    assert "the peers (hf) define them differently" in capsys.readouterr().err
+
+
 def test_bench_runs_chains_and_trees_side_by_side(tiny_dirs, dataset, tmp_path, capsys):
     out = tmp_path / "trees"
     code = main(["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--methods", "ar,ngram,suffix",

@@ -42,7 +42,7 @@ def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None
              f"Command: `{meta.get('command', '')}`", "",
              f"Machine: {meta.get('machine', '')}; target {meta.get('model')} ({meta.get('execution')}), "
              f"draft {meta.get('draft_model')}, γ={meta.get('num_speculative_tokens')}, temperature {meta.get('temperature')}, "
-             f"max {meta.get('max_tokens')} tokens, median of {meta.get('repeats')} repeats, " + (
+             + (f"{meta['penalties']}, " if meta.get("penalties") else "") + f"max {meta.get('max_tokens')} tokens, median of {meta.get('repeats')} repeats, " + (
                  f"{meta['concurrency']} requests in flight (continuous batching): tokens/s is total throughput."
                  if meta.get("concurrency", 1) > 1 else "methods interleaved per prompt."), ""]
     mismatches = sum(m["mismatches"] for m in summary["overall"].values())
@@ -179,3 +179,11 @@ def compare_runs(first: Path, second: Path) -> str:
             lines.append(f"| {category} | {method} | {m['tokens_per_s']:.2f} | {other['tokens_per_s']:.2f} | {change:+.1%} | "
                          f"{m['speedup']:.2f}× | {other['speedup']:.2f}× |")
     return "\n".join(lines)
+
+
+def penalties_description(params) -> str:  # noqa: ANN001 - SamplingParams
+    """The run's penalties and min_tokens for the report header ("" when none are set)."""
+    parts = [f"{name.replace('_', ' ')} {value}" for name, value, off in (
+        ("repetition_penalty", params.repetition_penalty, 1.0), ("frequency_penalty", params.frequency_penalty, 0.0),
+        ("presence_penalty", params.presence_penalty, 0.0), ("min_tokens", params.min_tokens, 0)) if value != off]
+    return ", ".join(parts)

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import specdec
     from specdec.bench.datasets import load_prompts
-    from specdec.bench.report import write_results
+    from specdec.bench.report import penalties_description, write_results
     from specdec.bench.runner import PEER_METHODS, BenchConfig, method_needs_draft, run_benchmark, run_concurrent
 
     rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
@@ -152,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
             "machine": f"{cpu_description()}, {os.cpu_count()} cores, torch {torch.__version__}", "model": args.model,
             "draft_model": args.draft_model if draft else None, "execution": execution,
             "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": args.temperature,
-            "max_tokens": args.max_tokens, "repeats": args.repeats, "concurrency": args.concurrency}
+            "max_tokens": args.max_tokens, "repeats": args.repeats, "concurrency": args.concurrency,
+            "penalties": penalties_description(params)}
     summary = write_results(Path(args.out), results, meta)
     print((Path(args.out) / "report.md").read_text())
     bad = sum(m["mismatches"] for m in summary["overall"].values())
