@@ -114,6 +114,26 @@ def test_n_choices_are_the_seeded_requests_seed_plus_index(client, server):
     assert httpx.get(f"{server}/health").status_code == 200
 
 
+def test_a_list_of_prompts_answers_each_in_order(client, server, tiny_target):
+    """OpenAI's batch form of completions: n choices for each prompt, by prompt then choice."""
+    prompts = ["def add(a, b):", "import os"]
+    ids = tiny_target.tokenizer.encode("for i in")
+    out = client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=6, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    expected = [specdec.generate(tiny_target, p, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)) for p in prompts]
+    assert [c.text for c in out.choices] == [expected[0].text] * 2 + [expected[1].text] * 2
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    usage = out.usage.model_dump()
+    assert usage["prompt_tokens"] == sum(len(e.prompt_ids) for e in expected) and usage["completion_tokens"] == 24
+    as_ids = client.completions.create(model="tiny", prompt=[ids, ids], max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    single = client.completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    assert [c.text for c in as_ids.choices] == [single.choices[0].text] * 2
+    too_many = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": ["a", "b", "c"], "n": 2})
+    assert too_many.status_code == 400 and "--max-concurrency" in too_many.json()["error"]["message"]
+    mixed = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": ["a", [1, 2]]})
+    assert mixed.status_code == 400
+
+
 def test_streamed_completion_and_chat(client, tiny_target):
     pieces = [c.choices[0].text for c in client.completions.create(model="tiny", prompt="for i in", max_tokens=12, temperature=0,
                                                                     stream=True, extra_body={"ignore_eos": True})]

@@ -27,7 +27,7 @@ from specdec.errors import ContextLengthError, SpecdecError
 from specdec.forward_costs import Forward
 from specdec.server.audit import Auditor, auditable
 from specdec.sampling import SamplingParams
-from specdec.server.jobs import Job, choice_params, chunk_body, full_response, merged_chunks
+from specdec.server.jobs import Job, choice_params, chunk_body, completion_prompts, full_response, merged_chunks
 from specdec.server.state import ServerState
 from specdec.server.params import APIError, sampling_params
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
@@ -139,10 +139,39 @@ def create_app(state: ServerState) -> FastAPI:
 
     async def handle(request: Request, chat: bool) -> Response:
         req, raw = await parse(request, ChatCompletionRequest if chat else CompletionRequest)
+        if chat and not req.messages:
+            raise APIError(400, "messages must not be empty", param="messages")
+        prompts = [[m.model_dump() for m in req.messages]] if chat else completion_prompts(req.prompt)
+        choices = []  # (prompt ids, sampling parameters) of each choice, OpenAI's order: by prompt, then n
+        for prompt in prompts:
+            prompt_ids, params = checked_prompt(req, prompt)
+            choices += [(prompt_ids, choice_params(params, i)) for i in range(req.n)]
+        if len(choices) > state.max_concurrency:
+            raise APIError(400, f"{len(prompts)} prompt(s) x n={req.n} choices would need more than this server's "
+                                f"{state.max_concurrency} concurrent generations (--max-concurrency)", param="n")
+        spec = _request_spec(state, req, raw)
+        audit = req.speculative is not None and req.speculative.audit
+        if audit and not auditable(params):
+            raise APIError(400, "an audit compares token ids with plain decoding: it needs temperature 0", param="speculative")
+        endpoint = "chat" if chat else "completions"
+        jobs = await open_jobs(choices, spec, audit)
+        if req.stream:
+            return StreamingResponse(stream_events(jobs, chat, endpoint), media_type="text/event-stream",
+                                     headers={"x-specdec-instance": state.instance})
         try:
-            prompt = [m.model_dump() for m in req.messages] if chat else req.prompt
-            if chat and not prompt:
-                raise APIError(400, "messages must not be empty", param="messages")
+            await asyncio.gather(*(job.run_to_end() for job in jobs))
+            await asyncio.gather(*(job.run_audit() for job in jobs))
+        except SpecdecError as exc:
+            raise APIError(400, str(exc)) from None
+        finally:
+            close_jobs(jobs)
+        state.metrics.requests.labels(endpoint, "200").inc()
+        return JSONResponse(full_response(jobs, chat, req.n), headers={"x-specdec-instance": state.instance})
+
+    def checked_prompt(req: CompletionRequest | ChatCompletionRequest, prompt: Any) -> tuple[list[int], SamplingParams]:
+        """One prompt's token ids and sampling parameters (its length sets the default max_tokens), or
+        the 400 that says what is wrong with it."""
+        try:
             prompt_ids = encode_prompt(state.target, prompt, chat=False)
         except SpecdecError as exc:
             raise APIError(400, str(exc)) from None
@@ -155,34 +184,14 @@ def create_app(state: ServerState) -> FastAPI:
             check_context(len(prompt_ids), params.max_tokens, context_len)
         except (ContextLengthError, SpecdecError) as exc:
             raise APIError(400, str(exc), code="context_length_exceeded") from None
-        spec = _request_spec(state, req, raw)
-        audit = req.speculative is not None and req.speculative.audit
-        if audit and not auditable(params):
-            raise APIError(400, "an audit compares token ids with plain decoding: it needs temperature 0", param="speculative")
-        if req.n > state.max_concurrency:
-            raise APIError(400, f"n={req.n} choices would need more than this server's {state.max_concurrency} "
-                                "concurrent generations (--max-concurrency)", param="n")
-        endpoint = "chat" if chat else "completions"
-        jobs = await open_jobs(prompt_ids, [choice_params(params, i) for i in range(req.n)], spec, audit)
-        if req.stream:
-            return StreamingResponse(stream_events(jobs, chat, endpoint), media_type="text/event-stream",
-                                     headers={"x-specdec-instance": state.instance})
-        try:
-            await asyncio.gather(*(job.run_to_end() for job in jobs))
-            await asyncio.gather(*(job.run_audit() for job in jobs))
-        except SpecdecError as exc:
-            raise APIError(400, str(exc)) from None
-        finally:
-            close_jobs(jobs)
-        state.metrics.requests.labels(endpoint, "200").inc()
-        return JSONResponse(full_response(jobs, chat), headers={"x-specdec-instance": state.instance})
+        return prompt_ids, params
 
-    async def open_jobs(prompt_ids: list[int], choices: list[SamplingParams], spec: SpecConfig, audit: bool) -> list[Job]:
-        """One job per choice (``n``), each holding a concurrency slot from before it opens (a
+    async def open_jobs(choices: list[tuple[list[int], SamplingParams]], spec: SpecConfig, audit: bool) -> list[Job]:
+        """One job per choice (prompts x ``n``), each holding a concurrency slot from before it opens (a
         refusal or error on any releases them all); they join the batch and step side by side."""
         jobs: list[Job] = []
         try:
-            for params in choices:
+            for prompt_ids, params in choices:
                 await acquire_slot()
                 try:
                     job = Job(state, prompt_ids, params, spec, audit)

@@ -38,8 +38,16 @@ def chunk_body(job: Job, chat: bool, delta: Any, finish_reason: str | None, inde
             "created": job.created, "model": job.state.model_name, "choices": [choice]}
 
 
-def full_response(jobs: list[Job], chat: bool) -> dict[str, Any]:
-    """The non-streamed body of a request's choices (one job each, in index order)."""
+def completion_prompts(prompt: str | list) -> list[str | list[int]]:
+    """A completions request's prompts: OpenAI's ``prompt`` is one (text or token ids) or a list of them."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+def full_response(jobs: list[Job], chat: bool, n: int = 1) -> dict[str, Any]:
+    """The non-streamed body of a request's choices (one job each, in index order: by prompt, then
+    ``n`` per prompt)."""
     choices = []
     for index, job in enumerate(jobs):
         choice: dict[str, Any] = {"index": index, "finish_reason": job.finish_reason}
@@ -52,18 +60,21 @@ def full_response(jobs: list[Job], chat: bool) -> dict[str, Any]:
         choices.append(choice)
     first = jobs[0]
     return {"id": first.id, "object": "chat.completion" if chat else "text_completion", "created": first.created,
-            "model": first.state.model_name, "choices": choices, "usage": combined_usage(jobs)}
+            "model": first.state.model_name, "choices": choices, "usage": combined_usage(jobs, n)}
 
 
-def combined_usage(jobs: list[Job]) -> dict[str, Any]:
-    """OpenAI's usage of a request with ``n`` choices: the prompt once, the completions' tokens
-    summed; the speculative figures over all choices (rates from the sums)."""
+def combined_usage(jobs: list[Job], n: int = 1) -> dict[str, Any]:
+    """OpenAI's usage of a request with several choices (``n`` per prompt): each prompt once, the
+    completions' tokens summed; the speculative figures over all choices (rates from the sums)."""
     usage = jobs[0].usage()
     if len(jobs) == 1:
         return usage
     others = [job.usage() for job in jobs[1:]]
     completion = usage["completion_tokens"] + sum(u["completion_tokens"] for u in others)
-    usage.update(completion_tokens=completion, total_tokens=usage["prompt_tokens"] + completion)
+    prompts = [job.stats for job in jobs[::n]]
+    prompt_tokens = sum(stats.prompt_tokens for stats in prompts)
+    usage.update(prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion,
+                 prompt_tokens_details={"cached_tokens": sum(stats.cached_prompt_tokens for stats in prompts)})
     spec = usage["speculative"]
     for key in ("draft_tokens", "accepted_tokens"):
         spec[key] += sum(u["speculative"][key] for u in others)

@@ -78,7 +78,8 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[str, list[int]]
+    #: one prompt (text or token ids) or several (OpenAI's batch form: n choices for each, in order)
+    prompt: Union[str, list[int], list[str], list[list[int]]]
     #: the target's log-probability of each emitted token and of this many alternatives
     logprobs: Optional[int] = None
 
