@@ -108,6 +108,8 @@ def test_n_choices_are_the_seeded_requests_seed_plus_index(client, server):
         for choice in chunk.choices:
             streamed[choice.index] = streamed.get(choice.index, "") + choice.text
     assert streamed == {i: c.text for i, c in enumerate(many.choices)}
+    chunks = list(client.completions.create(n=3, seed=7, stream=True, stream_options={"include_usage": True}, **body))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 36  # OpenAI's last chunk: the request's usage
     for n, fragment in [(17, "n must be in 1..16"), (5, "--max-concurrency")]:
         response = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": "x", "n": n})
         assert response.status_code == 400 and fragment in response.json()["error"]["message"]

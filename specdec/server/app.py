@@ -27,7 +27,8 @@ from specdec.errors import ContextLengthError, SpecdecError
 from specdec.forward_costs import Forward
 from specdec.server.audit import Auditor, auditable
 from specdec.sampling import SamplingParams
-from specdec.server.jobs import Job, choice_params, chunk_body, completion_prompts, full_response, merged_chunks
+from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage, completion_prompts, full_response,
+                                 merged_chunks)
 from specdec.server.state import ServerState
 from specdec.server.params import APIError, sampling_params
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
@@ -156,7 +157,8 @@ def create_app(state: ServerState) -> FastAPI:
         endpoint = "chat" if chat else "completions"
         jobs = await open_jobs(choices, spec, audit)
         if req.stream:
-            return StreamingResponse(stream_events(jobs, chat, endpoint), media_type="text/event-stream",
+            total_usage = req.stream_options is not None and req.stream_options.include_usage
+            return StreamingResponse(stream_events(jobs, chat, endpoint, req.n, total_usage), media_type="text/event-stream",
                                      headers={"x-specdec-instance": state.instance})
         try:
             await asyncio.gather(*(job.run_to_end() for job in jobs))
@@ -235,9 +237,10 @@ def create_app(state: ServerState) -> FastAPI:
         assert state.slots is not None
         state.slots.release()
 
-    async def stream_events(jobs: list[Job], chat: bool, endpoint: str) -> AsyncIterator[str]:
+    async def stream_events(jobs: list[Job], chat: bool, endpoint: str, n: int, total_usage: bool) -> AsyncIterator[str]:
         """The choices' chunks as they come (each names its choice's index); a choice's last chunk
-        carries its usage."""
+        carries its usage, and with ``stream_options.include_usage`` one more chunk (no choices)
+        the whole request's, as OpenAI sends it."""
         try:
             if chat:
                 for index, job in enumerate(jobs):
@@ -253,6 +256,9 @@ def create_app(state: ServerState) -> FastAPI:
                         await job.run_audit()
                         body["usage"] = job.usage()
                     yield sse(body)
+            if total_usage:
+                last = chunk_body(jobs[0], chat, None, None, 0, jobs[0].id)
+                yield sse({**last, "choices": [], "usage": combined_usage(jobs, n)})
             yield "data: [DONE]\n\n"
             state.metrics.requests.labels(endpoint, "200").inc()
         finally:

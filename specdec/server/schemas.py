@@ -48,6 +48,13 @@ class StructuredOutputs(BaseModel):
     grammar: Optional[str] = None
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's ``stream_options``: ``include_usage`` adds a last chunk with the whole request's usage."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
@@ -60,6 +67,7 @@ class _SamplingFields(BaseModel):
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
+    stream_options: Optional[StreamOptions] = None
     n: int = 1
     ignore_eos: bool = False
     # absent = the server's default drafter; null = plain decoding; an object = override
