@@ -48,6 +48,8 @@ class StreamChunk:
     logprobs: list[TokenLogprob] | None = None
     #: the decode rounds completed since the previous chunk (a server learns its traffic's α as they run)
     rounds: list[Round] = field(default_factory=list)
+    #: on the first chunk when ``params.prompt_logprobs`` is set: one per prompt token (None for the first)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -58,6 +60,11 @@ class GenerationResult:
     stats: Stats
     prompt_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one per token when params.logprobs was set
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token when params.prompt_logprobs was set
+
+
+#: prompt rows scored per prefill call when a request asks for prompt_logprobs
+PROMPT_LOGPROBS_CHUNK = 128
 
 
 def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
@@ -180,12 +187,23 @@ def generate_steps(
     if drafter is not None:  # before the prefill: a feature drafter (EAGLE) has the target keep its features
         drafter.bind_target_state(state)
     prefix_cache = target.prefix_cache  # earlier prompts' keys/values, where enabled (exact)
+    # prompt_logprobs: every prompt row is scored (so none comes from the prefix cache, which keeps no
+    # logits), in chunks of at most PROMPT_LOGPROBS_CHUNK rows (a row of logits is 0.6 MB at 152k ids)
+    prompt_scores: list[TokenLogprob | None] | None = None if params.prompt_logprobs is None else [None]
+    rows = 1 if prompt_scores is None else None
+    if prompt_scores is not None:
+        prefix_cache, prefill_chunk = None, min(prefill_chunk or PROMPT_LOGPROBS_CHUNK, PROMPT_LOGPROBS_CHUNK)
     fed = stats.cached_prompt_tokens = prefix_cache.restore(state, prompt_ids) if prefix_cache is not None else 0
     prompt_runner = target.prompt_backend  # the target itself, or its cheaper-for-prompts twin
     while 0 < prefill_chunk < len(prompt_ids) - fed:
-        yield ModelCall(prompt_runner, state, list(prompt_ids[fed : fed + prefill_chunk]), 1, prompt=True)  # its logits are not needed
+        chunk_logits = yield ModelCall(prompt_runner, state, list(prompt_ids[fed : fed + prefill_chunk]), rows, prompt=True)
+        if prompt_scores is not None:  # row r scored prompt token fed + r + 1
+            prompt_scores += token_logprobs(chunk_logits, prompt_ids[fed + 1 : fed + prefill_chunk + 1], params.prompt_logprobs)
         fed += prefill_chunk
-    logits = yield ModelCall(prompt_runner, state, list(prompt_ids[fed:]), 1, prompt=True)
+    logits = yield ModelCall(prompt_runner, state, list(prompt_ids[fed:]), rows, prompt=True)
+    if prompt_scores is not None:
+        prompt_scores += token_logprobs(logits, prompt_ids[fed + 1 :], params.prompt_logprobs)
+        logits = logits[-1:]
     if prefix_cache is not None:
         prefix_cache.store(state, prompt_ids)
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
@@ -211,8 +229,9 @@ def generate_steps(
     reported = 0  # rounds handed out in chunks so far
     try:
         if out.finish_reason is None:
-            yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params))
-            committed = []
+            yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params),
+                              prompt_logprobs=prompt_scores)
+            committed, prompt_scores = [], None
         while out.finish_reason is None:
             remaining = params.max_tokens - len(out.token_ids)
             room = max(0, min(max_k, remaining - 1, context_len - len(context)))
@@ -318,7 +337,8 @@ def generate_steps(
         stats.total_time_s = time.perf_counter() - start
         stats.draft_forwards = drafter.model_forwards if drafter is not None else None
         yield StreamChunk(committed, out.new_text(), finish_reason=out.finish_reason, stats=stats,
-                          logprobs=logprobs_of(logits, committed, params), rounds=stats.rounds[reported:])
+                          logprobs=logprobs_of(logits, committed, params), rounds=stats.rounds[reported:],
+                          prompt_logprobs=prompt_scores)  # still unsent when the first token ended the request
     finally:
         if drafter is not None:
             drafter.finish()
@@ -392,12 +412,15 @@ def collect(chunks: Iterable[StreamChunk], prompt_ids: list[int], params: Sampli
     token_ids: list[int] = []
     text: list[str] = []
     logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+    prompt_logprobs = None
     last = None
     for chunk in chunks:
+        prompt_logprobs = chunk.prompt_logprobs if chunk.prompt_logprobs is not None else prompt_logprobs
         token_ids.extend(chunk.token_ids)
         text.append(chunk.text)
         if logprobs is not None and chunk.logprobs is not None:
             logprobs.extend(chunk.logprobs)
         last = chunk
     assert last is not None and last.stats is not None and last.finish_reason is not None
-    return GenerationResult(token_ids, "".join(text), last.finish_reason, last.stats, list(prompt_ids), logprobs)
+    return GenerationResult(token_ids, "".join(text), last.finish_reason, last.stats, list(prompt_ids), logprobs,
+                            prompt_logprobs)

@@ -74,6 +74,10 @@ class SamplingParams:
     #: None: no log-probabilities; N (0..MAX_LOGPROBS): each emitted token's log-probability under
     #: the target's raw distribution, plus its N most likely alternatives (OpenAI ``logprobs``)
     logprobs: int | None = None
+    #: None, or N (0..MAX_LOGPROBS): each *prompt* token's log-probability after the tokens before it
+    #: and its N likeliest alternatives (vLLM's ``prompt_logprobs``; the server's ``echo`` with
+    #: ``logprobs``). The prompt pass then scores every row and skips the prefix cache.
+    prompt_logprobs: int | None = None
     #: constrain the output to a JSON schema / JSON object / regex / choice / grammar
     #: (:mod:`specdec.structured`); exact under speculation: the same mask reaches p and q
     structured: StructuredOutput | None = None
@@ -107,8 +111,9 @@ class SamplingParams:
             raise SpecdecError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise SpecdecError(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise SpecdecError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+        for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise SpecdecError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise SpecdecError(f"structured must be a specdec.StructuredOutput, got {type(self.structured).__name__}")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):

@@ -103,3 +103,44 @@ def test_bad_logprob_requests_get_400(server):
                        ({"model": "tiny", "prompt": "x", "max_tokens": 4, "logprobs": -1}, "/v1/completions")):
         response = httpx.post(f"{server}{path}", json=body, timeout=30)
         assert response.status_code == 400 and "logprobs" in response.json()["error"]["message"]
+
+
+def test_prompt_logprobs_are_each_prompt_tokens_under_a_whole_prompt_forward(tiny_target):
+    """vLLM's prompt_logprobs: row i of one forward over the prompt scores token i + 1 (the first
+    has none); long prompts are scored in chunks, bypassing the prefix cache, the same numbers."""
+    prompt = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 6
+    out = run(tiny_target, None, prompt, None, prompt_logprobs=3, max_tokens=2)
+    ids = out.prompt_ids
+    assert len(ids) > 128 and len(out.prompt_logprobs) == len(ids) and out.prompt_logprobs[0] is None  # several chunks
+    rows = torch.log_softmax(tiny_target.backend.forward(tiny_target.backend.new_state(len(ids) + 1), ids).float(), -1)
+    for i, score in enumerate(out.prompt_logprobs[1:]):
+        assert score.token_id == ids[i + 1] and math.isclose(score.logprob, float(rows[i, ids[i + 1]]), abs_tol=1e-4)
+        assert [t for t, _ in score.top] == torch.topk(rows[i], 3).indices.tolist()
+    assert out.token_ids == run(tiny_target, None, prompt, None, max_tokens=2).token_ids
+    with pytest.raises(SpecdecError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=21)
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_first(server):
+    """OpenAI's echo (what evaluation harnesses send to score a text): the prompt's text, then the
+    output; with logprobs the prompt tokens' too, the first null — streamed or not."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    kwargs = dict(model="tiny", prompt="def fibonacci(n):", max_tokens=4, temperature=0, echo=True, logprobs=1,
+                  extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kwargs)
+    plain = client.completions.create(**{**kwargs, "echo": False})
+    choice = whole.choices[0]
+    assert choice.text == "def fibonacci(n):" + plain.choices[0].text
+    lp = choice.logprobs
+    assert "".join(lp.tokens) == choice.text and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x is not None for x in lp.token_logprobs[1:])
+    assert all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(lp.token_logprobs[-4:], plain.choices[0].logprobs.token_logprobs))
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-4] == len("def fibonacci(n):")
+    streamed_text, streamed_tokens = "", []
+    for chunk in client.completions.create(**kwargs, stream=True):
+        streamed_text += chunk.choices[0].text if chunk.choices else ""
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed_tokens += chunk.choices[0].logprobs.tokens
+    assert streamed_text == choice.text and streamed_tokens == lp.tokens

@@ -146,7 +146,8 @@ def create_app(state: ServerState) -> FastAPI:
         choices = []  # (prompt ids, sampling parameters) of each choice, OpenAI's order: by prompt, then n
         for prompt in prompts:
             prompt_ids, params = checked_prompt(req, prompt)
-            choices += [(prompt_ids, choice_params(params, i)) for i in range(req.n)]
+            echo = echo_text(prompt, prompt_ids) if not chat and req.echo else None
+            choices += [(prompt_ids, choice_params(params, i), echo) for i in range(req.n)]
         if len(choices) > state.max_concurrency:
             raise APIError(400, f"{len(prompts)} prompt(s) x n={req.n} choices would need more than this server's "
                                 f"{state.max_concurrency} concurrent generations (--max-concurrency)", param="n")
@@ -188,15 +189,20 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(400, str(exc), code="context_length_exceeded") from None
         return prompt_ids, params
 
-    async def open_jobs(choices: list[tuple[list[int], SamplingParams]], spec: SpecConfig, audit: bool) -> list[Job]:
+    def echo_text(prompt: str | list[int], prompt_ids: list[int]) -> str:
+        """What ``echo`` puts before the output: the prompt as sent, or its token ids' text."""
+        return prompt if isinstance(prompt, str) else state.target.tokenizer.decode(prompt_ids)
+
+    async def open_jobs(choices: list[tuple[list[int], SamplingParams, str | None]], spec: SpecConfig,
+                        audit: bool) -> list[Job]:
         """One job per choice (prompts x ``n``), each holding a concurrency slot from before it opens (a
         refusal or error on any releases them all); they join the batch and step side by side."""
         jobs: list[Job] = []
         try:
-            for prompt_ids, params in choices:
+            for prompt_ids, params, echo in choices:
                 await acquire_slot()
                 try:
-                    job = Job(state, prompt_ids, params, spec, audit)
+                    job = Job(state, prompt_ids, params, spec, audit, echo)
                 except BaseException:
                     release_slot()
                     raise
@@ -245,10 +251,13 @@ def create_app(state: ServerState) -> FastAPI:
             if chat:
                 for index, job in enumerate(jobs):
                     yield sse(chunk_body(job, chat, {"role": "assistant", "content": ""}, None, index, jobs[0].id))
+            unechoed = {index for index, job in enumerate(jobs) if job.echo_text}
             async for index, chunk in merged_chunks(jobs):
                 job = jobs[index]
-                if chunk.text or chunk.finish_reason or chunk.logprobs:
-                    delta = {"content": chunk.text} if chat else chunk.text
+                echo = job.echo_text if index in unechoed else ""
+                unechoed.discard(index)
+                if echo or chunk.text or chunk.finish_reason or chunk.logprobs:
+                    delta = {"content": chunk.text} if chat else echo + chunk.text
                     body = chunk_body(job, chat, delta, chunk.finish_reason, index, jobs[0].id)
                     if chunk.logprobs is not None:
                         body["choices"][0]["logprobs"] = job.streamed_logprobs(chunk.logprobs, chat)

@@ -18,7 +18,7 @@ from specdec.policy import RequestGate
 from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase
 from specdec.server.executor import END
-from specdec.server.responses import logprobs_body, usage_body
+from specdec.server.responses import joined_logprobs, logprobs_body, prompt_logprobs_body, usage_body
 from specdec.server.state import ServerState
 
 
@@ -51,12 +51,16 @@ def full_response(jobs: list[Job], chat: bool, n: int = 1) -> dict[str, Any]:
     choices = []
     for index, job in enumerate(jobs):
         choice: dict[str, Any] = {"index": index, "finish_reason": job.finish_reason}
-        logprobs = None if job.logprobs is None else logprobs_body(job.logprobs, job.state.target.tokenizer.decode, chat)
+        echo = job.echo_text or ""
+        logprobs = None if job.logprobs is None else logprobs_body(job.logprobs, job.state.target.tokenizer.decode, chat,
+                                                                  len(echo))
+        if logprobs is not None and job.prompt_scores is not None:
+            logprobs = joined_logprobs(job.prompt_logprobs(), logprobs)
         if chat:
             choice["message"] = {"role": "assistant", "content": job.text}
             choice["logprobs"] = logprobs
         else:
-            choice.update(text=job.text, logprobs=logprobs)
+            choice.update(text=echo + job.text, logprobs=logprobs)
         choices.append(choice)
     first = jobs[0]
     return {"id": first.id, "object": "chat.completion" if chat else "text_completion", "created": first.created,
@@ -122,8 +126,12 @@ class Job:
     """One request's generation: set up and stepped on the model thread, consumed by the event loop."""
 
     def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,
-                 audit: bool = False) -> None:
+                 audit: bool = False, echo_text: str | None = None) -> None:
         self.state = state
+        #: completions' ``echo``: the prompt's text, put before the output (None: not echoed)
+        self.echo_text = echo_text
+        #: each prompt token's log-probability, when echoed with logprobs (the first chunk brings them)
+        self.prompt_scores: list[TokenLogprob | None] | None = None
         self.audit = audit  # the client asked for its own audit (else the server may sample one)
         self.audit_result: str | None = None
         self.token_ids: list[int] = []
@@ -177,6 +185,8 @@ class Job:
                     raise item
                 self.text += item.text
                 self.token_ids.extend(item.token_ids)
+                if item.prompt_logprobs is not None:
+                    self.prompt_scores = item.prompt_logprobs
                 if self.logprobs is not None and item.logprobs:
                     self.logprobs.extend(item.logprobs)
                 if item.rounds and self.spec.method == self.state.spec.method:  # the traffic's α for the γ table
@@ -207,11 +217,20 @@ class Job:
 
     def streamed_logprobs(self, scores: list[TokenLogprob], chat: bool) -> dict[str, Any]:
         """OpenAI's logprobs object for one streamed chunk's tokens, text offsets continuing the
-        chunks before it."""
+        chunks before it (and an echoed prompt's, which come first)."""
+        echoed = None
+        if self.prompt_scores is not None and not self._logprob_chars:
+            echoed = self.prompt_logprobs()
+            self._logprob_chars = len(self.echo_text or "")
         body = logprobs_body(scores, self.state.target.tokenizer.decode, chat, self._logprob_chars)
         if not chat:
             self._logprob_chars += sum(len(t) for t in body["tokens"])
-        return body
+        return body if echoed is None else joined_logprobs(echoed, body)
+
+    def prompt_logprobs(self) -> dict[str, Any]:
+        """The echoed prompt's part of the completions logprobs object."""
+        assert self.prompt_scores is not None
+        return prompt_logprobs_body(self.prompt_ids, self.prompt_scores, self.state.target.tokenizer.decode)
 
     def usage(self) -> dict[str, Any]:
         usage = usage_body(self.stats)

@@ -52,7 +52,8 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
                               structured=_structured(req), presence_penalty=req.presence_penalty,
                               frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
                               logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens,
-                              stop_token_ids=list(req.stop_token_ids or []))
+                              stop_token_ids=list(req.stop_token_ids or []),
+                              prompt_logprobs=logprobs if isinstance(req, CompletionRequest) and req.echo else None)
     except SpecdecError as exc:
         raise APIError(400, str(exc), param=_field_named(str(exc))) from None
 

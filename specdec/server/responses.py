@@ -32,6 +32,24 @@ def logprobs_body(scores: list[TokenLogprob], decode: Any, chat: bool, text_star
             "top_logprobs": [{decode([t]): lp for t, lp in s.top} for s in scores], "text_offset": offsets}
 
 
+def prompt_logprobs_body(prompt_ids: list[int], scores: list[TokenLogprob | None], decode: Any) -> dict[str, Any]:
+    """Completions' logprobs object for an echoed prompt (``echo`` with ``logprobs``): each prompt
+    token's log-probability after the ones before it, the first one's null (nothing precedes it)."""
+    tokens = [decode([token]) for token in prompt_ids]
+    offsets, position = [], 0
+    for text in tokens:
+        offsets.append(position)
+        position += len(text)
+    return {"tokens": tokens, "token_logprobs": [None if s is None else s.logprob for s in scores],
+            "top_logprobs": [None if s is None else {decode([t]): lp for t, lp in s.top} for s in scores],
+            "text_offset": offsets}
+
+
+def joined_logprobs(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    """Two completions logprobs objects, one after the other (an echoed prompt's, then the output's)."""
+    return {key: first[key] + then[key] for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+
+
 def usage_body(stats) -> dict[str, Any]:  # noqa: ANN001
     return {
         "prompt_tokens": stats.prompt_tokens,

@@ -90,6 +90,8 @@ class CompletionRequest(_SamplingFields):
     prompt: Union[str, list[int], list[str], list[list[int]]]
     #: the target's log-probability of each emitted token and of this many alternatives
     logprobs: Optional[int] = None
+    #: put the prompt before the output (with ``logprobs``: the prompt tokens' log-probabilities too)
+    echo: bool = False
 
 
 class ChatMessage(BaseModel):
