@@ -98,6 +98,10 @@ def test_n_choices_are_the_seeded_requests_seed_plus_index(client, server):
     assert len({c.text for c in many.choices}) > 1
     usage = many.usage.model_dump()
     assert usage["completion_tokens"] == 36 and len(usage["speculative"]["choices"]) == 3
+    each = usage["speculative"]["choices"]
+    assert usage["speculative"]["draft_tokens"] == sum(c["draft_tokens"] for c in each)
+    assert usage["speculative"]["ttft_s"] == max(c["ttft_s"] for c in each)
+    assert min(c["mean_accepted_len"] for c in each) <= usage["speculative"]["mean_accepted_len"] <= max(c["mean_accepted_len"] for c in each)
     greedy = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=2,
                                             max_tokens=8, temperature=0)
     single = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,

@@ -79,11 +79,15 @@ def combined_usage(jobs: list[Job], n: int = 1) -> dict[str, Any]:
     prompt_tokens = sum(stats.prompt_tokens for stats in prompts)
     usage.update(prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion,
                  prompt_tokens_details={"cached_tokens": sum(stats.cached_prompt_tokens for stats in prompts)})
+    choices = [usage_body(job.stats)["speculative"] for job in jobs]
     spec = usage["speculative"]
-    for key in ("draft_tokens", "accepted_tokens"):
-        spec[key] += sum(u["speculative"][key] for u in others)
+    for key in ("draft_tokens", "accepted_tokens", "tokens_per_s"):  # the choices ran side by side: rates add up
+        spec[key] = sum(choice[key] for choice in choices)
     spec["acceptance_rate"] = round(spec["accepted_tokens"] / spec["draft_tokens"], 4) if spec["draft_tokens"] else 0.0
-    spec["choices"] = [usage_body(job.stats)["speculative"] for job in jobs]
+    weights = [job.stats.generated_tokens for job in jobs]  # τ per committed token, over all choices
+    spec["mean_accepted_len"] = round(sum(c["mean_accepted_len"] * w for c, w in zip(choices, weights)) / max(sum(weights), 1), 4)
+    spec["ttft_s"] = max(choice["ttft_s"] for choice in choices)  # the request's first tokens: its slowest choice's
+    spec["choices"] = choices
     return usage
 
 
