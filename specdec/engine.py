@@ -148,8 +148,7 @@ def generate_steps(
     vocab_size = target.config.vocab_size  # drafted ids outside it are cut (Draft.clipped)
     check_context(len(prompt_ids), params.max_tokens, context_len)
     max_k = spec.max_speculative_tokens if drafter is not None else 0
-    # 0: chains (penalties, like a grammar, are applied along one history per row: chains only)
-    max_nodes = spec.tree_nodes(params.is_greedy, target.step_seconds) if drafter is not None and not params.has_penalties else 0
+    max_nodes = spec.tree_nodes(params.is_greedy, target.step_seconds) if drafter is not None else 0  # 0: chains
     alternatives = max_nodes > 0 and not params.is_greedy  # sampled chains become trees (specdec.alternatives)
     cache_len = min(len(prompt_ids) + params.max_tokens + max(max_k, max_nodes) + 1, context_len)
     generator = generator or make_generator(params.seed, target.device)
@@ -246,8 +245,8 @@ def generate_steps(
             asked = drafter is not None and (k > 0 or (room > 0 and drafter.has_free_tokens))
             # time spent suspended while other requests' forwards ran is not this round's cost
             draft, idle = (yield from waited(drafter.propose_steps(context, k))) if asked else (Draft(tokens=[]), 0.0)
-            if draft.is_tree and (constraint is not None or penalties is not None):
-                draft = draft.as_chain()  # grammar cuts and forced tokens, penalties' histories: chain operations
+            if draft.is_tree and constraint is not None:
+                draft = draft.as_chain()  # grammar cuts and forced tokens are chain operations
             if draft.is_tree:  # the drafter's node numbers: kept[i] is node i of the verified tree
                 kept = fit_tree(draft, nodes, room, state.max_seq_len - len(context), verify_costs, vocab_size)
                 draft = draft.nodes(kept)
@@ -276,7 +275,9 @@ def generate_steps(
             if draft.is_tree:
                 logits, idle_verify = yield from waited(one(ModelCall(
                     target, state, [context[-1], *draft.tokens], tree=TreeLayout(len(context) - 1, [-1, *(p + 1 for p in draft.parents)]))))
-                path, next_token = verify_tree(draft.tokens, draft.parents, logits, params, generator, draft.node_probs)
+                scored = logits if penalties is None else penalties.apply_tree(logits, context[len(prompt_ids):], draft.tokens,
+                                                                               draft.parents)  # each node after its own path
+                path, next_token = verify_tree(draft.tokens, draft.parents, scored, params, generator, draft.node_probs)
                 rows = [0, *(node + 1 for node in path)]  # the last committed token, then the accepted nodes
                 state.keep(rows, len(context) - 1)
                 logits = logits[rows]  # the rows that scored the committed tokens

@@ -115,13 +115,26 @@ class Penalties:
         ``output_ids`` + ``drafted[:i]``. A new tensor; the input is left as it is."""
         single = logits.dim() == 1
         rows = logits.reshape(1, -1) if single else logits
-        out = rows.float().clone()
-        history = list(output_ids)
-        for i in range(out.shape[0]):
-            if i:
-                history.append(int(drafted[i - 1]))
-            self._apply_row(out[i], history)
+        output = list(output_ids)
+        out = self._apply_rows(rows, [output + [int(t) for t in drafted[:i]] for i in range(rows.shape[0])])
         return out[0] if single else out
+
+    def apply_tree(self, logits: torch.Tensor, output_ids: Sequence[int], tokens: Sequence[int],
+                   parents: Sequence[int]) -> torch.Tensor:
+        """A token tree's verification rows ``logits [N + 1, V]`` (row 0 after the committed tokens,
+        row i + 1 after node i: ``tokens [N]``, ``parents [N]``, -1 for the root's children) → row
+        i + 1 penalised after the output and node i's path from the root, node i included."""
+        paths: list[list[int]] = []
+        for node, parent in enumerate(parents):
+            paths.append((paths[parent] if parent >= 0 else []) + [int(tokens[node])])  # parents come first
+        output = list(output_ids)
+        return self._apply_rows(logits, [output] + [output + path for path in paths])
+
+    def _apply_rows(self, rows: torch.Tensor, histories: list[list[int]]) -> torch.Tensor:
+        out = rows.float().clone()
+        for row, history in zip(out, histories):
+            self._apply_row(row, history)
+        return out
 
     def for_context(self, context_ids: Sequence[int]) -> Callable[[torch.Tensor, Sequence[int]], torch.Tensor]:
         """``shape(logits [V], drafted)``: the row after ``context_ids`` and then ``drafted`` — what a

@@ -61,6 +61,35 @@ def test_each_verified_row_gets_its_own_history_bit_for_bit():
     assert [bool(together[i, 9].isinf()) for i in range(4)] == [True, True, False, False]  # min_tokens: 5 by row 2
 
 
+def test_tree_rows_are_penalised_after_their_own_paths():
+    """Token trees: node i's row follows its ancestors' tokens and its own, not its siblings'."""
+    torch.manual_seed(3)
+    penalties = Penalties(SamplingParams(frequency_penalty=0.9, presence_penalty=0.3, repetition_penalty=1.5), [4], 32)
+    tokens, parents = [5, 6, 7, 5], [-1, -1, 0, 2]  # 5 -> 7 -> 5, and a sibling 6 of the first 5
+    rows = torch.randn(5, 32)
+    tree = penalties.apply_tree(rows, [9], tokens, parents)
+    for i, path in enumerate([[], [5], [6], [5, 7], [5, 7, 5]]):
+        assert torch.equal(tree[i], penalties.apply(rows[i], [9] + path))
+
+
+@pytest.mark.parametrize("method", ["draft_model", "draft_suffix"])
+def test_greedy_trees_with_penalties_are_token_identical(tiny_target, method):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **PENALISED)
+    spec = specdec.SpecConfig(method=method, num_speculative_tokens=3, spec_tree=6)
+    for prompt in PROMPTS:
+        plain = specdec.generate(tiny_target, prompt, params)
+        out = specdec.generate(tiny_target, prompt, params, draft=tiny_target, spec=spec)
+        assert out.token_ids == plain.token_ids and out.stats.tree_rounds > 0
+
+
+def test_sampled_trees_with_penalties_pass_the_certificate():
+    from specdec.certify import DISTRIBUTION_CONFIGS, distribution_check
+
+    result = distribution_check("draft_model", "T=1,penalties", DISTRIBUTION_CONFIGS["T=1,penalties"], samples=2500,
+                                spec_options={"spec_tree": 6})
+    assert result.passed, result.detail
+
+
 def test_min_tokens_holds_back_the_end_and_speculation_keeps_it_exact(tiny_target, tiny_draft):
     """A stop token the output reaches early: min_tokens pushes the end past the bound under plain
     decoding and every drafter alike."""
@@ -102,7 +131,7 @@ def test_a_draft_that_agrees_fills_whole_chunks_and_stays_identical(tiny_target)
     """The target as its own draft (the same penalties on q): every drafted token is accepted, so
     every row of every chunk after the first reads drafted tokens in its history."""
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **PENALISED)
-    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=4)
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=4, spec_tree="off")
     plain = specdec.generate(tiny_target, PROMPTS[0], params)
     out = specdec.generate(tiny_target, PROMPTS[0], params, draft=tiny_target, spec=spec)
     assert out.token_ids == plain.token_ids
@@ -125,7 +154,7 @@ def test_rows_penalised_without_their_drafted_tokens_break_identity(tiny_target,
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **PENALISED)
     plain = [specdec.generate(tiny_target, prompt, params).token_ids for prompt in PROMPTS]
     monkeypatch.setattr(Penalties, "apply", committed_only)
-    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=4)
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=4, spec_tree="off")
     wrong = [specdec.generate(tiny_target, prompt, params, draft=tiny_target, spec=spec).token_ids for prompt in PROMPTS]
     assert wrong != plain
 

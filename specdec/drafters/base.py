@@ -228,11 +228,8 @@ DrafterFactory = Callable[[DrafterResources], Drafter]
 def tree_nodes_for(res: DrafterResources) -> int:
     """How many nodes a drafter that can branch may put in a tree (0: propose chains): the
     configuration's budget, except under a grammar (structured output cuts and extends drafts as
-    chains, so the engine would verify only a tree's first path) or penalties (each row's history is
-    one chain's: :mod:`specdec.penalties`)."""
-    if res.constraint is not None or res.params.has_penalties:
-        return 0
-    return res.spec.tree_nodes(res.params.is_greedy, res.target_backend.step_seconds)
+    chains, so the engine would verify only a tree's first path)."""
+    return res.spec.tree_nodes(res.params.is_greedy, res.target_backend.step_seconds) if res.constraint is None else 0
 
 
 def model_tree_nodes_for(res: DrafterResources) -> int:
