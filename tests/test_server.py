@@ -191,6 +191,7 @@ def test_concurrent_requests_equal_sequential(server):
     ({"model": "tiny", "prompt": "x", "frequency_penalty": 3}, 400, "frequency_penalty must be a number in [-2, 2]"),
     ({"model": "tiny", "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty must be a finite number > 0"),
     ({"model": "tiny", "prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias keys must be token ids"),
+    ({"model": "tiny", "prompt": "x", "logit_bias": {"²": 1}}, 400, "logit_bias keys must be token ids"),
     ({"model": "tiny", "prompt": "x", "logit_bias": {"3": 500}}, 400, "logit_bias values must be numbers in [-100, 100]"),
     ({"model": "tiny", "prompt": "x", "logit_bias": {"99999999": 1}}, 400, "outside the vocabulary"),
     ({"model": "tiny", "prompt": "x", "max_tokens": 4, "min_tokens": 9}, 400, "min_tokens must be an integer in [0, max_tokens = 4]"),

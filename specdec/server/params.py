@@ -64,11 +64,13 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         return None
     if len(bias) > MAX_LOGIT_BIAS:
         raise APIError(400, f"logit_bias: at most {MAX_LOGIT_BIAS} token ids (got {len(bias)})", param="logit_bias")
-    try:
-        return {int(token): value for token, value in bias.items()}
-    except ValueError:
-        bad = next(token for token in bias if not token.strip().lstrip("-").isdigit())
-        raise APIError(400, f"logit_bias keys must be token ids, got {bad!r}", param="logit_bias") from None
+    ids: dict[int, float] = {}
+    for token, value in bias.items():
+        try:
+            ids[int(token)] = value
+        except ValueError:
+            raise APIError(400, f"logit_bias keys must be token ids, got {token!r}", param="logit_bias") from None
+    return ids
 
 
 def _field_named(message: str) -> str | None:
