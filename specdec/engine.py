@@ -275,7 +275,7 @@ def generate_steps(
             if draft.is_tree:
                 logits, idle_verify = yield from waited(one(ModelCall(
                     target, state, [context[-1], *draft.tokens], tree=TreeLayout(len(context) - 1, [-1, *(p + 1 for p in draft.parents)]))))
-                scored = logits if penalties is None else penalties.apply_tree(logits, context[len(prompt_ids):], draft.tokens,
+                scored = logits if penalties is None else penalties.apply_tree(logits, penalties.output_of(context), draft.tokens,
                                                                                draft.parents)  # each node after its own path
                 path, next_token = verify_tree(draft.tokens, draft.parents, scored, params, generator, draft.node_probs)
                 rows = [0, *(node + 1 for node in path)]  # the last committed token, then the accepted nodes
@@ -296,7 +296,7 @@ def generate_steps(
                 logits, idle_verify = yield from waited(one(ModelCall(target, state, [context[-1], *draft.tokens])))
                 scored = constraint.mask_rows(logits, grammatical) if constraint is not None else logits
                 if penalties is not None:  # row i after the output so far and the first i drafted tokens
-                    scored = penalties.apply(scored, context[len(prompt_ids):], draft.tokens)
+                    scored = penalties.apply(scored, penalties.output_of(context), draft.tokens)
                 num_accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
                 state.truncate(len(context) + num_accepted)
                 new_tokens = [*draft.tokens[:num_accepted], next_token]

@@ -23,37 +23,11 @@ row gets the same bits whether it is scored alone or inside a chunk.
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Iterable, Sequence
 
 import torch
 
 from specdec.errors import SpecdecError
-
-#: OpenAI's ranges (a value outside is refused, as the API does)
-PENALTY_RANGE = (-2.0, 2.0)
-LOGIT_BIAS_RANGE = (-100.0, 100.0)
-
-
-def check_penalty_params(presence: float, frequency: float, repetition: float, logit_bias: dict[int, float] | None,
-                         min_tokens: int, max_tokens: int) -> None:
-    """Raise :class:`SpecdecError` for a value no peer accepts (called by ``SamplingParams``)."""
-    if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or not 0 <= min_tokens <= max_tokens:
-        raise SpecdecError(f"min_tokens must be an integer in [0, max_tokens = {max_tokens}], got {min_tokens!r}")
-    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
-        if not _is_real(value) or not PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1]:
-            raise SpecdecError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
-    if not _is_real(repetition) or not math.isfinite(repetition) or repetition <= 0:
-        raise SpecdecError(f"repetition_penalty must be a finite number > 0 (1 = off), got {repetition!r}")
-    if logit_bias is None:
-        return
-    if not isinstance(logit_bias, dict):
-        raise SpecdecError(f"logit_bias must map token ids to numbers, got {type(logit_bias).__name__}")
-    for token, bias in logit_bias.items():
-        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
-            raise SpecdecError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
-        if not _is_real(bias) or not LOGIT_BIAS_RANGE[0] <= bias <= LOGIT_BIAS_RANGE[1]:
-            raise SpecdecError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
 
 
 def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
@@ -61,10 +35,6 @@ def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -
     outside = sorted(token for token in (logit_bias or {}) if token >= vocab_size)
     if outside:
         raise SpecdecError(f"logit_bias names token ids outside the vocabulary (0..{vocab_size - 1}): {outside[:5]}")
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # rejects NaN
 
 
 class Penalties:
@@ -81,7 +51,6 @@ class Penalties:
         self.repetition = float(params.repetition_penalty)
         self.min_tokens = params.min_tokens
         self.stop_ids = torch.tensor(sorted(t for t in stop_ids if t < vocab_size), dtype=torch.long)  # [S]
-        self.vocab_size = vocab_size
         self.prompt_len = len(prompt_ids)
         bias = dict(sorted((params.logit_bias or {}).items()))
         if strict:

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.penalties import check_penalty_params
 from specdec.structured import StructuredOutput
 
 
@@ -118,8 +117,24 @@ class SamplingParams:
             raise SpecdecError(f"structured must be a specdec.StructuredOutput, got {type(self.structured).__name__}")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise SpecdecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        check_penalty_params(self.presence_penalty, self.frequency_penalty, self.repetition_penalty, self.logit_bias,
-                             self.min_tokens, self.max_tokens)
+        self._check_penalties()
+
+    def _check_penalties(self) -> None:
+        """OpenAI's ranges for its penalties and logit bias (a value outside is refused, as the API does)."""
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise SpecdecError(f"min_tokens must be an integer in [0, max_tokens = {self.max_tokens}], got {self.min_tokens!r}")
+        for name, value in (("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)):
+            if not _is_real(value) or not -2.0 <= value <= 2.0:
+                raise SpecdecError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+        if not _is_real(self.repetition_penalty) or not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise SpecdecError(f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty!r}")
+        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
+            raise SpecdecError(f"logit_bias must map token ids to numbers, got {type(self.logit_bias).__name__}")
+        for token, bias in (self.logit_bias or {}).items():
+            if not _is_int(token) or token < 0:
+                raise SpecdecError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not _is_real(bias) or not -100.0 <= bias <= 100.0:
+                raise SpecdecError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
 
     @property
     def is_greedy(self) -> bool:

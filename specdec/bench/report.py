@@ -42,7 +42,8 @@ def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None
              f"Command: `{meta.get('command', '')}`", "",
              f"Machine: {meta.get('machine', '')}; target {meta.get('model')} ({meta.get('execution')}), "
              f"draft {meta.get('draft_model')}, γ={meta.get('num_speculative_tokens')}, temperature {meta.get('temperature')}, "
-             + (f"{meta['penalties']}, " if meta.get("penalties") else "") + f"max {meta.get('max_tokens')} tokens, median of {meta.get('repeats')} repeats, " + (
+             + (f"{meta['penalties']}, " if meta.get("penalties") else "")
+             + f"max {meta.get('max_tokens')} tokens, median of {meta.get('repeats')} repeats, " + (
                  f"{meta['concurrency']} requests in flight (continuous batching): tokens/s is total throughput."
                  if meta.get("concurrency", 1) > 1 else "methods interleaved per prompt."), ""]
     mismatches = sum(m["mismatches"] for m in summary["overall"].values())

@@ -18,7 +18,7 @@ from specdec.policy import RequestGate
 from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase
 from specdec.server.executor import END
-from specdec.server.responses import joined_logprobs, logprobs_body, prompt_logprobs_body, usage_body
+from specdec.server.responses import completion_logprobs, joined_logprobs, logprobs_body, usage_body
 from specdec.server.state import ServerState
 
 
@@ -70,21 +70,21 @@ def full_response(jobs: list[Job], chat: bool, n: int = 1) -> dict[str, Any]:
 def combined_usage(jobs: list[Job], n: int = 1) -> dict[str, Any]:
     """OpenAI's usage of a request with several choices (``n`` per prompt): each prompt once, the
     completions' tokens summed; the speculative figures over all choices (rates from the sums)."""
-    usage = jobs[0].usage()
+    usages = [job.usage() for job in jobs]
     if len(jobs) == 1:
-        return usage
-    others = [job.usage() for job in jobs[1:]]
-    completion = usage["completion_tokens"] + sum(u["completion_tokens"] for u in others)
-    prompts = [job.stats for job in jobs[::n]]
-    prompt_tokens = sum(stats.prompt_tokens for stats in prompts)
+        return usages[0]
+    choices = [dict(u["speculative"]) for u in usages]  # each choice's own figures, before the totals replace them
+    completion = sum(u["completion_tokens"] for u in usages)
+    prompts = usages[::n]  # each prompt's first choice
+    prompt_tokens = sum(u["prompt_tokens"] for u in prompts)
+    usage = usages[0]
     usage.update(prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion,
-                 prompt_tokens_details={"cached_tokens": sum(stats.cached_prompt_tokens for stats in prompts)})
-    choices = [usage_body(job.stats)["speculative"] for job in jobs]
+                 prompt_tokens_details={"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in prompts)})
     spec = usage["speculative"]
     for key in ("draft_tokens", "accepted_tokens", "tokens_per_s"):  # the choices ran side by side: rates add up
         spec[key] = sum(choice[key] for choice in choices)
     spec["acceptance_rate"] = round(spec["accepted_tokens"] / spec["draft_tokens"], 4) if spec["draft_tokens"] else 0.0
-    weights = [job.stats.generated_tokens for job in jobs]  # τ per committed token, over all choices
+    weights = [u["completion_tokens"] for u in usages]  # τ per committed token, over all choices
     spec["mean_accepted_len"] = round(sum(c["mean_accepted_len"] * w for c, w in zip(choices, weights)) / max(sum(weights), 1), 4)
     spec["ttft_s"] = max(choice["ttft_s"] for choice in choices)  # the request's first tokens: its slowest choice's
     spec["choices"] = choices
@@ -232,9 +232,10 @@ class Job:
         return body if echoed is None else joined_logprobs(echoed, body)
 
     def prompt_logprobs(self) -> dict[str, Any]:
-        """The echoed prompt's part of the completions logprobs object."""
+        """The echoed prompt's part of the completions logprobs object: each prompt token's
+        log-probability after the ones before it, the first one's null (nothing precedes it)."""
         assert self.prompt_scores is not None
-        return prompt_logprobs_body(self.prompt_ids, self.prompt_scores, self.state.target.tokenizer.decode)
+        return completion_logprobs(self.prompt_ids, self.prompt_scores, self.state.target.tokenizer.decode, 0)
 
     def usage(self) -> dict[str, Any]:
         usage = usage_body(self.stats)

@@ -23,20 +23,15 @@ def logprobs_body(scores: list[TokenLogprob], decode: Any, chat: bool, text_star
     if chat:
         return {"content": [{**entry(s.token_id, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
                             for s in scores]}
-    tokens = [decode([s.token_id]) for s in scores]
+    return completion_logprobs([s.token_id for s in scores], scores, decode, text_start)
+
+
+def completion_logprobs(token_ids: list[int], scores: list[TokenLogprob | None], decode: Any,
+                        text_start: int) -> dict[str, Any]:
+    """Completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``, the text offsets from
+    ``text_start``; a token without a score (an echoed prompt's first) gets nulls."""
+    tokens = [decode([token]) for token in token_ids]
     offsets, position = [], text_start
-    for text in tokens:
-        offsets.append(position)
-        position += len(text)
-    return {"tokens": tokens, "token_logprobs": [s.logprob for s in scores],
-            "top_logprobs": [{decode([t]): lp for t, lp in s.top} for s in scores], "text_offset": offsets}
-
-
-def prompt_logprobs_body(prompt_ids: list[int], scores: list[TokenLogprob | None], decode: Any) -> dict[str, Any]:
-    """Completions' logprobs object for an echoed prompt (``echo`` with ``logprobs``): each prompt
-    token's log-probability after the ones before it, the first one's null (nothing precedes it)."""
-    tokens = [decode([token]) for token in prompt_ids]
-    offsets, position = [], 0
     for text in tokens:
         offsets.append(position)
         position += len(text)
