@@ -33,6 +33,7 @@ from specdec.prefix_cache import PrefixCache
 from specdec.sampling import SamplingParams, make_generator
 from specdec.step_costs import ExecutionPlan
 from specdec.penalties import check_logit_bias_ids
+from specdec.prediction import prediction_ids
 from specdec.structured import GrammarConstraint
 from specdec.tokenizer import Tokenizer
 
@@ -226,6 +227,8 @@ def make_drafter(
 
     ``draft`` is used only by methods that need a draft model (and then required); others ignore
     it, so a caller may pass the loaded draft whatever the method."""
+    predicted = prediction_ids(params.prediction, target.tokenizer, target.config.vocab_size,
+                               target.config.max_position_embeddings)  # checked even where no drafter reads it
     if spec.method is None:
         return None
     info = method_info(spec.method)
@@ -237,7 +240,7 @@ def make_drafter(
     resources = DrafterResources(target_backend=target.backend, spec=spec, params=params, generator=generator,
                                  max_seq_len=max_seq_len, tokenizer=target.tokenizer, target_path=target.path,
                                  draft_backend=draft.backend if info.needs_draft_model and draft is not None else None,
-                                 constraint=constraint)
+                                 constraint=constraint, prediction_ids=predicted)
     return info.factory(resources)
 
 

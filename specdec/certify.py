@@ -47,6 +47,9 @@ DISTRIBUTION_CONFIGS: dict[str, SamplingParams] = {
     # prompt repeats tokens 1-3, so the repetition penalty acts from the first token on)
     "T=1,penalties": SamplingParams(temperature=1.0, repetition_penalty=1.6, frequency_penalty=0.8,
                                     presence_penalty=0.5, logit_bias={0: -1.5, 5: 1.0}),
+    # a predicted output (token ids): the suffix drafters draft from it (its first token follows the
+    # prompt's tail), the others ignore it — the target's distribution either way
+    "T=1,prediction": SamplingParams(temperature=1.0, prediction=[3, 1, 2, 0, 3, 1]),
 }
 #: the tiny model's vocabulary as text, for grammars (see the "regex" configuration)
 TINY_VOCAB = list("abcdefgh")
@@ -157,7 +160,7 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
             drafter = info.factory(DrafterResources(
                 target_backend=target, spec=spec, params=run_params, generator=generator,
                 max_seq_len=len(prompt) + length + gamma + 2, draft_backend=draft if info.needs_draft_model else None,
-                constraint=constraint))
+                constraint=constraint, prediction_ids=tuple(run_params.prediction or ())))
         out = generate_ids(target, prompt, run_params, drafter, spec, None, generator, constraint)
         key = tuple(out.token_ids)
         counts[key] = counts.get(key, 0) + 1

@@ -337,6 +337,7 @@ def generate_steps(
         stats.decode_time_s = time.perf_counter() - decode_start
         stats.total_time_s = time.perf_counter() - start
         stats.draft_forwards = drafter.model_forwards if drafter is not None else None
+        stats.prediction_counts = drafter.prediction_counts if drafter is not None else None
         yield StreamChunk(committed, out.new_text(), finish_reason=out.finish_reason, stats=stats,
                           logprobs=logprobs_of(logits, committed, params), rounds=stats.rounds[reported:],
                           prompt_logprobs=prompt_scores)  # still unsent when the first token ended the request

@@ -92,6 +92,11 @@ class SamplingParams:
     #: vLLM's: the stop tokens (end of sequence, ``stop_token_ids``) cannot be generated, nor stop
     #: strings end the output, before it holds this many tokens
     min_tokens: int = 0
+    #: OpenAI's Predicted Outputs: text (or its token ids) the output is expected to largely repeat —
+    #: a file being edited, an earlier answer being revised. Drafters that read text (``suffix``,
+    #: ``draft_suffix``) also draft from it; the output is the same with or without it (a drafted token
+    #: is only ever a proposal), only faster where the prediction is right.
+    prediction: str | list[int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string, as the OpenAI API allows
@@ -117,6 +122,9 @@ class SamplingParams:
             raise SpecdecError(f"structured must be a specdec.StructuredOutput, got {type(self.structured).__name__}")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise SpecdecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if self.prediction is not None and not isinstance(self.prediction, str) and (
+                not isinstance(self.prediction, list) or any(not _is_int(t) or t < 0 for t in self.prediction)):
+            raise SpecdecError(f"prediction must be text or a list of token ids (integers >= 0), got {self.prediction!r:.80}")
         self._check_penalties()
 
     def _check_penalties(self) -> None:

@@ -94,6 +94,9 @@ class Stats:
     alternative_promised: float = 0.0
     #: why a request with a drafter did not draft, when it was decided up front ("" otherwise)
     speculation_note: str = ""
+    #: a predicted output (``SamplingParams.prediction``) read by the drafter: its tokens the target
+    #: kept and those it checked and refused; None without one or where the method does not read it
+    prediction_counts: tuple[int, int] | None = None
 
     def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.target_forwards += 1
@@ -193,6 +196,8 @@ class Stats:
             # why a speculative method did not draft (γ=auto judged its prompt pass not worth it): a bench
             # row with α 0 must say so, not look like a drafter that never agreed with the target
             **({"speculation_note": self.speculation_note} if self.speculation_note else {}),
+            **(dict(zip(("prediction_accepted_tokens", "prediction_rejected_tokens"), self.prediction_counts))
+               if self.prediction_counts is not None else {}),
         }
 
     def summary_line(self) -> str:
@@ -216,6 +221,8 @@ class Stats:
         if self.tree_rounds:
             parts.append(f"tree: {self.tree_nodes / self.tree_rounds:.1f} nodes/round, "
                          f"{self.tree_branch_wins}/{self.tree_rounds} rounds won by a non-first branch")
+        if self.prediction_counts is not None:
+            parts.append(f"prediction: {self.prediction_counts[0]} tokens accepted, {self.prediction_counts[1]} rejected")
         if self.speculation_note:
             parts.append(self.speculation_note)
         return " | ".join(parts)

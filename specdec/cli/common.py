@@ -223,7 +223,7 @@ def apply_config(args: argparse.Namespace, typed: set[str]) -> None:
             setattr(args, key, value)
 
 
-def _file_or_text(value: str) -> str:
+def file_or_text(value: str) -> str:
     """A flag that takes a file or the text itself: an existing file is read."""
     from pathlib import Path
 
@@ -235,11 +235,11 @@ def structured_from_args(args: argparse.Namespace):  # noqa: ANN201 - Structured
     from specdec.structured import StructuredOutput
 
     if args.json_schema is not None:
-        return StructuredOutput(json_schema=_file_or_text(args.json_schema))
+        return StructuredOutput(json_schema=file_or_text(args.json_schema))
     if args.json_object or args.regex is not None or args.choice or args.grammar is not None:
         return StructuredOutput(json_object=args.json_object, regex=args.regex,
                                 choice=tuple(args.choice) if args.choice else None,
-                                grammar=None if args.grammar is None else _file_or_text(args.grammar))
+                                grammar=None if args.grammar is None else file_or_text(args.grammar))
     return None
 
 

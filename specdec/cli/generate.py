@@ -5,11 +5,12 @@ decoding on the same prompt and checks, under greedy, that the texts are identic
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, execution_modes, kernels_in_use,
-                                pages_in_use, sampling_from_args, spec_from_args)
+                                pages_in_use, sampling_from_args, spec_from_args, file_or_text)
 from specdec.cpu import cpu_description
 
 
@@ -20,6 +21,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_model_args(gen)
     add_sampling_args(gen)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
+    gen.add_argument("--prediction", metavar="FILE_OR_TEXT", default=None,
+                     help="the output expected, largely (OpenAI's Predicted Outputs): a file being edited, an earlier answer "
+                          "being revised — a file, or the text itself. The draft_suffix and suffix methods draft from it; "
+                          "the output is the same with or without it, only faster where it is right")
     gen.add_argument("--compare-plain", action="store_true",
                      help="also run plain decoding on the same prompt and report the speedup (and, under greedy, whether the texts are identical)")
     gen.add_argument("--json", action="store_true", help="print the statistics as one JSON object on stderr")
@@ -36,10 +41,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     import specdec
+    from specdec.drafters.registry import all_methods, method_info
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = sampling_from_args(args)
     spec = spec_from_args(args)
+    if args.prediction is not None:
+        params = dataclasses.replace(params, prediction=file_or_text(args.prediction))
+        if spec.method is None or not method_info(spec.method).reads_prediction:
+            readers = ", ".join(info.name for info in all_methods() if info.reads_prediction)
+            print(f"warning: --prediction is not used by {spec.method or 'plain decoding'} (methods that draft from it: "
+                  f"{readers})", file=sys.stderr)
     target_mode, draft_mode, plan = execution_modes(args, spec.method)
     if plan is not None and args.explain:
         print(plan.explain(), file=sys.stderr)

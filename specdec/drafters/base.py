@@ -151,6 +151,9 @@ class DrafterResources:
     #: structured output: the request's grammar state, shared with the engine; model drafters mask
     #: their distribution with it (see :mod:`specdec.structured`)
     constraint: "GrammarConstraint | None" = None
+    #: the request's predicted output as token ids (``SamplingParams.prediction``, tokenized; empty
+    #: without one); drafters that draft from text read it (:mod:`specdec.prediction`)
+    prediction_ids: tuple[int, ...] = ()
 
 
 class Drafter:
@@ -177,6 +180,13 @@ class Drafter:
     def weight_bytes(self) -> int:
         """Bytes of draft weights read per draft-model forward (0 for table-based drafters)."""
         return 0
+
+    @property
+    def prediction_counts(self) -> tuple[int, int] | None:
+        """``(accepted, rejected)``: tokens drafted from the request's predicted output that the target
+        kept, and that it checked and did not keep (OpenAI's ``accepted_prediction_tokens`` /
+        ``rejected_prediction_tokens``); None when this drafter does not read a prediction."""
+        return None
 
     @property
     def step_seconds(self) -> float | None:
@@ -256,3 +266,5 @@ class MethodInfo:
     needs_draft_model: bool = False
     needs_torch_backend: bool = False
     options: tuple[str, ...] = ("num_speculative_tokens",)
+    #: drafts from the request's predicted output (``SamplingParams.prediction``) too
+    reads_prediction: bool = False

@@ -42,17 +42,18 @@ class SuffixAssistedDrafter(Drafter):
     #: a trusted suffix proposal still does, and the draft model is not run for k = 0
     has_free_tokens = True
 
-    def __init__(self, draft: DraftModelDrafter, suffix: SuffixDrafter, max_tokens: int,
-                 suffix_trust: float = DEFAULT_SUFFIX_TRUST) -> None:
+    def __init__(self, draft: DraftModelDrafter, suffix: SuffixDrafter, suffix_trust: float = DEFAULT_SUFFIX_TRUST) -> None:
         self.draft = draft
         self.suffix = suffix
-        self.max_tokens = max_tokens  # longest suffix proposal (the request's γ maximum)
         self.suffix_trust = suffix_trust
         self._last: SuffixDrafter | DraftModelDrafter | None = None  # who proposed this round
         self.suffix_rounds = 0
         self.draft_rounds = 0
         self.taken_over = 0  # draft-model rounds the suffix table finished
         self._context: list[int] = []
+        #: this round's take-over, when the table finished a draft-model round: (its offset in the
+        #: draft, its tokens, which came from the request's prediction) — to count the prediction's use
+        self._taken: tuple[int, list[int], list[bool]] | None = None
         draft.take_over = self._take_over
 
     @property
@@ -70,6 +71,10 @@ class SuffixAssistedDrafter(Drafter):
     def catch_up_seconds(self, context_len: int) -> float:
         return self.draft.catch_up_seconds(context_len)
 
+    @property
+    def prediction_counts(self) -> tuple[int, int] | None:
+        return self.suffix.prediction_counts
+
     def start(self, prompt_ids: list[int]) -> None:
         self.suffix.start(prompt_ids)
         self.draft.start(prompt_ids)
@@ -79,7 +84,7 @@ class SuffixAssistedDrafter(Drafter):
         return run_now(self.propose_steps(context_ids, k))
 
     def propose_steps(self, context_ids: list[int], k: int) -> Generator[ModelCall, torch.Tensor, Draft]:
-        copied = self.suffix.propose(context_ids, max(k, self.max_tokens))
+        copied = self.suffix.propose(context_ids, k)  # as long as it is sure of, up to its max_tokens
         if copied.prefix_accept and copied.prefix_accept[0] >= self.suffix_trust:
             self._last = self.suffix
             self.suffix_rounds += 1
@@ -90,14 +95,16 @@ class SuffixAssistedDrafter(Drafter):
         self._last = self.draft
         self.draft_rounds += 1
         self._context = context_ids
+        self._taken = None
         return (yield from self.draft.propose_steps(context_ids, k))
 
     def _take_over(self, drafted: list[int], room: int) -> list[int]:
         """Mid-round: once the draft model's tokens lead into a trusted match, the table finishes
         the round (its tokens cost no draft step)."""
-        copied, _ = self.suffix.continuation(self._context[-self.suffix.local.max_depth :] + drafted, room)
+        copied, _, predicted = self.suffix.continuation(self._context[-self.suffix.local.max_depth :] + drafted, room)
         if copied.prefix_accept and copied.prefix_accept[0] >= self.suffix_trust:
             self.taken_over += 1
+            self._taken = (len(drafted), copied.tokens, predicted)
             return copied.tokens
         return []
 
@@ -106,7 +113,10 @@ class SuffixAssistedDrafter(Drafter):
         # its next propose() (the draft model feeds them as one chunk, the suffix table counts them)
         if self._last is not None:
             self._last.accepted(num_accepted, next_token)
-        self._last = None
+        if self._last is self.draft and self._taken is not None and num_accepted >= self._taken[0]:
+            offset, tokens, predicted = self._taken
+            self.suffix.count_prediction(tokens, predicted, num_accepted - offset, next_token)
+        self._last, self._taken = None, None
 
     def accepted_path(self, path: list[int], next_token: int) -> None:
         """After a tree (``spec_tree``: both parts grow trees; whichever proposed rolls its state)."""
@@ -123,9 +133,9 @@ def make_suffix_assisted_drafter(res: DrafterResources) -> SuffixAssistedDrafter
     """Needs a draft model (``--draft-model``) like ``draft_model``; the suffix table is the shared one."""
     draft = make_draft_model_drafter(res)
     suffix = make_suffix_drafter(res)
-    return SuffixAssistedDrafter(draft, suffix, res.spec.max_speculative_tokens, DEFAULT_SUFFIX_TRUST)
+    return SuffixAssistedDrafter(draft, suffix, DEFAULT_SUFFIX_TRUST)
 
 
 METHODS = (MethodInfo("draft_suffix", make_suffix_assisted_drafter,
                       "the draft model, except where the suffix table is sure of the continuation",
-                      needs_draft_model=True, options=DRAFT_MODEL_OPTIONS),)
+                      needs_draft_model=True, options=DRAFT_MODEL_OPTIONS, reads_prediction=True),)

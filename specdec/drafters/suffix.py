@@ -23,6 +23,7 @@ import threading
 from collections import Counter, OrderedDict
 
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
+from specdec.prediction import count_prediction
 from specdec.tree import children
 
 
@@ -115,11 +116,21 @@ SUFFIX_TREE_BRANCHES = 3
 
 class SuffixDrafter(Drafter):
     name = "suffix"
+    #: its tokens cost no model step: the engine asks whatever γ its controller chose (a controller
+    #: that never measures a draft step would keep choosing 1), and it proposes up to ``max_tokens``
+    #: with ``prefix_accept``, so the engine's cost model picks the length verified
+    has_free_tokens = True
 
     def __init__(self, cache: GlobalSuffixCache | None = None, max_depth: int = 8, min_confidence: float = 0.1,
-                 tree_nodes: int = 0) -> None:
+                 tree_nodes: int = 0, prediction: tuple[int, ...] = (), max_tokens: int = 0) -> None:
+        self.max_tokens = max_tokens  # the longest proposal whatever k a round asks (the request's γ maximum)
         self.cache = cache if cache is not None else GlobalSuffixCache(max_depth)
         self.local = FrequencyTable(max_depth)
+        #: the request's predicted output (:mod:`specdec.prediction`), a table of its own so that what
+        #: is drafted from it can be counted (filled by :meth:`start`); None without one
+        self.prediction = list(prediction)
+        self.predicted: FrequencyTable | None = FrequencyTable(max_depth) if prediction else None
+        self.prediction_accepted = self.prediction_rejected = 0
         self.min_confidence = min_confidence
         #: > 0: propose token trees of up to this many nodes (every continuation the tables saw,
         #: likeliest first, as SuffixDecoding's suffix trees do); 0: chains
@@ -134,6 +145,7 @@ class SuffixDrafter(Drafter):
         self.match_accepts = [PRIOR_WEIGHT * MATCH_PRIOR[min(b, len(MATCH_PRIOR) - 1)] for b in range(buckets)]
         self.match_trials = [PRIOR_WEIGHT] * buckets
         self.proposed_depths: list[int] = []  # match length behind each token of the last proposal
+        self.proposed_predicted: list[bool] = []  # which of them the prediction's table proposed
         self.proposed: list[int] = []
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -141,19 +153,32 @@ class SuffixDrafter(Drafter):
         self.tokens = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
         self.local.add(self.tokens)
+        if self.predicted is not None:
+            # the prediction is the expected output from its first token: it follows the prompt's last
+            # tokens, so they are its first token's context (else that token could not be drafted)
+            tail = self.tokens[-self.local.max_depth :]
+            self.predicted = FrequencyTable(self.local.max_depth)
+            self.predicted.add(tail + self.prediction, start=len(tail))
+            self.prediction_accepted = self.prediction_rejected = 0
         self._reset_rates()
 
-    def _predict(self, tokens: list[int], choices: int = 1) -> tuple[list[tuple[int, float]], int] | None:
-        """The likeliest next tokens with their acceptance estimates, and the match length behind
-        them, from the longer match of the two tables (the larger top share on a tie)."""
-        local, shared = self.local.predict(tokens, choices), self.cache.predict(tokens, choices)
-        candidates = [c for c in (local, shared) if c is not None]
+    @property
+    def prediction_counts(self) -> tuple[int, int] | None:
+        return None if self.predicted is None else (self.prediction_accepted, self.prediction_rejected)
+
+    def _predict(self, tokens: list[int], choices: int = 1) -> tuple[list[tuple[int, float]], int, bool] | None:
+        """The likeliest next tokens with their acceptance estimates, the match length behind them
+        and whether the prediction's table gave them: from the longest match of the tables (the
+        larger top share on a tie; the prediction first among equals, so its tokens count as its)."""
+        tables = ((self.predicted, True), (self.local, False), (self.cache, False))
+        candidates = [(found, from_prediction) for table, from_prediction in tables
+                      if table is not None and (found := table.predict(tokens, choices)) is not None]
         if not candidates:
             return None
-        ranked, depth = max(candidates, key=lambda c: (c[1], c[0][0][1]))
+        (ranked, depth), from_prediction = max(candidates, key=lambda c: (c[0][1], c[0][0][0][1]))
         bucket = self._bucket(depth)
         rate = self.match_accepts[bucket] / self.match_trials[bucket]
-        return [(token, share * rate) for token, share in ranked], depth
+        return [(token, share * rate) for token, share in ranked], depth, from_prediction
 
     def _bucket(self, depth: int) -> int:
         return min(depth, len(self.match_trials)) - 1  # the shared cache may keep longer contexts
@@ -163,43 +188,47 @@ class SuffixDrafter(Drafter):
             start = len(self.tokens)
             self.tokens.extend(context_ids[start:])
             self.local.add(self.tokens, start=start)
+        k = max(k, self.max_tokens)
         if self.tree_nodes:
-            draft, self.proposed_depths = self.continuation_tree(self.tokens, k, self.tree_nodes)
+            draft, self.proposed_depths, self.proposed_predicted = self.continuation_tree(self.tokens, k, self.tree_nodes)
         else:
-            draft, self.proposed_depths = self.continuation(self.tokens, k)
+            draft, self.proposed_depths, self.proposed_predicted = self.continuation(self.tokens, k)
         self.proposed, self.proposed_parents = draft.tokens, draft.parents
         return draft
 
-    def continuation(self, tokens: list[int], k: int) -> tuple[Draft, list[int]]:
+    def continuation(self, tokens: list[int], k: int) -> tuple[Draft, list[int], list[bool]]:
         """Up to ``k`` tokens to follow ``tokens`` (the committed ones, or those plus tokens another
-        drafter proposed) from the tables as they are, and the match length behind each; learns
-        nothing from ``tokens``, so uncommitted tokens never enter the tables."""
+        drafter proposed) from the tables as they are, the match length behind each and whether the
+        prediction gave it; learns nothing from ``tokens``, so uncommitted tokens never enter the tables."""
         walk = list(tokens[-self.local.max_depth :])
         proposal: list[int] = []
         prefix_accept: list[float] = []
         depths: list[int] = []
+        predicted: list[bool] = []
         score = 1.0  # estimated probability that the whole proposal so far is accepted
         while len(proposal) < k:
             prediction = self._predict(walk)
             if prediction is None:
                 break
-            [(token, confidence)], depth = prediction
+            [(token, confidence)], depth, from_prediction = prediction
             score *= confidence
             if score < self.min_confidence:
                 break
             proposal.append(token)
             prefix_accept.append(score)
             depths.append(depth)
+            predicted.append(from_prediction)
             walk = (walk + [token])[-self.local.max_depth :]
-        return Draft(tokens=proposal, prefix_accept=prefix_accept), depths
+        return Draft(tokens=proposal, prefix_accept=prefix_accept), depths, predicted
 
-    def continuation_tree(self, tokens: list[int], max_depth: int, max_nodes: int) -> tuple[Draft, list[int]]:
+    def continuation_tree(self, tokens: list[int], max_depth: int, max_nodes: int) -> tuple[Draft, list[int], list[bool]]:
         """A tree of up to ``max_nodes`` tokens, ``max_depth`` deep, to follow ``tokens``: best first
         over every continuation the tables know (a node's estimate is its path's product), each
-        node added before its children; and the match length behind each node."""
-        tokens_, parents, estimates, depths, levels = [], [], [], [], []
+        node added before its children; the match length behind each node and whether the
+        prediction gave it."""
+        tokens_, parents, estimates, depths, levels, predicted = [], [], [], [], [], []
         walks: list[list[int]] = []
-        frontier: list[tuple[float, int, int, int, int]] = []  # (-estimate, order, parent, token, match)
+        frontier: list[tuple[float, int, int, int, int, bool]] = []  # (-estimate, order, parent, token, match, predicted)
         order = 0
 
         def expand(parent: int, walk: list[int], score: float) -> None:
@@ -207,27 +236,28 @@ class SuffixDrafter(Drafter):
             prediction = self._predict(walk, choices=SUFFIX_TREE_BRANCHES)
             if prediction is None:
                 return
-            ranked, depth = prediction
+            ranked, depth, from_prediction = prediction
             for token, confidence in ranked:
                 if score * confidence >= self.min_confidence:
-                    heapq.heappush(frontier, (-score * confidence, order, parent, token, depth))
+                    heapq.heappush(frontier, (-score * confidence, order, parent, token, depth, from_prediction))
                     order += 1
 
         root_walk = list(tokens[-self.local.max_depth :])
         expand(-1, root_walk, 1.0)
         while frontier and len(tokens_) < max_nodes:
-            negative, _, parent, token, depth = heapq.heappop(frontier)
+            negative, _, parent, token, depth, from_prediction = heapq.heappop(frontier)
             node = len(tokens_)
             tokens_.append(token)
             parents.append(parent)
             estimates.append(-negative)
             depths.append(depth)
+            predicted.append(from_prediction)
             walk = ((walks[parent] if parent >= 0 else root_walk) + [token])[-self.local.max_depth :]
             walks.append(walk)
             levels.append(1 if parent < 0 else levels[parent] + 1)
             if levels[node] < max_depth:
                 expand(node, walk, -negative)
-        return Draft(tokens=tokens_, prefix_accept=estimates, parents=parents), depths
+        return Draft(tokens=tokens_, prefix_accept=estimates, parents=parents), depths, predicted
 
     def accepted_path(self, path: list[int], next_token: int) -> None:
         """Match-length rates after a tree: every node on the accepted path was right; the siblings
@@ -241,22 +271,35 @@ class SuffixDrafter(Drafter):
             for child in kids.get(parent, []):
                 if child == node:
                     break
-                self._trial(self.proposed_depths[child], right=False)
+                self._trial(child, right=False)
             if node is None:
                 break
-            self._trial(self.proposed_depths[node], right=True)
+            self._trial(node, right=True)
             parent = node
 
-    def _trial(self, depth: int, right: bool) -> None:
-        self.match_trials[self._bucket(depth)] += 1
-        self.match_accepts[self._bucket(depth)] += right
+    def _trial(self, node: int, right: bool) -> None:
+        """Proposed token ``node`` was tried: right or wrong (its match length's rate and, when the
+        prediction gave it, the prediction's counts)."""
+        bucket = self._bucket(self.proposed_depths[node])
+        self.match_trials[bucket] += 1
+        self.match_accepts[bucket] += right
+        if self.proposed_predicted[node]:
+            self.prediction_accepted += right
+            self.prediction_rejected += not right
+
+    def count_prediction(self, tokens: list[int], predicted: list[bool], num_accepted: int, next_token: int) -> None:
+        """Count the prediction's tokens among ``tokens``, which another drafter proposed from this
+        table's :meth:`continuation` (draft_suffix's take-over): the first ``num_accepted`` kept."""
+        accepted, rejected = count_prediction(tokens, predicted, num_accepted, next_token)
+        self.prediction_accepted += accepted
+        self.prediction_rejected += rejected
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
         """Update the per-match-length acceptance rates: tokens before ``num_accepted`` were right,
         the one at it was right iff the target committed it (the engine may have cut the draft
         there, unverified), later ones were not tried. Committed tokens arrive with the next propose()."""
-        for position, depth in enumerate(self.proposed_depths[: num_accepted + 1]):
-            self._trial(depth, right=position < num_accepted or self.proposed[position] == next_token)
+        for position in range(min(num_accepted + 1, len(self.proposed))):
+            self._trial(position, right=position < num_accepted or self.proposed[position] == next_token)
 
     def finish(self) -> None:
         if len(self.tokens) > self.prompt_len:  # learn this output (with the prompt's tail as context)
@@ -277,10 +320,10 @@ def make_suffix_drafter(res: DrafterResources) -> SuffixDrafter:
     A seeded sampled request gets a cache of its own instead: what the shared one proposes depends on
     the requests before it, and the random draws a round makes on its draft, so the same seed would
     not give the same text twice in one process (greedy output never depends on the draft)."""
-    if res.params.is_seeded_sampling:
-        return SuffixDrafter(cache=GlobalSuffixCache(), tree_nodes=tree_nodes_for(res))
-    return SuffixDrafter(cache=global_cache_for(vocabulary_key(res.tokenizer, res.target_backend.config.vocab_size)),
-                         tree_nodes=tree_nodes_for(res))
+    cache = (GlobalSuffixCache() if res.params.is_seeded_sampling
+             else global_cache_for(vocabulary_key(res.tokenizer, res.target_backend.config.vocab_size)))
+    return SuffixDrafter(cache=cache, tree_nodes=tree_nodes_for(res), prediction=res.prediction_ids,
+                         max_tokens=res.spec.max_speculative_tokens)
 
 
 def vocabulary_key(tokenizer, vocab_size: int) -> str:  # noqa: ANN001 - Tokenizer | None
@@ -292,4 +335,4 @@ def vocabulary_key(tokenizer, vocab_size: int) -> str:  # noqa: ANN001 - Tokeniz
 
 METHODS = (MethodInfo("suffix", make_suffix_drafter,
                       "suffix decoding over this request and a process-wide cache of earlier outputs",
-                      options=("num_speculative_tokens", "spec_tree")),)
+                      options=("num_speculative_tokens", "spec_tree"), reads_prediction=True),)

@@ -142,7 +142,7 @@ def create_app(state: ServerState) -> FastAPI:
         req, raw = await parse(request, ChatCompletionRequest if chat else CompletionRequest)
         if chat and not req.messages:
             raise APIError(400, "messages must not be empty", param="messages")
-        prompts = [[m.model_dump() for m in req.messages]] if chat else completion_prompts(req.prompt)
+        prompts = [[m.for_template() for m in req.messages]] if chat else completion_prompts(req.prompt)
         choices = []  # (prompt ids, sampling parameters) of each choice, OpenAI's order: by prompt, then n
         for prompt in prompts:
             prompt_ids, params = checked_prompt(req, prompt)

@@ -80,6 +80,9 @@ def combined_usage(jobs: list[Job], n: int = 1) -> dict[str, Any]:
     usage = usages[0]
     usage.update(prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion,
                  prompt_tokens_details={"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in prompts)})
+    if "completion_tokens_details" in usage:
+        usage["completion_tokens_details"] = {key: sum(u["completion_tokens_details"][key] for u in usages)
+                                              for key in usage["completion_tokens_details"]}
     spec = usage["speculative"]
     for key in ("draft_tokens", "accepted_tokens", "tokens_per_s"):  # the choices ran side by side: rates add up
         spec[key] = sum(choice[key] for choice in choices)
@@ -239,6 +242,9 @@ class Job:
 
     def usage(self) -> dict[str, Any]:
         usage = usage_body(self.stats)
+        if self.params.prediction is not None:  # OpenAI's figures of a request with a prediction
+            accepted, rejected = self.stats.prediction_counts or (0, 0)  # (0, 0): the method does not read it
+            usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}
         if self.audit_result is not None:
             usage["speculative"]["audit"] = self.audit_result
         return usage

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
-from specdec.server.schemas import ChatCompletionRequest, CompletionRequest
+from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, joined_text
 from specdec.structured import StructuredOutput, schema_text
 
 #: at most this many stop strings per request, each at most MAX_STOP_CHARS long: every step checks
@@ -53,6 +53,7 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
                               frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
                               logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens,
                               stop_token_ids=list(req.stop_token_ids or []),
+                              prediction=None if req.prediction is None else joined_text(req.prediction.content),
                               prompt_logprobs=logprobs if isinstance(req, CompletionRequest) and req.echo else None)
     except SpecdecError as exc:
         raise APIError(400, str(exc), param=_field_named(str(exc))) from None

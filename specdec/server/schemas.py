@@ -48,6 +48,29 @@ class StructuredOutputs(BaseModel):
     grammar: Optional[str] = None
 
 
+class TextPart(BaseModel):
+    """One part of a message's content in OpenAI's list form (text only: this server reads no images
+    or audio, and a request with such a part gets a 400 naming it, not an answer that ignored it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+def joined_text(content: Union[str, list[TextPart]]) -> str:
+    """A content field as one string: the text itself, or its parts' texts one after the other."""
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: ``{"type": "content", "content": ...}``, the text the output is
+    expected to largely repeat (:mod:`specdec.prediction`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["content"]
+    content: Union[str, list[TextPart]]
+
+
 class StreamOptions(BaseModel):
     """OpenAI's ``stream_options``: ``include_usage`` adds a last chunk with the whole request's usage."""
 
@@ -83,6 +106,8 @@ class _SamplingFields(BaseModel):
     logit_bias: Optional[dict[str, float]] = None
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None
+    #: OpenAI's Predicted Outputs: drafted from, so faster where right; the output is the same
+    prediction: Optional[Prediction] = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -96,7 +121,14 @@ class CompletionRequest(_SamplingFields):
 
 class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str
+    #: a string, or OpenAI's list of content parts (text parts only)
+    content: Union[str, list[TextPart]]
+    #: OpenAI's participant name: accepted; chat templates (Qwen's, Llama's) do not render it
+    name: Optional[str] = None
+
+    def for_template(self) -> dict[str, str]:
+        """The message as a chat template reads it: role and one string of content."""
+        return {"role": self.role, "content": joined_text(self.content)}
 
 
 class ChatCompletionRequest(_SamplingFields):
