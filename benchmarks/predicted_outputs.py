@@ -6,7 +6,7 @@ configurations interleaved per prompt, every output checked identical to plain d
 
 Two workloads, each a realistic reason to have a prediction:
 
-* ``edit`` (HumanEval): a chat request asks the model to rename a function in the code it is given
+* ``edit`` (HumanEval; ends at the model's end of turn, at most ``--max-tokens``): a chat request asks the model to rename a function in the code it is given
   (the HumanEval prompt with its canonical solution); the prediction is that code with the name
   replaced — what an editor sends. The code is in the prompt too, so this measures what the
   prediction adds to a drafter that already copies from the prompt (``draft_suffix``).
@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import specdec  # noqa: E402
 import specdec.api  # noqa: E402
+import specdec.config  # noqa: E402
 from specdec.bench.datasets import default_data_dir, load_prompts  # noqa: E402
 from specdec.cpu import cpu_description  # noqa: E402
 from specdec.drafters.suffix import clear_global_caches  # noqa: E402
@@ -62,12 +63,16 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=6, help="prompts per workload (default: 6)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--workloads", default="edit,revise-humaneval,revise-mt_bench")
+    parser.add_argument("--max-predicted", type=int, default=specdec.config.AUTO_MAX_PREDICTED_TOKENS,
+                        help="γ=auto's longest round from a prediction (default: the library's)")
     args = parser.parse_args()
+    specdec.config.AUTO_MAX_PREDICTED_TOKENS = args.max_predicted
 
     target = specdec.load_model(args.model, quantize=args.quantize)
     draft = specdec.load_model(args.draft_model, quantize=args.draft_quantize)
     print(f"# {args.model} {target.backend.mode} + {args.draft_model} {draft.backend.mode}; CPU: {cpu_description()}; "
-          f"greedy, {args.max_tokens} tokens (EOS ignored), γ=auto, {args.limit} prompts a workload", flush=True)
+          f"greedy, {args.max_tokens} tokens (EOS ignored but in edits), γ=auto (≤ {args.max_predicted} tokens a round from a prediction), "
+          f"{args.limit} prompts a workload", flush=True)
     spec = specdec.SpecConfig(method="draft_suffix", num_speculative_tokens="auto")
     configs = {"plain": (None, False), "draft_suffix": (spec, False), "draft_suffix + prediction": (spec, True),
                "suffix + prediction (no draft model)": (specdec.SpecConfig(method="suffix", num_speculative_tokens="auto"), True)}
@@ -78,12 +83,14 @@ def main() -> None:
             plain_ids = None
             for name, (config, predicted) in configs.items():
                 clear_global_caches()  # each run drafts from its own prompt and prediction only
-                params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True,
+                # an edit ends where the code does (EOS honoured); revisions run max_tokens (EOS ignored)
+                params = specdec.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=workload != "edit",
                                                 prediction=prediction if predicted else None)
                 result = specdec.generate(target, prompt, params, draft=draft if config else None, spec=config, chat=chat)
                 plain_ids = result.token_ids if plain_ids is None else plain_ids
                 stats = result.stats
                 results[name].append({"speed": stats.tokens_per_s, "tau": stats.mean_accepted_len,
+                                      "e2e": stats.generated_tokens / stats.total_time_s,
                                       "identical": result.token_ids == plain_ids, "counts": stats.prediction_counts,
                                       "gbs": stats.achieved_gb_per_s})
             print(f"  {workload} {case_id}: " + ", ".join(f"{name} {r[-1]['speed']:.1f}" for name, r in results.items()),
@@ -107,13 +114,15 @@ def cases_for(workload: str, limit: int, target: specdec.api.LoadedModel, max_to
 
 def report(workload: str, results: dict[str, list[dict]]) -> None:
     plain = [r["speed"] for r in results["plain"]]
-    print(f"\n## {workload}\n\n| config | decode tok/s | × plain | τ | GB/s | prediction tokens accepted / rejected | identical |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\n## {workload}\n\n| config | decode tok/s | × plain | end-to-end × plain | τ | GB/s | "
+          "prediction tokens accepted / rejected | identical |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, rows in results.items():
         ratio = statistics.median(r["speed"] / p for r, p in zip(rows, plain))
         counts = [r["counts"] for r in rows if r["counts"] is not None]
         kept = f"{sum(c[0] for c in counts)} / {sum(c[1] for c in counts)}" if counts else "–"
-        print(f"| {name} | {statistics.median(r['speed'] for r in rows):.1f} | {ratio:.2f} | "
+        e2e = statistics.median(r["e2e"] / p["e2e"] for r, p in zip(rows, results["plain"]))
+        print(f"| {name} | {statistics.median(r['speed'] for r in rows):.1f} | {ratio:.2f} | {e2e:.2f} | "
               f"{statistics.median(r['tau'] for r in rows):.2f} | {statistics.median(r['gbs'] for r in rows):.1f} | {kept} | "
               f"{sum(r['identical'] for r in rows)}/{len(rows)} |", flush=True)
 

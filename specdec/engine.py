@@ -147,10 +147,13 @@ def generate_steps(
     context_len = target.config.max_position_embeddings
     vocab_size = target.config.vocab_size  # drafted ids outside it are cut (Draft.clipped)
     check_context(len(prompt_ids), params.max_tokens, context_len)
-    max_k = spec.max_speculative_tokens if drafter is not None else 0
-    max_nodes = spec.tree_nodes(params.is_greedy, target.step_seconds) if drafter is not None else 0  # 0: chains
+    max_k = spec.max_speculative_tokens if drafter is not None else 0  # a model drafter's γ at most
+    # the longest chain (or deepest tree) a round verifies: longer for a predicted output's table tokens
+    predicted = drafter is not None and drafter.prediction_counts is not None
+    max_room = spec.max_draft_tokens(predicted) if drafter is not None else 0
+    max_nodes = spec.tree_nodes(params.is_greedy, target.step_seconds, predicted) if drafter is not None else 0  # 0: chains
     alternatives = max_nodes > 0 and not params.is_greedy  # sampled chains become trees (specdec.alternatives)
-    cache_len = min(len(prompt_ids) + params.max_tokens + max(max_k, max_nodes) + 1, context_len)
+    cache_len = min(len(prompt_ids) + params.max_tokens + max(max_room, max_nodes) + 1, context_len)
     generator = generator or make_generator(params.seed, target.device)
 
     stop_ids = frozenset(params.stop_token_ids)
@@ -233,7 +236,7 @@ def generate_steps(
             committed, prompt_scores = [], None
         while out.finish_reason is None:
             remaining = params.max_tokens - len(out.token_ids)
-            room = max(0, min(max_k, remaining - 1, context_len - len(context)))
+            room = max(0, min(max_room, remaining - 1, context_len - len(context)))
             k = min(gamma.choose() if gamma is not None else max_k, room) if drafting_pays else 0
             cap = speculate() if speculate is not None else None
             nodes = max_nodes  # this round's tree budget

@@ -235,11 +235,14 @@ class Drafter:
 DrafterFactory = Callable[[DrafterResources], Drafter]
 
 
-def tree_nodes_for(res: DrafterResources) -> int:
+def tree_nodes_for(res: DrafterResources, reads_prediction: bool = False) -> int:
     """How many nodes a drafter that can branch may put in a tree (0: propose chains): the
-    configuration's budget, except under a grammar (structured output cuts and extends drafts as
-    chains, so the engine would verify only a tree's first path)."""
-    return res.spec.tree_nodes(res.params.is_greedy, res.target_backend.step_seconds) if res.constraint is None else 0
+    configuration's budget (``reads_prediction``: for a drafter that drafts from the request's
+    predicted output, when it has one), except under a grammar (structured output cuts and extends
+    drafts as chains, so the engine would verify only a tree's first path)."""
+    if res.constraint is not None:
+        return 0
+    return res.spec.tree_nodes(res.params.is_greedy, res.target_backend.step_seconds, reads_prediction and bool(res.prediction_ids))
 
 
 def model_tree_nodes_for(res: DrafterResources) -> int:

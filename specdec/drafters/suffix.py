@@ -322,8 +322,8 @@ def make_suffix_drafter(res: DrafterResources) -> SuffixDrafter:
     not give the same text twice in one process (greedy output never depends on the draft)."""
     cache = (GlobalSuffixCache() if res.params.is_seeded_sampling
              else global_cache_for(vocabulary_key(res.tokenizer, res.target_backend.config.vocab_size)))
-    return SuffixDrafter(cache=cache, tree_nodes=tree_nodes_for(res), prediction=res.prediction_ids,
-                         max_tokens=res.spec.max_speculative_tokens)
+    return SuffixDrafter(cache=cache, tree_nodes=tree_nodes_for(res, reads_prediction=True), prediction=res.prediction_ids,
+                         max_tokens=res.spec.max_draft_tokens(bool(res.prediction_ids)))
 
 
 def vocabulary_key(tokenizer, vocab_size: int) -> str:  # noqa: ANN001 - Tokenizer | None
