@@ -170,8 +170,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The prompt text the model's own chat template produces for ``messages``."""
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text the model's own chat template produces for ``messages`` (and ``tools``:
+        OpenAI-shaped function tools, which templates that know tools describe to the model)."""
         if not self.chat_template:
             raise SpecdecError("this model has no chat template; pass a plain prompt (without --chat)")
         for message in messages:
@@ -179,14 +181,15 @@ class Tokenizer:
                 raise SpecdecError("each chat message needs 'role' and 'content'")
         try:
             return self.hf.apply_chat_template(
-                messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=False
-            )
+                messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=False,
+                tools=tools)
         except Exception as exc:  # jinja2 errors, including raise_exception() inside templates
             raise SpecdecError(f"the chat template rejected these messages: {_one_line(exc)}") from exc
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
         # the template already writes every special token: encode() must not add a BOS again
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools), add_special_tokens=False)
 
     def tokens(self) -> list[str]:
         """Token string of every id (to check that two tokenizers agree id by id). Built once: the

@@ -31,6 +31,7 @@ from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage,
                                  merged_chunks)
 from specdec.server.state import ServerState
 from specdec.server.params import APIError, sampling_params
+from specdec.server.tools import ToolTextFilter, chat_prompt, streamed_delta
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
@@ -142,7 +143,12 @@ def create_app(state: ServerState) -> FastAPI:
         req, raw = await parse(request, ChatCompletionRequest if chat else CompletionRequest)
         if chat and not req.messages:
             raise APIError(400, "messages must not be empty", param="messages")
-        prompts = [[m.for_template() for m in req.messages]] if chat else completion_prompts(req.prompt)
+        calls = None  # the tool names outputs are parsed for (server/tools.py); None: no tools
+        if chat:
+            prompt, calls = chat_prompt(state.target.tokenizer, req)
+            prompts = [prompt]
+        else:
+            prompts = completion_prompts(req.prompt)
         choices = []  # (prompt ids, sampling parameters) of each choice, OpenAI's order: by prompt, then n
         for prompt in prompts:
             prompt_ids, params = checked_prompt(req, prompt)
@@ -159,7 +165,7 @@ def create_app(state: ServerState) -> FastAPI:
         jobs = await open_jobs(choices, spec, audit)
         if req.stream:
             total_usage = req.stream_options is not None and req.stream_options.include_usage
-            return StreamingResponse(stream_events(jobs, chat, endpoint, req.n, total_usage), media_type="text/event-stream",
+            return StreamingResponse(stream_events(jobs, chat, endpoint, req.n, total_usage, calls), media_type="text/event-stream",
                                      headers={"x-specdec-instance": state.instance})
         try:
             await asyncio.gather(*(job.run_to_end() for job in jobs))
@@ -169,7 +175,7 @@ def create_app(state: ServerState) -> FastAPI:
         finally:
             close_jobs(jobs)
         state.metrics.requests.labels(endpoint, "200").inc()
-        return JSONResponse(full_response(jobs, chat, req.n), headers={"x-specdec-instance": state.instance})
+        return JSONResponse(full_response(jobs, chat, req.n, calls), headers={"x-specdec-instance": state.instance})
 
     def checked_prompt(req: CompletionRequest | ChatCompletionRequest, prompt: Any) -> tuple[list[int], SamplingParams]:
         """One prompt's token ids and sampling parameters (its length sets the default max_tokens), or
@@ -243,22 +249,29 @@ def create_app(state: ServerState) -> FastAPI:
         assert state.slots is not None
         state.slots.release()
 
-    async def stream_events(jobs: list[Job], chat: bool, endpoint: str, n: int, total_usage: bool) -> AsyncIterator[str]:
+    async def stream_events(jobs: list[Job], chat: bool, endpoint: str, n: int, total_usage: bool,
+                            calls: frozenset[str] | None = None) -> AsyncIterator[str]:
         """The choices' chunks as they come (each names its choice's index); a choice's last chunk
         carries its usage, and with ``stream_options.include_usage`` one more chunk (no choices)
-        the whole request's, as OpenAI sends it."""
+        the whole request's, as OpenAI sends it. With tools (``calls``) text that may be a call is
+        held back and the calls go out whole in the last chunk (server/tools.py)."""
         try:
             if chat:
                 for index, job in enumerate(jobs):
                     yield sse(chunk_body(job, chat, {"role": "assistant", "content": ""}, None, index, jobs[0].id))
             unechoed = {index for index, job in enumerate(jobs) if job.echo_text}
+            filters = [ToolTextFilter(calls) for _ in jobs] if calls is not None else None
             async for index, chunk in merged_chunks(jobs):
                 job = jobs[index]
                 echo = job.echo_text if index in unechoed else ""
                 unechoed.discard(index)
+                finish_reason = chunk.finish_reason
+                delta: Any = {"content": chunk.text} if chat else echo + chunk.text
+                if filters is not None:
+                    delta = streamed_delta(filters[index], chunk.text, job.text if finish_reason else None)
+                    finish_reason = "tool_calls" if finish_reason and "tool_calls" in delta else finish_reason
                 if echo or chunk.text or chunk.finish_reason or chunk.logprobs:
-                    delta = {"content": chunk.text} if chat else echo + chunk.text
-                    body = chunk_body(job, chat, delta, chunk.finish_reason, index, jobs[0].id)
+                    body = chunk_body(job, chat, delta, finish_reason, index, jobs[0].id)
                     if chunk.logprobs is not None:
                         body["choices"][0]["logprobs"] = job.streamed_logprobs(chunk.logprobs, chat)
                     if chunk.stats is not None:

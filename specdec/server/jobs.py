@@ -20,6 +20,7 @@ from specdec.server.audit import AuditCase
 from specdec.server.executor import END
 from specdec.server.responses import completion_logprobs, joined_logprobs, logprobs_body, usage_body
 from specdec.server.state import ServerState
+from specdec.server.tools import answered_message
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -45,9 +46,9 @@ def completion_prompts(prompt: str | list) -> list[str | list[int]]:
     return list(prompt)
 
 
-def full_response(jobs: list[Job], chat: bool, n: int = 1) -> dict[str, Any]:
+def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: frozenset[str] | None = None) -> dict[str, Any]:
     """The non-streamed body of a request's choices (one job each, in index order: by prompt, then
-    ``n`` per prompt)."""
+    ``n`` per prompt); ``calls``: the tools chat outputs are parsed for (server/tools.py; None: none)."""
     choices = []
     for index, job in enumerate(jobs):
         choice: dict[str, Any] = {"index": index, "finish_reason": job.finish_reason}
@@ -57,8 +58,10 @@ def full_response(jobs: list[Job], chat: bool, n: int = 1) -> dict[str, Any]:
         if logprobs is not None and job.prompt_scores is not None:
             logprobs = joined_logprobs(job.prompt_logprobs(), logprobs)
         if chat:
-            choice["message"] = {"role": "assistant", "content": job.text}
+            choice["message"], called = answered_message(job.text, calls)
             choice["logprobs"] = logprobs
+            if called:
+                choice["finish_reason"] = "tool_calls"
         else:
             choice.update(text=echo + job.text, logprobs=logprobs)
         choices.append(choice)

@@ -119,22 +119,66 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
 
 
+class FunctionSpec(BaseModel):
+    """A tool's function as OpenAI describes it (``parameters``: a JSON Schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class ToolSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice`` naming one function."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """An assistant's earlier call, sent back in the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    #: a string, or OpenAI's list of content parts (text parts only)
-    content: Union[str, list[TextPart]]
+    #: a string, or OpenAI's list of content parts (text parts only); null only beside ``tool_calls``
+    content: Optional[Union[str, list[TextPart]]] = None
     #: OpenAI's participant name: accepted; chat templates (Qwen's, Llama's) do not render it
     name: Optional[str] = None
-
-    def for_template(self) -> dict[str, str]:
-        """The message as a chat template reads it: role and one string of content."""
-        return {"role": self.role, "content": joined_text(self.content)}
+    #: an assistant's calls (server/tools.py), and a tool message's answer to one
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[str] = None
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage]
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = None
+    #: OpenAI's function tools (server/tools.py); ``parallel_tool_calls`` is accepted (several calls
+    #: in one answer are always parsed)
+    tools: Optional[list[ToolSpec]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    parallel_tool_calls: Optional[bool] = None
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,200 @@
+"""Tool calling in the chat endpoint (OpenAI's ``tools`` / ``tool_choice``; vLLM's
+``--tool-call-parser hermes``): the tools go to the model's own chat template, which tells it to
+answer a call as ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` (Qwen2.5's and Hermes'
+convention), and such blocks in the output become the message's ``tool_calls``.
+
+Decoding is untouched — speculation and the output's exactness work as for any text (a call's JSON
+repeats the tool's schema and earlier calls, which the suffix table drafts well). ``tool_choice``
+``"none"`` leaves the tools out of the prompt (vLLM's default); ``"auto"`` (the default with tools)
+lets the model choose. ``"required"`` or a named function would need the output constrained to a
+call, which this server does not do: refused with a 400, not answered as ``auto``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from specdec.errors import SpecdecError
+from specdec.server.params import APIError
+from specdec.server.schemas import ChatCompletionRequest, ChatMessage, joined_text
+
+if TYPE_CHECKING:
+    from specdec.tokenizer import Tokenizer
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(CALL_CLOSE), re.DOTALL)
+
+
+def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """The tools the chat template is given (OpenAI's shape, which HF templates read), or None: no
+    tools, or ``tool_choice`` ``"none"``. A choice this server cannot honour is a 400."""
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none", "auto"):
+            raise APIError(400, "tool_choice names a tool but the request has no tools", param="tool_choice")
+        return None
+    if choice == "none":
+        return None
+    if choice not in (None, "auto"):
+        raise APIError(400, "tool_choice 'required' or a named function is not supported (the output is not constrained "
+                            "to a call); use 'auto' or 'none'", param="tool_choice")
+    names = [tool.function.name for tool in req.tools]
+    if len(set(names)) != len(names):
+        raise APIError(400, "tools: each function needs a name of its own", param="tools")
+    return [tool.model_dump(exclude_none=True) for tool in req.tools]
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as chat templates read them: content as one string; an assistant's earlier calls
+    with their arguments as objects (templates write them with ``tojson``: OpenAI's JSON text
+    would be quoted twice)."""
+    rendered = []
+    for index, message in enumerate(messages):
+        item: dict[str, Any] = {"role": message.role, "content": "" if message.content is None else joined_text(message.content)}
+        if message.tool_calls:
+            calls = []
+            for call in message.tool_calls:
+                try:
+                    arguments = json.loads(call.function.arguments)
+                except json.JSONDecodeError:
+                    raise APIError(400, f"messages.{index}.tool_calls: arguments must be JSON text, got "
+                                        f"{call.function.arguments[:80]!r}", param=f"messages.{index}.tool_calls") from None
+                calls.append({"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": arguments}})
+            item["tool_calls"] = calls
+        elif message.content is None:
+            raise APIError(400, f"messages.{index}.content: only an assistant message with tool_calls may omit it",
+                           param=f"messages.{index}.content")
+        if message.tool_call_id is not None:
+            item["tool_call_id"] = message.tool_call_id
+        rendered.append(item)
+    return rendered
+
+
+def parse_tool_calls(text: str, names: frozenset[str] = frozenset()) -> tuple[str | None, list[dict[str, Any]]]:
+    """``(content, tool_calls)`` of an output: every well-formed ``<tool_call>`` block (a JSON object
+    with a string ``name`` and object ``arguments``) becomes an OpenAI tool call, the rest of the
+    text the content (None when nothing is left). A malformed block stays in the content, as text.
+
+    Small models often answer a call without the tags — the whole output one JSON object (or a list
+    of them), bare or in a ```json fence (Qwen2.5-Coder-1.5B does): that is a call too when it names
+    one of the request's tools (``names``), so ordinary JSON answers stay content."""
+    calls: list[dict[str, Any]] = []
+
+    def take(match: re.Match) -> str:
+        try:
+            call = _call(json.loads(match.group(1)))
+        except json.JSONDecodeError:
+            call = None
+        if call is None:
+            return match.group(0)
+        calls.append(call)
+        return ""
+
+    content = _CALL.sub(take, text).strip()
+    if calls:
+        return content or None, calls
+    bare = _BARE.fullmatch(text.strip())
+    if bare is not None and names:
+        try:
+            found = json.loads(bare.group(1))
+        except json.JSONDecodeError:
+            return text, []
+        found = [_call(item) for item in (found if isinstance(found, list) else [found])]
+        if found and all(call is not None and call["function"]["name"] in names for call in found):
+            return None, found  # type: ignore[return-value]
+    return text, []
+
+
+#: an output that is only JSON (an object or a list), bare or in a ```json fence
+_BARE = re.compile(r"(?:```(?:json)?\s*)?(\{.*\}|\[.*\])(?:\s*```)?", re.DOTALL)
+
+
+def _call(found: Any) -> dict[str, Any] | None:
+    """An OpenAI tool call from a parsed ``{"name": …, "arguments": {…}}``, or None if it is not one."""
+    if not isinstance(found, dict) or not isinstance(found.get("name"), str) or not isinstance(found.get("arguments", {}), dict):
+        return None
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": found["name"], "arguments": json.dumps(found.get("arguments", {}), ensure_ascii=False)}}
+
+
+class ToolTextFilter:
+    """Streams an output's text while holding back what may be a tool call: text that could be the
+    start of ``<tool_call>`` waits for the next token, nothing after an opened call is streamed, and
+    an output that begins as JSON (a call without tags) waits for its end (the calls go out whole
+    in the last chunk, :func:`parse_tool_calls`)."""
+
+    def __init__(self, names: frozenset[str] = frozenset()) -> None:
+        self.names = names  # the request's tools
+        self.held = ""
+        self.in_call = False
+        self.at_start = True  # nothing streamed yet: the whole output may still be a bare call
+
+    def push(self, text: str) -> str:
+        """The part of ``text`` (the output's next piece) that can be streamed now."""
+        self.held += text
+        if self.in_call:
+            return ""
+        if self.at_start:
+            start = self.held.lstrip()
+            if not start or start.startswith(("{", "[", "```")) or "```json".startswith(start):
+                return ""
+            self.at_start = False
+        opened = self.held.find(CALL_OPEN)
+        if opened >= 0:
+            self.in_call = True
+            out, self.held = self.held[:opened], self.held[opened:]
+            return out
+        keep = next((n for n in range(min(len(CALL_OPEN) - 1, len(self.held)), 0, -1) if CALL_OPEN.startswith(self.held[-n:])), 0)
+        out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
+        return out
+
+    def flush(self, called: bool) -> str:
+        """What was held back, at the end of the output: nothing when it made calls (they go out as
+        ``tool_calls``), else the text (a malformed call is content, as :func:`parse_tool_calls` says)."""
+        out, self.held = ("" if called else self.held), ""
+        return out
+
+
+def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | list[int], frozenset[str] | None]:
+    """The request's prompt — messages for the chat template, or, with tools, the token ids the
+    template renders with them — and the names of the tools the output is parsed for (None: not
+    parsed). A model whose template ignores tools is a 400: it would answer without knowing them."""
+    messages = template_messages(req.messages)
+    tools = template_tools(req)
+    if tools is None:
+        return messages, None
+    try:
+        with_tools = tokenizer.render_chat(messages, tools=tools)
+        if with_tools == tokenizer.render_chat(messages):
+            raise APIError(400, "this model's chat template does not describe tools to the model", param="tools")
+    except SpecdecError as exc:
+        raise APIError(400, str(exc), param="messages") from None
+    return tokenizer.encode(with_tools, add_special_tokens=False), frozenset(tool["function"]["name"] for tool in tools)
+
+
+def streamed_delta(held: ToolTextFilter, text: str, output: str | None) -> dict[str, Any]:
+    """A streamed chat chunk's delta when tools are on: the part of ``text`` that may go out now; at
+    the end (``output``: the whole output) also what was held back, or the calls it made."""
+    content = held.push(text)
+    if output is None:
+        return {"content": content}
+    _, calls = parse_tool_calls(output, held.names)
+    content += held.flush(called=bool(calls))
+    delta: dict[str, Any] = {"content": content} if content or not calls else {}
+    if calls:
+        delta["tool_calls"] = [{"index": index, **call} for index, call in enumerate(calls)]
+    return delta
+
+
+def answered_message(text: str, names: frozenset[str] | None) -> tuple[dict[str, Any], bool]:
+    """The assistant message of a non-streamed answer, and whether it made calls (then its
+    finish_reason is ``tool_calls``); ``names``: the request's tools (None: no tools, no parsing)."""
+    if names is None:
+        return {"role": "assistant", "content": text}, False
+    content, tool_calls = parse_tool_calls(text, names)
+    if not tool_calls:
+        return {"role": "assistant", "content": text}, False
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls}, True

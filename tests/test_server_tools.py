@@ -1,0 +1,171 @@
+"""Tool calling in the chat endpoint (server/tools.py): the tools reach the model through its chat
+template, ``<tool_call>`` blocks in the output come back as OpenAI ``tool_calls`` (streamed and not),
+a conversation carrying earlier calls and tool answers renders, and what cannot be honoured is a 400."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+from specdec.server.tools import ToolTextFilter, parse_tool_calls
+from tests.test_server import launch
+
+#: a Hermes-style template in the shape of Qwen2.5's (its own text, shorter): tools in the system
+#: turn, earlier calls as <tool_call> blocks, tool answers as <tool_response> blocks
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
+    "Answer a call as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call><|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{%- elif message.tool_calls %}<|im_start|>assistant{% for call in message.tool_calls %}\n<tool_call>\n"
+    "{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+#: forces the tiny random model's answer to be a call (vLLM's structured_outputs regex)
+CALL_REGEX = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)"\}\}\n</tool_call>'
+ASK = [{"role": "user", "content": "weather in Paris?"}]
+
+
+def test_parse_tool_calls_takes_well_formed_blocks_and_leaves_the_rest():
+    text = 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    content, calls = parse_tool_calls(text)
+    assert content == "Let me look."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("f", {"x": 1}), ("g", {})]
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    assert parse_tool_calls('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')[0] is None
+    for malformed in ("<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>', "no call at all"):
+        assert parse_tool_calls(malformed) == (malformed, [])
+
+
+def test_a_bare_json_call_counts_only_when_it_names_a_tool():
+    """What small models write instead of tags (Qwen2.5-Coder-1.5B: a ```json fence)."""
+    fenced = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```'
+    content, [call] = parse_tool_calls(fenced, frozenset({"get_weather"}))
+    assert content is None and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert len(parse_tool_calls('[{"name": "a", "arguments": {}}, {"name": "b"}]', frozenset({"a", "b"}))[1]) == 2
+    for not_a_call in (fenced.replace("get_weather", "other"), '{"name": "Ann", "age": 3}', 'x {"name": "get_weather"}'):
+        assert parse_tool_calls(not_a_call, frozenset({"get_weather"})) == (not_a_call, [])
+    held = ToolTextFilter(frozenset({"get_weather"}))
+    assert held.push("```js") == "" and held.push('on\n{"name"') == ""  # may be a bare call: held to the end
+    assert held.flush(called=False) == '```json\n{"name"'
+    prose = ToolTextFilter()
+    assert prose.push(" ") == "" and prose.push("Hi") == " Hi"
+
+
+def test_the_stream_filter_holds_back_what_may_be_a_call():
+    held = ToolTextFilter()
+    assert held.push("Sure <tool") == "Sure "  # "<tool" may open a call: it waits
+    assert held.push("s are fun ") == "<tools are fun "  # it did not
+    assert held.push("x <tool_call>{") == "x "
+    assert held.push('"name": "f"}</tool_call>') == ""
+    assert held.flush(called=True) == ""
+    malformed = ToolTextFilter()
+    malformed.push("<tool_call>oops")
+    assert malformed.flush(called=False) == "<tool_call>oops"  # no call: it is content after all
+
+
+@pytest.fixture(scope="module")
+def tool_server(tiny_dirs, tmp_path_factory):
+    """The tiny target with a tool-aware chat template, and the stock tiny one (CHATML, no tools)."""
+    model = tmp_path_factory.mktemp("tools") / "target"
+    shutil.copytree(tiny_dirs["target"], model)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "chat_template": TOOL_TEMPLATE}))
+    proc, base = launch("--model", str(model), "--draft-model", str(tiny_dirs["draft"]), "--dtype", "float32",
+                        "--quantize", "none", "--served-model-name", "tiny", "--num-speculative-tokens", "3")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def chat(base: str, **body) -> httpx.Response:  # noqa: ANN003
+    return httpx.post(f"{base}/v1/chat/completions", timeout=120,
+                      json={"model": "tiny", "messages": ASK, "max_tokens": 160, "temperature": 0, **body})
+
+
+def test_tools_reach_the_prompt_and_calls_come_back_as_tool_calls(tool_server):
+    pytest.importorskip("xgrammar")
+    without = chat(tool_server, max_tokens=4).json()
+    forced = {"structured_outputs": {"regex": CALL_REGEX}}
+    answer = chat(tool_server, tools=[WEATHER], **forced).json()
+    assert answer["usage"]["prompt_tokens"] > without["usage"]["prompt_tokens"] + 20  # the tool's schema is in the prompt
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"])["city"] in ("Paris", "Rome")
+    from openai import OpenAI  # the official client reads the answer as a call too
+
+    client = OpenAI(base_url=f"{tool_server}/v1", api_key="unused", max_retries=0)
+    out = client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], max_tokens=160, temperature=0,
+                                         extra_body=forced)
+    assert out.choices[0].finish_reason == "tool_calls" and out.choices[0].message.tool_calls[0].function.name == "get_weather"
+    # the same request without tools: the text is content, not a call
+    plain = chat(tool_server, **forced).json()["choices"][0]
+    assert plain["finish_reason"] != "tool_calls" and plain["message"]["content"].startswith("<tool_call>")
+    # streamed: no content from the call leaks, the call arrives in the last chunk
+    events = [json.loads(line[6:]) for line in chat(tool_server, tools=[WEATHER], stream=True, **forced).text.splitlines()
+              if line.startswith("data: {")]
+    streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    last = events[-1]["choices"][0]
+    assert "<tool_call>" not in streamed and last["finish_reason"] == "tool_calls"
+    assert last["delta"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    # the conversation goes on: the call and the tool's answer are sent back and rendered
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": call["id"], "content": '{"sky": "clear"}'}]
+    follow_up = chat(tool_server, messages=history, tools=[WEATHER], max_tokens=8)
+    assert follow_up.status_code == 200, follow_up.text
+    assert follow_up.json()["usage"]["prompt_tokens"] > answer["usage"]["prompt_tokens"]
+
+
+def test_tool_choice_none_leaves_the_tools_out(tool_server):
+    none = chat(tool_server, tools=[WEATHER], tool_choice="none", max_tokens=4).json()
+    assert none["usage"]["prompt_tokens"] == chat(tool_server, max_tokens=4).json()["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice 'required' or a named function is not supported"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "not supported"),
+    ({"tool_choice": "required"}, "the request has no tools"),
+    ({"tools": [WEATHER, WEATHER]}, "each function needs a name of its own"),
+    ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "arguments must be JSON text"),
+    ({"messages": [{"role": "user", "content": None}]}, "only an assistant message with tool_calls may omit it"),
+])
+def test_what_cannot_be_honoured_is_a_400(tool_server, body, fragment):
+    response = chat(tool_server, **body)
+    assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text
+    assert httpx.get(f"{tool_server}/health").status_code == 200
+
+
+def test_a_template_without_tools_refuses_them(tiny_dirs):
+    proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
+                        "--served-model-name", "tiny")
+    try:
+        response = chat(base, tools=[WEATHER])
+        assert response.status_code == 400 and "does not describe tools" in response.json()["error"]["message"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_the_real_default_model_calls_a_tool():
+    """Qwen2.5-Coder-1.5B with the draft (the server's default drafter): its own chat template gets
+    the tool, and its answer parses as a call to it."""
+    import specdec
+
+    target = specdec.load_model("qwen2.5-coder-1.5b", quantize="int8")
+    draft = specdec.load_model("qwen2.5-coder-0.5b", quantize="int4-all")
+    ids = target.tokenizer.apply_chat_template([{"role": "user", "content": "What's the weather like in Paris right now?"}],
+                                              tools=[WEATHER])
+    result = specdec.generate(target, ids, specdec.SamplingParams(temperature=0, max_tokens=64), draft=draft)
+    content, [call] = parse_tool_calls(result.text, frozenset({"get_weather"}))
+    assert call["function"]["name"] == "get_weather" and "Paris" in json.loads(call["function"]["arguments"]).values()
