@@ -129,9 +129,34 @@ def test_tool_choice_none_leaves_the_tools_out(tool_server):
     assert none["usage"]["prompt_tokens"] == chat(tool_server, max_tokens=4).json()["usage"]["prompt_tokens"]
 
 
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False}}}
+DAY = {"type": "function", "function": {"name": "get_day", "parameters": {
+    "type": "object", "properties": {"offset": {"enum": [0, 1]}}, "required": ["offset"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_tool_choice_required_or_named_constrains_the_answer_to_a_call(tool_server, choice):
+    """The tiny random model would never write a call: the grammar makes it one, its arguments
+    following the tool's schema — speculative and plain alike."""
+    pytest.importorskip("xgrammar")
+    answers = []
+    for speculative in ({}, None):
+        # (bounded arguments: the tiny model's context is 512 tokens, the tools take ~300 of them)
+        answer = chat(tool_server, tools=[DAY, TIME], tool_choice=choice, speculative=speculative, max_tokens=120).json()
+        choice_ = answer["choices"][0]
+        assert choice_["finish_reason"] == "tool_calls", answer
+        [call] = choice_["message"]["tool_calls"]
+        arguments = json.loads(call["function"]["arguments"])
+        if isinstance(choice, dict):
+            assert call["function"]["name"] == "get_time" and arguments["zone"] in ("UTC", "CET")
+        answers.append((call["function"]["name"], arguments))
+    assert answers[0] == answers[1]
+
+
 @pytest.mark.parametrize("body,fragment", [
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice 'required' or a named function is not supported"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "not supported"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "already constrains"),
     ({"tool_choice": "required"}, "the request has no tools"),
     ({"tools": [WEATHER, WEATHER]}, "each function needs a name of its own"),
     ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),

@@ -31,7 +31,7 @@ from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage,
                                  merged_chunks)
 from specdec.server.state import ServerState
 from specdec.server.params import APIError, sampling_params
-from specdec.server.tools import ToolTextFilter, chat_prompt, streamed_delta
+from specdec.server.tools import ToolTextFilter, chat_prompt, forced_call, streamed_delta
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
@@ -144,14 +144,17 @@ def create_app(state: ServerState) -> FastAPI:
         if chat and not req.messages:
             raise APIError(400, "messages must not be empty", param="messages")
         calls = None  # the tool names outputs are parsed for (server/tools.py); None: no tools
+        forced = None  # tool_choice "required" / a named function: the output's constraint
         if chat:
             prompt, calls = chat_prompt(state.target.tokenizer, req)
-            prompts = [prompt]
+            prompts, forced = [prompt], forced_call(req)
         else:
             prompts = completion_prompts(req.prompt)
         choices = []  # (prompt ids, sampling parameters) of each choice, OpenAI's order: by prompt, then n
         for prompt in prompts:
             prompt_ids, params = checked_prompt(req, prompt)
+            if forced is not None:
+                params = dataclasses.replace(params, structured=forced)
             echo = echo_text(prompt, prompt_ids) if not chat and req.echo else None
             choices += [(prompt_ids, choice_params(params, i), echo) for i in range(req.n)]
         if len(choices) > state.max_concurrency:

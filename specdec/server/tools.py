@@ -6,8 +6,9 @@ convention), and such blocks in the output become the message's ``tool_calls``.
 Decoding is untouched — speculation and the output's exactness work as for any text (a call's JSON
 repeats the tool's schema and earlier calls, which the suffix table drafts well). ``tool_choice``
 ``"none"`` leaves the tools out of the prompt (vLLM's default); ``"auto"`` (the default with tools)
-lets the model choose. ``"required"`` or a named function would need the output constrained to a
-call, which this server does not do: refused with a 400, not answered as ``auto``.
+lets the model choose; ``"required"`` (any tool) and a named function constrain the output to one
+call in the template's form, its arguments to the tool's JSON Schema (:func:`forced_call`: a grammar
+through :mod:`specdec.structured`, exact under speculation like any other).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from specdec.errors import SpecdecError
 from specdec.server.params import APIError
-from specdec.server.schemas import ChatCompletionRequest, ChatMessage, joined_text
+from specdec.server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice, joined_text
+from specdec.structured import INSTALL_HINT, StructuredOutput
+from specdec.structured import available as structured_available
 
 if TYPE_CHECKING:
     from specdec.tokenizer import Tokenizer
@@ -38,13 +41,46 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
         return None
     if choice == "none":
         return None
-    if choice not in (None, "auto"):
-        raise APIError(400, "tool_choice 'required' or a named function is not supported (the output is not constrained "
-                            "to a call); use 'auto' or 'none'", param="tool_choice")
     names = [tool.function.name for tool in req.tools]
     if len(set(names)) != len(names):
         raise APIError(400, "tools: each function needs a name of its own", param="tools")
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", param="tool_choice")
     return [tool.model_dump(exclude_none=True) for tool in req.tools]
+
+
+def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
+    """``tool_choice`` ``"required"`` or a named function: the output constrained to one call — to any
+    of the tools, or to the named one — as ``<tool_call>\n{"name": …, "arguments": ARGS}\n</tool_call>``
+    (the form Qwen2.5's template asks for), ARGS following the tool's ``parameters`` schema (any
+    object without one). None otherwise. Built with xgrammar (the ``structured`` extra)."""
+    choice = req.tool_choice
+    if not req.tools or choice in (None, "auto", "none"):
+        return None
+    if req.response_format is not None and req.response_format.type != "text" or req.structured_outputs is not None:
+        raise APIError(400, "tool_choice 'required' or a named function already constrains the output: "
+                            "drop response_format / structured_outputs", param="tool_choice")
+    if not structured_available():
+        raise APIError(400, f"tool_choice {choice if isinstance(choice, str) else 'naming a function'}: {INSTALL_HINT}",
+                       param="tool_choice")
+    import xgrammar
+
+    def literal(text: str) -> Any:
+        return xgrammar.Grammar.from_ebnf("root ::= " + json.dumps(text))
+
+    tools = [tool for tool in req.tools if not isinstance(choice, NamedToolChoice) or tool.function.name == choice.function.name]
+    calls = []
+    for tool in tools:
+        schema = tool.function.parameters or {"type": "object"}
+        try:
+            arguments = xgrammar.Grammar.from_json_schema(json.dumps(schema))
+        except Exception as exc:  # noqa: BLE001 - xgrammar's errors for schemas it cannot compile
+            raise APIError(400, f"tools: the parameters of {tool.function.name!r} are not a usable JSON Schema: {exc}",
+                           param="tools") from None
+        opening = f'{CALL_OPEN}\n{{"name": {json.dumps(tool.function.name)}, "arguments": '
+        calls.append(xgrammar.Grammar.concat(literal(opening), arguments, literal("}\n" + CALL_CLOSE)))
+    grammar = calls[0] if len(calls) == 1 else xgrammar.Grammar.union(*calls)
+    return StructuredOutput(grammar=str(grammar))
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -161,7 +197,8 @@ class ToolTextFilter:
 def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | list[int], frozenset[str] | None]:
     """The request's prompt — messages for the chat template, or, with tools, the token ids the
     template renders with them — and the names of the tools the output is parsed for (None: not
-    parsed). A model whose template ignores tools is a 400: it would answer without knowing them."""
+    parsed). A model whose template ignores tools is a 400: it would answer without knowing them.
+    (A forced call's constraint is :func:`forced_call`'s.)"""
     messages = template_messages(req.messages)
     tools = template_tools(req)
     if tools is None:
