@@ -380,3 +380,32 @@ def test_port_zero_serves_on_the_port_it_prints(tiny_dirs):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_n_choices_share_one_prompt_pass_through_the_prefix_cache(tiny_dirs):
+    """With the prefix cache on (int8), a prompt's further choices open after its first choice's
+    prompt pass and restore its keys/values; each choice is still what a single request with its
+    seed answers."""
+    # prompts fed 8 tokens a forward: the first choice's prompt pass spans many steps, so a choice
+    # opened beside it (not after it) would find nothing cached yet
+    proc, base = launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--quantize", "int8",
+                        "--prompt-quantize", "same", "--served-model-name", "tiny", "--max-concurrency", "4",
+                        "--prefill-chunk", "8")
+    try:
+        def hits() -> float:
+            metric = next(line for line in httpx.get(f"{base}/metrics").text.splitlines()
+                          if line.startswith("specdec_prefix_cache_hit_tokens_total"))
+            return float(metric.split()[1])
+
+        body = {"prompt": "def quicksort(items):\n    " * 6, "max_tokens": 8, "temperature": 1.0, "seed": 5, "ignore_eos": True}
+        before = hits()
+        together = httpx.post(f"{base}/v1/completions", json={**body, "n": 3}, timeout=120).json()
+        prompt_tokens = together["usage"]["prompt_tokens"]
+        assert hits() - before >= 2 * (prompt_tokens - 8)  # choices 1 and 2 restored all but the last block
+        httpx.post(f"{base}/reset_prefix_cache")
+        for index, choice in enumerate(together["choices"]):
+            alone = httpx.post(f"{base}/v1/completions", json={**body, "seed": 5 + index}, timeout=120).json()
+            assert alone["choices"][0]["text"] == choice["text"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

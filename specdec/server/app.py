@@ -205,10 +205,17 @@ def create_app(state: ServerState) -> FastAPI:
     async def open_jobs(choices: list[tuple[list[int], SamplingParams, str | None]], spec: SpecConfig,
                         audit: bool) -> list[Job]:
         """One job per choice (prompts x ``n``), each holding a concurrency slot from before it opens (a
-        refusal or error on any releases them all); they join the batch and step side by side."""
+        refusal or error on any releases them all); they join the batch and step side by side.
+
+        With the prefix cache on, a prompt's further choices open once its first choice's prompt pass
+        is done, so they restore its keys/values instead of each computing them: on a CPU a prompt
+        pass is compute-bound and n of them in one forward cost ~n times one."""
         jobs: list[Job] = []
+        shared = state.target.backend.prefix_cache is not None
         try:
             for prompt_ids, params, echo in choices:
+                if shared and jobs and jobs[-1].prompt_ids == prompt_ids and params.prompt_logprobs is None:
+                    await jobs[-1].started.wait()
                 await acquire_slot()
                 try:
                     job = Job(state, prompt_ids, params, spec, audit, echo)

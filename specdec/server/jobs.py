@@ -160,6 +160,8 @@ class Job:
                                                state.executor.prompt_pending if state.pause_speculation_for_prompts else None)
         #: what the model thread delivers for this request: chunks, an exception, then END (open)
         self._chunks: asyncio.Queue | None = None
+        #: set when the first of those arrives: the prompt pass is over (or failed)
+        self.started = asyncio.Event()
         self._start = time.perf_counter()
 
     async def open(self) -> None:
@@ -170,8 +172,13 @@ class Job:
         others.) Errors building it are raised here, before any response is sent."""
         loop = asyncio.get_running_loop()
         self._chunks = asyncio.Queue()
+
+        def deliver(item: Any) -> None:  # on the event loop
+            self._chunks.put_nowait(item)
+            self.started.set()
+
         await self.state.executor.run(lambda: self.state.executor.add_stream(
-            self._open(), lambda item: loop.call_soon_threadsafe(self._chunks.put_nowait, item), self._cancel.is_set))
+            self._open(), lambda item: loop.call_soon_threadsafe(deliver, item), self._cancel.is_set))
 
     def _open(self):  # noqa: ANN202 - a generate_steps generator
         state = self.state
