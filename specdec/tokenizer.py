@@ -212,6 +212,23 @@ class Tokenizer:
         """Exact lookup; ``None`` if absent (never the unk id, which some vocabularies alias to a real token)."""
         return self.hf.backend_tokenizer.token_to_id(token)
 
+    def fill_in_the_middle(self, prefix: str, suffix: str) -> list[int]:
+        """The prompt that asks a code model for the text between ``prefix`` and ``suffix``: its FIM
+        tokens in prefix-suffix-middle order (Qwen2.5-Coder's ``<|fim_prefix|>``…, StarCoder's
+        ``<fim_prefix>``…); the answer ends with an end-of-text token. A model without them: an error."""
+        for names in FIM_TOKENS:
+            ids = [self.token_to_id(name) for name in names]
+            if None not in ids:
+                start, hole, middle = ids
+                return ([start] + self.encode(prefix, add_special_tokens=False) + [hole]
+                        + self.encode(suffix, add_special_tokens=False) + [middle])  # type: ignore[list-item]
+        raise SpecdecError("this model has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>): "
+                           "a suffix cannot be given")
+
+
+#: fill-in-the-middle markers (prefix, suffix, middle) of the model families that have them
+FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+
 
 def _gguf_chat_template(path: Path) -> str | None:
     import gguf

@@ -25,6 +25,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="the output expected, largely (OpenAI's Predicted Outputs): a file being edited, an earlier answer "
                           "being revised — a file, or the text itself. The draft_suffix and suffix methods draft from it; "
                           "the output is the same with or without it, only faster where it is right")
+    gen.add_argument("--suffix", metavar="FILE_OR_TEXT", default=None,
+                     help="fill in the middle: the prompt is the code before the insertion point, this the code after it "
+                          "(a file, or the text itself); needs a code model with FIM tokens (Qwen2.5-Coder's)")
     gen.add_argument("--compare-plain", action="store_true",
                      help="also run plain decoding on the same prompt and report the speedup (and, under greedy, whether the texts are identical)")
     gen.add_argument("--json", action="store_true", help="print the statistics as one JSON object on stderr")
@@ -63,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"loading draft {args.draft_model} …", file=sys.stderr)
         draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_mode,
                                       prompt_quantize=args.prompt_quantize)
+    if args.suffix is not None:
+        if args.chat:
+            raise specdec.SpecdecError("--suffix fills the middle of a plain prompt: drop --chat")
+        prompt = target.tokenizer.fill_in_the_middle(prompt, file_or_text(args.suffix))
     note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
     chosen = " (chosen by --quantize auto from step costs measured on this CPU)" if plan is not None and args.quantize == "auto" else ""
     draft_note = f", draft {draft.backend.mode}" if draft is not None else ""  # mode: int4-all where dtype_name says int4
@@ -117,12 +124,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_view(path: str, target, prompt: str, chat: bool, token_ids: list[int], stats) -> None:  # noqa: ANN001
+def write_view(path: str, target, prompt: str | list[int], chat: bool, token_ids: list[int], stats) -> None:  # noqa: ANN001
     """``--html``: the acceptance view of this generation (the prompt shown as the model saw it)."""
     from pathlib import Path
 
     from specdec.acceptance_view import render
 
-    shown = target.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
+    if chat:
+        shown = target.tokenizer.render_chat([{"role": "user", "content": prompt}])
+    else:  # a fill-in-the-middle prompt is token ids, its markers shown
+        shown = prompt if isinstance(prompt, str) else target.tokenizer.decode(prompt, skip_special_tokens=False)
     Path(path).write_text(render(target.tokenizer, shown, token_ids, stats, title=f"specdec · {target.name}"), encoding="utf-8")
     print(f"acceptance view: {path}", file=sys.stderr)

@@ -149,7 +149,9 @@ def create_app(state: ServerState) -> FastAPI:
             prompt, calls = chat_prompt(state.target.tokenizer, req)
             prompts, forced = [prompt], forced_call(req)
         else:
-            prompts = completion_prompts(req.prompt)
+            if req.suffix is not None and req.echo:
+                raise APIError(400, "echo cannot be combined with suffix", param="suffix")
+            prompts = completion_prompts(req.prompt, req.suffix, state.target.tokenizer)
         choices = []  # (prompt ids, sampling parameters) of each choice, OpenAI's order: by prompt, then n
         for prompt in prompts:
             prompt_ids, params = checked_prompt(req, prompt)

@@ -14,13 +14,16 @@ from specdec.api import prepare
 from specdec.config import SpecConfig
 from specdec.drafters.registry import needs_draft_model
 from specdec.engine import generate_steps
+from specdec.errors import SpecdecError
 from specdec.policy import RequestGate
 from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase
 from specdec.server.executor import END
 from specdec.server.responses import completion_logprobs, joined_logprobs, logprobs_body, usage_body
+from specdec.server.params import APIError
 from specdec.server.state import ServerState
 from specdec.server.tools import answered_message
+from specdec.tokenizer import Tokenizer
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -39,11 +42,20 @@ def chunk_body(job: Job, chat: bool, delta: Any, finish_reason: str | None, inde
             "created": job.created, "model": job.state.model_name, "choices": [choice]}
 
 
-def completion_prompts(prompt: str | list) -> list[str | list[int]]:
-    """A completions request's prompts: OpenAI's ``prompt`` is one (text or token ids) or a list of them."""
-    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
-        return [prompt]
-    return list(prompt)
+def completion_prompts(prompt: str | list, suffix: str | None = None, tokenizer: Tokenizer | None = None) -> list[str | list[int]]:
+    """A completions request's prompts: OpenAI's ``prompt`` is one (text or token ids) or a list of
+    them. With a ``suffix`` each text prompt becomes the model's fill-in-the-middle prompt (its
+    tokens: :meth:`Tokenizer.fill_in_the_middle`)."""
+    prompts = [prompt] if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int) else list(prompt)
+    if suffix is None:
+        return prompts
+    if not all(isinstance(text, str) for text in prompts):
+        raise APIError(400, "suffix needs text prompts (not token ids)", param="suffix")
+    assert tokenizer is not None
+    try:
+        return [tokenizer.fill_in_the_middle(text, suffix) for text in prompts]
+    except SpecdecError as exc:
+        raise APIError(400, str(exc), param="suffix") from None
 
 
 def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: frozenset[str] | None = None) -> dict[str, Any]:

@@ -117,6 +117,8 @@ class CompletionRequest(_SamplingFields):
     logprobs: Optional[int] = None
     #: put the prompt before the output (with ``logprobs``: the prompt tokens' log-probabilities too)
     echo: bool = False
+    #: the text after the insertion point: the output fills the middle (a code model's FIM tokens)
+    suffix: Optional[str] = None
 
 
 class FunctionSpec(BaseModel):
