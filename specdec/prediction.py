@@ -6,12 +6,14 @@ and only the time changes (long runs of the prediction are accepted in one targe
 The suffix drafters (:mod:`specdec.drafters.suffix`, and ``draft_suffix`` through it) keep the
 prediction as a third frequency table beside the request's own tokens and the shared cache: after
 an edit point the output drifts away from it, and a few tokens later, when the output's last tokens
-occur in the prediction again, drafting from it resumes. This module turns the request's field into
-token ids and counts what the target kept of it.
+occur in the prediction again, drafting from it resumes. Prompt lookup (``ngram``) reads it through
+:class:`PredictionIndex`. This module turns the request's field into token ids, indexes it for
+n-gram lookup and counts what the target kept of it.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, Sequence
 
 from specdec.errors import SpecdecError
@@ -57,3 +59,34 @@ def count_prediction(tokens: Sequence[int], predicted: Sequence[bool], num_accep
         else:
             rejected += 1
     return accepted, rejected
+
+
+class PredictionIndex:
+    """The predicted output as n-gram lookup reads it (:mod:`specdec.drafters.prompt_lookup`): each
+    n-gram of the prompt's last tokens + the prediction → the positions right after it, so the
+    context's last n tokens find where in the prediction the output has got to. Of several places
+    the first at or after the last one followed wins: a prediction is read in order (a code file
+    repeats its lines, and the next ``return`` is the one after this one)."""
+
+    def __init__(self, prompt_tail: list[int], prediction: Sequence[int], min_n: int, max_n: int) -> None:
+        self.tokens = list(prompt_tail) + list(prediction)
+        self.min_n, self.max_n = min_n, max_n
+        self.positions: dict[tuple[int, ...], list[int]] = {}
+        for position in range(len(prompt_tail), len(self.tokens)):  # ascending, so each list is sorted
+            for n in range(min_n, min(max_n, position) + 1):
+                self.positions.setdefault(tuple(self.tokens[position - n : position]), []).append(position)
+        self.cursor = len(prompt_tail)  # the position after the last token followed
+
+    def find(self, context: list[int]) -> tuple[int, int] | None:
+        """``(position, n)``: where the prediction goes on after the context's last ``n`` tokens,
+        the longest n that occurs; None if none does."""
+        for n in range(min(self.max_n, len(context)), self.min_n - 1, -1):
+            places = self.positions.get(tuple(context[-n:]))
+            if places:
+                after = bisect.bisect_left(places, self.cursor)
+                return (places[after] if after < len(places) else places[0]), n
+        return None
+
+    def follow(self, position: int, count: int) -> None:
+        """The output followed the prediction for ``count`` tokens from ``position``."""
+        self.cursor = position + count

@@ -94,7 +94,7 @@ class SamplingParams:
     min_tokens: int = 0
     #: OpenAI's Predicted Outputs: text (or its token ids) the output is expected to largely repeat —
     #: a file being edited, an earlier answer being revised. Drafters that read text (``suffix``,
-    #: ``draft_suffix``) also draft from it; the output is the same with or without it (a drafted token
+    #: ``draft_suffix``, ``ngram``) also draft from it; the output is the same with or without it (a drafted token
     #: is only ever a proposal), only faster where the prediction is right.
     prediction: str | list[int] | None = None
 

@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
     gen.add_argument("--prediction", metavar="FILE_OR_TEXT", default=None,
                      help="the output expected, largely (OpenAI's Predicted Outputs): a file being edited, an earlier answer "
-                          "being revised — a file, or the text itself. The draft_suffix and suffix methods draft from it; "
+                          "being revised — a file, or the text itself. The draft_suffix, suffix and ngram methods draft from it; "
                           "the output is the same with or without it, only faster where it is right")
     gen.add_argument("--suffix", metavar="FILE_OR_TEXT", default=None,
                      help="fill in the middle: the prompt is the code before the insertion point, this the code after it "
