@@ -180,6 +180,7 @@ def test_key_sources_and_bad_configurations(tmp_path):
     assert policy.needs_key("/v1/completions") and not policy.needs_key("/health") and not policy.needs_key("/metrics")
     assert policy.needs_key("/reset_suffix_cache")
     assert policy.needs_key("/reset_prefix_cache")  # it changes the server: keyed like /v1/
+    assert policy.needs_key("/tokenize") and policy.needs_key("/detokenize")  # they read the request's text
 
 
 def test_a_missing_key_file_stops_the_server_with_a_clear_error(tiny_dirs, tmp_path):

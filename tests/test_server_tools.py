@@ -194,3 +194,19 @@ def test_the_real_default_model_calls_a_tool():
     result = specdec.generate(target, ids, specdec.SamplingParams(temperature=0, max_tokens=64), draft=draft)
     content, [call] = parse_tool_calls(result.text, frozenset({"get_weather"}))
     assert call["function"]["name"] == "get_weather" and "Paris" in json.loads(call["function"]["arguments"]).values()
+
+
+def test_tokenize_counts_what_the_chat_endpoint_reads_and_detokenize_inverts(tool_server):
+    """vLLM's /tokenize and /detokenize: a chat request's count (tools included) is its prompt_tokens."""
+    answer = chat(tool_server, tools=[WEATHER], max_tokens=2).json()
+    counted = httpx.post(f"{tool_server}/tokenize", json={"model": "tiny", "messages": ASK, "tools": [WEATHER]}).json()
+    assert counted["count"] == answer["usage"]["prompt_tokens"] == len(counted["tokens"])
+    assert counted["max_model_len"] == 512
+    text = httpx.post(f"{tool_server}/tokenize", json={"prompt": "def f(x):"}).json()
+    back = httpx.post(f"{tool_server}/detokenize", json={"tokens": text["tokens"]}).json()
+    assert back == {"prompt": "def f(x):"}
+    for path, body, fragment in (("/tokenize", {"prompt": "x", "messages": ASK}, "not both"), ("/tokenize", {}, "not both"),
+                                 ("/detokenize", {"tokens": [10**7]}, "tokens must be in"),
+                                 ("/detokenize", {"tokens": "abc"}, "tokens")):
+        response = httpx.post(f"{tool_server}{path}", json=body)
+        assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text

@@ -32,7 +32,7 @@ from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage,
 from specdec.server.state import ServerState
 from specdec.server.params import APIError, sampling_params
 from specdec.server.tools import ToolTextFilter, chat_prompt, forced_call, streamed_delta
-from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body
+from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
 
@@ -120,6 +120,33 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "specdec"}]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        """vLLM's route: the token ids this server would read for a text prompt or chat messages."""
+        req, _ = await parse(request, TokenizeRequest)
+        tokenizer = state.target.tokenizer
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "give prompt (text) or messages, not both", param="prompt")
+        if req.prompt is not None:
+            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            prompt, _ = chat_prompt(tokenizer, ChatCompletionRequest(messages=req.messages, tools=req.tools))
+            try:
+                ids = prompt if not prompt or isinstance(prompt[0], int) else tokenizer.apply_chat_template(prompt)
+            except SpecdecError as exc:
+                raise APIError(400, str(exc), param="messages") from None
+        return {"count": len(ids), "max_model_len": state.target.config.max_position_embeddings, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        """vLLM's route: the text of token ids (special tokens kept)."""
+        req, _ = await parse(request, DetokenizeRequest)
+        vocab = state.target.config.vocab_size
+        outside = [token for token in req.tokens if not 0 <= token < vocab]
+        if outside:
+            raise APIError(400, f"tokens must be in 0..{vocab - 1}; got {outside[:5]}", param="tokens")
+        return {"prompt": state.target.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
     async def parse(request: Request, schema: type) -> tuple[Any, dict]:
         try:

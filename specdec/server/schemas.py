@@ -183,5 +183,25 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: Optional[bool] = None
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's ``/tokenize``: a ``prompt`` (text) or chat ``messages`` (with ``tools``, as the chat
+    endpoint renders them: generation prompt included)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    add_special_tokens: bool = True
+    messages: Optional[list[ChatMessage]] = None
+    tools: Optional[list[ToolSpec]] = None
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's ``/detokenize``: token ids → text."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    tokens: list[int]
+
+
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

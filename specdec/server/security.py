@@ -56,8 +56,9 @@ def load_api_keys(keys: list[str] | None, key_file: str | None, environ: dict[st
     return tuple(dict.fromkeys(found))
 
 
-#: endpoints that change the server's state: behind the API key like /v1/
-ADMIN_PATHS = ("/reset_prefix_cache", "/reset_suffix_cache")
+#: endpoints outside /v1/ behind the API key like it: those that change the server's state, and
+#: vLLM's tokenizer routes (they read the request's text)
+ADMIN_PATHS = ("/reset_prefix_cache", "/reset_suffix_cache", "/tokenize", "/detokenize")
 
 
 @dataclass(frozen=True)
