@@ -138,6 +138,18 @@ def test_a_draft_that_agrees_fills_whole_chunks_and_stays_identical(tiny_target)
     assert out.stats.accepted_tokens == out.stats.proposed_tokens > 20
 
 
+def test_a_draft_that_agrees_grows_trees_whose_first_choices_are_accepted(tiny_target):
+    """Trees too rank each node after its own path, penalised: with the target as its own draft the
+    accepted path runs through every first choice (ranked unpenalised, rounds left it at a second
+    choice or at nothing: 4 such rounds of 21 on the first prompt)."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **PENALISED)
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=4, spec_tree=6)
+    for prompt in PROMPTS:
+        out = specdec.generate(tiny_target, prompt, params, draft=tiny_target, spec=spec)
+        trees = [r.first_choices for r in out.stats.rounds if r.first_choices is not None]
+        assert len(trees) > 10 and all(accepted == depth for depth, accepted in trees), trees
+
+
 def committed_only(self, logits, output_ids, drafted=()):  # noqa: ANN001, ANN202
     """A wrong rule: every row of a verification chunk penalised after the committed tokens only."""
     if logits.dim() == 1:

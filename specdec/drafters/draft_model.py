@@ -331,7 +331,7 @@ class DraftModelDrafter(Drafter):
         logits = yield from self._sync(context_ids)
         self.context_len = len(context_ids) - self.offset  # positions in the draft cache
         if self.tree_nodes:
-            return (yield from self._propose_tree(logits, k))
+            return (yield from self._propose_tree(logits, k, penalty_shape(self.penalties, context_ids)))
 
         def step(token: int) -> Generator[ModelCall, torch.Tensor, torch.Tensor]:
             self.cached.append(token)
@@ -340,12 +340,15 @@ class DraftModelDrafter(Drafter):
         return (yield from draft_steps(logits, step, k, self.params, self.generator, self.confidence_threshold,
                                        self.take_over, self.constraint, shape=penalty_shape(self.penalties, context_ids)))
 
-    def _propose_tree(self, logits: torch.Tensor, depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
+    def _propose_tree(self, logits: torch.Tensor, depth: int,
+                      shape: Callable[[torch.Tensor, list[int]], torch.Tensor] | None) -> Generator[ModelCall, torch.Tensor, Draft]:
         """A token tree up to ``depth`` deep (:func:`grow_tree`), one draft forward of
         ``tree_width`` rows per level, each node attending to the context and its own ancestors in
-        the draft cache's tree region."""
+        the draft cache's tree region; with penalties (``shape``) each node's row is ranked after
+        its own path, as the target's row for it will be (:meth:`Penalties.apply_tree`)."""
         self.tree_base = self.state.seq_len
         self.tree_slots, region = {}, []
+        paths: dict[int, list[int]] = {-1: []}  # node → its tokens from the root (shape's history)
 
         def forward(expand: list[int], tokens: list[int], parents: list[int]) -> Generator[ModelCall, torch.Tensor, list[torch.Tensor] | None]:
             if self.state.seq_len + len(expand) > self.state.max_seq_len:
@@ -356,9 +359,14 @@ class DraftModelDrafter(Drafter):
             self.model_forwards += 1
             rows = yield ModelCall(self.backend, self.state, [tokens[n] for n in expand], vocab_limit=self.vocab_limit,
                                    tree=TreeLayout(self.tree_base, list(region)), role="draft")
-            return [self._ranking_probs(row) for row in rows]
+            if shape is None:
+                return [self._ranking_probs(row) for row in rows]
+            for node in expand:
+                paths[node] = paths[parents[node]] + [tokens[node]]
+            return [self._ranking_probs(shape(row, paths[node])) for node, row in zip(expand, rows)]
 
-        draft = yield from grow_tree(self._ranking_probs(logits), depth, self.tree_width, forward)
+        first = logits if shape is None else shape(logits, [])
+        draft = yield from grow_tree(self._ranking_probs(first), depth, self.tree_width, forward)
         self.tree_tokens = draft.tokens
         return draft
 
