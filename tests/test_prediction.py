@@ -198,3 +198,17 @@ def test_ngram_trees_go_as_deep_as_the_gamma_maximum_whatever_k():
     predicted = PromptLookupDrafter(prediction=(3, 4, 5, 6, 7, 8, 9, 10, 11), max_tokens=8)
     predicted.start(prompt)
     assert predicted.propose(prompt, 1).tokens == [3, 4, 5, 6, 7, 8, 9, 10]
+
+
+def test_the_prediction_learns_its_own_acceptance_rate():
+    """A prediction's tokens are right for long runs or hardly at all: their trials move a rate of
+    their own, not the one the request's repeats are estimated with."""
+    drafter = SuffixDrafter(GlobalSuffixCache(), prediction=(7, 8, 9, 10), max_tokens=4)
+    prompt = [1, 2, 3]
+    drafter.start(prompt)
+    draft = drafter.propose(prompt, 4)
+    assert draft.tokens == [7, 8, 9, 10] and drafter.proposed_predicted == [True] * 4
+    shared = (list(drafter.match_accepts), list(drafter.match_trials))
+    drafter.accepted(0, 5)  # the first predicted token was refused
+    assert (drafter.match_accepts, drafter.match_trials) == shared
+    assert drafter.prediction_trials != shared[1] and drafter.prediction_counts == (0, 1)

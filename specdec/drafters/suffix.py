@@ -144,6 +144,9 @@ class SuffixDrafter(Drafter):
         buckets = self.local.max_depth
         self.match_accepts = [PRIOR_WEIGHT * MATCH_PRIOR[min(b, len(MATCH_PRIOR) - 1)] for b in range(buckets)]
         self.match_trials = [PRIOR_WEIGHT] * buckets
+        # the same for the prediction's table, learnt apart: a prediction is right for long runs or
+        # (an earlier answer that went another way) hardly at all, unlike the request's own repeats
+        self.prediction_accepts, self.prediction_trials = list(self.match_accepts), list(self.match_trials)
         self.proposed_depths: list[int] = []  # match length behind each token of the last proposal
         self.proposed_predicted: list[bool] = []  # which of them the prediction's table proposed
         self.proposed: list[int] = []
@@ -177,7 +180,8 @@ class SuffixDrafter(Drafter):
             return None
         (ranked, depth), from_prediction = max(candidates, key=lambda c: (c[0][1], c[0][0][0][1]))
         bucket = self._bucket(depth)
-        rate = self.match_accepts[bucket] / self.match_trials[bucket]
+        accepts, trials = (self.prediction_accepts, self.prediction_trials) if from_prediction else (self.match_accepts, self.match_trials)
+        rate = accepts[bucket] / trials[bucket]
         return [(token, share * rate) for token, share in ranked], depth, from_prediction
 
     def _bucket(self, depth: int) -> int:
@@ -278,14 +282,17 @@ class SuffixDrafter(Drafter):
             parent = node
 
     def _trial(self, node: int, right: bool) -> None:
-        """Proposed token ``node`` was tried: right or wrong (its match length's rate and, when the
-        prediction gave it, the prediction's counts)."""
+        """Proposed token ``node`` was tried: right or wrong (its match length's rate — the
+        prediction's own when the prediction gave it — and the prediction's counts)."""
         bucket = self._bucket(self.proposed_depths[node])
-        self.match_trials[bucket] += 1
-        self.match_accepts[bucket] += right
         if self.proposed_predicted[node]:
+            self.prediction_trials[bucket] += 1
+            self.prediction_accepts[bucket] += right
             self.prediction_accepted += right
             self.prediction_rejected += not right
+        else:
+            self.match_trials[bucket] += 1
+            self.match_accepts[bucket] += right
 
     def count_prediction(self, tokens: list[int], predicted: list[bool], num_accepted: int, next_token: int) -> None:
         """Count the prediction's tokens among ``tokens``, which another drafter proposed from this
