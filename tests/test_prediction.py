@@ -212,3 +212,18 @@ def test_the_prediction_learns_its_own_acceptance_rate():
     drafter.accepted(0, 5)  # the first predicted token was refused
     assert (drafter.match_accepts, drafter.match_trials) == shared
     assert drafter.prediction_trials != shared[1] and drafter.prediction_counts == (0, 1)
+
+
+def test_the_openai_client_sends_a_prediction_and_reads_its_usage(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "repeat after me"}]
+    plain = client.chat.completions.create(model="tiny", messages=messages, max_tokens=30, temperature=0,
+                                           extra_body={"ignore_eos": True, "speculative": None})
+    text = plain.choices[0].message.content
+    httpx.post(f"{server}/reset_suffix_cache")
+    helped = client.chat.completions.create(model="tiny", messages=messages, max_tokens=30, temperature=0,
+                                            prediction={"type": "content", "content": text}, extra_body={"ignore_eos": True})
+    assert helped.choices[0].message.content == text
+    assert helped.usage.completion_tokens_details.accepted_prediction_tokens > 0
