@@ -163,6 +163,8 @@ def test_tool_choice_required_or_named_constrains_the_answer_to_a_call(tool_serv
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "arguments must be JSON text"),
     ({"messages": [{"role": "user", "content": None}]}, "only an assistant message with tool_calls may omit it"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}], "tool_choice": "required"},
+     'not a usable JSON Schema: Unsupported type "bogus"'),
 ])
 def test_what_cannot_be_honoured_is_a_400(tool_server, body, fragment):
     response = chat(tool_server, **body)
@@ -206,6 +208,7 @@ def test_tokenize_counts_what_the_chat_endpoint_reads_and_detokenize_inverts(too
     back = httpx.post(f"{tool_server}/detokenize", json={"tokens": text["tokens"]}).json()
     assert back == {"prompt": "def f(x):"}
     for path, body, fragment in (("/tokenize", {"prompt": "x", "messages": ASK}, "not both"), ("/tokenize", {}, "not both"),
+                                 ("/tokenize", {"messages": []}, "messages must not be empty"),
                                  ("/detokenize", {"tokens": [10**7]}, "tokens must be in"),
                                  ("/detokenize", {"tokens": "abc"}, "tokens")):
         response = httpx.post(f"{tool_server}{path}", json=body)

@@ -128,6 +128,8 @@ def create_app(state: ServerState) -> FastAPI:
         tokenizer = state.target.tokenizer
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give prompt (text) or messages, not both", param="prompt")
+        if req.messages is not None and not req.messages:
+            raise APIError(400, "messages must not be empty", param="messages")
         if req.prompt is not None:
             ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:

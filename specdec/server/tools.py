@@ -75,7 +75,8 @@ def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
         try:
             arguments = xgrammar.Grammar.from_json_schema(json.dumps(schema))
         except Exception as exc:  # noqa: BLE001 - xgrammar's errors for schemas it cannot compile
-            raise APIError(400, f"tools: the parameters of {tool.function.name!r} are not a usable JSON Schema: {exc}",
+            reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(exc).strip().splitlines()[0])  # its C++ log prefix
+            raise APIError(400, f"tools: the parameters of {tool.function.name!r} are not a usable JSON Schema: {reason}",
                            param="tools") from None
         opening = f'{CALL_OPEN}\n{{"name": {json.dumps(tool.function.name)}, "arguments": '
         calls.append(xgrammar.Grammar.concat(literal(opening), arguments, literal("}\n" + CALL_CLOSE)))
