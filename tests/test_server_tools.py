@@ -65,6 +65,9 @@ def test_the_stream_filter_holds_back_what_may_be_a_call():
     assert held.push("x <tool_call>{") == "x "
     assert held.push('"name": "f"}</tool_call>') == ""
     assert held.flush(called=True) == ""
+    after = ToolTextFilter()
+    after.push('<tool_call>{"name": "f", "arguments": {}}</tool_call> done')
+    assert after.flush(called=True) == "done"  # as the non-streamed answer's content
     malformed = ToolTextFilter()
     malformed.push("<tool_call>oops")
     assert malformed.flush(called=False) == "<tool_call>oops"  # no call: it is content after all

@@ -189,10 +189,14 @@ class ToolTextFilter:
         return out
 
     def flush(self, called: bool) -> str:
-        """What was held back, at the end of the output: nothing when it made calls (they go out as
-        ``tool_calls``), else the text (a malformed call is content, as :func:`parse_tool_calls` says)."""
-        out, self.held = ("" if called else self.held), ""
-        return out
+        """What was held back, at the end of the output: when it made calls (they go out as
+        ``tool_calls``) the text around them, else all of it (a malformed call is content, as
+        :func:`parse_tool_calls` says) — the content a non-streamed answer has."""
+        held, self.held = self.held, ""
+        if not called:
+            return held
+        content, _ = parse_tool_calls(held, self.names)
+        return (content or "") if self.in_call else ""
 
 
 def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | list[int], frozenset[str] | None]:
