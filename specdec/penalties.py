@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.tree import path_to
 
 
 def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
@@ -93,10 +94,8 @@ class Penalties:
         """A token tree's verification rows ``logits [N + 1, V]`` (row 0 after the committed tokens,
         row i + 1 after node i: ``tokens [N]``, ``parents [N]``, -1 for the root's children) → row
         i + 1 penalised after the output and node i's path from the root, node i included."""
-        paths: list[list[int]] = []
-        for node, parent in enumerate(parents):
-            paths.append((paths[parent] if parent >= 0 else []) + [int(tokens[node])])  # parents come first
         output = list(output_ids)
+        paths = [[int(tokens[i]) for i in path_to(parents, node)] for node in range(len(parents))]
         return self._apply_rows(logits, [output] + [output + path for path in paths])
 
     def _apply_rows(self, rows: torch.Tensor, histories: list[list[int]]) -> torch.Tensor:

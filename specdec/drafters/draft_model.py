@@ -28,7 +28,7 @@ from specdec.penalties import Penalties, penalty_shape
 from specdec.sampling import SamplingParams, greedy_ids, logits_to_probs, sample_from_probs, top_candidates
 from specdec.step_calibration import planning_curve, rescaled
 from specdec.structured import GrammarConstraint
-from specdec.tree import TreeLayout
+from specdec.tree import TreeLayout, path_to
 
 #: a draft forward of at least this many tokens is a prompt pass (the catch-up on a new prompt, or on
 #: what was generated while the draft sat out): it runs on the draft's prompt backend
@@ -348,7 +348,6 @@ class DraftModelDrafter(Drafter):
         its own path, as the target's row for it will be (:meth:`Penalties.apply_tree`)."""
         self.tree_base = self.state.seq_len
         self.tree_slots, region = {}, []
-        paths: dict[int, list[int]] = {-1: []}  # node → its tokens from the root (shape's history)
 
         def forward(expand: list[int], tokens: list[int], parents: list[int]) -> Generator[ModelCall, torch.Tensor, list[torch.Tensor] | None]:
             if self.state.seq_len + len(expand) > self.state.max_seq_len:
@@ -361,9 +360,7 @@ class DraftModelDrafter(Drafter):
                                    tree=TreeLayout(self.tree_base, list(region)), role="draft")
             if shape is None:
                 return [self._ranking_probs(row) for row in rows]
-            for node in expand:
-                paths[node] = paths[parents[node]] + [tokens[node]]
-            return [self._ranking_probs(shape(row, paths[node])) for node, row in zip(expand, rows)]
+            return [self._ranking_probs(shape(row, [tokens[i] for i in path_to(parents, node)])) for node, row in zip(expand, rows)]
 
         first = logits if shape is None else shape(logits, [])
         draft = yield from grow_tree(self._ranking_probs(first), depth, self.tree_width, forward)
