@@ -166,6 +166,7 @@ def test_tool_choice_required_or_named_constrains_the_answer_to_a_call(tool_serv
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "arguments must be JSON text"),
     ({"messages": [{"role": "user", "content": None}]}, "only an assistant message with tool_calls may omit it"),
+    ({"messages": []}, "messages must not be empty"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}], "tool_choice": "required"},
      'not a usable JSON Schema: Unsupported type "bogus"'),
 ])

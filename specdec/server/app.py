@@ -128,14 +128,12 @@ def create_app(state: ServerState) -> FastAPI:
         tokenizer = state.target.tokenizer
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give prompt (text) or messages, not both", param="prompt")
-        if req.messages is not None and not req.messages:
-            raise APIError(400, "messages must not be empty", param="messages")
         if req.prompt is not None:
             ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        else:
+        else:  # what the chat endpoint reads (its checked_prompt)
             prompt, _ = chat_prompt(tokenizer, ChatCompletionRequest(messages=req.messages, tools=req.tools))
             try:
-                ids = prompt if not prompt or isinstance(prompt[0], int) else tokenizer.apply_chat_template(prompt)
+                ids = encode_prompt(state.target, prompt)
             except SpecdecError as exc:
                 raise APIError(400, str(exc), param="messages") from None
         return {"count": len(ids), "max_model_len": state.target.config.max_position_embeddings, "tokens": ids}
@@ -170,8 +168,6 @@ def create_app(state: ServerState) -> FastAPI:
 
     async def handle(request: Request, chat: bool) -> Response:
         req, raw = await parse(request, ChatCompletionRequest if chat else CompletionRequest)
-        if chat and not req.messages:
-            raise APIError(400, "messages must not be empty", param="messages")
         calls = None  # the tool names outputs are parsed for (server/tools.py); None: no tools
         forced = None  # tool_choice "required" / a named function: the output's constraint
         if chat:

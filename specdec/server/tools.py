@@ -202,8 +202,10 @@ class ToolTextFilter:
 def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | list[int], frozenset[str] | None]:
     """The request's prompt — messages for the chat template, or, with tools, the token ids the
     template renders with them — and the names of the tools the output is parsed for (None: not
-    parsed). A model whose template ignores tools is a 400: it would answer without knowing them.
-    (A forced call's constraint is :func:`forced_call`'s.)"""
+    parsed). No messages, or a model whose template ignores tools (it would answer without knowing
+    them), is a 400. (A forced call's constraint is :func:`forced_call`'s.)"""
+    if not req.messages:
+        raise APIError(400, "messages must not be empty", param="messages")
     messages = template_messages(req.messages)
     tools = template_tools(req)
     if tools is None:
