@@ -126,10 +126,10 @@ class SuffixDrafter(Drafter):
         self.max_tokens = max_tokens  # the longest proposal whatever k a round asks (the request's γ maximum)
         self.cache = cache if cache is not None else GlobalSuffixCache(max_depth)
         self.local = FrequencyTable(max_depth)
-        #: the request's predicted output (:mod:`specdec.prediction`), a table of its own so that what
-        #: is drafted from it can be counted (filled by :meth:`start`); None without one
+        #: the request's predicted output (:mod:`specdec.prediction`) and its table, one of its own so
+        #: that what is drafted from it can be counted (built by :meth:`start`; None without one)
         self.prediction = list(prediction)
-        self.predicted: FrequencyTable | None = FrequencyTable(max_depth) if prediction else None
+        self.predicted: FrequencyTable | None = None
         self.prediction_accepted = self.prediction_rejected = 0
         self.min_confidence = min_confidence
         #: > 0: propose token trees of up to this many nodes (every continuation the tables saw,
@@ -156,7 +156,7 @@ class SuffixDrafter(Drafter):
         self.tokens = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
         self.local.add(self.tokens)
-        if self.predicted is not None:
+        if self.prediction:
             # the prediction is the expected output from its first token: it follows the prompt's last
             # tokens, so they are its first token's context (else that token could not be drafted)
             tail = self.tokens[-self.local.max_depth :]
@@ -167,7 +167,7 @@ class SuffixDrafter(Drafter):
 
     @property
     def prediction_counts(self) -> tuple[int, int] | None:
-        return None if self.predicted is None else (self.prediction_accepted, self.prediction_rejected)
+        return None if not self.prediction else (self.prediction_accepted, self.prediction_rejected)
 
     def _predict(self, tokens: list[int], choices: int = 1) -> tuple[list[tuple[int, float]], int, bool] | None:
         """The likeliest next tokens with their acceptance estimates, the match length behind them
