@@ -12,7 +12,7 @@ import pytest
 import specdec
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
-from tests.test_server import launch
+from tests.test_server import launch, serving
 
 FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
 PREFIX, SUFFIX = "def area(w, h):\n    ", "\n\nprint(area(2, 3))"
@@ -54,9 +54,8 @@ def test_server_suffix_fills_the_middle_as_the_library_does(fim_dir, fim_dirs):
     target = specdec.load_model(fim_dir, dtype="float32", device="cpu")
     ids = target.tokenizer.fill_in_the_middle(PREFIX, SUFFIX)
     expected = specdec.generate(target, ids, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-    proc, base = launch("--model", str(fim_dir), "--draft-model", str(fim_dirs["draft"]), "--dtype", "float32",
-                        "--quantize", "none", "--served-model-name", "tiny", "--num-speculative-tokens", "3")
-    try:
+    with serving(launch("--model", str(fim_dir), "--draft-model", str(fim_dirs["draft"]), "--dtype", "float32",
+                        "--quantize", "none", "--served-model-name", "tiny", "--num-speculative-tokens", "3")) as base:
         body = {"model": "tiny", "prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
         answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
         assert answer["choices"][0]["text"] == expected.text
@@ -65,22 +64,15 @@ def test_server_suffix_fills_the_middle_as_the_library_does(fim_dir, fim_dirs):
         for bad, fragment in (({"prompt": [1, 2, 3]}, "suffix needs text prompts"), ({"echo": True}, "echo cannot be combined")):
             response = httpx.post(f"{base}/v1/completions", json={**body, **bad}, timeout=60)
             assert response.status_code == 400 and fragment in response.json()["error"]["message"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_server_suffix_without_fim_tokens_is_a_400(tiny_dirs):
-    proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
-                        "--served-model-name", "tiny")
-    try:
+    with serving(launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
+                        "--served-model-name", "tiny")) as base:
         response = httpx.post(f"{base}/v1/completions", timeout=60,
                               json={"model": "tiny", "prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 4})
         assert response.status_code == 400 and "no fill-in-the-middle tokens" in response.json()["error"]["message"]
         assert response.json()["error"]["param"] == "suffix"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from specdec.engine import generate_ids
 from specdec.errors import SpecdecError
 from specdec.prediction import count_prediction
 from specdec.sampling import SamplingParams, make_generator
-from tests.test_server import start_server
+from tests.test_server import serving, start_server
 
 PROMPT = "def fibonacci(n):"
 
@@ -111,10 +111,8 @@ def test_predictions_outside_the_vocabulary_or_context_are_refused(tiny_target):
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs):
-    proc, base = start_server(tiny_dirs, "--max-concurrency", "4")
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serving(start_server(tiny_dirs, "--max-concurrency", "4")) as base:
+        yield base
 
 
 def test_server_prediction_is_drafted_from_and_reported_as_openai_does(server, tiny_target):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import socket
 import subprocess
@@ -42,6 +43,17 @@ def launch(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120
         if proc.poll() is not None:
             raise RuntimeError(proc.stderr.read())
     return proc, base
+
+
+@contextlib.contextmanager
+def serving(started):  # noqa: ANN001, ANN201 - (Popen, str) from launch() or start_server()
+    """A started server for a with-block: its base URL, the process stopped at the end."""
+    proc, base = started
+    try:
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def start_server(tiny_dirs, *extra: str):
@@ -388,10 +400,9 @@ def test_n_choices_share_one_prompt_pass_through_the_prefix_cache(tiny_dirs):
     seed answers."""
     # prompts fed 8 tokens a forward: the first choice's prompt pass spans many steps, so a choice
     # opened beside it (not after it) would find nothing cached yet
-    proc, base = launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--quantize", "int8",
+    with serving(launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--quantize", "int8",
                         "--prompt-quantize", "same", "--served-model-name", "tiny", "--max-concurrency", "4",
-                        "--prefill-chunk", "8")
-    try:
+                        "--prefill-chunk", "8")) as base:
         def hits() -> float:
             metric = next(line for line in httpx.get(f"{base}/metrics").text.splitlines()
                           if line.startswith("specdec_prefix_cache_hit_tokens_total"))
@@ -406,6 +417,3 @@ def test_n_choices_share_one_prompt_pass_through_the_prefix_cache(tiny_dirs):
         for index, choice in enumerate(together["choices"]):
             alone = httpx.post(f"{base}/v1/completions", json={**body, "seed": 5 + index}, timeout=120).json()
             assert alone["choices"][0]["text"] == choice["text"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from specdec.server.tools import ToolTextFilter, parse_tool_calls
-from tests.test_server import launch
+from tests.test_server import launch, serving
 
 #: a Hermes-style template in the shape of Qwen2.5's (its own text, shorter): tools in the system
 #: turn, earlier calls as <tool_call> blocks, tool answers as <tool_response> blocks
@@ -75,17 +75,16 @@ def test_the_stream_filter_holds_back_what_may_be_a_call():
 
 @pytest.fixture(scope="module")
 def tool_server(tiny_dirs, tmp_path_factory):
-    """The tiny target with a tool-aware chat template, and the stock tiny one (CHATML, no tools)."""
+    """A server of the tiny target with a tool-aware chat template (the stock tiny one's is CHATML,
+    which ignores tools: test_a_template_without_tools_refuses_them)."""
     model = tmp_path_factory.mktemp("tools") / "target"
     shutil.copytree(tiny_dirs["target"], model)
     config_path = model / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config_path.write_text(json.dumps({**config, "chat_template": TOOL_TEMPLATE}))
-    proc, base = launch("--model", str(model), "--draft-model", str(tiny_dirs["draft"]), "--dtype", "float32",
-                        "--quantize", "none", "--served-model-name", "tiny", "--num-speculative-tokens", "3")
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serving(launch("--model", str(model), "--draft-model", str(tiny_dirs["draft"]), "--dtype", "float32",
+                        "--quantize", "none", "--served-model-name", "tiny", "--num-speculative-tokens", "3")) as base:
+        yield base
 
 
 def chat(base: str, **body) -> httpx.Response:  # noqa: ANN003
@@ -177,14 +176,10 @@ def test_what_cannot_be_honoured_is_a_400(tool_server, body, fragment):
 
 
 def test_a_template_without_tools_refuses_them(tiny_dirs):
-    proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
-                        "--served-model-name", "tiny")
-    try:
+    with serving(launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
+                        "--served-model-name", "tiny")) as base:
         response = chat(base, tools=[WEATHER])
         assert response.status_code == 400 and "does not describe tools" in response.json()["error"]["message"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.mark.slow
