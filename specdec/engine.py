@@ -20,20 +20,21 @@ from typing import Callable, Generator, Iterable, Iterator
 import torch
 
 from specdec.adaptive import GammaController, VerifyCosts
-from specdec.alternatives import alternative_scale, chain_nodes_in, measured_wins, running_alpha, with_alternatives
-from specdec.backends.base import Backend
-from specdec.calls import ModelCall, one, waited
+from specdec.alternatives import alternative_scale, running_alpha, with_alternatives
+from specdec.backends.base import Backend, SequenceState
+from specdec.calls import ModelCall, waited
 from specdec.config import SpecConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.output import OutputTracker
 from specdec.penalties import Penalties
+from specdec.prefix_cache import PrefixCache
+from specdec.rounds import fit_draft, learn, tell_drafter, verify_round
 from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
 from specdec.step_calibration import planning_curve
 from specdec.stats import Round, Stats
 from specdec.structured import GrammarConstraint
-from specdec.tree import TreeLayout, children, depths, first_chain, subtree
-from specdec.verify import verify, verify_tree
+from specdec.verify import verify
 
 
 @dataclass
@@ -188,26 +189,10 @@ def generate_steps(
     state = target.new_state(cache_len)
     if drafter is not None:  # before the prefill: a feature drafter (EAGLE) has the target keep its features
         drafter.bind_target_state(state)
-    prefix_cache = target.prefix_cache  # earlier prompts' keys/values, where enabled (exact)
-    # prompt_logprobs: every prompt row is scored (so none comes from the prefix cache, which keeps no
-    # logits), in chunks of at most PROMPT_LOGPROBS_CHUNK rows (a row of logits is 0.6 MB at 152k ids)
-    prompt_scores: list[TokenLogprob | None] | None = None if params.prompt_logprobs is None else [None]
-    rows = 1 if prompt_scores is None else None
-    if prompt_scores is not None:
-        prefix_cache, prefill_chunk = None, min(prefill_chunk or PROMPT_LOGPROBS_CHUNK, PROMPT_LOGPROBS_CHUNK)
-    fed = stats.cached_prompt_tokens = prefix_cache.restore(state, prompt_ids) if prefix_cache is not None else 0
-    prompt_runner = target.prompt_backend  # the target itself, or its cheaper-for-prompts twin
-    while 0 < prefill_chunk < len(prompt_ids) - fed:
-        chunk_logits = yield ModelCall(prompt_runner, state, list(prompt_ids[fed : fed + prefill_chunk]), rows, prompt=True)
-        if prompt_scores is not None:  # row r scored prompt token fed + r + 1
-            prompt_scores += token_logprobs(chunk_logits, prompt_ids[fed + 1 : fed + prefill_chunk + 1], params.prompt_logprobs)
-        fed += prefill_chunk
-    logits = yield ModelCall(prompt_runner, state, list(prompt_ids[fed:]), rows, prompt=True)
-    if prompt_scores is not None:
-        prompt_scores += token_logprobs(logits, prompt_ids[fed + 1 :], params.prompt_logprobs)
-        logits = logits[-1:]
-    if prefix_cache is not None:
-        prefix_cache.store(state, prompt_ids)
+    # prompt_logprobs: every prompt row is scored (so none comes from the prefix cache, which keeps no logits)
+    prefix_cache = target.prefix_cache if params.prompt_logprobs is None else None  # earlier prompts' keys/values
+    logits, prompt_scores, stats.cached_prompt_tokens = yield from prompt_pass(target, state, prompt_ids, params,
+                                                                               prefix_cache, prefill_chunk)
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
     if penalties is not None:
         scored = penalties.apply(scored, [])
@@ -220,14 +205,9 @@ def generate_steps(
     if drafter is not None:
         drafter.start(list(prompt_ids))
         if gamma is not None:  # γ=auto: a draft model's prompt pass must be paid back by this request's tokens
-            catch_up = drafter.catch_up_seconds(len(context))
-            loaded = saving_under_load() if saving_under_load is not None and catch_up else None
-            saving = gamma.saving_per_token() if loaded is None else loaded  # None: unmeasured, the first rounds measure it
-            drafting_pays = not catch_up or saving is None or (params.max_tokens - 1) * saving > catch_up
-            if not drafting_pays:
-                stats.speculation_note = (f"not drafting: the draft's pass over the prompt (~{catch_up * 1e3:.0f} ms measured "
-                                          f"cost) would not be paid back by {params.max_tokens - 1} more tokens"
-                                          + (" at the server's load" if loaded is not None else ""))
+            note = unpaid_prompt_pass(drafter, gamma, len(context), params.max_tokens, saving_under_load)
+            drafting_pays = note is None
+            stats.speculation_note = note or ""
     reported = 0  # rounds handed out in chunks so far
     try:
         if out.finish_reason is None:
@@ -248,81 +228,25 @@ def generate_steps(
             asked = drafter is not None and (k > 0 or (room > 0 and drafter.has_free_tokens))
             # time spent suspended while other requests' forwards ran is not this round's cost
             draft, idle = (yield from waited(drafter.propose_steps(context, k))) if asked else (Draft(tokens=[]), 0.0)
-            if draft.is_tree and constraint is not None:
-                draft = draft.as_chain()  # grammar cuts and forced tokens are chain operations
-            if draft.is_tree:  # the drafter's node numbers: kept[i] is node i of the verified tree
-                kept = fit_tree(draft, nodes, room, state.max_seq_len - len(context), verify_costs, vocab_size)
-                draft = draft.nodes(kept)
-            elif draft.prefix_accept is not None and len(draft):
-                # the drafter estimated its own acceptance: the cost model picks the length, up to
-                # the room left rather than this round's γ (see Draft)
-                draft = draft.clipped(room, vocab_size)
-                draft = draft.clipped(verify_costs.best_length(draft.prefix_accept), vocab_size)
-            else:
-                draft = draft.clipped(k, vocab_size)
-            grammatical = drafted = len(draft)
-            if constraint is not None:  # cut at the first token the grammar refuses (specdec.structured)
-                verified, grammatical = constraint.draft_cut(draft.tokens, sampled=draft.probs is not None)
-                draft = draft.clipped(verified, vocab_size)
-                drafted = len(draft)
-                if drafter is not None and grammatical == drafted and room > drafted:
-                    forced = constraint.forced_tokens(draft.tokens, room - drafted)
-                    draft = draft.extended(forced, vocab_size)  # certain: accepted whatever the logits
-                    grammatical += len(forced)
-            elif alternatives and draft.probs is not None and len(draft):  # trees under sampling (specdec.alternatives)
-                draft = with_alternatives(draft, min(nodes, state.max_seq_len - len(context) - 1),
-                                          gamma.planning_alpha if gamma is not None else
-                                          running_alpha(stats.accepted_tokens, stats.proposed_tokens), verify_costs,
-                                          alternative_scale(stats.alternative_wins, stats.alternative_promised))
+            fitted = fit_draft(draft, k, room, nodes, state.max_seq_len - len(context), verify_costs, vocab_size, constraint)
+            if alternatives and constraint is None and fitted.draft.probs is not None and fitted.drafted:
+                fitted.draft = with_alternatives(  # trees under sampling (specdec.alternatives)
+                    fitted.draft, min(nodes, state.max_seq_len - len(context) - 1),
+                    gamma.planning_alpha if gamma is not None else running_alpha(stats.accepted_tokens, stats.proposed_tokens),
+                    verify_costs, alternative_scale(stats.alternative_wins, stats.alternative_promised))
             t1 = time.perf_counter()
-            if draft.is_tree:
-                logits, idle_verify = yield from waited(one(ModelCall(
-                    target, state, [context[-1], *draft.tokens], tree=TreeLayout(len(context) - 1, [-1, *(p + 1 for p in draft.parents)]))))
-                scored = logits if penalties is None else penalties.apply_tree(logits, penalties.output_of(context), draft.tokens,
-                                                                               draft.parents)  # each node after its own path
-                path, next_token = verify_tree(draft.tokens, draft.parents, scored, params, generator, draft.node_probs)
-                rows = [0, *(node + 1 for node in path)]  # the last committed token, then the accepted nodes
-                state.keep(rows, len(context) - 1)
-                logits = logits[rows]  # the rows that scored the committed tokens
-                num_accepted = drafter_accepted = chain_accepted = len(path)
-                new_tokens = [*(draft.tokens[node] for node in path), next_token]
-                if draft.node_probs is not None:  # a sampled chain with alternatives: the drafter drafted the chain
-                    chain_accepted = chain_nodes_in(path, drafted)
-                    won, promised = measured_wins(draft, drafted, path)
-                    stats.alternative_wins += won
-                    stats.alternative_promised += promised
-                    drafter.accepted(chain_accepted, new_tokens[chain_accepted])
-                else:
-                    drafter.accepted_path([kept[node] for node in path], next_token)
-                verified_as, first_choices = tree_round(draft, path, stats)
-            else:
-                logits, idle_verify = yield from waited(one(ModelCall(target, state, [context[-1], *draft.tokens])))
-                scored = constraint.mask_rows(logits, grammatical) if constraint is not None else logits
-                if penalties is not None:  # row i after the output so far and the first i drafted tokens
-                    scored = penalties.apply(scored, penalties.output_of(context), draft.tokens)
-                num_accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
-                state.truncate(len(context) + num_accepted)
-                new_tokens = [*draft.tokens[:num_accepted], next_token]
-                # the drafter's own part of the round (grammar-forced tokens after it are the engine's)
-                drafter_accepted = min(num_accepted, drafted)
-                if drafter is not None and drafted:
-                    drafter.accepted(drafter_accepted, new_tokens[drafter_accepted])
-                verified_as, first_choices = draft.tokens[:drafted], None
+            verified = yield from verify_round(target, state, context, fitted, params, generator, constraint, penalties, stats)
+            if drafter is not None:
+                tell_drafter(drafter, fitted, verified)
             t2 = time.perf_counter()
-            t1, t2 = t1 - idle, t2 - idle - idle_verify  # this round's own draft and verify times
+            t1, t2 = t1 - idle, t2 - idle - verified.idle  # this round's own draft and verify times
 
-            stats.record_step(drafted, drafter_accepted, t1 - t0, t2 - t1)
-            draft_s, verify_s = (t1 - t0, t2 - t1) if learn_timings else (None, None)
-            stats.grammar_forced_tokens += num_accepted - drafter_accepted
-            stats.rounds.append(Round(verified_as, drafter_accepted, num_accepted - drafter_accepted, new_tokens, first_choices))
-            if gamma is not None and draft.is_tree and drafter.model_forwards is not None:
-                gamma.update_tree(max(depths(draft.parents), default=0), chain_accepted, len(draft), draft_s, verify_s)
-            elif gamma is not None and draft.prefix_accept is None:
-                gamma.update(drafted, drafter_accepted, draft_s, verify_s)
-            elif gamma is not None:
-                gamma.update_free_round(drafted, verify_s)
-            else:
-                verify_costs.update(len(draft), verify_s)
+            logits, new_tokens = verified.logits, verified.new_tokens
+            stats.record_step(fitted.drafted, verified.drafter_accepted, t1 - t0, t2 - t1)
+            stats.grammar_forced_tokens += verified.accepted - verified.drafter_accepted
+            stats.rounds.append(Round(verified.verified_as, verified.drafter_accepted,
+                                      verified.accepted - verified.drafter_accepted, new_tokens, verified.first_choices))
+            learn(gamma, verify_costs, drafter, fitted, verified, *((t1 - t0, t2 - t1) if learn_timings else (None, None)))
             context.extend(new_tokens)
             committed = commit_tokens(out, constraint, new_tokens)
             stats.generated_tokens = len(out.token_ids)
@@ -332,7 +256,7 @@ def generate_steps(
             yield StreamChunk(committed, out.new_text(), logprobs=logprobs_of(logits, committed, params),
                               rounds=stats.rounds[reported:])
             committed, reported = [], len(stats.rounds)
-        if prefix_cache is not None and prompt_runner is target:
+        if prefix_cache is not None and target.prompt_backend is target:
             # every row came from the kernels a prompt pass runs: the answer is a reusable prefix too
             # (a chat client sends it back with its next message)
             prefix_cache.store(state, context[: state.seq_len])
@@ -349,32 +273,48 @@ def generate_steps(
             drafter.finish()
 
 
-def fit_tree(draft: Draft, max_nodes: int, room: int, slots: int, verify_costs: VerifyCosts, vocab_size: int) -> list[int]:
-    """The nodes of a tree proposal worth verifying (ascending, a tree): no deeper than ``room``
-    (tokens the request may still commit), ids in the vocabulary, at most ``max_nodes`` and
-    ``slots - 1`` (the target cache's free slots, the last committed token included) — the
-    likeliest, as many as the measured verify cost says pay when the drafter estimated its nodes
-    (:meth:`VerifyCosts.best_tree`), else the first ones."""
-    assert draft.parents is not None
-    usable = draft.usable_nodes(vocab_size, max_depth=room)
-    limit = max(0, min(max_nodes, slots - 1))
-    if draft.prefix_accept is None:
-        return usable[:limit]
-    chosen = verify_costs.best_tree(subtree(draft.parents, usable), [draft.prefix_accept[n] for n in usable], limit)
-    return [usable[i] for i in chosen]
+def prompt_pass(target: Backend, state: SequenceState, prompt_ids: list[int], params: SamplingParams,
+                prefix_cache: PrefixCache | None, prefill_chunk: int,
+                ) -> Generator[ModelCall, torch.Tensor, tuple[torch.Tensor, list[TokenLogprob | None] | None, int]]:
+    """Feed the prompt to the target (its cheaper-for-prompts twin where it has one): the part the
+    prefix cache does not hold, ``prefill_chunk`` tokens a call when > 0. Returns the last row's
+    logits ``[1, vocab]``, the prompt's logprobs when asked (every row scored, in calls of at most
+    PROMPT_LOGPROBS_CHUNK rows: a row of logits is 0.6 MB at 152k ids) and the tokens restored from
+    the prefix cache. The prompt's keys/values then go to the prefix cache."""
+    scores: list[TokenLogprob | None] | None = None if params.prompt_logprobs is None else [None]
+    rows = 1 if scores is None else None
+    if scores is not None:
+        prefill_chunk = min(prefill_chunk or PROMPT_LOGPROBS_CHUNK, PROMPT_LOGPROBS_CHUNK)
+    cached = fed = prefix_cache.restore(state, prompt_ids) if prefix_cache is not None else 0
+    runner = target.prompt_backend  # the target itself, or its cheaper-for-prompts twin
+    while True:
+        end = fed + prefill_chunk if 0 < prefill_chunk < len(prompt_ids) - fed else len(prompt_ids)
+        logits = yield ModelCall(runner, state, list(prompt_ids[fed:end]), rows, prompt=True)
+        if scores is not None:  # row r scored prompt token fed + r + 1
+            scores += token_logprobs(logits, prompt_ids[fed + 1 : end + 1], params.prompt_logprobs)
+        fed = end
+        if fed == len(prompt_ids):
+            break
+    if prefix_cache is not None:
+        prefix_cache.store(state, prompt_ids)
+    return logits[-1:], scores, cached
 
 
-def tree_round(draft: Draft, path: list[int], stats: Stats) -> tuple[list[int], tuple[int, int]]:
-    """Record a verified tree in ``stats``; return the round as the acceptance view and the α-per-
-    position counts read it — the accepted path, then the first candidate tried where it stopped —
-    and as a chain of the drafter's first choices would have seen it (Round.first_choices: that
-    chain's depth, and how far the path followed it)."""
-    assert draft.parents is not None
-    stats.record_tree(len(draft), path, draft.parents)
-    chain = first_chain(draft.parents)
-    followed = next((i for i, (node, first) in enumerate(zip(path, chain)) if node != first), min(len(path), len(chain)))
-    tried = children(draft.parents).get(path[-1] if path else -1, [])[:1]  # the verifier tries children in order
-    return [draft.tokens[n] for n in path + tried], (len(chain), followed)
+def unpaid_prompt_pass(drafter: Drafter, gamma: GammaController, context_len: int, max_tokens: int,
+                       saving_under_load: Callable[[], float | None] | None) -> str | None:
+    """Why this request should not draft (None: it should): a draft model's pass over the prompt
+    costs ``catch_up`` seconds, paid back only if the request's remaining tokens save more than that
+    — at the server's load when ``saving_under_load`` says (sharing forwards saves less than
+    drafting alone), else by the γ controller's estimate (unmeasured: the first rounds measure it)."""
+    catch_up = drafter.catch_up_seconds(context_len)
+    if not catch_up:
+        return None
+    loaded = saving_under_load() if saving_under_load is not None else None
+    saving = gamma.saving_per_token() if loaded is None else loaded
+    if saving is None or (max_tokens - 1) * saving > catch_up:
+        return None
+    return (f"not drafting: the draft's pass over the prompt (~{catch_up * 1e3:.0f} ms measured cost) would not be "
+            f"paid back by {max_tokens - 1} more tokens" + (" at the server's load" if loaded is not None else ""))
 
 
 def commit_tokens(out: OutputTracker, constraint: GrammarConstraint | None, tokens: list[int]) -> list[int]:

@@ -288,7 +288,7 @@ def test_tree_rounds_count_as_chains_of_their_first_choices():
     second choice is a rejection there, and a tree's depth is not its trials. Counted by depth, a tree
     drafter's chat traffic read α 0.80-0.93 where its chains were accepted at 0.5-0.6 (session 50)."""
     from specdec.drafters.base import Draft
-    from specdec.engine import tree_round
+    from specdec.rounds import tree_round
     from specdec.policy import AcceptanceMeter
     from specdec.stats import Round, Stats
 

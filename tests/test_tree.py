@@ -14,7 +14,8 @@ from specdec.api import make_drafter
 from specdec.certify import DISTRIBUTION_CONFIGS, distribution_check
 from specdec.config import SpecConfig
 from specdec.drafters.base import Draft
-from specdec.engine import fit_tree, generate_ids
+from specdec.engine import generate_ids
+from specdec.rounds import fit_tree
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, make_generator
 from specdec.tree import TreeLayout, depths, ranked_nodes, subtree

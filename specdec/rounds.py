@@ -1,0 +1,193 @@
+"""One speculative round's parts, run in order by :func:`specdec.engine.generate_steps`:
+
+1. :func:`fit_draft` — cut the drafter's proposal to what this round may verify: a tree to its node
+   budget and the measured verify cost, a chain to γ (or, where the drafter estimated its own
+   acceptance, to the length the cost model picks), and either to what a grammar allows;
+2. :func:`verify_round` — one target forward over the last committed token and the draft (a tree
+   with its ancestor mask), the verifier's walk, the KV cache cut to the accepted path;
+3. :func:`tell_drafter` and :func:`learn` — the drafter hears what was kept, the γ controller (or
+   the verify-cost curve) what the round cost and accepted.
+
+Kept apart from the engine so the loop itself reads in one screen (gpt-fast's ``generate.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generator
+
+import torch
+
+from specdec.adaptive import GammaController, VerifyCosts
+from specdec.alternatives import chain_nodes_in, measured_wins
+from specdec.backends.base import Backend, SequenceState
+from specdec.calls import ModelCall, one, waited
+from specdec.drafters.base import Draft, Drafter
+from specdec.penalties import Penalties
+from specdec.sampling import SamplingParams
+from specdec.stats import Stats
+from specdec.structured import GrammarConstraint
+from specdec.tree import TreeLayout, children, depths, first_chain, subtree
+from specdec.verify import verify, verify_tree
+
+
+@dataclass
+class FittedDraft:
+    """A proposal cut to what this round verifies."""
+
+    draft: Draft
+    #: tree proposals: ``kept[i]`` is the drafter's node number of node i of the verified tree
+    kept: list[int] | None
+    #: the drafter's own tokens in ``draft`` (a chain's; grammar-forced tokens come after them)
+    drafted: int
+    #: tokens the grammar accepts, forced ones included (``drafted`` without a grammar)
+    grammatical: int
+
+
+@dataclass
+class Verified:
+    """One verified round."""
+
+    #: the accepted draft tokens, then the target's own next token
+    new_tokens: list[int]
+    #: ``[len(new_tokens), vocab]``: row i scored ``new_tokens[i]`` (for logprobs)
+    logits: torch.Tensor
+    #: draft tokens accepted, grammar-forced ones included
+    accepted: int
+    #: of those, the drafter's own
+    drafter_accepted: int
+    #: what a chain of the drafter's first choices would have accepted (the γ controller's unit)
+    chain_accepted: int
+    #: the drafter's node numbers of the accepted path when it drafted a tree (None: tell it a count)
+    drafter_path: list[int] | None
+    #: the round as the acceptance view reads it (the accepted path and the candidate tried after it)
+    verified_as: list[int]
+    #: trees: (the depth of the first-choice chain, how far the accepted path followed it)
+    first_choices: tuple[int, int] | None
+    #: seconds spent suspended while other requests' forwards ran (not this round's cost)
+    idle: float
+
+
+def fit_draft(draft: Draft, k: int, room: int, nodes: int, free_slots: int, verify_costs: VerifyCosts,
+              vocab_size: int, constraint: GrammarConstraint | None) -> FittedDraft:
+    """Cut ``draft`` to this round: ``k`` model tokens (γ), no deeper than ``room``, a tree to at most
+    ``nodes`` nodes and the target cache's ``free_slots``. Under a grammar a tree becomes its chain
+    (grammar cuts and forced tokens are chain operations), the chain is cut at the first token the
+    grammar refuses, and tokens the grammar forces after it are appended (accepted whatever the
+    logits: :mod:`specdec.structured`)."""
+    kept = None
+    if draft.is_tree and constraint is not None:
+        draft = draft.as_chain()
+    if draft.is_tree:
+        kept = fit_tree(draft, nodes, room, free_slots, verify_costs, vocab_size)
+        draft = draft.nodes(kept)
+    elif draft.prefix_accept is not None and len(draft):
+        # the drafter estimated its own acceptance: the cost model picks the length, up to the room
+        # left rather than this round's γ (see Draft)
+        draft = draft.clipped(room, vocab_size)
+        draft = draft.clipped(verify_costs.best_length(draft.prefix_accept), vocab_size)
+    else:
+        draft = draft.clipped(k, vocab_size)
+    grammatical = drafted = len(draft)
+    if constraint is not None:
+        verified, grammatical = constraint.draft_cut(draft.tokens, sampled=draft.probs is not None)
+        draft = draft.clipped(verified, vocab_size)
+        drafted = len(draft)
+        if grammatical == drafted and room > drafted:
+            forced = constraint.forced_tokens(draft.tokens, room - drafted)
+            draft = draft.extended(forced, vocab_size)
+            grammatical += len(forced)
+    return FittedDraft(draft, kept, drafted, grammatical)
+
+
+def fit_tree(draft: Draft, max_nodes: int, room: int, slots: int, verify_costs: VerifyCosts, vocab_size: int) -> list[int]:
+    """The nodes of a tree proposal worth verifying (ascending, a tree): no deeper than ``room``
+    (tokens the request may still commit), ids in the vocabulary, at most ``max_nodes`` and
+    ``slots - 1`` (the target cache's free slots, the last committed token included) — the
+    likeliest, as many as the measured verify cost says pay when the drafter estimated its nodes
+    (:meth:`VerifyCosts.best_tree`), else the first ones."""
+    assert draft.parents is not None
+    usable = draft.usable_nodes(vocab_size, max_depth=room)
+    limit = max(0, min(max_nodes, slots - 1))
+    if draft.prefix_accept is None:
+        return usable[:limit]
+    chosen = verify_costs.best_tree(subtree(draft.parents, usable), [draft.prefix_accept[n] for n in usable], limit)
+    return [usable[i] for i in chosen]
+
+
+def verify_round(target: Backend, state: SequenceState, context: list[int], fitted: FittedDraft, params: SamplingParams,
+                 generator: torch.Generator, constraint: GrammarConstraint | None, penalties: Penalties | None,
+                 stats: Stats) -> Generator[ModelCall, torch.Tensor, Verified]:
+    """Verify ``fitted`` after ``context`` (whose last token the target cache does not hold yet) in
+    one target forward, and cut the cache to the accepted path. Trees are recorded in ``stats``."""
+    draft = fitted.draft
+    if not draft.is_tree:
+        logits, idle = yield from waited(one(ModelCall(target, state, [context[-1], *draft.tokens])))
+        scored = constraint.mask_rows(logits, fitted.grammatical) if constraint is not None else logits
+        if penalties is not None:  # row i after the output so far and the first i drafted tokens
+            scored = penalties.apply(scored, penalties.output_of(context), draft.tokens)
+        accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
+        state.truncate(len(context) + accepted)
+        drafter_accepted = min(accepted, fitted.drafted)  # grammar-forced tokens after it are the engine's
+        return Verified([*draft.tokens[:accepted], next_token], logits, accepted, drafter_accepted, drafter_accepted,
+                        None, draft.tokens[: fitted.drafted], None, idle)
+
+    assert draft.parents is not None
+    logits, idle = yield from waited(one(ModelCall(
+        target, state, [context[-1], *draft.tokens], tree=TreeLayout(len(context) - 1, [-1, *(p + 1 for p in draft.parents)]))))
+    scored = logits if penalties is None else penalties.apply_tree(logits, penalties.output_of(context), draft.tokens,
+                                                                   draft.parents)  # each node after its own path
+    path, next_token = verify_tree(draft.tokens, draft.parents, scored, params, generator, draft.node_probs)
+    rows = [0, *(node + 1 for node in path)]  # the last committed token, then the accepted nodes
+    state.keep(rows, len(context) - 1)
+    new_tokens = [*(draft.tokens[node] for node in path), next_token]
+    if draft.node_probs is None:  # the drafter's own tree, cut by fit_tree
+        assert fitted.kept is not None
+        chain_accepted, drafter_path = len(path), [fitted.kept[node] for node in path]
+    else:  # a sampled chain with alternatives (specdec.alternatives): the drafter drafted the chain
+        chain_accepted, drafter_path = chain_nodes_in(path, fitted.drafted), None
+        won, promised = measured_wins(draft, fitted.drafted, path)
+        stats.alternative_wins += won
+        stats.alternative_promised += promised
+    verified_as, first_choices = tree_round(draft, path, stats)
+    return Verified(new_tokens, logits[rows], len(path), len(path), chain_accepted, drafter_path, verified_as,
+                    first_choices, idle)
+
+
+def tree_round(draft: Draft, path: list[int], stats: Stats) -> tuple[list[int], tuple[int, int]]:
+    """Record a verified tree in ``stats``; return the round as the acceptance view and the α-per-
+    position counts read it — the accepted path, then the first candidate tried where it stopped —
+    and as a chain of the drafter's first choices would have seen it (Round.first_choices: that
+    chain's depth, and how far the path followed it)."""
+    assert draft.parents is not None
+    stats.record_tree(len(draft), path, draft.parents)
+    chain = first_chain(draft.parents)
+    followed = next((i for i, (node, first) in enumerate(zip(path, chain)) if node != first), min(len(path), len(chain)))
+    tried = children(draft.parents).get(path[-1] if path else -1, [])[:1]  # the verifier tries children in order
+    return [draft.tokens[n] for n in path + tried], (len(chain), followed)
+
+
+def tell_drafter(drafter: Drafter, fitted: FittedDraft, verified: Verified) -> None:
+    """The accept step of the drafter's lifecycle: the path it drafted that was kept, or how many of
+    its chain's tokens were (and the token the target put after them)."""
+    if verified.drafter_path is not None:
+        drafter.accepted_path(verified.drafter_path, verified.new_tokens[-1])
+    elif fitted.drafted:
+        drafter.accepted(verified.chain_accepted, verified.new_tokens[verified.chain_accepted])
+
+
+def learn(gamma: GammaController | None, verify_costs: VerifyCosts, drafter: Drafter | None, fitted: FittedDraft,
+          verified: Verified, draft_s: float | None, verify_s: float | None) -> None:
+    """Feed the round to the γ controller — a model-drafted tree as its depth and first-choice chain,
+    a model-drafted chain as drafted/accepted, a free draft (its tokens cost no model step) as a
+    verification only — or, without one, to the verify-cost curve. ``None`` seconds: not timed
+    (seeded sampling plans from cached costs only)."""
+    draft = fitted.draft
+    if gamma is None:
+        verify_costs.update(len(draft), verify_s)
+    elif draft.is_tree and drafter is not None and drafter.model_forwards is not None:
+        gamma.update_tree(max(depths(draft.parents), default=0), verified.chain_accepted, len(draft), draft_s, verify_s)
+    elif draft.prefix_accept is None:
+        gamma.update(fitted.drafted, verified.drafter_accepted, draft_s, verify_s)
+    else:
+        gamma.update_free_round(fitted.drafted, verify_s)
