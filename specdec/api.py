@@ -29,6 +29,7 @@ from specdec.errors import SpecdecError
 from specdec.models.registry import resolve_model
 from specdec.models.transformer import Decoder
 from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_decoder, read_config
+from specdec.output import request_stop_ids
 from specdec.prefix_cache import PrefixCache
 from specdec.sampling import SamplingParams, make_generator
 from specdec.step_costs import ExecutionPlan
@@ -240,7 +241,8 @@ def make_drafter(
     resources = DrafterResources(target_backend=target.backend, spec=spec, params=params, generator=generator,
                                  max_seq_len=max_seq_len, tokenizer=target.tokenizer, target_path=target.path,
                                  draft_backend=draft.backend if info.needs_draft_model and draft is not None else None,
-                                 constraint=constraint, prediction_ids=predicted)
+                                 constraint=constraint, prediction_ids=predicted,
+                                 stop_ids=request_stop_ids(params, target.tokenizer))
     return info.factory(resources)
 
 

@@ -26,7 +26,7 @@ from specdec.calls import ModelCall, waited
 from specdec.config import SpecConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import ContextLengthError, SpecdecError
-from specdec.output import OutputTracker
+from specdec.output import OutputTracker, request_stop_ids
 from specdec.penalties import Penalties
 from specdec.prefix_cache import PrefixCache
 from specdec.rounds import fit_draft, learn, tell_drafter, verify_round
@@ -157,9 +157,7 @@ def generate_steps(
     cache_len = min(len(prompt_ids) + params.max_tokens + max(max_room, max_nodes) + 1, context_len)
     generator = generator or make_generator(params.seed, target.device)
 
-    stop_ids = frozenset(params.stop_token_ids)
-    if tokenizer is not None and not params.ignore_eos:
-        stop_ids |= tokenizer.stop_token_ids
+    stop_ids = request_stop_ids(params, tokenizer)
     if params.stop and tokenizer is None:
         raise SpecdecError("stop strings need a tokenizer")
     out = OutputTracker(params, stop_ids, tokenizer)

@@ -10,6 +10,15 @@ from __future__ import annotations
 from specdec.sampling import SamplingParams
 
 
+def request_stop_ids(params: SamplingParams, tokenizer) -> frozenset[int]:  # noqa: ANN001 - Tokenizer | None
+    """The tokens that end a request: its ``stop_token_ids``, and the tokenizer's end-of-sequence
+    ids unless ``ignore_eos`` (the same set the output tracker stops at and ``min_tokens`` bans)."""
+    stop_ids = frozenset(params.stop_token_ids)
+    if tokenizer is not None and not params.ignore_eos:
+        stop_ids |= tokenizer.stop_token_ids
+    return stop_ids
+
+
 class OutputTracker:
     """Applies max_tokens, stop token ids and stop strings to committed tokens, one token at a time,
     exactly as plain decoding would — so tokens past a stop inside an accepted block never leak."""

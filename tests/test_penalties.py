@@ -105,6 +105,22 @@ def test_min_tokens_holds_back_the_end_and_speculation_keeps_it_exact(tiny_targe
         assert out.token_ids == plain.token_ids and out.finish_reason == plain.finish_reason
 
 
+def test_a_draft_bans_the_stop_tokens_min_tokens_bans(tiny_target):
+    """min_tokens bans the request's stop tokens from the target's rows; a model drafter bans them
+    from its own (it is told the stop ids), so the target as its own draft never proposes the stop
+    token it would reject: every drafted token is accepted (without the ids the draft proposed the
+    stop token at each early position that wants it, and those rounds were rejected there)."""
+    stop = specdec.generate(tiny_target, PROMPTS[1], SamplingParams(temperature=0, max_tokens=8)).token_ids[2]
+    params = SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop], min_tokens=30)
+    plain = specdec.generate(tiny_target, PROMPTS[1], params)
+    for method in ("draft_model", "layer_skip"):
+        options = {"skip_layers": []} if method == "layer_skip" else {}
+        spec = specdec.SpecConfig(method=method, num_speculative_tokens=4, spec_tree="off", **options)
+        out = specdec.generate(tiny_target, PROMPTS[1], params, draft=tiny_target, spec=spec)
+        assert out.token_ids == plain.token_ids
+        assert out.stats.accepted_tokens == out.stats.proposed_tokens > 20, method
+
+
 def test_stop_strings_wait_for_min_tokens(tiny_target):
     """As vLLM: no stop string ends the output before min_tokens tokens either."""
     text = specdec.generate(tiny_target, PROMPTS[1], SamplingParams(temperature=0, max_tokens=8)).text

@@ -154,6 +154,9 @@ class DrafterResources:
     #: the request's predicted output as token ids (``SamplingParams.prediction``, tokenized; empty
     #: without one); drafters that draft from text read it (:mod:`specdec.prediction`)
     prediction_ids: tuple[int, ...] = ()
+    #: the tokens that end the request (:func:`specdec.output.request_stop_ids`): a model drafter bans
+    #: them from its q while ``min_tokens`` bans them from the target's p, as plain decoding does
+    stop_ids: frozenset[int] = frozenset()
 
 
 class Drafter:

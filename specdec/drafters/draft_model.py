@@ -211,8 +211,10 @@ class DraftModelDrafter(Drafter):
         context_window: int = 0,
         constraint: GrammarConstraint | None = None,
         tree_nodes: int = 0,
+        stop_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.backend = backend
+        self.stop_ids = stop_ids  # the request's stop tokens: min_tokens bans them from q as from p
         #: > 0: grow token trees of up to this many nodes (:meth:`_propose_tree`); 0: chains
         self.tree_nodes = tree_nodes
         self.tree_width = tree_width(backend.step_seconds)  # nodes forwarded per tree level
@@ -273,7 +275,7 @@ class DraftModelDrafter(Drafter):
         return Curve("draft", dict(measured)).cost(pending) if pending > 1 else 0.0
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.penalties = Penalties.build(self.params, prompt_ids, self.backend.config.vocab_size, strict=False)
+        self.penalties = Penalties.build(self.params, prompt_ids, self.backend.config.vocab_size, self.stop_ids, strict=False)
         self.state.truncate(0)
         self.cached = []
         self.offset = 0
@@ -400,7 +402,7 @@ def make_draft_model_drafter(res: DrafterResources) -> DraftModelDrafter:
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
     tree_nodes = model_tree_nodes_for(res)
     return DraftModelDrafter(res.draft_backend, res.params, res.generator, res.max_seq_len, threshold,
-                             spec.draft_vocab_size or None, spec.draft_context_window, res.constraint, tree_nodes)
+                             spec.draft_vocab_size or None, spec.draft_context_window, res.constraint, tree_nodes, res.stop_ids)
 
 
 DRAFT_MODEL_OPTIONS = ("num_speculative_tokens", "draft_model", "draft_confidence_threshold", "draft_vocab_size",

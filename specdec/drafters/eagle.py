@@ -48,8 +48,10 @@ class EagleDrafter(FeatureDrafter):
 
     def __init__(self, head: EagleHead, target: TorchBackend, params: SamplingParams, generator: torch.Generator,
                  max_seq_len: int, context_window: int = 0, confidence_threshold: float = 0.0,
-                 constraint: GrammarConstraint | None = None, tree_nodes: int = 0) -> None:
+                 constraint: GrammarConstraint | None = None, tree_nodes: int = 0,
+                 stop_ids: frozenset[int] = frozenset()) -> None:
         super().__init__(head, target)
+        self.stop_ids = stop_ids  # the request's stop tokens: min_tokens bans them from q as from p
         self.head: EagleHead = head
         self.params = params
         self.generator = generator
@@ -73,7 +75,7 @@ class EagleDrafter(FeatureDrafter):
         return self.head.weight_bytes + self.head_rows_bytes()
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.penalties = Penalties.build(self.params, prompt_ids, self.head.config.vocab_size, strict=False)
+        self.penalties = Penalties.build(self.params, prompt_ids, self.head.config.vocab_size, self.stop_ids, strict=False)
         self.cache.truncate(0)
         self.read = 0
         # pair i reads f_i and x_{i+1}: the prompt's pairs are 0 .. len-1 once the first token is out
@@ -166,7 +168,7 @@ def make_eagle_drafter(res: DrafterResources) -> EagleDrafter:
     spec = res.spec
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
     return EagleDrafter(head, res.target_backend, res.params, res.generator, res.max_seq_len,
-                        spec.draft_context_window, threshold, res.constraint, model_tree_nodes_for(res))
+                        spec.draft_context_window, threshold, res.constraint, model_tree_nodes_for(res), res.stop_ids)
 
 
 METHODS = (MethodInfo("eagle", make_eagle_drafter,

@@ -89,8 +89,9 @@ class LayerSkipDrafter(Drafter):
 
     def __init__(self, subset: LayerSubset, params: SamplingParams, generator: torch.Generator,
                  confidence_threshold: float = 0.0, vocab_limit: int | None = None,
-                 constraint: GrammarConstraint | None = None) -> None:
+                 constraint: GrammarConstraint | None = None, stop_ids: frozenset[int] = frozenset()) -> None:
         self.backend = subset
+        self.stop_ids = stop_ids  # the request's stop tokens: min_tokens bans them from q as from p
         self.constraint = constraint  # structured output: masks q like p (see draft_steps)
         self.penalties: Penalties | None = None  # the request's logit bias and penalties (set by start)
         self.vocab_limit = usable_vocab_limit(vocab_limit, subset.config.vocab_size)
@@ -108,7 +109,7 @@ class LayerSkipDrafter(Drafter):
         self.state = state
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.penalties = Penalties.build(self.params, prompt_ids, self.backend.config.vocab_size, strict=False)
+        self.penalties = Penalties.build(self.params, prompt_ids, self.backend.config.vocab_size, self.stop_ids, strict=False)
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         state = self.state
@@ -223,7 +224,7 @@ def make_layer_skip_drafter(res: DrafterResources) -> LayerSkipDrafter:
         raise SpecdecError(f"--skip-layers {bad} are outside 0..{num_layers - 1} for this model")
     run = [i for i in range(num_layers) if i not in set(skip)]
     return LayerSkipDrafter(LayerSubset(backend, run), res.params, res.generator, _threshold(spec),
-                            spec.draft_vocab_size or None, res.constraint)
+                            spec.draft_vocab_size or None, res.constraint, res.stop_ids)
 
 
 def make_early_exit_drafter(res: DrafterResources) -> LayerSkipDrafter:
@@ -233,7 +234,7 @@ def make_early_exit_drafter(res: DrafterResources) -> LayerSkipDrafter:
     if not 1 <= exit_layer <= num_layers:
         raise SpecdecError(f"--exit-layer must be in 1..{num_layers} for this model, got {exit_layer}")
     drafter = LayerSkipDrafter(LayerSubset(backend, range(exit_layer)), res.params, res.generator, _threshold(spec),
-                               spec.draft_vocab_size or None, res.constraint)
+                               spec.draft_vocab_size or None, res.constraint, res.stop_ids)
     drafter.name = "early_exit"
     return drafter
 

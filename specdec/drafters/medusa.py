@@ -48,8 +48,10 @@ class MedusaDrafter(FeatureDrafter):
     name = "medusa"
 
     def __init__(self, heads: MedusaHeads, target: TorchBackend, params: SamplingParams, generator: torch.Generator,
-                 constraint: GrammarConstraint | None = None, tree_nodes: int = 0) -> None:
+                 constraint: GrammarConstraint | None = None, tree_nodes: int = 0,
+                 stop_ids: frozenset[int] = frozenset()) -> None:
         super().__init__(heads, target)
+        self.stop_ids = stop_ids  # the request's stop tokens: min_tokens bans them from q as from p
         self.heads: MedusaHeads = heads
         self.params = params
         self.generator = generator
@@ -63,7 +65,7 @@ class MedusaDrafter(FeatureDrafter):
         return self.heads.weight_bytes + len(self.heads.blocks) * self.head_rows_bytes()
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.penalties = Penalties.build(self.params, prompt_ids, self.heads.config.vocab_size, strict=False)
+        self.penalties = Penalties.build(self.params, prompt_ids, self.heads.config.vocab_size, self.stop_ids, strict=False)
         self.model_forwards = 0
 
     @torch.inference_mode()
@@ -108,7 +110,8 @@ def head_tree(level_probs: list[torch.Tensor], depth: int, vocab: DraftVocab | N
 
 def make_medusa_drafter(res: DrafterResources) -> MedusaDrafter:
     heads = head_for(res, "medusa")
-    return MedusaDrafter(heads, res.target_backend, res.params, res.generator, res.constraint, model_tree_nodes_for(res))
+    return MedusaDrafter(heads, res.target_backend, res.params, res.generator, res.constraint, model_tree_nodes_for(res),
+                         res.stop_ids)
 
 
 METHODS = (MethodInfo("medusa", make_medusa_drafter,
