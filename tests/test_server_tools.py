@@ -43,6 +43,34 @@ def test_parse_tool_calls_takes_well_formed_blocks_and_leaves_the_rest():
         assert parse_tool_calls(malformed) == (malformed, [])
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    text = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>\n<tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    assert [c["function"]["name"] for c in parse_tool_calls(text)[1]] == ["f", "g"]
+    content, calls = parse_tool_calls(text, parallel=False)
+    assert content is None and [c["function"]["name"] for c in calls] == ["f"]  # the other dropped, not content
+    bare = '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]'
+    assert [c["function"]["name"] for c in parse_tool_calls(bare, frozenset({"a", "b"}), parallel=False)[1]] == ["a"]
+
+
+@pytest.mark.parametrize("parallel", [None, True, False])
+def test_a_forced_answer_may_make_several_calls_unless_parallel_calls_are_off(parallel):
+    """OpenAI's ``required``: one call or more (parallel_tool_calls defaults to true); false: one."""
+    pytest.importorskip("xgrammar")
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from specdec.server.schemas import ChatCompletionRequest
+    from specdec.server.tools import forced_call
+
+    req = ChatCompletionRequest(messages=ASK, tools=[WEATHER, DAY], tool_choice="required", parallel_tool_calls=parallel)
+    grammar = forced_call(req).grammar
+    weather = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    day = '<tool_call>\n{"name": "get_day", "arguments": {"offset": 1}}\n</tool_call>'
+    assert accepts(grammar, weather) and accepts(grammar, day)
+    assert accepts(grammar, weather + "\n" + day + "\n" + weather) is (parallel is not False)
+    for wrong in (weather + "\n", weather + day, "Sure. " + weather, weather.replace("\"Paris\"", "3")):
+        assert not accepts(grammar, wrong)
+
+
 def test_a_bare_json_call_counts_only_when_it_names_a_tool():
     """What small models write instead of tags (Qwen2.5-Coder-1.5B: a ```json fence)."""
     fenced = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```'
@@ -124,6 +152,21 @@ def test_tools_reach_the_prompt_and_calls_come_back_as_tool_calls(tool_server):
     follow_up = chat(tool_server, messages=history, tools=[WEATHER], max_tokens=8)
     assert follow_up.status_code == 200, follow_up.text
     assert follow_up.json()["usage"]["prompt_tokens"] > answer["usage"]["prompt_tokens"]
+
+
+def test_parallel_tool_calls_false_answers_with_the_first_call_streamed_or_not(tool_server):
+    pytest.importorskip("xgrammar")
+    two_calls = {"structured_outputs": {"regex": CALL_REGEX + "\n" + CALL_REGEX}}
+    both = chat(tool_server, tools=[WEATHER], **two_calls).json()["choices"][0]["message"]["tool_calls"]
+    assert len(both) == 2
+    first = chat(tool_server, tools=[WEATHER], parallel_tool_calls=False, **two_calls).json()["choices"][0]
+    assert first["finish_reason"] == "tool_calls" and first["message"]["content"] is None
+    assert [call["function"] for call in first["message"]["tool_calls"]] == [both[0]["function"]]
+    events = [json.loads(line[6:]) for line in chat(tool_server, tools=[WEATHER], parallel_tool_calls=False, stream=True,
+                                                    **two_calls).text.splitlines() if line.startswith("data: {")]
+    last = events[-1]["choices"][0]
+    assert [call["function"] for call in last["delta"]["tool_calls"]] == [both[0]["function"]]
+    assert not "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
 
 
 def test_tool_choice_none_leaves_the_tools_out(tool_server):

@@ -31,7 +31,7 @@ from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage,
                                  merged_chunks)
 from specdec.server.state import ServerState
 from specdec.server.params import APIError, sampling_params
-from specdec.server.tools import ToolTextFilter, chat_prompt, forced_call, streamed_delta
+from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, forced_call, streamed_delta
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
@@ -168,7 +168,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     async def handle(request: Request, chat: bool) -> Response:
         req, raw = await parse(request, ChatCompletionRequest if chat else CompletionRequest)
-        calls = None  # the tool names outputs are parsed for (server/tools.py); None: no tools
+        calls = None  # the tools outputs are parsed for (server/tools.py); None: no tools
         forced = None  # tool_choice "required" / a named function: the output's constraint
         if chat:
             prompt, calls = chat_prompt(state.target.tokenizer, req)
@@ -287,7 +287,7 @@ def create_app(state: ServerState) -> FastAPI:
         state.slots.release()
 
     async def stream_events(jobs: list[Job], chat: bool, endpoint: str, n: int, total_usage: bool,
-                            calls: frozenset[str] | None = None) -> AsyncIterator[str]:
+                            calls: RequestTools | None = None) -> AsyncIterator[str]:
         """The choices' chunks as they come (each names its choice's index); a choice's last chunk
         carries its usage, and with ``stream_options.include_usage`` one more chunk (no choices)
         the whole request's, as OpenAI sends it. With tools (``calls``) text that may be a call is
@@ -297,7 +297,7 @@ def create_app(state: ServerState) -> FastAPI:
                 for index, job in enumerate(jobs):
                     yield sse(chunk_body(job, chat, {"role": "assistant", "content": ""}, None, index, jobs[0].id))
             unechoed = {index for index, job in enumerate(jobs) if job.echo_text}
-            filters = [ToolTextFilter(calls) for _ in jobs] if calls is not None else None
+            filters = [ToolTextFilter(calls.names, calls.parallel) for _ in jobs] if calls is not None else None
             async for index, chunk in merged_chunks(jobs):
                 job = jobs[index]
                 echo = job.echo_text if index in unechoed else ""

@@ -22,7 +22,7 @@ from specdec.server.executor import END
 from specdec.server.responses import completion_logprobs, joined_logprobs, logprobs_body, usage_body
 from specdec.server.params import APIError
 from specdec.server.state import ServerState
-from specdec.server.tools import answered_message
+from specdec.server.tools import RequestTools, answered_message
 from specdec.tokenizer import Tokenizer
 
 
@@ -58,7 +58,7 @@ def completion_prompts(prompt: str | list, suffix: str | None = None, tokenizer:
         raise APIError(400, str(exc), param="suffix") from None
 
 
-def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: frozenset[str] | None = None) -> dict[str, Any]:
+def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: RequestTools | None = None) -> dict[str, Any]:
     """The non-streamed body of a request's choices (one job each, in index order: by prompt, then
     ``n`` per prompt); ``calls``: the tools chat outputs are parsed for (server/tools.py; None: none)."""
     choices = []

@@ -176,8 +176,8 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage]
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = None
-    #: OpenAI's function tools (server/tools.py); ``parallel_tool_calls`` is accepted (several calls
-    #: in one answer are always parsed)
+    #: OpenAI's function tools (server/tools.py); ``parallel_tool_calls`` false: an answer makes one
+    #: call at most (a forced one is constrained to one, a free one keeps its first)
     tools: Optional[list[ToolSpec]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = None

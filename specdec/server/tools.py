@@ -6,9 +6,11 @@ convention), and such blocks in the output become the message's ``tool_calls``.
 Decoding is untouched — speculation and the output's exactness work as for any text (a call's JSON
 repeats the tool's schema and earlier calls, which the suffix table drafts well). ``tool_choice``
 ``"none"`` leaves the tools out of the prompt (vLLM's default); ``"auto"`` (the default with tools)
-lets the model choose; ``"required"`` (any tool) and a named function constrain the output to one
-call in the template's form, its arguments to the tool's JSON Schema (:func:`forced_call`: a grammar
-through :mod:`specdec.structured`, exact under speculation like any other).
+lets the model choose; ``"required"`` (any tool) and a named function constrain the output to
+calls in the template's form, their arguments to the tool's JSON Schema (:func:`forced_call`: a
+grammar through :mod:`specdec.structured`, exact under speculation like any other). As OpenAI's,
+an answer may make several calls unless ``parallel_tool_calls`` is false: then a forced answer is
+one call and a free one keeps its first.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec.errors import SpecdecError
@@ -29,6 +32,15 @@ if TYPE_CHECKING:
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(CALL_CLOSE), re.DOTALL)
+
+
+@dataclass(frozen=True)
+class RequestTools:
+    """What a chat request's outputs are parsed for: its tools' names, and whether an answer may
+    make several calls (OpenAI's ``parallel_tool_calls``, true unless the request says false)."""
+
+    names: frozenset[str]
+    parallel: bool = True
 
 
 def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
@@ -50,10 +62,11 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
 
 
 def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
-    """``tool_choice`` ``"required"`` or a named function: the output constrained to one call — to any
-    of the tools, or to the named one — as ``<tool_call>\n{"name": …, "arguments": ARGS}\n</tool_call>``
+    """``tool_choice`` ``"required"`` or a named function: the output constrained to calls — to any
+    of the tools, or to the named one — each ``<tool_call>\n{"name": …, "arguments": ARGS}\n</tool_call>``
     (the form Qwen2.5's template asks for), ARGS following the tool's ``parameters`` schema (any
-    object without one). None otherwise. Built with xgrammar (the ``structured`` extra)."""
+    object without one), one call or several on lines of their own (one when ``parallel_tool_calls``
+    is false). None otherwise. Built with xgrammar (the ``structured`` extra)."""
     choice = req.tool_choice
     if not req.tools or choice in (None, "auto", "none"):
         return None
@@ -80,8 +93,15 @@ def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
                            param="tools") from None
         opening = f'{CALL_OPEN}\n{{"name": {json.dumps(tool.function.name)}, "arguments": '
         calls.append(xgrammar.Grammar.concat(literal(opening), arguments, literal("}\n" + CALL_CLOSE)))
-    grammar = calls[0] if len(calls) == 1 else xgrammar.Grammar.union(*calls)
-    return StructuredOutput(grammar=str(grammar))
+    grammar = str(calls[0] if len(calls) == 1 else xgrammar.Grammar.union(*calls))
+    if req.parallel_tool_calls is not False:  # root: one call or more, a newline between two
+        assert re.search(rf"\b{_ONE_CALL}\b", grammar) is None and len(re.findall(r"\broot\b", grammar)) == 1
+        grammar = f'root ::= {_ONE_CALL} ("\\n" {_ONE_CALL})*\n' + re.sub(r"^root ::=", f"{_ONE_CALL} ::=", grammar, flags=re.M)
+    return StructuredOutput(grammar=grammar)
+
+
+#: the rule a forced answer's calls repeat (xgrammar names the rules it generates root_1, basic_…)
+_ONE_CALL = "specdec_one_tool_call"
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -110,10 +130,11 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return rendered
 
 
-def parse_tool_calls(text: str, names: frozenset[str] = frozenset()) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, names: frozenset[str] = frozenset(), parallel: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
     """``(content, tool_calls)`` of an output: every well-formed ``<tool_call>`` block (a JSON object
     with a string ``name`` and object ``arguments``) becomes an OpenAI tool call, the rest of the
     text the content (None when nothing is left). A malformed block stays in the content, as text.
+    ``parallel`` false: only the first call is kept (vLLM's behaviour; the others are dropped).
 
     Small models often answer a call without the tags — the whole output one JSON object (or a list
     of them), bare or in a ```json fence (Qwen2.5-Coder-1.5B does): that is a call too when it names
@@ -132,7 +153,7 @@ def parse_tool_calls(text: str, names: frozenset[str] = frozenset()) -> tuple[st
 
     content = _CALL.sub(take, text).strip()
     if calls:
-        return content or None, calls
+        return content or None, calls if parallel else calls[:1]
     bare = _BARE.fullmatch(text.strip())
     if bare is not None and names:
         try:
@@ -141,7 +162,7 @@ def parse_tool_calls(text: str, names: frozenset[str] = frozenset()) -> tuple[st
             return text, []
         found = [_call(item) for item in (found if isinstance(found, list) else [found])]
         if found and all(call is not None and call["function"]["name"] in names for call in found):
-            return None, found  # type: ignore[return-value]
+            return None, found if parallel else found[:1]  # type: ignore[return-value]
     return text, []
 
 
@@ -163,8 +184,9 @@ class ToolTextFilter:
     an output that begins as JSON (a call without tags) waits for its end (the calls go out whole
     in the last chunk, :func:`parse_tool_calls`)."""
 
-    def __init__(self, names: frozenset[str] = frozenset()) -> None:
+    def __init__(self, names: frozenset[str] = frozenset(), parallel: bool = True) -> None:
         self.names = names  # the request's tools
+        self.parallel = parallel  # several calls kept (else the first: parse_tool_calls)
         self.held = ""
         self.in_call = False
         self.at_start = True  # nothing streamed yet: the whole output may still be a bare call
@@ -195,14 +217,13 @@ class ToolTextFilter:
         held, self.held = self.held, ""
         if not called:
             return held
-        content, _ = parse_tool_calls(held, self.names)
+        content, _ = parse_tool_calls(held, self.names, self.parallel)
         return (content or "") if self.in_call else ""
 
 
-def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | list[int], frozenset[str] | None]:
+def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | list[int], RequestTools | None]:
     """The request's prompt — messages for the chat template, or, with tools, the token ids the
-    template renders with them — and the names of the tools the output is parsed for (None: not
-    parsed). No messages, or a model whose template ignores tools (it would answer without knowing
+    template renders with them — and the tools the output is parsed for (None: not parsed). No messages, or a model whose template ignores tools (it would answer without knowing
     them), is a 400. (A forced call's constraint is :func:`forced_call`'s.)"""
     if not req.messages:
         raise APIError(400, "messages must not be empty", param="messages")
@@ -216,7 +237,8 @@ def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[lis
             raise APIError(400, "this model's chat template does not describe tools to the model", param="tools")
     except SpecdecError as exc:
         raise APIError(400, str(exc), param="messages") from None
-    return tokenizer.encode(with_tools, add_special_tokens=False), frozenset(tool["function"]["name"] for tool in tools)
+    names = frozenset(tool["function"]["name"] for tool in tools)
+    return tokenizer.encode(with_tools, add_special_tokens=False), RequestTools(names, req.parallel_tool_calls is not False)
 
 
 def streamed_delta(held: ToolTextFilter, text: str, output: str | None) -> dict[str, Any]:
@@ -225,7 +247,7 @@ def streamed_delta(held: ToolTextFilter, text: str, output: str | None) -> dict[
     content = held.push(text)
     if output is None:
         return {"content": content}
-    _, calls = parse_tool_calls(output, held.names)
+    _, calls = parse_tool_calls(output, held.names, held.parallel)
     content += held.flush(called=bool(calls))
     delta: dict[str, Any] = {"content": content} if content or not calls else {}
     if calls:
@@ -233,12 +255,12 @@ def streamed_delta(held: ToolTextFilter, text: str, output: str | None) -> dict[
     return delta
 
 
-def answered_message(text: str, names: frozenset[str] | None) -> tuple[dict[str, Any], bool]:
+def answered_message(text: str, tools: RequestTools | None) -> tuple[dict[str, Any], bool]:
     """The assistant message of a non-streamed answer, and whether it made calls (then its
-    finish_reason is ``tool_calls``); ``names``: the request's tools (None: no tools, no parsing)."""
-    if names is None:
+    finish_reason is ``tool_calls``); ``tools``: the request's (None: no tools, no parsing)."""
+    if tools is None:
         return {"role": "assistant", "content": text}, False
-    content, tool_calls = parse_tool_calls(text, names)
+    content, tool_calls = parse_tool_calls(text, tools.names, tools.parallel)
     if not tool_calls:
         return {"role": "assistant", "content": text}, False
     return {"role": "assistant", "content": content, "tool_calls": tool_calls}, True
