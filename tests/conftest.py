@@ -32,12 +32,10 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
 def server(tiny_dirs):
     """A real `specdec serve` of the tiny pair with the default flags, one per test module (a module
     that needs other flags defines its own ``server``)."""
-    from tests.test_server import start_server
+    from tests.test_server import serving, start_server
 
-    proc, base = start_server(tiny_dirs)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serving(start_server(tiny_dirs)) as base:
+        yield base
 
 
 @pytest.fixture(scope="session")

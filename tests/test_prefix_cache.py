@@ -202,7 +202,7 @@ def test_server_reuses_a_conversations_earlier_turns(tiny_dirs, int4_kernel):
     off; asking for it on float weights refuses to start."""
     import httpx
 
-    from tests.test_server import launch
+    from tests.test_server import launch, serving
 
     target = specdec.load_model(tiny_dirs["target"], quantize="int8")
     system = {"role": "system", "content": "You are a careful assistant who answers every question in one short line."}
@@ -212,10 +212,9 @@ def test_server_reuses_a_conversations_earlier_turns(tiny_dirs, int4_kernel):
     expected = [specdec.generate(target, specdec.api.encode_prompt(target, turns, chat=True), params).text
                 for turns in (first, second)]
     for flag, caches in (([], True), (["--no-enable-prefix-caching"], False)):
-        proc, base = launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
+        with serving(launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
                             "--quantize", "int8", "--prompt-quantize", "same",  # the library's (auto: timing noise here)
-                            "--served-model-name", "tiny", *flag)
-        try:
+                            "--served-model-name", "tiny", *flag)) as base:
             cached, texts = [], []
             for turns in (first, second):
                 body = {"model": "tiny", "messages": turns, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -228,9 +227,6 @@ def test_server_reuses_a_conversations_earlier_turns(tiny_dirs, int4_kernel):
             suffix_reset = httpx.post(f"{base}/reset_suffix_cache", timeout=30)
             body = {"model": "tiny", "messages": second, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
             again = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
         assert texts == expected
         assert suffix_reset.status_code == 200 and suffix_reset.json()["object"] == "suffix_cache.reset"
         assert cached[0] == 0 and (cached[1] >= 16 if caches else cached[1] == 0)

@@ -63,10 +63,8 @@ def start_server(tiny_dirs, *extra: str):
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs):
-    proc, base = start_server(tiny_dirs, "--max-concurrency", "4", "--max-queue", "100")
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serving(start_server(tiny_dirs, "--max-concurrency", "4", "--max-queue", "100")) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -232,8 +230,7 @@ def test_cancelled_stream_frees_its_slot(server):
 
 
 def test_full_queue_is_429_and_server_recovers(tiny_dirs):
-    proc, base = start_server(tiny_dirs, "--max-concurrency", "1", "--max-queue", "0")
-    try:
+    with serving(start_server(tiny_dirs, "--max-concurrency", "1", "--max-queue", "0")) as base:
         body = {"model": "tiny", "prompt": "long", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
             responses = list(pool.map(lambda _: httpx.post(f"{base}/v1/completions", json=body, timeout=60), range(8)))
@@ -248,9 +245,6 @@ def test_full_queue_is_429_and_server_recovers(tiny_dirs):
                 break
             time.sleep(0.2)
         assert ok.status_code == 200
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_server_flags_apply_to_every_method_per_request(tiny_dirs, tiny_target):
@@ -272,10 +266,9 @@ def test_server_flags_apply_to_every_method_per_request(tiny_dirs, tiny_target):
     with_limit, without_limit = library(40), library(0)
     assert (with_limit.stats.proposed_tokens, with_limit.stats.accepted_tokens) != (
         without_limit.stats.proposed_tokens, without_limit.stats.accepted_tokens)  # the flag is observable
-    proc, base = launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["target"]), "--dtype", "float32",
+    with serving(launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["target"]), "--dtype", "float32",
                         "--quantize", "none", "--served-model-name", "tiny", "--num-speculative-tokens", "3",
-                        "--method", "draft_suffix", "--draft-vocab-size", "40", "--spec-tree", "off")
-    try:
+                        "--method", "draft_suffix", "--draft-vocab-size", "40", "--spec-tree", "off")) as base:
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
         answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
         assert answer.status_code == 200, answer.text
@@ -288,21 +281,14 @@ def test_server_flags_apply_to_every_method_per_request(tiny_dirs, tiny_target):
         assert switched.status_code == 200 and switched.json()["usage"]["speculative"]["method"] == "ngram"
         unknown = httpx.post(f"{base}/v1/completions", json={**body, "speculative": {"method": "telepathy"}}, timeout=60)
         assert unknown.status_code == 400 and "unknown speculative method" in unknown.json()["error"]["message"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_server_without_draft_model_refuses_draft_methods_per_request(tiny_dirs):
-    proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none", "--method", "ngram")
-    try:
+    with serving(launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none", "--method", "ngram")) as base:
         body = {"prompt": "x = ", "max_tokens": 4, "speculative": {"method": "draft_suffix"}}
         answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
         assert answer.status_code == 400 and "--draft-model" in answer.json()["error"]["message"]
         assert httpx.post(f"{base}/v1/completions", json={**body, "speculative": None}, timeout=60).status_code == 200
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.mark.parametrize("tree", ["off", "auto"])
@@ -314,10 +300,9 @@ def test_continuous_batching_serves_concurrent_requests_in_shared_forwards_with_
     target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
     trees = [] if tree == "off" else ["--spec-tree", tree, "--disable-speculation-above", "never"]
     # --prompt-quantize same: the library's default; auto picks a prompt twin from the tiny model's timings (noise)
-    proc, base = launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--quantize", "int8",
+    with serving(launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--quantize", "int8",
                         "--prompt-quantize", "same", "--served-model-name", "tiny", "--num-speculative-tokens", "3",
-                        "--max-concurrency", "8", *trees)
-    try:
+                        "--max-concurrency", "8", *trees)) as base:
         prompts = [f"def f{i}(x):" for i in range(12)]
 
         def request(i: int) -> str:
@@ -337,9 +322,6 @@ def test_continuous_batching_serves_concurrent_requests_in_shared_forwards_with_
                                   if line.startswith('specdec_batch_requests_bucket{le="1.0"}')))
         forwards = float(next(line.split()[-1] for line in metrics.splitlines() if line.startswith("specdec_batch_requests_count")))
         assert forwards > served_alone, "no forward served more than one request"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_the_speculation_limit_switches_drafting_off_and_output_stays_the_same(tiny_dirs, tiny_target):
@@ -350,13 +332,9 @@ def test_the_speculation_limit_switches_drafting_off_and_output_stays_the_same(t
     expected = specdec.generate(tiny_target, body["prompt"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)).text
     drafted, traffic_alpha = {}, {}
     for limit in ("0", "1000"):
-        proc, base = start_server(tiny_dirs, "--disable-speculation-above", limit)
-        try:
+        with serving(start_server(tiny_dirs, "--disable-speculation-above", limit)) as base:
             out = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
             metrics = httpx.get(f"{base}/metrics", timeout=10).text
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
         assert out["choices"][0]["text"] == expected
         drafted[limit] = out["usage"]["speculative"]["draft_tokens"]
         line = next(x for x in metrics.splitlines() if x.startswith("specdec_traffic_acceptance_rate "))

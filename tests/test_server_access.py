@@ -12,7 +12,7 @@ import pytest
 
 from specdec.errors import SpecdecError
 from specdec.server.security import AccessPolicy, load_api_keys
-from tests.test_server import launch
+from tests.test_server import launch, serving
 
 KEY, OTHER_KEY = "sk-test-0123456789", "sk-second-key"
 
@@ -149,15 +149,11 @@ def test_no_request_field_reaches_the_file_system(keyed, tmp_path):
 
 
 def test_metrics_can_require_the_key_and_the_environment_supplies_one(tiny_dirs):
-    proc, base = start(tiny_dirs, "--metrics-require-key", env={"SPECDEC_API_KEY": KEY})
-    try:
+    with serving(start(tiny_dirs, "--metrics-require-key", env={"SPECDEC_API_KEY": KEY})) as base:
         assert_error(httpx.get(f"{base}/metrics", timeout=10), 401, "invalid_api_key")
         assert httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).status_code == 200
         assert post(base, "/v1/completions", COMPLETION, key=KEY).status_code == 200
         assert httpx.get(f"{base}/health", timeout=10).status_code == 200
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_key_sources_and_bad_configurations(tmp_path):

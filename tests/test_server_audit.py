@@ -18,17 +18,15 @@ from specdec.sampling import SamplingParams
 from specdec.server.audit import AuditCase, Auditor
 from specdec.server.executor import ModelExecutor
 from specdec.server.metrics import Metrics
-from tests.test_server import start_server
+from tests.test_server import serving, start_server
 
 GREEDY = {"model": "tiny", "prompt": "def fibonacci(n):", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def audited(tiny_dirs):
-    proc, base = start_server(tiny_dirs, "--audit-fraction", "1.0")
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serving(start_server(tiny_dirs, "--audit-fraction", "1.0")) as base:
+        yield base
 
 
 def audit_counts(base: str) -> dict[str, float]:
