@@ -172,8 +172,9 @@ def test_rms_norm_op_matches_torch():
     torch.testing.assert_close(ops.rms_norm(x, None, weight, 1e-6), out, rtol=0, atol=0)
 
 
-# head sizes 16 / 64 / 80 / 128 cover both value-accumulation widths; start 70 spans two key blocks
-@pytest.mark.parametrize("start,tokens,dim", [(0, 7, 16), (11, 1, 64), (11, 4, 80), (70, 3, 128)])
+# head sizes 16 / 64 / 80 / 128 cover both value-accumulation widths; start 70 spans two key blocks;
+# 70 tokens span three token tiles
+@pytest.mark.parametrize("start,tokens,dim", [(0, 7, 16), (11, 1, 64), (11, 4, 80), (70, 3, 128), (5, 70, 64)])
 def test_attention_op_matches_the_python_attention(start, tokens, dim):
     """RoPE + cache write + grouped-query causal attention, against the float reference math."""
     from specdec.models.transformer import apply_rope, causal_mask, rope_tables
