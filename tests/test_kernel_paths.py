@@ -222,22 +222,28 @@ def test_attention_gives_the_same_bits_on_every_path_alone_and_in_a_chunk(heads,
 def test_a_long_chunk_in_token_tiles_gives_every_row_its_bits_alone():
     """Many rows (a prompt pass) run in tiles of 32 tokens (layer_ops.cpp ``kTile``): 100 rows after 30
     cached slots — four tiles, the last partial — each equal to that row alone after the rows before
-    it, on every path; under a mask too (a tile's rows then see scattered slots)."""
+    it, on every path; under a mask too (a tile's rows then see scattered slots). And every path the
+    same bits: rows of 31–130 visible slots take each branch of the softmax normaliser (16-lane chunks
+    on AVX-512, an 8-lane chunk, a tail)."""
     ops = kernel()
     heads, kv_heads, dim, rows, start = 12, 2, 128, 100, 30
     qkv, cos, sin, k_cache, v_cache = attention_inputs(heads, kv_heads, dim, rows, start, seed=7)
     gen = torch.Generator().manual_seed(8)
     mask = (torch.rand(rows, start + rows, generator=gen) < 0.6).tril(start)
     mask |= torch.nn.functional.pad(torch.eye(rows, dtype=torch.bool), (start, 0))  # each row sees itself
+    chunks = {}
     for name in kernel_paths():
         with use_kernel_path(name):
             for rule in (None, mask):
                 chunk = ops.attention(qkv, cos, sin, k_cache.clone(), v_cache.clone(), start, heads, kv_heads, rule)
+                chunks[name, rule is None] = chunk
                 keys, values = k_cache.clone(), v_cache.clone()
                 for t in range(rows):
                     alone = ops.attention(qkv[t : t + 1], cos[t : t + 1], sin[t : t + 1], keys, values, start + t, heads,
                                           kv_heads, None if rule is None else rule[t : t + 1, : start + t + 1])
                     assert torch.equal(alone[0], chunk[t]), f"{name}: row {t} alone differs from the chunk"
+    for (name, causal), chunk in chunks.items():
+        assert torch.equal(chunk, chunks["avx2", causal]), f"{name} differs from avx2"
 
 
 def test_attention_under_a_tree_mask_gives_the_same_bits_on_every_path():

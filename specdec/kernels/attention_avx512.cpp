@@ -13,6 +13,8 @@
 // Compiled for AVX-512 (the pragma below) and reached only through the avx512-vnni kernel path, which runs
 // only where the CPU reports avx512f/bw/vl/dq/vnni (linear_kernels.cpp decides).
 #include <immintrin.h>
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include "dot_kernels.h"
@@ -171,8 +173,65 @@ void values_avx512(const float* p, int64_t heads, int64_t L, const int64_t* slot
       [&](int64_t h) { kAttentionAvx2.values(p + h * L, heads - h, L, slot, i0, i1, v, D, acc + h * D); });
 }
 
+// exp8 (simd.h) for 16 lanes: the same operations per lane, so the same bits
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(kExpHi)), _mm512_set1_ps(kExpLo));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 y = _mm512_set1_ps(kExpPoly[0]);
+  for (int k = 1; k < 6; ++k) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kExpPoly[k]));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+// The AVX2 normaliser (layer_ops.cpp) 16 lanes at a time: scaling and the max are exact in any order; the
+// exponentials go 16 at a time and are summed into the same 8 lane sums in the same chunk order (low half,
+// then high half), so the bits are the AVX2 path's. A 15 % share of a long prompt's attention on AVX2 lanes.
+float normalize_avx512(float* p, int64_t n, float scale) {
+  const __m512 factor = _mm512_set1_ps(scale);
+  __m512 top16 = _mm512_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p + i), factor);
+    _mm512_storeu_ps(p + i, x);
+    top16 = _mm512_max_ps(top16, x);
+  }
+  float top = _mm512_reduce_max_ps(top16);
+  for (; i < n; ++i) {
+    p[i] = p[i] * scale;
+    top = std::max(top, p[i]);
+  }
+  const __m512 shift = _mm512_set1_ps(top);
+  __m256 sum8 = _mm256_setzero_ps();
+  i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + i), shift));
+    _mm512_storeu_ps(p + i, e);
+    sum8 = _mm256_add_ps(sum8, _mm512_castps512_ps256(e));
+    sum8 = _mm256_add_ps(sum8, _mm512_extractf32x8_ps(e, 1));
+  }
+  if (i + 8 <= n) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), _mm512_castps512_ps256(shift)));
+    _mm256_storeu_ps(p + i, e);
+    sum8 = _mm256_add_ps(sum8, e);
+    i += 8;
+  }
+  float total = hsum(sum8);
+  if (i < n) {
+    float tail[8] = {0};
+    std::copy(p + i, p + n, tail);
+    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), _mm512_castps512_ps256(shift))));
+    std::copy(tail, tail + (n - i), p + i);
+    for (int64_t j = 0; j < n - i; ++j) total += tail[j];
+  }
+  return 1.0f / total;
+}
+
 }  // namespace
 
-const specdec_kernels::AttentionKernels specdec_kernels::kAttentionAvx512 = {scores_avx512, values_avx512};
+const specdec_kernels::AttentionKernels specdec_kernels::kAttentionAvx512 = {scores_avx512, values_avx512,
+                                                                             normalize_avx512};
 
 #pragma GCC pop_options

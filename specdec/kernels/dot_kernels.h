@@ -50,9 +50,13 @@ using ScoresFn = void (*)(const float* q, int64_t heads, const float* keys, cons
 // values: acc[h * D + d] += Σ_i p[h * L + i] · v[slot[i] * D + d], i in slot order
 using ValuesFn = void (*)(const float* p, int64_t heads, int64_t L, const int64_t* slot, int64_t i0, int64_t i1,
                           const float* v, int64_t D, float* acc);
+// normalize: one (token, head) row of n scores -> p[i] = e^(p[i]·scale − max_j p[j]·scale) in place; returns
+// 1 / Σ p[i], summed as 8 lane sums over p's whole 8-element chunks in order, their hsum, then the rest in order
+using NormalizeFn = float (*)(float* p, int64_t n, float scale);
 struct AttentionKernels {
   ScoresFn scores;
   ValuesFn values;
+  NormalizeFn normalize;
 };
 extern const AttentionKernels kAttentionAvx2;    // layer_ops.cpp
 extern const AttentionKernels kAttentionAvx512;  // attention_avx512.cpp: two heads per 512-bit register

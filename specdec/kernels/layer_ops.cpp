@@ -160,26 +160,6 @@ void values_avx2(const float* p, int64_t heads, int64_t L, const int64_t* slot, 
   }
 }
 
-// e^x for 8 lanes (Cephes' expf: x = n·ln2 + r, a degree-7 polynomial for e^r, 2^n through the
-// exponent bits; ~1 ulp for x in [-87, 88]); the scalar std::exp call per score was most of the
-// attention time at long contexts
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-}
-
 // p[i] *= scale for i < n; returns the largest product (a max is exact in any order)
 inline float scale_max(float* p, int64_t n, float scale) {
   const __m256 factor = _mm256_set1_ps(scale);
@@ -224,6 +204,10 @@ inline float exp_shifted_sum(float* p, int64_t n, float top) {
   return total;
 }
 
+// The softmax normaliser of one (token, head) row of n scores: p[i] = e^(p[i]·scale − max) in place,
+// returns 1 / Σ p[i] (the sum in exp_shifted_sum's fixed order)
+float normalize_avx2(float* p, int64_t n, float scale) { return 1.0f / exp_shifted_sum(p, n, scale_max(p, n, scale)); }
+
 // HF's half-rotation RoPE: out = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
 inline void rope(const float* x, const float* cos, const float* sin, int64_t dim, float* out) {
   const int64_t half = dim / 2;
@@ -242,7 +226,7 @@ void check_rows(const torch::Tensor& t, const char* name) {
 
 }  // namespace
 
-const specdec_kernels::AttentionKernels specdec_kernels::kAttentionAvx2 = {scores_avx2, values_avx2};
+const specdec_kernels::AttentionKernels specdec_kernels::kAttentionAvx2 = {scores_avx2, values_avx2, normalize_avx2};
 
 // x += residual (when given, in place: the residual stream), then y = w * (x * rsqrt(mean(x²) + eps)).
 // Folding the residual add in saves a call per sub-layer.
@@ -378,7 +362,7 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t g = 0; g < group; ++g) {
           float* p = prob.data() + ((t - t0) * group + g) * Lt;
-          inv_total[(t - t0) * group + g] = 1.0f / exp_shifted_sum(p, count_of[t], scale_max(p, count_of[t], scale));
+          inv_total[(t - t0) * group + g] = kernels.normalize(p, count_of[t], scale);
         }
       // Σ p_i v_i in slot order for every output lane (kept in memory between blocks: exact)
       std::fill(acc.begin(), acc.begin() + n * group * D, 0.0f);

@@ -38,6 +38,27 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// e^x, Cephes' expf: x = n·ln2 + r, a degree-7 polynomial for e^r, 2^n through the exponent bits (~1 ulp for
+// x in [-87, 88]). The constants are shared with the AVX-512 16-lane copy (attention_avx512.cpp: exp16),
+// which runs the same operations per lane, so both give the same bits.
+static constexpr float kExpHi = 88.0f, kExpLo = -87.0f, kLog2e = 1.44269504088896341f;
+static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+static constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                      4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+// e^x for 8 lanes (the scalar std::exp call per score was most of the attention time at long contexts)
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(kExpHi)), _mm256_set1_ps(kExpLo));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 y = _mm256_set1_ps(kExpPoly[0]);
+  for (int k = 1; k < 6; ++k) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExpPoly[k]));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
 // The sum of 8 int32 lanes (exact).
 static inline int32_t hsum_epi32(__m256i v) {
   __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
