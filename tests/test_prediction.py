@@ -25,10 +25,11 @@ def run(target, draft, method: str | None, prediction, max_tokens: int = 40, gam
     clear_global_caches()  # each run drafts from its own prompt and prediction only
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, prediction=prediction)
     spec = specdec.SpecConfig(method=method, num_speculative_tokens=gamma) if method else None
-    return specdec.generate(target, PROMPT, params, draft=draft if method == "draft_suffix" else None, spec=spec)
+    return specdec.generate(target, PROMPT, params, draft=draft if method in ("draft_suffix", "draft_model") else None,
+                            spec=spec)
 
 
-@pytest.mark.parametrize("method", ["suffix", "draft_suffix", "ngram"])
+@pytest.mark.parametrize("method", ["suffix", "draft_suffix", "ngram", "draft_model"])
 def test_greedy_output_is_plain_decodings_whatever_the_prediction(tiny_target, tiny_draft, method):
     plain = run(tiny_target, None, None, None)
     unhelped = run(tiny_target, tiny_draft, method, None)
@@ -45,16 +46,19 @@ def test_greedy_output_is_plain_decodings_whatever_the_prediction(tiny_target, t
     assert results["unrelated"].stats.prediction_counts[0] == 0
     assert "prediction:" in results["exact"].stats.summary_line()
     assert results["exact"].stats.to_dict()["prediction_accepted_tokens"] == accepted
+    assert results["exact"].stats.method == unhelped.stats.method == method
+    if method == "draft_model":  # the draft model does not run where the prediction is sure
+        assert results["exact"].stats.draft_forwards < unhelped.stats.draft_forwards / 2
 
 
-def test_a_method_that_does_not_read_predictions_ignores_them(tiny_target, tiny_draft):
+def test_a_method_that_does_not_read_predictions_ignores_them(tiny_target):
     plain = run(tiny_target, None, None, None)
     result = specdec.generate(tiny_target, PROMPT, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
                                                                    prediction=plain.token_ids),
-                              draft=tiny_draft, spec=specdec.SpecConfig(method="draft_model", num_speculative_tokens=3))
+                              spec=specdec.SpecConfig(method="layer_skip", num_speculative_tokens=3, skip_layers=[1]))
     assert result.token_ids == plain.token_ids and result.stats.prediction_counts is None
-    assert not method_info("draft_model").reads_prediction and method_info("draft_suffix").reads_prediction
-    assert [info.name for info in all_methods() if info.reads_prediction] == ["draft_suffix", "ngram", "suffix"]
+    assert not method_info("layer_skip").reads_prediction and method_info("draft_model").reads_prediction
+    assert [info.name for info in all_methods() if info.reads_prediction] == ["draft_model", "draft_suffix", "ngram", "suffix"]
 
 
 def test_sampled_output_keeps_the_targets_distribution_with_a_prediction():
@@ -178,7 +182,7 @@ def test_cli_generate_reads_a_prediction_file_and_warns_where_unused(tiny_dirs, 
     out, err = capsys.readouterr()
     assert out == plain and "prediction:" in err and '"prediction_accepted_tokens"' in err
     assert main(["generate", PROMPT, *model, "--prediction", "anything"]) == 0
-    assert "--prediction is not used by plain decoding (methods that draft from it: draft_suffix, ngram, suffix)" in capsys.readouterr().err
+    assert "--prediction is not used by plain decoding (methods that draft from it: draft_model, draft_suffix, ngram, suffix)" in capsys.readouterr().err
 
 
 def test_ngram_trees_go_as_deep_as_the_gamma_maximum_whatever_k():

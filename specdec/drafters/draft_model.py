@@ -407,5 +407,6 @@ def make_draft_model_drafter(res: DrafterResources) -> DraftModelDrafter:
 
 DRAFT_MODEL_OPTIONS = ("num_speculative_tokens", "draft_model", "draft_confidence_threshold", "draft_vocab_size",
                        "draft_context_window", "spec_tree")
-METHODS = (MethodInfo("draft_model", make_draft_model_drafter, "a small model of the same tokenizer drafts autoregressively",
-                      aliases=("draft",), needs_draft_model=True, options=DRAFT_MODEL_OPTIONS),)
+#: the ``draft_model`` method's MethodInfo is drafters/draft_suffix.py's: with a predicted output the
+#: draft model is assisted by the prediction's table, as draft_suffix is by the suffix tables
+METHODS: tuple[MethodInfo, ...] = ()

@@ -24,9 +24,9 @@ from typing import Generator
 import torch
 
 from specdec.calls import ModelCall, run_now
-from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
+from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.drafters.draft_model import DRAFT_MODEL_OPTIONS, DraftModelDrafter, make_draft_model_drafter
-from specdec.drafters.suffix import SuffixDrafter, make_suffix_drafter
+from specdec.drafters.suffix import GlobalSuffixCache, SuffixDrafter, make_suffix_drafter
 
 #: Suffix proposals whose first token is estimated at least this likely are used without the draft
 #: model (with MATCH_PRIOR: matches of two tokens or more). Lower than the draft model's own α
@@ -136,6 +136,23 @@ def make_suffix_assisted_drafter(res: DrafterResources) -> SuffixAssistedDrafter
     return SuffixAssistedDrafter(draft, suffix, DEFAULT_SUFFIX_TRUST)
 
 
-METHODS = (MethodInfo("draft_suffix", make_suffix_assisted_drafter,
+def make_draft_model_method_drafter(res: DrafterResources) -> Drafter:
+    """``draft_model``: the draft model alone — or, for a request with a predicted output, the draft model
+    except where the prediction is sure of the continuation: this class over a table of the prediction
+    only (neither the request's own text nor other requests', which are draft_suffix's), so a user who
+    chose the draft model still gets OpenAI's predicted outputs."""
+    draft = make_draft_model_drafter(res)
+    if not res.prediction_ids:
+        return draft
+    table = SuffixDrafter(cache=GlobalSuffixCache(), tree_nodes=tree_nodes_for(res, reads_prediction=True),
+                          prediction=res.prediction_ids, max_tokens=res.spec.max_draft_tokens(True), only_prediction=True)
+    drafter = SuffixAssistedDrafter(draft, table, DEFAULT_SUFFIX_TRUST)
+    drafter.name = "draft_model"
+    return drafter
+
+
+METHODS = (MethodInfo("draft_model", make_draft_model_method_drafter, "a small model of the same tokenizer drafts autoregressively",
+                      aliases=("draft",), needs_draft_model=True, options=DRAFT_MODEL_OPTIONS, reads_prediction=True),
+           MethodInfo("draft_suffix", make_suffix_assisted_drafter,
                       "the draft model, except where the suffix table is sure of the continuation",
                       needs_draft_model=True, options=DRAFT_MODEL_OPTIONS, reads_prediction=True),)

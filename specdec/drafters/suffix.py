@@ -122,8 +122,12 @@ class SuffixDrafter(Drafter):
     has_free_tokens = True
 
     def __init__(self, cache: GlobalSuffixCache | None = None, max_depth: int = 8, min_confidence: float = 0.1,
-                 tree_nodes: int = 0, prediction: tuple[int, ...] = (), max_tokens: int = 0) -> None:
+                 tree_nodes: int = 0, prediction: tuple[int, ...] = (), max_tokens: int = 0,
+                 only_prediction: bool = False) -> None:
         self.max_tokens = max_tokens  # the longest proposal whatever k a round asks (the request's γ maximum)
+        #: draft from the prediction's table alone (the ``draft_model`` method with a predicted output:
+        #: neither this request's text nor earlier requests')
+        self.only_prediction = only_prediction
         self.cache = cache if cache is not None else GlobalSuffixCache(max_depth)
         self.local = FrequencyTable(max_depth)
         #: the request's predicted output (:mod:`specdec.prediction`) and its table, one of its own so
@@ -155,7 +159,8 @@ class SuffixDrafter(Drafter):
         self.local = FrequencyTable(self.local.max_depth)
         self.tokens = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
-        self.local.add(self.tokens)
+        if not self.only_prediction:
+            self.local.add(self.tokens)
         if self.prediction:
             # the prediction is the expected output from its first token: it follows the prompt's last
             # tokens, so they are its first token's context (else that token could not be drafted)
@@ -173,7 +178,8 @@ class SuffixDrafter(Drafter):
         """The likeliest next tokens with their acceptance estimates, the match length behind them
         and whether the prediction's table gave them: from the longest match of the tables (the
         larger top share on a tie; the prediction first among equals, so its tokens count as its)."""
-        tables = ((self.predicted, True), (self.local, False), (self.cache, False))
+        tables = ((self.predicted, True),) if self.only_prediction else (
+            (self.predicted, True), (self.local, False), (self.cache, False))
         candidates = [(found, from_prediction) for table, from_prediction in tables
                       if table is not None and (found := table.predict(tokens, choices)) is not None]
         if not candidates:
@@ -191,7 +197,8 @@ class SuffixDrafter(Drafter):
         if len(context_ids) > len(self.tokens):
             start = len(self.tokens)
             self.tokens.extend(context_ids[start:])
-            self.local.add(self.tokens, start=start)
+            if not self.only_prediction:
+                self.local.add(self.tokens, start=start)
         k = max(k, self.max_tokens)
         if self.tree_nodes:
             draft, self.proposed_depths, self.proposed_predicted = self.continuation_tree(self.tokens, k, self.tree_nodes)
@@ -309,7 +316,7 @@ class SuffixDrafter(Drafter):
             self._trial(position, right=position < num_accepted or self.proposed[position] == next_token)
 
     def finish(self) -> None:
-        if len(self.tokens) > self.prompt_len:  # learn this output (with the prompt's tail as context)
+        if len(self.tokens) > self.prompt_len and not self.only_prediction:  # learn this output (with the prompt's tail as context)
             self.cache.add_request(self.tokens[max(0, self.prompt_len - self.local.max_depth) :])
         self.tokens = []
 
