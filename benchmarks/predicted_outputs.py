@@ -39,6 +39,18 @@ EDIT_REQUEST = ("Rename the function `{old}` to `solution` in this Python code. 
                 "nothing else.\n\n```python\n{code}```")
 
 
+def _spec(method: str) -> specdec.SpecConfig:
+    return specdec.SpecConfig(method=method, num_speculative_tokens="auto")
+
+
+#: name -> (speculative configuration or None for plain, whether the request carries the prediction)
+CONFIGS = {"plain": (None, False), "draft_suffix": (_spec("draft_suffix"), False),
+           "draft_suffix + prediction": (_spec("draft_suffix"), True),
+           "suffix + prediction (no draft model)": (_spec("suffix"), True),
+           "draft_model": (_spec("draft_model"), False), "draft_model + prediction": (_spec("draft_model"), True)}
+DEFAULT_CONFIGS = ("plain", "draft_suffix", "draft_suffix + prediction", "suffix + prediction (no draft model)")
+
+
 def edit_cases(limit: int) -> list[tuple[str, str, str]]:
     """(id, chat message, predicted code) for the first ``limit`` HumanEval tasks."""
     cases = []
@@ -65,6 +77,9 @@ def main() -> None:
     parser.add_argument("--workloads", default="edit,revise-humaneval,revise-mt_bench")
     parser.add_argument("--max-predicted", type=int, default=specdec.config.AUTO_MAX_PREDICTED_TOKENS,
                         help="γ=auto's longest round from a prediction (default: the library's)")
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                        help=f"comma-separated configurations, plain first (default: {','.join(DEFAULT_CONFIGS)}; "
+                             f"available: {','.join(CONFIGS)})")
     args = parser.parse_args()
     specdec.config.AUTO_MAX_PREDICTED_TOKENS = args.max_predicted
 
@@ -73,9 +88,9 @@ def main() -> None:
     print(f"# {args.model} {target.backend.mode} + {args.draft_model} {draft.backend.mode}; CPU: {cpu_description()}; "
           f"greedy, {args.max_tokens} tokens (EOS ignored but in edits), γ=auto (≤ {args.max_predicted} tokens a round from a prediction), "
           f"{args.limit} prompts a workload", flush=True)
-    spec = specdec.SpecConfig(method="draft_suffix", num_speculative_tokens="auto")
-    configs = {"plain": (None, False), "draft_suffix": (spec, False), "draft_suffix + prediction": (spec, True),
-               "suffix + prediction (no draft model)": (specdec.SpecConfig(method="suffix", num_speculative_tokens="auto"), True)}
+    configs = {name: CONFIGS[name] for name in args.configs.split(",")}
+    if next(iter(configs)) != "plain":
+        parser.error("--configs: plain comes first (every ratio is to it, every output checked against it)")
     for workload in args.workloads.split(","):
         cases = cases_for(workload, args.limit, target, args.max_tokens)
         results: dict[str, list[dict]] = {name: [] for name in configs}
