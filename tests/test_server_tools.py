@@ -69,6 +69,12 @@ def test_a_forced_answer_may_make_several_calls_unless_parallel_calls_are_off(pa
     assert accepts(grammar, weather + "\n" + day + "\n" + weather) is (parallel is not False)
     for wrong in (weather + "\n", weather + day, "Sure. " + weather, weather.replace("\"Paris\"", "3")):
         assert not accepts(grammar, wrong)
+    # a parameter called "root" stays a literal when the root rule is renamed
+    files = {"type": "function", "function": {"name": "list_files", "parameters": {
+        "type": "object", "properties": {"root": {"type": "string"}}, "required": ["root"]}}}
+    req = ChatCompletionRequest(messages=ASK, tools=[files], tool_choice="required", parallel_tool_calls=parallel)
+    listing = '<tool_call>\n{"name": "list_files", "arguments": {"root": "/tmp"}}\n</tool_call>'
+    assert accepts(forced_call(req).grammar, listing) and not accepts(forced_call(req).grammar, listing.replace("root", "rot"))
 
 
 def test_a_bare_json_call_counts_only_when_it_names_a_tool():

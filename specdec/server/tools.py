@@ -95,13 +95,16 @@ def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
         calls.append(xgrammar.Grammar.concat(literal(opening), arguments, literal("}\n" + CALL_CLOSE)))
     grammar = str(calls[0] if len(calls) == 1 else xgrammar.Grammar.union(*calls))
     if req.parallel_tool_calls is not False:  # root: one call or more, a newline between two
-        assert re.search(rf"\b{_ONE_CALL}\b", grammar) is None and len(re.findall(r"\broot\b", grammar)) == 1
-        grammar = f'root ::= {_ONE_CALL} ("\\n" {_ONE_CALL})*\n' + re.sub(r"^root ::=", f"{_ONE_CALL} ::=", grammar, flags=re.M)
+        one_call = _EBNF_TOKEN.sub(lambda m: _ONE_CALL if m.group(0) == "root" else m.group(0), grammar)
+        grammar = f'root ::= {_ONE_CALL} ("\\n" {_ONE_CALL})*\n' + one_call
     return StructuredOutput(grammar=grammar)
 
 
 #: the rule a forced answer's calls repeat (xgrammar names the rules it generates root_1, basic_…)
 _ONE_CALL = "specdec_one_tool_call"
+#: an EBNF string literal, a character class, or the rule name ``root``: renaming the root rule must not
+#: touch a literal "root" (a tool's parameter may be called that)
+_EBNF_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|\broot\b')
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
