@@ -13,8 +13,6 @@
 // Compiled for AVX-512 (the pragma below) and reached only through the avx512-vnni kernel path, which runs
 // only where the CPU reports avx512f/bw/vl/dq/vnni (linear_kernels.cpp decides).
 #include <immintrin.h>
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include "dot_kernels.h"
@@ -188,45 +186,27 @@ inline __m512 exp16(__m512 x) {
 
 // The AVX2 normaliser (layer_ops.cpp) 16 lanes at a time: scaling and the max are exact in any order; the
 // exponentials go 16 at a time and are summed into the same 8 lane sums in the same chunk order (low half,
-// then high half), so the bits are the AVX2 path's. A 15 % share of a long prompt's attention on AVX2 lanes.
+// then high half), and what the 16-lane loops leave goes through the AVX2 passes (simd.h), so the bits are
+// the AVX2 path's. A 15 % share of a long prompt's attention on AVX2 lanes.
 float normalize_avx512(float* p, int64_t n, float scale) {
+  const int64_t whole = n - n % 16;  // elements the 16-lane loops take
   const __m512 factor = _mm512_set1_ps(scale);
   __m512 top16 = _mm512_set1_ps(-INFINITY);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
+  for (int64_t i = 0; i < whole; i += 16) {
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p + i), factor);
     _mm512_storeu_ps(p + i, x);
     top16 = _mm512_max_ps(top16, x);
   }
-  float top = _mm512_reduce_max_ps(top16);
-  for (; i < n; ++i) {
-    p[i] = p[i] * scale;
-    top = std::max(top, p[i]);
-  }
+  const float top = scale_max_from(p, whole, n, scale, _mm512_reduce_max_ps(top16));
   const __m512 shift = _mm512_set1_ps(top);
   __m256 sum8 = _mm256_setzero_ps();
-  i = 0;
-  for (; i + 16 <= n; i += 16) {
+  for (int64_t i = 0; i < whole; i += 16) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + i), shift));
     _mm512_storeu_ps(p + i, e);
     sum8 = _mm256_add_ps(sum8, _mm512_castps512_ps256(e));
     sum8 = _mm256_add_ps(sum8, _mm512_extractf32x8_ps(e, 1));
   }
-  if (i + 8 <= n) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), _mm512_castps512_ps256(shift)));
-    _mm256_storeu_ps(p + i, e);
-    sum8 = _mm256_add_ps(sum8, e);
-    i += 8;
-  }
-  float total = hsum(sum8);
-  if (i < n) {
-    float tail[8] = {0};
-    std::copy(p + i, p + n, tail);
-    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), _mm512_castps512_ps256(shift))));
-    std::copy(tail, tail + (n - i), p + i);
-    for (int64_t j = 0; j < n - i; ++j) total += tail[j];
-  }
-  return 1.0f / total;
+  return 1.0f / exp_shifted_sum_from(p, whole, n, top, sum8);
 }
 
 }  // namespace

@@ -160,53 +160,11 @@ void values_avx2(const float* p, int64_t heads, int64_t L, const int64_t* slot, 
   }
 }
 
-// p[i] *= scale for i < n; returns the largest product (a max is exact in any order)
-inline float scale_max(float* p, int64_t n, float scale) {
-  const __m256 factor = _mm256_set1_ps(scale);
-  __m256 top8 = _mm256_set1_ps(-INFINITY);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p + i), factor);
-    _mm256_storeu_ps(p + i, x);
-    top8 = _mm256_max_ps(top8, x);
-  }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, top8);
-  float top = -INFINITY;
-  for (float lane : lanes) top = std::max(top, lane);
-  for (; i < n; ++i) {
-    p[i] = p[i] * scale;
-    top = std::max(top, p[i]);
-  }
-  return top;
-}
-
-// p[i] = e^(p[i] - top) for i < n, every element through exp8 (a partial last chunk via a buffer);
-// returns Σ p[i] in one fixed order for a given n: 8 lane sums over the whole chunks, hsum, then the
-// tail in order. (A serial scalar sum was a dependency chain of n additions: ~5 % of a 9-row pass.)
-inline float exp_shifted_sum(float* p, int64_t n, float top) {
-  const __m256 shift = _mm256_set1_ps(top);
-  __m256 sum8 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), shift));
-    _mm256_storeu_ps(p + i, e);
-    sum8 = _mm256_add_ps(sum8, e);
-  }
-  float total = hsum(sum8);
-  if (i < n) {
-    float tail[8] = {0};
-    std::copy(p + i, p + n, tail);
-    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), shift)));
-    std::copy(tail, tail + (n - i), p + i);
-    for (int64_t j = 0; j < n - i; ++j) total += tail[j];
-  }
-  return total;
-}
-
 // The softmax normaliser of one (token, head) row of n scores: p[i] = e^(p[i]·scale − max) in place,
-// returns 1 / Σ p[i] (the sum in exp_shifted_sum's fixed order)
-float normalize_avx2(float* p, int64_t n, float scale) { return 1.0f / exp_shifted_sum(p, n, scale_max(p, n, scale)); }
+// returns 1 / Σ p[i] (the sum in exp_shifted_sum_from's fixed order; simd.h)
+float normalize_avx2(float* p, int64_t n, float scale) {
+  return 1.0f / exp_shifted_sum_from(p, 0, n, scale_max_from(p, 0, n, scale, -INFINITY), _mm256_setzero_ps());
+}
 
 // HF's half-rotation RoPE: out = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
 inline void rope(const float* x, const float* cos, const float* sin, int64_t dim, float* out) {

@@ -5,6 +5,8 @@
 // a shared (external) inline function could have been linked from its AVX-512 copy into AVX2 code.
 #pragma once
 #include <immintrin.h>
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 // Software prefetch distance (bytes ahead in the weight stream of the current thread's rows): a
@@ -57,6 +59,49 @@ static inline __m256 exp8(__m256 x) {
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
+// The softmax normaliser's two passes from element i on (every path's: the AVX-512 one calls them for what
+// its 16-lane loops leave, so both give the same bits).
+// p[j] *= scale for i <= j < n; returns the largest of `top` and the products (a max is exact in any order)
+static inline float scale_max_from(float* p, int64_t i, int64_t n, float scale, float top) {
+  const __m256 factor = _mm256_set1_ps(scale);
+  __m256 top8 = _mm256_set1_ps(top);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p + i), factor);
+    _mm256_storeu_ps(p + i, x);
+    top8 = _mm256_max_ps(top8, x);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, top8);
+  for (float lane : lanes) top = std::max(top, lane);
+  for (; i < n; ++i) {
+    p[i] = p[i] * scale;
+    top = std::max(top, p[i]);
+  }
+  return top;
+}
+
+// p[j] = e^(p[j] - top) for i <= j < n, every element through exp8 (a partial last chunk via a buffer);
+// returns Σ p in one fixed order for a given n: `sum8` (the 8 lane sums of the chunks before i) plus the
+// whole 8-element chunks from i, in order, their hsum, then the tail in order. (A serial scalar sum was a
+// dependency chain of n additions: ~5 % of a 9-row pass.)
+static inline float exp_shifted_sum_from(float* p, int64_t i, int64_t n, float top, __m256 sum8) {
+  const __m256 shift = _mm256_set1_ps(top);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), shift));
+    _mm256_storeu_ps(p + i, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  float total = hsum(sum8);
+  if (i < n) {
+    float tail[8] = {0};
+    std::copy(p + i, p + n, tail);
+    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), shift)));
+    std::copy(tail, tail + (n - i), p + i);
+    for (int64_t j = 0; j < n - i; ++j) total += tail[j];
+  }
+  return total;
 }
 
 // The sum of 8 int32 lanes (exact).
