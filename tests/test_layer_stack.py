@@ -122,3 +122,23 @@ def test_a_bad_linear_spec_is_refused_clearly(int4_kernel):
     stack.add_layer(norm, [good], 1, 1, good, norm, [good], good)
     with pytest.raises(RuntimeError, match="layer 3 out of range"):
         stack.run(torch.zeros(1, 64), [], [3])
+
+
+@pytest.mark.parametrize("use_stack", [True, False], ids=["cpp", "python"])
+def test_a_long_prompts_mlp_in_row_passes_gives_each_rows_bits(int4_decoder, use_stack):
+    """A prompt pass longer than the MLP's row pass (kMlpRows / MLP_ROWS = 256: 300 rows run as 256 + 44)
+    gives every row the bits of passes too short to be split (150 + 150), cache included."""
+    from specdec.kernels.layers import MLP_ROWS
+
+    ids = torch.arange(300) * 37 % 512
+    assert ids.numel() > MLP_ROWS > ids.numel() // 2
+
+    def passes(cuts):
+        cache = int4_decoder.new_cache(320)
+        logits = [int4_decoder(ids[a:b], torch.arange(a, b), cache, num_logits=b - a) for a, b in cuts]
+        return torch.cat(logits), cache
+
+    whole, whole_cache = _run(int4_decoder, use_stack, lambda: passes([(0, 300)]))
+    halves, halves_cache = _run(int4_decoder, use_stack, lambda: passes([(0, 150), (150, 300)]))
+    assert torch.equal(whole, halves)
+    assert torch.equal(whole_cache.k, halves_cache.k) and torch.equal(whole_cache.v, halves_cache.v)
