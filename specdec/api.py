@@ -26,6 +26,7 @@ from specdec.drafters.base import Drafter, DrafterResources
 from specdec.drafters.registry import method_info, needs_draft_model
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
 from specdec.errors import SpecdecError
+from specdec.kernels.layers import use_for_prompt_passes
 from specdec.models.registry import resolve_model
 from specdec.models.transformer import Decoder
 from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_decoder, read_config
@@ -158,7 +159,9 @@ def load_model(
         backend.step_seconds = step_costs.measured_seconds(decoder.config, mode, AUTO_MAX_SPECULATIVE_TOKENS + 1)
         prompt_mode = resolve_prompt_quantize(prompt_quantize, decoder.config, mode)
         if prompt_mode != mode:
-            prompts = TorchBackend(_load_cpu_decoder(path, prompt_mode, device, progress), huge_pages=False)
+            twin = _load_cpu_decoder(path, prompt_mode, device, progress)
+            use_for_prompt_passes(twin)
+            prompts = TorchBackend(twin, huge_pages=False)
             prompts.mode = prompt_mode
             prompts.step_seconds = step_costs.full_curve(decoder.config, prompt_mode)
             backend.use_for_prompts(prompts)

@@ -112,6 +112,12 @@ void q4_panel_amx(const Q4AmxBlock* panel, int64_t K, int64_t outs, const int8_t
                   int64_t gstride, int64_t rows, const float* xs, const float* bias, float* out, int64_t ldo);
 // amx_int8_ready(): where q4_panel_amx runs
 bool amx_q4_ready();
+// A prompt twin's causal attention on AMX-BF16 tiles (attention_amx.cpp): q [T, heads, D] after RoPE, the
+// caches float [kv_heads, S, D] holding slots 0 .. start + T, -> out [T, heads * D]; D a multiple of 32
+void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_heads, const float* kc, const float* vc,
+                          int64_t S, int64_t D, int64_t start, float scale, float* out);
+// Whether this CPU has AMX-BF16 and AVX-512 BF16 and the OS granted the tile state (asked once)
+bool amx_bf16_ready();
 // Both kernels' epilogue: int32 sums of q * (w + 128), [rows, 64] -> (float(sum - 128 * total) * row scale) *
 // weight scale (+ bias), `cols` of the 64 outputs stored (one function: the same bits from either kernel)
 void int8_finish_rows(const int32_t* sums, int64_t rows, const int32_t* totals, const float* xs, const float* ws,

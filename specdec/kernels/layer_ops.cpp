@@ -215,9 +215,10 @@ torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, t
 // for each (token, head) softmax(q·kᵀ/√d)·v over the slots it sees: 0..start+t (causal) or, with
 // `mask` [T, ≥start+T] (tree verification), the slots marked true below start+T. Grouped-query
 // heads read their KV head in place. Returns [T, heads·head_dim].
-torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
-                        torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
-                        c10::optional<torch::Tensor> mask) {
+// `prompt`: a prompt twin's pass (prompt_attention below) — on AMX the products in bf16.
+static torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                            torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
+                            c10::optional<torch::Tensor> mask, bool prompt) {
   check_rows(qkv, "qkv");
   check_rows(cos, "cos");
   check_rows(sin, "sin");
@@ -254,6 +255,10 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
   auto out = torch::empty({T, heads * D}, qkv.options());
   float* op = out.data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (prompt && mp == nullptr && D % 32 == 0 && specdec_kernels::amx_bf16_ready()) {
+    specdec_kernels::prompt_attention_amx(q.data(), T, heads, kv_heads, kc, vc, S, D, start, scale, op);
+    return out;
+  }
   // One unit = one KV head with its `group` query heads for a tile of up to kTile tokens: each block of
   // kBlock keys (then values) is loaded once into L1 and used by every query of the group and every
   // token of the tile that sees it. Tiles bound the probabilities held at once to kTile rows
@@ -338,4 +343,19 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
     }
   });
   return out;
+}
+
+torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                        torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
+                        c10::optional<torch::Tensor> mask) {
+  return attend(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads, mask, false);
+}
+
+// attention() for a prompt twin's passes (kernels/layers.py: CppLayers(prompt_passes=True)): on a CPU with
+// AMX-BF16 the causal rows' products run on bf16 tiles (attention_amx.cpp) — other bits than attention()'s,
+// the same bits for a row however the prompt is split into passes; elsewhere, or under a mask, attention().
+torch::Tensor prompt_attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                               torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
+                               c10::optional<torch::Tensor> mask) {
+  return attend(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads, mask, true);
 }

@@ -23,6 +23,9 @@ torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, t
 torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
                         c10::optional<torch::Tensor> mask);
+torch::Tensor prompt_attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                               torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
+                               c10::optional<torch::Tensor> mask);
 
 namespace {
 
@@ -96,7 +99,8 @@ Projection make_projection(const std::vector<LinearSpec>& specs) {
 
 class LayerStack {
  public:
-  explicit LayerStack(double eps) : eps_(eps) {}
+  // prompt_passes: the layers of a prompt twin, whose attention is prompt_attention (layer_ops.cpp)
+  LayerStack(double eps, bool prompt_passes) : eps_(eps), attention_(prompt_passes ? prompt_attention : attention) {}
 
   void add_layer(torch::Tensor input_norm, std::vector<LinearSpec> qkv, int64_t heads, int64_t kv_heads, LinearSpec o,
                  torch::Tensor post_norm, std::vector<LinearSpec> gate_up, LinearSpec down) {
@@ -124,7 +128,7 @@ class LayerStack {
       std::vector<torch::Tensor> outs(segments.size());
       auto attend = [&](int64_t i) {
         const auto& [first, end, cos, sin, keys, values, start, mask] = segments[i];
-        outs[i] = attention(qkv.narrow(0, first, end - first), cos, sin, keys.select(0, index), values.select(0, index),
+        outs[i] = attention_(qkv.narrow(0, first, end - first), cos, sin, keys.select(0, index), values.select(0, index),
                             start, layer.heads, layer.kv_heads, mask);
       };
       if (spread_segments) {  // one parallel region for all requests (attention's own runs inline in it)
@@ -160,6 +164,7 @@ class LayerStack {
 
  private:
   double eps_;
+  decltype(&attention) attention_;
   std::vector<Layer> layers_;
 };
 
@@ -167,7 +172,7 @@ class LayerStack {
 
 void register_layer_stack(pybind11::module& m) {
   pybind11::class_<LayerStack>(m, "LayerStack", "a quantized decoder's layer loop in C++ (layer_stack.cpp)")
-      .def(pybind11::init<double>())
+      .def(pybind11::init<double, bool>(), pybind11::arg("eps"), pybind11::arg("prompt_passes") = false)
       .def("add_layer", &LayerStack::add_layer)
       .def("__len__", &LayerStack::size)
       .def("run", &LayerStack::run, pybind11::call_guard<pybind11::gil_scoped_release>());

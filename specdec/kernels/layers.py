@@ -35,9 +35,13 @@ class CppLayers:
     (the decoder argument is that same decoder). A snapshot of the layers' modules: made after the
     conversion and after the projections are fused (see ``Decoder.set_layer_runner``)."""
 
-    def __init__(self, decoder: nn.Module) -> None:
+    def __init__(self, decoder: nn.Module, prompt_passes: bool = False) -> None:
+        """``prompt_passes``: the decoder is a prompt twin (:func:`use_for_prompt_passes`), its
+        attention the extension's ``prompt_attention``."""
         self.ops = kernel()
         self.eps = decoder.config.rms_norm_eps
+        self.prompt_passes = prompt_passes
+        self.attention = self.ops.prompt_attention if prompt_passes else self.ops.attention
         #: per layer: input norm weight, q|k|v call, heads, kv heads, o call, post norm weight,
         #: gate|up call, down call — the kernels called directly (module dispatch: ~3 ms per 1.5B step)
         self.plan: list[tuple] = []
@@ -51,7 +55,7 @@ class CppLayers:
         #: the same loop in C++ (layer_stack.cpp, same calls, same bits) when every projection is one of
         #: the extension's kernels (int8 layers on the VNNI kernel included); None where one is not
         #: (fbgemm's int8 layers): the loop above runs
-        self.stack = _layer_stack(decoder, self.ops)
+        self.stack = _layer_stack(decoder, self.ops, prompt_passes)
 
     def __call__(self, decoder: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any,
                  start: int, mask: torch.Tensor | None, run: Sequence[int]) -> torch.Tensor:
@@ -77,7 +81,7 @@ class CppLayers:
         for index in run:
             input_norm, qkv_proj, heads, kv_heads, o_proj, post_norm, gate_up_proj, down_proj = plan[index]
             qkv = qkv_proj(ops.rms_norm(x, pending, input_norm, eps))
-            outs = [ops.attention(qkv[a:b], cos, sin, cache.k[index], cache.v[index], start, heads, kv_heads, mask)
+            outs = [self.attention(qkv[a:b], cos, sin, cache.k[index], cache.v[index], start, heads, kv_heads, mask)
                     for a, b, cos, sin, cache, start, mask in segments]
             out = outs[0] if len(outs) == 1 else torch.cat(outs)
             hidden = ops.rms_norm(x, o_proj(out), post_norm, eps)
@@ -106,6 +110,18 @@ def _mlp(gate_up_proj: Projection, down_proj: Projection, hidden: torch.Tensor) 
     return down_proj(F.silu(gate).mul_(up))
 
 
+def use_for_prompt_passes(decoder: nn.Module) -> None:
+    """Mark ``decoder`` as a prompt twin (``TorchBackend.use_for_prompts``: it runs prompt passes only,
+    never a decode or verification row): its attention becomes ``prompt_attention``, whose causal rows
+    run on AMX-BF16 tiles where the CPU has them (~5x the float32 kernel on a 2-core Xeon). Exact for
+    decoding as the twin's other weight format is: plain and speculative decoding read the same prompt
+    cache, and a row's bits do not depend on how the prompt was split into passes. A decoder without
+    the C++ layers keeps its own."""
+    if isinstance(decoder.layer_runner, CppLayers) and not decoder.layer_runner.prompt_passes:
+        runner = CppLayers(decoder, prompt_passes=True)
+        decoder.set_layer_runner(runner, runner.ragged)
+
+
 def _direct(layer: nn.Module) -> Projection:
     """``layer``'s kernel call without module dispatch or reshaping (other layers: the module)."""
     return getattr(layer, "on_matrix", layer)
@@ -122,11 +138,11 @@ def _projections(fused: nn.Module | None, module: nn.Module, names: tuple[str, .
     return parts[0] if len(parts) == 1 else lambda x: torch.cat([part(x) for part in parts], dim=-1)
 
 
-def _layer_stack(decoder: nn.Module, ops: Any) -> Any | None:
+def _layer_stack(decoder: nn.Module, ops: Any, prompt_passes: bool) -> Any | None:
     """The extension's ``LayerStack`` over ``decoder``'s layers (the loop of :meth:`CppLayers.ragged`
     in one C++ call: ~1.4 ms less Python per 0.5B draft step), or None when a projection is not one
     of the extension's kernel layers (an int8 layer is where it runs the VNNI kernel)."""
-    stack = ops.LayerStack(decoder.config.rms_norm_eps)
+    stack = ops.LayerStack(decoder.config.rms_norm_eps, prompt_passes)
     for layer in decoder.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         qkv = _parts(attn.fused_qkv, attn, attn.FUSABLE_PROJECTIONS)

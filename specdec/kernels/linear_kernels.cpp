@@ -304,6 +304,9 @@ torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, t
 torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
                         c10::optional<torch::Tensor> mask);
+torch::Tensor prompt_attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                               torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
+                               c10::optional<torch::Tensor> mask);
 // layer_stack.cpp: the layer loop of a quantized decoder in one call
 void register_layer_stack(pybind11::module& m);
 // int8_gemm.cpp: the int8 mode's linear layer on AVX-512 VNNI
@@ -327,6 +330,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the threshold set_q4_amx_min_rows last set, whatever this CPU and path run (to restore it)");
   m.def("rms_norm", &rms_norm, "x += residual (in place, optional); RMSNorm(x) * w");
   m.def("attention", &attention, "RoPE, KV-cache write and row-wise attention for one layer");
+  m.def("prompt_attention", &prompt_attention,
+        "attention for a prompt twin's passes: causal rows on AMX-BF16 tiles where amx_bf16_ready (other bits)");
+  m.def("amx_bf16_ready", &specdec_kernels::amx_bf16_ready, "whether prompt_attention runs on AMX-BF16 tiles here");
   register_layer_stack(m);
   register_int8_gemm(m);
 }

@@ -1,0 +1,226 @@
+// Prompt passes' attention on Intel AMX bf16 tiles (Sapphire Rapids and later): q·kᵀ and p·v as bf16
+// tile products with float32 sums, the softmax between them in float32 (the path's normalizer).
+//
+// Why: since prompt passes run in token tiles (layer_ops.cpp) their attention is arithmetic — ~53 GMAC/s
+// a core of float32 FMAs, 2.5 of a 2.4k-token prompt's ~7 s to its first token on a 2-core Xeon. One
+// tdpbf16ps does 16 rows x 16 columns x 32 products.
+//
+// Where it runs: only the passes of a prompt twin (TorchBackend.use_for_prompts), whose rows already
+// differ from decoding's (another weight format): plain and speculative decoding read the same prompt
+// cache, and no verification or decode row ever runs here. What it keeps: each (token, head) row's bits
+// do not depend on the other rows of the pass, on the tile it falls in or on how the prompt was split
+// into passes — every row's sums run over slot blocks of 32 aligned at slot 0, slots it does not see
+// contribute exact zeros (a prefix cache's stored prompt continues exactly as one long pass would).
+//
+// Layout (per KV head): K as B tiles of 16 slots x 16 dimension pairs (a pair of bf16 per 32-bit
+// element, the transpose tdpbf16ps wants), V as B tiles of 16 slot pairs x 16 dimensions; the tile's
+// query rows (token-major, then head) as A tiles of 16 rows x 32 dimensions; probabilities as A tiles of
+// 16 rows x 32 slots. Tiles 0-3: C (2 x 2 blocks), 4-5: A, 6-7: B.
+#include "dot_kernels.h"
+#include "amx_tiles.h"
+
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kRows = 16;        // query rows per A / C tile
+constexpr int64_t kBlock = 32;       // bf16 values per 64-byte tile row: dimensions (scores) or slots (values)
+constexpr int64_t kTileTokens = 16;  // tokens per unit of work: 16 · group rows, their scores ~L2-sized at 3k slots
+constexpr long kArchReqXcompPerm = 0x1023;
+constexpr long kXfeatureXtiledata = 18;
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+}  // namespace
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+#include "simd512.h"  // exp16: this file's own copy
+
+namespace {
+
+// n floats (a multiple of 16) -> bf16, round to nearest even
+void to_bf16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; i += 32) {
+    if (i + 32 <= n) {
+      const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+      _mm512_storeu_si512(out + i, (__m512i)pair);
+    } else {
+      const __m256bh half = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)half);
+    }
+  }
+}
+
+// Slots [0, L) of one KV head's keys and values (float [S, D]) as B tiles, slots up to Lp (a multiple of 32)
+// zero. keys: tile (slot block of 16 s, dimension block of 32 k), row r, element 2n + j = K[16 s + n][32 k + 2r + j];
+// values: tile (slot block of 32 s, dimension block of 16 c), row r, element 2n + j = V[32 s + 2r + j][16 c + n].
+void pack_kv(const float* keys, const float* values, int64_t L, int64_t Lp, int64_t D, uint16_t* kp, uint16_t* vp) {
+  std::vector<uint16_t> row(D);
+  const int64_t kblocks = D / kBlock, cblocks = D / 16;
+  uint32_t* kp32 = reinterpret_cast<uint32_t*>(kp);
+  std::memset(kp, 0, Lp * D * sizeof(uint16_t));
+  std::memset(vp, 0, Lp * D * sizeof(uint16_t));
+  for (int64_t slot = 0; slot < L; ++slot) {
+    to_bf16(keys + slot * D, D, row.data());
+    const uint32_t* pairs = reinterpret_cast<const uint32_t*>(row.data());
+    const int64_t s = slot / 16, n = slot % 16;
+    for (int64_t p = 0; p < D / 2; ++p) kp32[((s * kblocks + p / 16) * 16 + p % 16) * 16 + n] = pairs[p];
+    to_bf16(values + slot * D, D, row.data());
+    const int64_t s2 = slot / kBlock, r = (slot % kBlock) / 2, j = slot % 2;
+    for (int64_t d = 0; d < D; ++d) vp[((s2 * cblocks + d / 16) * 16 + r) * kBlock + 2 * (d % 16) + j] = row[d];
+  }
+}
+
+// One (token, head) row's softmax numerators as bf16 in one pass over its scores: p[i] = e^(x[i]·scale −
+// max·scale) for i < count, zero up to `width` (a multiple of 32: what the values pass reads); returns 1 / Σ
+// (two 16-lane sums in slot order, then their fixed reduction). Float32 throughout, bf16 only when stored.
+float softmax_row_bf16(const float* x, int64_t count, int64_t width, float scale, uint16_t* p) {
+  __m512 top16 = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 live = count - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (count - i)) - 1);
+    top16 = _mm512_max_ps(top16, _mm512_mask_loadu_ps(top16, live, x + i));
+  }
+  const __m512 factor = _mm512_set1_ps(scale), shift = _mm512_set1_ps(_mm512_reduce_max_ps(top16) * scale);
+  __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+  auto numerators = [&](int64_t i) {  // 16 slots from i: e^(x·scale − shift), zero past count
+    const int64_t left = count - i;
+    if (left <= 0) return _mm512_setzero_ps();
+    const __mmask16 live = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    return _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, x + i), factor), shift)));
+  };
+  for (int64_t i = 0; i < width; i += 32) {
+    const __m512 e0 = numerators(i), e1 = numerators(i + 16);
+    sum0 = _mm512_add_ps(sum0, e0);
+    sum1 = _mm512_add_ps(sum1, e1);
+    _mm512_storeu_si512(p + i, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+  }
+  return 1.0f / _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+
+// C tiles 0..3 = [A0; A1] x [B0 B1], A tiles `a_stride` bytes a row, `steps` steps of 32 along the sum
+// (a_step bf16 apart in A, b_step apart in B), stored as float rows `c_stride` floats apart
+void block_2x2(const uint16_t* a, int64_t a_stride, int64_t a_step, const uint16_t* b0, const uint16_t* b1,
+               int64_t b_step, int64_t steps, float* c, int64_t c_stride) {
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  for (int64_t k = 0; k < steps; ++k) {
+    _tile_loadd(4, a + k * a_step, a_stride);
+    _tile_loadd(5, a + k * a_step + kRows * a_stride / 2, a_stride);
+    _tile_loadd(6, b0 + k * b_step, 64);
+    _tile_loadd(7, b1 + k * b_step, 64);
+    _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, c_stride * 4); _tile_stored(1, c + 16, c_stride * 4);
+  _tile_stored(2, c + kRows * c_stride, c_stride * 4); _tile_stored(3, c + kRows * c_stride + 16, c_stride * 4);
+}
+
+}  // namespace
+
+namespace specdec_kernels {
+
+void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_heads, const float* kc, const float* vc,
+                          int64_t S, int64_t D, int64_t start, float scale, float* out) {
+  const int64_t group = heads / kv_heads, L = start + T, Lp = round_up(L, kBlock);
+  const int64_t kblocks = D / kBlock, cblocks = D / 16;
+  std::vector<uint16_t> kp(kv_heads * Lp * D), vp(kv_heads * Lp * D);
+  at::parallel_for(0, kv_heads, 1, [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h)
+      pack_kv(kc + h * S * D, vc + h * S * D, L, Lp, D, kp.data() + h * Lp * D, vp.data() + h * Lp * D);
+  });
+  const int64_t tiles = (T + kTileTokens - 1) / kTileTokens;
+  at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t u0, int64_t u1) {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) cfg.set(t, kRows, 64);
+    _tile_loadconfig(&cfg);
+    const int64_t max_rows = round_up(kTileTokens * group, 2 * kRows);
+    std::vector<uint16_t> qb(max_rows * D), pb;
+    std::vector<float> scores, acc(max_rows * D), inv_total(max_rows);
+    for (int64_t unit = u0; unit < u1; ++unit) {
+      const int64_t kvh = unit / tiles, t0 = (unit % tiles) * kTileTokens, t1 = std::min(T, t0 + kTileTokens);
+      const int64_t rows = (t1 - t0) * group, padded = round_up(rows, 2 * kRows);
+      const int64_t Lt = round_up(start + t1, kBlock);  // the tile's score columns: every slot its last token sees
+      if (static_cast<int64_t>(scores.size()) < padded * Lt) {
+        scores.resize(padded * Lt);
+        pb.resize(padded * Lt);
+      }
+      // query rows (token, head) of this KV head, bf16; padding rows zero
+      for (int64_t r = 0; r < rows; ++r)
+        to_bf16(q + ((t0 + r / group) * heads + kvh * group + r % group) * D, D, qb.data() + r * D);
+      std::fill(qb.begin() + rows * D, qb.begin() + padded * D, uint16_t{0});
+      const uint16_t* keys = kp.data() + kvh * Lp * D;
+      const uint16_t* values = vp.data() + kvh * Lp * D;
+      // the slots the last real row of a 32-row block sees (rows are token-major)
+      auto seen_by = [&](int64_t r0) { return start + t0 + (std::min(r0 + 2 * kRows, rows) - 1) / group + 1; };
+      // scores, slot blocks outermost: a block's keys stay in L1 for every row block that sees it
+      const int64_t row_blocks = (rows + 2 * kRows - 1) / (2 * kRows);
+      for (int64_t s0 = 0; s0 < Lt; s0 += kBlock)
+        for (int64_t b = 0; b < row_blocks; ++b) {
+          const int64_t r0 = b * 2 * kRows;
+          if (s0 >= seen_by(r0)) continue;
+          block_2x2(qb.data() + r0 * D, D * 2, kBlock, keys + (s0 / 16) * kblocks * 16 * kBlock,
+                    keys + (s0 / 16 + 1) * kblocks * 16 * kBlock, 16 * kBlock, kblocks, scores.data() + r0 * Lt + s0, Lt);
+        }
+      // softmax numerators in float32 over each row's own slots, stored bf16; padding rows all zero
+      for (int64_t r = 0; r < padded; ++r) {
+        const int64_t count = r < rows ? start + t0 + r / group + 1 : 0;
+        const int64_t width = round_up(seen_by(r - r % (2 * kRows)), kBlock);  // what the values pass reads
+        inv_total[r] = softmax_row_bf16(scores.data() + r * Lt, count, width, scale, pb.data() + r * Lt);
+      }
+      // Σ p·v over 32-slot blocks from slot 0: blocks past a row's own slots add exact zeros
+      for (int64_t r0 = 0; r0 < padded && r0 < rows; r0 += 2 * kRows) {
+        const int64_t steps = round_up(seen_by(r0), kBlock) / kBlock;
+        for (int64_t c = 0; c < cblocks; c += 2)
+          block_2x2(pb.data() + r0 * Lt, Lt * 2, kBlock, values + c * 16 * kBlock, values + (c + 1) * 16 * kBlock,
+                    cblocks * 16 * kBlock, steps, acc.data() + r0 * D + c * 16, D);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst = out + ((t0 + r / group) * heads + kvh * group + r % group) * D;
+        const __m512 inv = _mm512_set1_ps(inv_total[r]);
+        for (int64_t d = 0; d < D; d += 16)
+          _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * D + d), inv));
+      }
+    }
+    _tile_release();
+  });
+}
+
+}  // namespace specdec_kernels
+
+#pragma GCC pop_options
+
+namespace specdec_kernels {
+
+bool amx_bf16_ready() {
+  static const bool ready = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16") ||
+        !__builtin_cpu_supports("avx512bf16") || !cpu_has_avx512_vnni())
+      return false;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ready;
+}
+
+}  // namespace specdec_kernels
+
+#else  // no AMX intrinsics in this compiler
+
+namespace specdec_kernels {
+
+bool amx_bf16_ready() { return false; }
+
+void prompt_attention_amx(const float*, int64_t, int64_t, int64_t, const float*, const float*, int64_t, int64_t,
+                          int64_t, float, float*) {}
+
+}  // namespace specdec_kernels
+
+#endif

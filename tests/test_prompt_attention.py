@@ -1,0 +1,140 @@
+"""A prompt twin's attention (``prompt_attention``, layer_ops.cpp / attention_amx.cpp): on a CPU with
+AMX-BF16 its causal rows multiply in bf16 on tiles — other bits than decoding's attention, which the twin
+may have (its rows are never decode or verification rows) — but each row's bits must not depend on how
+the prompt is split into passes (a prefix cache continues a stored prompt; the server prefills in
+chunks), and speculative output must stay plain output. Elsewhere it is ``attention``, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from specdec.sampling import SamplingParams
+from tests.conftest import make_tiny_model_dir
+from tests.model_fixtures import TINY_QWEN2_Q4
+
+# (heads, kv_heads, head_dim): the 1.5B's and 0.5B's groups, no grouping at 32 wide, a head the AMX path
+# leaves to the float kernels (not a multiple of 32)
+SHAPES = [(12, 2, 128), (14, 2, 64), (4, 4, 32), (10, 2, 40)]
+
+
+def prompt(heads: int, kv_heads: int, dim: int, tokens: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen) * 2
+    angles = torch.rand(tokens, dim, generator=gen) * 6
+    return qkv, angles.cos().contiguous(), angles.sin().contiguous()
+
+
+def run_in_passes(fn, qkv, cos, sin, heads, kv_heads, dim, sizes, capacity):
+    """``fn`` over the prompt in passes of ``sizes`` tokens (one cache): the outputs, and the cache."""
+    keys, values = torch.zeros(kv_heads, capacity, dim), torch.zeros(kv_heads, capacity, dim)
+    outs, first = [], 0
+    for size in sizes:
+        rows = slice(first, first + size)
+        outs.append(fn(qkv[rows].contiguous(), cos[rows].contiguous(), sin[rows].contiguous(), keys, values, first,
+                       heads, kv_heads, None))
+        first += size
+    return torch.cat(outs), keys, values
+
+
+def reference(qkv, cos, sin, heads, kv_heads, dim):
+    """Causal attention in float64 after the kernels' RoPE (rotate-half), from first principles."""
+    tokens = qkv.shape[0]
+    x = qkv.double().view(tokens, heads + 2 * kv_heads, dim)
+
+    def rope(t):
+        half = torch.cat([-t[..., dim // 2:], t[..., : dim // 2]], dim=-1)
+        return t * cos.double()[:, None] + half * sin.double()[:, None]
+
+    q, k, v = rope(x[:, :heads]), rope(x[:, heads: heads + kv_heads]), x[:, heads + kv_heads:]
+    group = heads // kv_heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("thd,shd->hts", q, k) / dim ** 0.5
+    scores = scores.masked_fill(torch.ones(tokens, tokens, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(tokens, heads * dim)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
+def test_a_rows_bits_do_not_depend_on_how_the_prompt_is_split(int4_kernel, heads, kv_heads, dim):
+    """One pass of 300 tokens == passes of 37, 1, 100 and 162 (tiles of 16 tokens cut differently, a
+    one-token pass, slot blocks of 32 half full): outputs and the cache bit for bit; close to float64."""
+    ops = int4_kernel
+    qkv, cos, sin = prompt(heads, kv_heads, dim, 300, seed=heads + dim)
+    whole, keys, values = run_in_passes(ops.prompt_attention, qkv, cos, sin, heads, kv_heads, dim, [300], 310)
+    split, split_keys, split_values = run_in_passes(ops.prompt_attention, qkv, cos, sin, heads, kv_heads, dim,
+                                                    [37, 1, 100, 162], 310)
+    assert torch.equal(whole, split)
+    assert torch.equal(keys, split_keys) and torch.equal(values, split_values)
+    expected = reference(qkv, cos, sin, heads, kv_heads, dim)
+    assert torch.linalg.norm(whole.double() - expected) / torch.linalg.norm(expected) < 2e-2
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
+def test_prompt_attention_is_attention_where_amx_bf16_does_not_run(int4_kernel, heads, kv_heads, dim):
+    """Without AMX-BF16, for heads not a multiple of 32 wide and under a mask: attention's own bits. With
+    it (32-wide multiples, causal): bf16 products, so not attention's bits — the tiles did run."""
+    ops = int4_kernel
+    qkv, cos, sin = prompt(heads, kv_heads, dim, 70, seed=5)
+    fast, _, _ = run_in_passes(ops.prompt_attention, qkv, cos, sin, heads, kv_heads, dim, [70], 80)
+    plain, _, _ = run_in_passes(ops.attention, qkv, cos, sin, heads, kv_heads, dim, [70], 80)
+    tiles = ops.amx_bf16_ready() and dim % 32 == 0
+    assert torch.equal(fast, plain) != tiles
+    mask = torch.ones(70, 70, dtype=torch.bool).tril()
+    masked = [fn(qkv, cos, sin, torch.zeros(kv_heads, 80, dim), torch.zeros(kv_heads, 80, dim), 0, heads, kv_heads, mask)
+              for fn in (ops.prompt_attention, ops.attention)]
+    assert torch.equal(masked[0], masked[1])
+
+
+@pytest.fixture(scope="module")
+def twin_pair(tmp_path_factory, int4_kernel):
+    """A 64-wide-head pair (the AMX path's shape) decoding in int4 with int8 prompt twins."""
+    root = tmp_path_factory.mktemp("prompt-attention")
+    load = lambda path, mode: specdec.load_model(path, quantize=mode, prompt_quantize="int8")  # noqa: E731
+    return (load(make_tiny_model_dir(root / "t", TINY_QWEN2_Q4, seed=3), "int4"),
+            load(make_tiny_model_dir(root / "d", TINY_QWEN2_Q4, seed=4), "int4-all"))
+
+
+PROMPTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n    return", "The quick brown fox jumps over the lazy dog",
+           "import os\nimport sys\n\nfor path in sys.argv[1:]:\n    print(os.path.getsize(path))"]
+
+
+def test_only_the_twins_layers_run_prompt_attention(twin_pair):
+    target, draft = twin_pair
+    for model in (target, draft):
+        assert model.backend.prompt_backend.decoder.layer_runner.prompt_passes
+        assert not model.backend.decoder.layer_runner.prompt_passes
+
+
+@pytest.mark.parametrize("spec", [specdec.SpecConfig(method="draft_model", num_speculative_tokens=3),
+                                  specdec.SpecConfig(method="draft_suffix", num_speculative_tokens=4),
+                                  specdec.SpecConfig(method="suffix", num_speculative_tokens=4)],
+                         ids=["draft", "draft-suffix", "suffix"])
+def test_speculative_output_is_plain_output(twin_pair, spec):
+    target, draft = twin_pair
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for text in PROMPTS:
+        plain = specdec.generate(target, text, params)
+        fast = specdec.generate(target, text, params, draft=None if spec.method == "suffix" else draft, spec=spec)
+        assert fast.token_ids == plain.token_ids
+
+
+def test_chunked_prefill_and_a_warm_prefix_cache_answer_as_one_pass(twin_pair):
+    """The server's chunked prompt passes (4 tokens a chunk) and a prompt continued from the prefix
+    cache give each request the output of one prompt pass alone."""
+    target, draft = twin_pair
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    alone = [specdec.generate(target, text, params).token_ids for text in PROMPTS]
+    spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3)
+    batched = specdec.generate_batch(target, PROMPTS, params, draft=draft, spec=spec, max_num_seqs=3, prefill_chunk=4)
+    assert [out.token_ids for out in batched] == alone
+    longer = PROMPTS[0] + " fibonacci(n - 1) + fibonacci(n - 2)\n\nprint("
+    cold = specdec.generate(target, longer, params).token_ids
+    specdec.enable_prefix_caching(target, gb=0.1, block_size=8)
+    try:
+        specdec.generate(target, PROMPTS[0], params)
+        warm = specdec.generate(target, longer, params)
+    finally:
+        target.backend.prefix_cache = None
+    assert warm.stats.cached_prompt_tokens >= 8
+    assert warm.token_ids == cold
