@@ -19,8 +19,7 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
-#include "simd.h"     // static inline helpers: this file's own copies, compiled for AVX-512
-#include "simd512.h"  // and their 16-lane forms
+#include "simd.h"  // static inline helpers: this file's own copies, compiled for AVX-512
 
 namespace {
 
@@ -170,6 +169,19 @@ void values_avx512(const float* p, int64_t heads, int64_t L, const int64_t* slot
       heads,
       [&](auto pairs, int64_t h) { values_pairs<decltype(pairs)::value>(p + h * L, L, slot, i0, i1, v, D, acc + h * D); },
       [&](int64_t h) { kAttentionAvx2.values(p + h * L, heads - h, L, slot, i0, i1, v, D, acc + h * D); });
+}
+
+// exp8 (simd.h) for 16 lanes: the same operations per lane, so the same bits
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(kExpHi)), _mm512_set1_ps(kExpLo));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 y = _mm512_set1_ps(kExpPoly[0]);
+  for (int k = 1; k < 6; ++k) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kExpPoly[k]));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
 }
 
 // The AVX2 normaliser (layer_ops.cpp) 16 lanes at a time: scaling and the max are exact in any order; the

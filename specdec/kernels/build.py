@@ -49,7 +49,7 @@ SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_q6q8.cpp", _HER
            _HERE / "layer_ops.cpp", _HERE / "attention_avx512.cpp", _HERE / "attention_amx.cpp",
            _HERE / "layer_stack.cpp", _HERE / "int8_gemm.cpp", _HERE / "int8_gemm_avx512.cpp",
            _HERE / "int8_gemm_amx.cpp", _HERE / "linear_kernels_amx.cpp")
-HEADERS = (_HERE / "simd.h", _HERE / "simd512.h", _HERE / "dot_kernels.h", _HERE / "tile_schedule.h", _HERE / "amx_tiles.h",
+HEADERS = (_HERE / "simd.h", _HERE / "dot_kernels.h", _HERE / "tile_schedule.h", _HERE / "amx_tiles.h",
            _HERE / "linear_common.h")
 #: -ffp-contract=off: no fused multiply-adds the source does not write, so results do not depend on
 #: the compiler's choices (bit-identity of a row alone and in a chunk is checked with torch.equal)
