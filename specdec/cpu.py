@@ -14,7 +14,7 @@ import platform
 from pathlib import Path
 
 #: the instruction-set flags that change which int8/int4 kernels are fastest here
-RELEVANT_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+RELEVANT_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 
 
 @functools.lru_cache(maxsize=1)

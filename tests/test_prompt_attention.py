@@ -138,3 +138,10 @@ def test_chunked_prefill_and_a_warm_prefix_cache_answer_as_one_pass(twin_pair):
         target.backend.prefix_cache = None
     assert warm.stats.cached_prompt_tokens >= 8
     assert warm.token_ids == cold
+
+
+def test_the_execution_line_says_where_prompt_attention_runs_on_amx(twin_pair, int4_kernel):
+    from specdec.cli.common import kernels_in_use
+
+    target, draft = twin_pair
+    assert ("prompt attention on AMX-BF16" in kernels_in_use(target, draft)) == bool(int4_kernel.amx_bf16_ready())

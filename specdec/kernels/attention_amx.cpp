@@ -1,9 +1,11 @@
 // Prompt passes' attention on Intel AMX bf16 tiles (Sapphire Rapids and later): q·kᵀ and p·v as bf16
-// tile products with float32 sums, the softmax between them in float32 (the path's normalizer).
+// tile products with float32 sums, the softmax between them in float32 (its exponentials to bf16's
+// precision).
 //
 // Why: since prompt passes run in token tiles (layer_ops.cpp) their attention is arithmetic — ~53 GMAC/s
-// a core of float32 FMAs, 2.5 of a 2.4k-token prompt's ~7 s to its first token on a 2-core Xeon. One
-// tdpbf16ps does 16 rows x 16 columns x 32 products.
+// a core of float32 FMAs, ~2.5 s of a 2.4k-token prompt's pass on a 2-core Xeon. One tdpbf16ps does
+// 16 rows x 16 columns x 32 products: one 1.5B layer over 2 432 tokens 94 -> 27 ms. Its limit now is the
+// L2 (each step of four products loads two A and two B tiles, 4 KB), not the tile unit.
 //
 // Where it runs: only the passes of a prompt twin (TorchBackend.use_for_prompts), whose rows already
 // differ from decoding's (another weight format): plain and speculative decoding read the same prompt

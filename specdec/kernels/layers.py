@@ -113,13 +113,21 @@ def _mlp(gate_up_proj: Projection, down_proj: Projection, hidden: torch.Tensor) 
 def use_for_prompt_passes(decoder: nn.Module) -> None:
     """Mark ``decoder`` as a prompt twin (``TorchBackend.use_for_prompts``: it runs prompt passes only,
     never a decode or verification row): its attention becomes ``prompt_attention``, whose causal rows
-    run on AMX-BF16 tiles where the CPU has them (~5x the float32 kernel on a 2-core Xeon). Exact for
+    run on AMX-BF16 tiles where the CPU has them (~3x the float32 kernel on a 2-core Xeon). Exact for
     decoding as the twin's other weight format is: plain and speculative decoding read the same prompt
     cache, and a row's bits do not depend on how the prompt was split into passes. A decoder without
     the C++ layers keeps its own."""
     if isinstance(decoder.layer_runner, CppLayers) and not decoder.layer_runner.prompt_passes:
         runner = CppLayers(decoder, prompt_passes=True)
         decoder.set_layer_runner(runner, runner.ragged)
+
+
+def bf16_prompt_attention(decoder: nn.Module) -> bool:
+    """Whether ``decoder``'s prompt passes run attention on AMX-BF16 tiles here (a prompt twin's
+    layers in C++, heads a multiple of 32 wide, a CPU with AMX-BF16): for execution lines."""
+    runner = decoder.layer_runner
+    return (isinstance(runner, CppLayers) and runner.prompt_passes and decoder.config.head_dim % 32 == 0
+            and bool(runner.ops.amx_bf16_ready()))
 
 
 def _direct(layer: nn.Module) -> Projection:
