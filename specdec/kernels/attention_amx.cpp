@@ -24,8 +24,6 @@
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,8 +35,6 @@ namespace {
 constexpr int64_t kRows = 16;        // query rows per A / C tile
 constexpr int64_t kBlock = 32;       // bf16 values per 64-byte tile row: dimensions (scores) or slots (values)
 constexpr int64_t kTileTokens = 16;  // tokens per unit of work: 16 · group rows, their scores ~L2-sized at 3k slots
-constexpr long kArchReqXcompPerm = 0x1023;
-constexpr long kXfeatureXtiledata = 18;
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
@@ -217,14 +213,9 @@ void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_h
 
 namespace specdec_kernels {
 
+// amx_int8_ready() checks the tiles and asks the OS for their state (once, for both kinds of tile product)
 bool amx_bf16_ready() {
-  static const bool ready = [] {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16") ||
-        !__builtin_cpu_supports("avx512bf16") || !cpu_has_avx512_vnni())
-      return false;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
+  static const bool ready = amx_int8_ready() && __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("avx512bf16");
   return ready;
 }
 
