@@ -1,6 +1,6 @@
 """A prompt twin's attention (``prompt_attention``, layer_ops.cpp / attention_amx.cpp): on a CPU with
-AMX-BF16 its causal rows multiply in bf16 on tiles — other bits than decoding's attention, which the twin
-may have (its rows are never decode or verification rows) — but each row's bits must not depend on how
+AMX-BF16 its causal rows multiply in bf16 on tiles — other bits than decoding's attention, which the
+twin may have (its rows are never decode or verification rows) — but each row's bits must not depend on how
 the prompt is split into passes (a prefix cache continues a stored prompt; the server prefills in
 chunks), and speculative output must stay plain output. Elsewhere it is ``attention``, bit for bit."""
 
@@ -55,8 +55,30 @@ def reference(qkv, cos, sin, heads, kv_heads, dim):
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(tokens, heads * dim)
 
 
+KINDS = ["amx-bf16", "float32"]
+
+
+@pytest.fixture(params=KINDS)
+def kind(request, int4_kernel):
+    """Each way prompt_attention can multiply that this CPU has (restored after)."""
+    default = int4_kernel.prompt_attention_kind()
+    try:
+        int4_kernel.set_prompt_attention_kind(request.param)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    yield request.param
+    int4_kernel.set_prompt_attention_kind(default)
+
+
+def test_the_default_is_amx_where_the_cpu_has_it(int4_kernel):
+    expected = "amx-bf16" if int4_kernel.amx_bf16_ready() else "float32"
+    assert int4_kernel.prompt_attention_kind() == expected
+    with pytest.raises(RuntimeError, match="unknown prompt attention"):
+        int4_kernel.set_prompt_attention_kind("fp8")
+
+
 @pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
-def test_a_rows_bits_do_not_depend_on_how_the_prompt_is_split(int4_kernel, heads, kv_heads, dim):
+def test_a_rows_bits_do_not_depend_on_how_the_prompt_is_split(int4_kernel, kind, heads, kv_heads, dim):
     """One pass of 300 tokens == passes of 37, 1, 100 and 162 (tiles of 16 tokens cut differently, a
     one-token pass, slot blocks of 32 half full): outputs and the cache bit for bit; close to float64."""
     ops = int4_kernel
@@ -71,15 +93,14 @@ def test_a_rows_bits_do_not_depend_on_how_the_prompt_is_split(int4_kernel, heads
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
-def test_prompt_attention_is_attention_where_amx_bf16_does_not_run(int4_kernel, heads, kv_heads, dim):
-    """Without AMX-BF16, for heads not a multiple of 32 wide and under a mask: attention's own bits. With
-    it (32-wide multiples, causal): bf16 products, so not attention's bits — the tiles did run."""
+def test_prompt_attention_is_attention_where_bf16_does_not_run(int4_kernel, kind, heads, kv_heads, dim):
+    """float32, heads not a multiple of 32 wide, a mask: attention's own bits. Otherwise (32-wide multiples,
+    causal) bf16 products, so not attention's bits — they did run."""
     ops = int4_kernel
     qkv, cos, sin = prompt(heads, kv_heads, dim, 70, seed=5)
     fast, _, _ = run_in_passes(ops.prompt_attention, qkv, cos, sin, heads, kv_heads, dim, [70], 80)
     plain, _, _ = run_in_passes(ops.attention, qkv, cos, sin, heads, kv_heads, dim, [70], 80)
-    tiles = ops.amx_bf16_ready() and dim % 32 == 0
-    assert torch.equal(fast, plain) != tiles
+    assert torch.equal(fast, plain) == (kind == "float32" or dim % 32 != 0)
     mask = torch.ones(70, 70, dtype=torch.bool).tril()
     masked = [fn(qkv, cos, sin, torch.zeros(kv_heads, 80, dim), torch.zeros(kv_heads, 80, dim), 0, heads, kv_heads, mask)
               for fn in (ops.prompt_attention, ops.attention)]
@@ -110,7 +131,7 @@ def test_only_the_twins_layers_run_prompt_attention(twin_pair):
                                   specdec.SpecConfig(method="draft_suffix", num_speculative_tokens=4),
                                   specdec.SpecConfig(method="suffix", num_speculative_tokens=4)],
                          ids=["draft", "draft-suffix", "suffix"])
-def test_speculative_output_is_plain_output(twin_pair, spec):
+def test_speculative_output_is_plain_output(twin_pair, kind, spec):
     target, draft = twin_pair
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     for text in PROMPTS:
@@ -119,7 +140,7 @@ def test_speculative_output_is_plain_output(twin_pair, spec):
         assert fast.token_ids == plain.token_ids
 
 
-def test_chunked_prefill_and_a_warm_prefix_cache_answer_as_one_pass(twin_pair):
+def test_chunked_prefill_and_a_warm_prefix_cache_answer_as_one_pass(twin_pair, kind):
     """The server's chunked prompt passes (4 tokens a chunk) and a prompt continued from the prefix
     cache give each request the output of one prompt pass alone."""
     target, draft = twin_pair
@@ -140,8 +161,10 @@ def test_chunked_prefill_and_a_warm_prefix_cache_answer_as_one_pass(twin_pair):
     assert warm.token_ids == cold
 
 
-def test_the_execution_line_says_where_prompt_attention_runs_on_amx(twin_pair, int4_kernel):
+def test_the_execution_line_says_how_prompt_attention_multiplies(twin_pair, kind):
     from specdec.cli.common import kernels_in_use
 
     target, draft = twin_pair
-    assert ("prompt attention on AMX-BF16" in kernels_in_use(target, draft)) == bool(int4_kernel.amx_bf16_ready())
+    line = kernels_in_use(target, draft)
+    assert (f"prompt attention in {kind}" in line) == (kind != "float32")
+    assert "prompt attention" in line or kind == "float32"

@@ -278,16 +278,16 @@ def execution_modes(args: argparse.Namespace, method: str | None, concurrency: i
 
 def kernels_in_use(*models) -> str:  # noqa: ANN002 - LoadedModel | None
     """The execution line's note on the C++ kernels the loaded models (and their prompt twins) run
-    here, e.g. ``", avx512-vnni kernels, int8 on AMX from 2 rows, prompt attention on AMX-BF16"`` (results
+    here, e.g. ``", avx512-vnni kernels, int8 on AMX from 2 rows, prompt attention in amx-bf16"`` (results
     differ by CPU)."""
     from specdec.kernels.int8 import kernels_note
     from specdec.kernels.layers import bf16_prompt_attention
 
     loaded = [m for m in models if m is not None]
     note = kernels_note([m.backend.mode for m in loaded] + [m.backend.prompt_backend.mode for m in loaded])
-    if any(bf16_prompt_attention(m.backend.prompt_backend.decoder) for m in loaded if m.backend.prompt_backend is not m.backend):
-        note += ", prompt attention on AMX-BF16"
-    return note
+    kinds = {bf16_prompt_attention(m.backend.prompt_backend.decoder) for m in loaded if m.backend.prompt_backend is not m.backend}
+    kinds.discard("")
+    return note + "".join(f", prompt attention in {kind}" for kind in sorted(kinds))
 
 
 def pages_in_use(*models) -> str:  # noqa: ANN002 - LoadedModel | None

@@ -1,6 +1,7 @@
 // Prompt passes' attention on Intel AMX bf16 tiles (Sapphire Rapids and later): q·kᵀ and p·v as bf16
 // tile products with float32 sums, the softmax between them in float32 (its exponentials to bf16's
-// precision).
+// precision). (AVX-512 BF16's vdpbf16ps without tiles was tried: on this Xeon no faster than the float32
+// kernels — one vdpbf16ps a cycle against two FMAs; not kept.)
 //
 // Why: since prompt passes run in token tiles (layer_ops.cpp) their attention is arithmetic — ~53 GMAC/s
 // a core of float32 FMAs, ~2.5 s of a 2.4k-token prompt's pass on a 2-core Xeon. One tdpbf16ps does
@@ -150,8 +151,8 @@ void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_h
     for (int64_t h = h0; h < h1; ++h)
       pack_kv(kc + h * S * D, vc + h * S * D, L, Lp, D, kp.data() + h * Lp * D, vp.data() + h * Lp * D);
   });
-  const int64_t tiles = (T + kTileTokens - 1) / kTileTokens;
-  at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t u0, int64_t u1) {
+  const int64_t token_tiles = (T + kTileTokens - 1) / kTileTokens;
+  at::parallel_for(0, kv_heads * token_tiles, 1, [&](int64_t u0, int64_t u1) {
     TileConfig cfg;
     for (int t = 0; t < 8; ++t) cfg.set(t, kRows, 64);
     _tile_loadconfig(&cfg);
@@ -159,7 +160,7 @@ void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_h
     std::vector<uint16_t> qb(max_rows * D), pb;
     std::vector<float> scores, acc(max_rows * D), inv_total(max_rows);
     for (int64_t unit = u0; unit < u1; ++unit) {
-      const int64_t kvh = unit / tiles, t0 = (unit % tiles) * kTileTokens, t1 = std::min(T, t0 + kTileTokens);
+      const int64_t kvh = unit / token_tiles, t0 = (unit % token_tiles) * kTileTokens, t1 = std::min(T, t0 + kTileTokens);
       const int64_t rows = (t1 - t0) * group, padded = round_up(rows, 2 * kRows);
       const int64_t Lt = round_up(start + t1, kBlock);  // the tile's score columns: every slot its last token sees
       if (static_cast<int64_t>(scores.size()) < padded * Lt) {
@@ -219,6 +220,7 @@ bool amx_bf16_ready() {
   return ready;
 }
 
+
 }  // namespace specdec_kernels
 
 #else  // no AMX intrinsics in this compiler
@@ -226,7 +228,6 @@ bool amx_bf16_ready() {
 namespace specdec_kernels {
 
 bool amx_bf16_ready() { return false; }
-
 void prompt_attention_amx(const float*, int64_t, int64_t, int64_t, const float*, const float*, int64_t, int64_t,
                           int64_t, float, float*) {}
 

@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -216,6 +217,12 @@ torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, t
 // `mask` [T, ≥start+T] (tree verification), the slots marked true below start+T. Grouped-query
 // heads read their KV head in place. Returns [T, heads·head_dim].
 // `prompt`: a prompt twin's pass (prompt_attention below) — on AMX the products in bf16.
+// How prompt_attention multiplies (kPromptAttentionKinds): on AMX-BF16 tiles where this CPU has them, unless
+// set_prompt_attention_kind chose float32 (tests run both)
+constexpr int kFloat32 = 0, kAmxBf16 = 1;
+constexpr const char* kPromptAttentionKinds[] = {"float32", "amx-bf16"};
+static std::atomic<int> g_prompt_attention{specdec_kernels::amx_bf16_ready() ? kAmxBf16 : kFloat32};
+
 static torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                             torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
                             c10::optional<torch::Tensor> mask, bool prompt) {
@@ -255,7 +262,8 @@ static torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor 
   auto out = torch::empty({T, heads * D}, qkv.options());
   float* op = out.data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  if (prompt && mp == nullptr && D % 32 == 0 && specdec_kernels::amx_bf16_ready()) {
+  const int kind = g_prompt_attention.load();
+  if (prompt && mp == nullptr && D % 32 == 0 && kind == kAmxBf16) {
     specdec_kernels::prompt_attention_amx(q.data(), T, heads, kv_heads, kc, vc, S, D, start, scale, op);
     return out;
   }
@@ -351,11 +359,25 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
   return attend(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads, mask, false);
 }
 
-// attention() for a prompt twin's passes (kernels/layers.py: CppLayers(prompt_passes=True)): on a CPU with
-// AMX-BF16 the causal rows' products run on bf16 tiles (attention_amx.cpp) — other bits than attention()'s,
-// the same bits for a row however the prompt is split into passes; elsewhere, or under a mask, attention().
+// attention() for a prompt twin's passes (kernels/layers.py: CppLayers(prompt_passes=True)): where the CPU has
+// AMX-BF16 the causal rows' products run on bf16 tiles (attention_amx.cpp) — other bits than attention()'s, the
+// same bits for a row however the prompt is split into passes; elsewhere, for heads not a multiple of 32 wide
+// or under a mask, attention().
 torch::Tensor prompt_attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                                torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
                                c10::optional<torch::Tensor> mask) {
   return attend(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads, mask, true);
+}
+
+std::string prompt_attention_kind() { return kPromptAttentionKinds[g_prompt_attention.load()]; }
+
+// Use `name` for later prompt passes (process-wide; tests and measurements): refused where this CPU lacks it.
+void set_prompt_attention_kind(const std::string& name) {
+  for (int kind = 0; kind < 2; ++kind) {
+    if (name != kPromptAttentionKinds[kind]) continue;
+    TORCH_CHECK(kind != kAmxBf16 || specdec_kernels::amx_bf16_ready(), "this CPU (or process) has no AMX-BF16 tiles");
+    g_prompt_attention.store(kind);
+    return;
+  }
+  TORCH_CHECK(false, "unknown prompt attention ", name, " (amx-bf16 or float32)");
 }

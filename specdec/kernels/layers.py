@@ -113,7 +113,7 @@ def _mlp(gate_up_proj: Projection, down_proj: Projection, hidden: torch.Tensor) 
 def use_for_prompt_passes(decoder: nn.Module) -> None:
     """Mark ``decoder`` as a prompt twin (``TorchBackend.use_for_prompts``: it runs prompt passes only,
     never a decode or verification row): its attention becomes ``prompt_attention``, whose causal rows
-    run on AMX-BF16 tiles where the CPU has them (~3x the float32 kernel on a 2-core Xeon). Exact for
+    multiply on AMX-BF16 tiles where the CPU has them (~3x the float32 kernel on a 2-core Xeon). Exact for
     decoding as the twin's other weight format is: plain and speculative decoding read the same prompt
     cache, and a row's bits do not depend on how the prompt was split into passes. A decoder without
     the C++ layers keeps its own."""
@@ -122,12 +122,14 @@ def use_for_prompt_passes(decoder: nn.Module) -> None:
         decoder.set_layer_runner(runner, runner.ragged)
 
 
-def bf16_prompt_attention(decoder: nn.Module) -> bool:
-    """Whether ``decoder``'s prompt passes run attention on AMX-BF16 tiles here (a prompt twin's
-    layers in C++, heads a multiple of 32 wide, a CPU with AMX-BF16): for execution lines."""
+def bf16_prompt_attention(decoder: nn.Module) -> str:
+    """How ``decoder``'s prompt passes multiply in attention here, for execution lines: ``"amx-bf16"`` (a
+    prompt twin's layers in C++, heads a multiple of 32 wide, a CPU with AMX-BF16), else ``""``."""
     runner = decoder.layer_runner
-    return (isinstance(runner, CppLayers) and runner.prompt_passes and decoder.config.head_dim % 32 == 0
-            and bool(runner.ops.amx_bf16_ready()))
+    if not (isinstance(runner, CppLayers) and runner.prompt_passes and decoder.config.head_dim % 32 == 0):
+        return ""
+    kind = str(runner.ops.prompt_attention_kind())
+    return "" if kind == "float32" else kind
 
 
 def _direct(layer: nn.Module) -> Projection:

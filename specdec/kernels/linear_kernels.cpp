@@ -307,6 +307,8 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
 torch::Tensor prompt_attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                                torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
                                c10::optional<torch::Tensor> mask);
+std::string prompt_attention_kind();
+void set_prompt_attention_kind(const std::string& name);
 // layer_stack.cpp: the layer loop of a quantized decoder in one call
 void register_layer_stack(pybind11::module& m);
 // int8_gemm.cpp: the int8 mode's linear layer on AVX-512 VNNI
@@ -331,8 +333,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "x += residual (in place, optional); RMSNorm(x) * w");
   m.def("attention", &attention, "RoPE, KV-cache write and row-wise attention for one layer");
   m.def("prompt_attention", &prompt_attention,
-        "attention for a prompt twin's passes: causal rows on AMX-BF16 tiles where amx_bf16_ready (other bits)");
-  m.def("amx_bf16_ready", &specdec_kernels::amx_bf16_ready, "whether prompt_attention runs on AMX-BF16 tiles here");
+        "attention for a prompt twin's passes: causal rows on bf16 tiles where the CPU has AMX-BF16 (other bits)");
+  m.def("prompt_attention_kind", &prompt_attention_kind, "how prompt_attention multiplies now: amx-bf16 or float32");
+  m.def("set_prompt_attention_kind", &set_prompt_attention_kind, "make prompt_attention multiply so (tests, measurements)");
+  m.def("amx_bf16_ready", &specdec_kernels::amx_bf16_ready, "whether this CPU and process run AMX-BF16 tiles");
   register_layer_stack(m);
   register_int8_gemm(m);
 }
