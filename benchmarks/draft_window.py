@@ -4,6 +4,7 @@ plain decoding of the same target, interleaved per prompt, greedy (every output 
 γ=auto.
 
     .venv/bin/python benchmarks/draft_window.py --groups summarization,rag --windows 0,512,128
+    .venv/bin/python benchmarks/draft_window.py --groups my_long_prompts.jsonl --methods draft_suffix
 
 Prints per group and (method, window) the medians over prompts of end-to-end tokens/s (prompt
 included), its ratio to plain (per prompt, then the median), the worst prompt's ratio, α and TTFT.

@@ -28,7 +28,9 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", default="int4", help="target execution mode (default: int4, what generate picks here)")
     parser.add_argument("--prompt-quantize", default="auto")
     parser.add_argument("--draft-quantize", default="int4-all")
-    parser.add_argument("--groups", default="humaneval,gsm8k,mt_bench", help=f"prompt groups: {', '.join(GROUPS)}")
+    parser.add_argument("--groups", default="humaneval,gsm8k,mt_bench",
+                        help=f"prompt groups: {', '.join(GROUPS)}, or a JSONL file of your own prompts "
+                             "(as `specdec bench --dataset FILE`: one group, named after the file)")
     parser.add_argument("--limit", type=int, default=6, help="prompts per group")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
@@ -50,9 +52,11 @@ def header(args: argparse.Namespace, what: str) -> str:
 def group_prompts(target: specdec.LoadedModel, args: argparse.Namespace) -> Iterator[tuple[str, list[list[int]]]]:
     """(group, its prompts as token ids — chat ones through the chat template) for each of --groups."""
     for group in args.groups.split(","):
-        dataset, categories = GROUPS[group]
+        if group not in GROUPS and not Path(group).is_file():
+            raise SystemExit(f"--groups {group}: not one of {', '.join(GROUPS)} and not a file")
+        dataset, categories = GROUPS.get(group, (group, None))
         rows = load_prompts(dataset, categories, args.limit)
-        yield group, [specdec.api.encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
+        yield Path(group).stem, [specdec.api.encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
 
 
 #: one prompt's run of one configuration: (end-to-end tokens/s, that ÷ the prompt's plain run, its result)
