@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 namespace {
@@ -59,15 +58,13 @@ void to_bf16(const float* x, int64_t n, uint16_t* out) {
   }
 }
 
-// Slots [0, L) of one KV head's keys and values (float [S, D]) as B tiles, slots up to Lp (a multiple of 32)
-// zero. keys: tile (slot block of 16 s, dimension block of 32 k), row r, element 2n + j = K[16 s + n][32 k + 2r + j];
+// Slots [0, L) of one KV head's keys and values (float [S, D]) as B tiles, into kp and vp zeroed up to Lp
+// (a multiple of 32) by the caller. keys: tile (slot block of 16 s, dimension block of 32 k), row r, element 2n + j = K[16 s + n][32 k + 2r + j];
 // values: tile (slot block of 32 s, dimension block of 16 c), row r, element 2n + j = V[32 s + 2r + j][16 c + n].
-void pack_kv(const float* keys, const float* values, int64_t L, int64_t Lp, int64_t D, uint16_t* kp, uint16_t* vp) {
+void pack_kv(const float* keys, const float* values, int64_t L, int64_t D, uint16_t* kp, uint16_t* vp) {
   std::vector<uint16_t> row(D);
   const int64_t kblocks = D / kBlock, cblocks = D / 16;
   uint32_t* kp32 = reinterpret_cast<uint32_t*>(kp);
-  std::memset(kp, 0, Lp * D * sizeof(uint16_t));
-  std::memset(vp, 0, Lp * D * sizeof(uint16_t));
   for (int64_t slot = 0; slot < L; ++slot) {
     to_bf16(keys + slot * D, D, row.data());
     const uint32_t* pairs = reinterpret_cast<const uint32_t*>(row.data());
@@ -146,10 +143,10 @@ void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_h
                           int64_t S, int64_t D, int64_t start, float scale, float* out) {
   const int64_t group = heads / kv_heads, L = start + T, Lp = round_up(L, kBlock);
   const int64_t kblocks = D / kBlock, cblocks = D / 16;
-  std::vector<uint16_t> kp(kv_heads * Lp * D), vp(kv_heads * Lp * D);
+  std::vector<uint16_t> kp(kv_heads * Lp * D), vp(kv_heads * Lp * D);  // zero: slots past L stay so
   at::parallel_for(0, kv_heads, 1, [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h)
-      pack_kv(kc + h * S * D, vc + h * S * D, L, Lp, D, kp.data() + h * Lp * D, vp.data() + h * Lp * D);
+      pack_kv(kc + h * S * D, vc + h * S * D, L, D, kp.data() + h * Lp * D, vp.data() + h * Lp * D);
   });
   const int64_t token_tiles = (T + kTileTokens - 1) / kTileTokens;
   at::parallel_for(0, kv_heads * token_tiles, 1, [&](int64_t u0, int64_t u1) {
@@ -167,9 +164,10 @@ void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_h
         scores.resize(padded * Lt);
         pb.resize(padded * Lt);
       }
-      // query rows (token, head) of this KV head, bf16; padding rows zero
-      for (int64_t r = 0; r < rows; ++r)
-        to_bf16(q + ((t0 + r / group) * heads + kvh * group + r % group) * D, D, qb.data() + r * D);
+      // row r: token t0 + r / group, query head kvh · group + r % group — its offset in q and out
+      auto head_row = [&](int64_t r) { return ((t0 + r / group) * heads + kvh * group + r % group) * D; };
+      // query rows of this KV head, bf16; padding rows zero
+      for (int64_t r = 0; r < rows; ++r) to_bf16(q + head_row(r), D, qb.data() + r * D);
       std::fill(qb.begin() + rows * D, qb.begin() + padded * D, uint16_t{0});
       const uint16_t* keys = kp.data() + kvh * Lp * D;
       const uint16_t* values = vp.data() + kvh * Lp * D;
@@ -191,14 +189,14 @@ void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_h
         inv_total[r] = softmax_row_bf16(scores.data() + r * Lt, count, width, scale, pb.data() + r * Lt);
       }
       // Σ p·v over 32-slot blocks from slot 0: blocks past a row's own slots add exact zeros
-      for (int64_t r0 = 0; r0 < padded && r0 < rows; r0 += 2 * kRows) {
+      for (int64_t r0 = 0; r0 < rows; r0 += 2 * kRows) {
         const int64_t steps = round_up(seen_by(r0), kBlock) / kBlock;
         for (int64_t c = 0; c < cblocks; c += 2)
           block_2x2(pb.data() + r0 * Lt, Lt * 2, kBlock, values + c * 16 * kBlock, values + (c + 1) * 16 * kBlock,
                     cblocks * 16 * kBlock, steps, acc.data() + r0 * D + c * 16, D);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        float* dst = out + ((t0 + r / group) * heads + kvh * group + r % group) * D;
+        float* dst = out + head_row(r);
         const __m512 inv = _mm512_set1_ps(inv_total[r]);
         for (int64_t d = 0; d < D; d += 16)
           _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * D + d), inv));

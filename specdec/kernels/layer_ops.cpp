@@ -211,18 +211,18 @@ torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, t
   return y;
 }
 
-// One attention sub-layer after the q|k|v projection, for T new tokens at cache slots start..start+T:
-// RoPE on q and k, k and v written into this layer's cache ([kv_heads, max_seq, head_dim] each), then
-// for each (token, head) softmax(q·kᵀ/√d)·v over the slots it sees: 0..start+t (causal) or, with
-// `mask` [T, ≥start+T] (tree verification), the slots marked true below start+T. Grouped-query
-// heads read their KV head in place. Returns [T, heads·head_dim].
-// `prompt`: a prompt twin's pass (prompt_attention below) — on AMX the products in bf16.
 // How prompt_attention multiplies (kPromptAttentionKinds): on AMX-BF16 tiles where this CPU has them, unless
 // set_prompt_attention_kind chose float32 (tests run both)
 constexpr int kFloat32 = 0, kAmxBf16 = 1;
 constexpr const char* kPromptAttentionKinds[] = {"float32", "amx-bf16"};
 static std::atomic<int> g_prompt_attention{specdec_kernels::amx_bf16_ready() ? kAmxBf16 : kFloat32};
 
+// One attention sub-layer after the q|k|v projection, for T new tokens at cache slots start..start+T:
+// RoPE on q and k, k and v written into this layer's cache ([kv_heads, max_seq, head_dim] each), then
+// for each (token, head) softmax(q·kᵀ/√d)·v over the slots it sees: 0..start+t (causal) or, with
+// `mask` [T, ≥start+T] (tree verification), the slots marked true below start+T. Grouped-query
+// heads read their KV head in place. Returns [T, heads·head_dim].
+// `prompt`: a prompt twin's pass (prompt_attention below) — on AMX the products in bf16.
 static torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                             torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
                             c10::optional<torch::Tensor> mask, bool prompt) {
