@@ -1,7 +1,7 @@
 """Token trees under sampling: a sampled chain with alternatives.
 
 Under greedy decoding a model drafter's tree offers each node's likeliest tokens (EAGLE-2's dynamic
-tree, :func:`specdec.drafters.draft_model.grow_tree`), point-mass proposals the target accepts when
+tree, :func:`specdec.drafters.model_steps.grow_tree`), point-mass proposals the target accepts when
 one is its argmax. Under sampling a point mass x is accepted with the target's p(x) alone, while a
 chain's token, *sampled* from the draft's q, is accepted with min(1, p/q) — about 1 − TV(p, q), far
 more where both spread their mass: trees of point masses verified fewer tokens than chains of the

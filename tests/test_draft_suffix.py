@@ -10,7 +10,7 @@ import specdec
 from specdec.api import encode_prompt, make_drafter
 from specdec.config import SpecConfig
 from specdec.calls import run_now
-from specdec.drafters.draft_model import draft_steps
+from specdec.drafters.model_steps import draft_steps
 from specdec.drafters.suffix import clear_global_caches
 from specdec.engine import generate_ids
 from specdec.errors import SpecdecError

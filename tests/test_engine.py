@@ -222,7 +222,7 @@ def test_unsure_draft_token_is_proposed_and_ends_the_round():
     """Confidence-based early stop: the token whose draft step showed low confidence is still
     proposed (its step is paid; verifying one more token is cheap), and nothing is drafted on it."""
     from specdec.calls import run_now
-    from specdec.drafters.draft_model import draft_steps
+    from specdec.drafters.model_steps import draft_steps
 
     sure, unsure = torch.full((8,), -10.0), torch.zeros(8)
     sure[3] = 10.0

@@ -125,7 +125,7 @@ def test_drafting_maps_the_rows_of_a_draft_vocabulary_to_their_token_ids():
     """Rows scored over ids [7, 2, 9] of 10: greedy maps the argmax row (no spread over the whole
     vocabulary), trees map their top rows, sampling and a grammar see the whole vocabulary."""
     from specdec.calls import run_now
-    from specdec.drafters.draft_model import draft_steps, grow_tree
+    from specdec.drafters.model_steps import draft_steps, grow_tree
     from specdec.drafters.vocab import DraftVocab
     from specdec.sampling import make_generator
 

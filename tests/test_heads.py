@@ -228,9 +228,9 @@ def test_eagle_tree_nodes_score_what_their_path_drafted_as_a_chain_would(tiny_ta
     path — computed here the slow way (the head stepped along that path alone). Greedy identity
     cannot catch a tree built from the wrong features; this can."""
     from specdec.api import make_drafter
-    from specdec.drafters import draft_model
+    from specdec.drafters import model_steps
 
-    monkeypatch.setattr(draft_model, "DRAFT_TREE_MIN_VALUE", 0.0)  # the tiny model's flat distributions still branch
+    monkeypatch.setattr(model_steps, "DRAFT_TREE_MIN_VALUE", 0.0)  # the tiny model's flat distributions still branch
     head_path = save_head(random_head(tiny_target, draft_vocab_size=300, scale=1.0, seed=3), tmp_path / "sharp")
     ids = tiny_target.tokenizer.encode(PROMPTS[1])
     spec = SpecConfig(method="eagle", drafter_path=str(head_path), num_speculative_tokens=4, spec_tree=16,

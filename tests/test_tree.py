@@ -319,10 +319,10 @@ def test_draft_model_cache_holds_exactly_the_accepted_path_after_every_tree(tiny
     """After each tree round the draft model's cache must be the cache of the tokens it lists as
     cached — the accepted path's forwarded nodes moved down behind the context — or its next
     drafts are made from a wrong context (still exact output, silently lower acceptance)."""
-    from specdec.drafters import draft_model
+    from specdec.drafters import model_steps
     from specdec.drafters.draft_model import DraftModelDrafter
 
-    monkeypatch.setattr(draft_model, "DRAFT_TREE_MIN_VALUE", 0.0)  # the tiny model is unsure: grow full depth
+    monkeypatch.setattr(model_steps, "DRAFT_TREE_MIN_VALUE", 0.0)  # the tiny model is unsure: grow full depth
     target = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
     draft = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")  # accepts a lot
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)

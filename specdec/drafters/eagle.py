@@ -27,7 +27,7 @@ import torch
 from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, DrafterResources, MethodInfo, model_tree_nodes_for
-from specdec.drafters.draft_model import draft_steps, grow_tree, ranking_probs
+from specdec.drafters.model_steps import draft_steps, grow_tree, ranking_probs
 from specdec.drafters.eagle_graph import EagleStepGraph
 from specdec.drafters.features import FeatureDrafter, head_for
 from specdec.models.heads import EagleHead
@@ -130,7 +130,7 @@ class EagleDrafter(FeatureDrafter):
                                    penalty_shape(self.penalties, context_ids)))
 
     def _propose_tree(self, predicted: torch.Tensor, depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
-        """A token tree up to ``depth`` deep (:func:`~specdec.drafters.draft_model.grow_tree`): each
+        """A token tree up to ``depth`` deep (:func:`~specdec.drafters.model_steps.grow_tree`): each
         level's expanded nodes go through the head together, each reading its parent's predicted
         feature and attending to the committed positions and its own ancestors (a tree region of
         the head's cache, forgotten next round like a chain's drafted positions)."""

@@ -34,7 +34,7 @@ from specdec.backends.base import SequenceState
 from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo
-from specdec.drafters.draft_model import draft_steps, next_token_steps
+from specdec.drafters.model_steps import draft_steps, next_token_steps
 from specdec.drafters.vocab import usable_vocab_limit
 from specdec.errors import SpecdecError
 from specdec.paths import specdec_home

@@ -14,7 +14,7 @@ the earlier drafted tokens, it only has to be the distribution the token came fr
 Token trees (``--spec-tree``, Medusa's own "tree attention" candidates): every node at depth d takes
 its children from block d+1's distribution — the blocks never see the drafted tokens, so all nodes of
 a level share one distribution and branching costs no draft work at all. The tree grows like every
-other drafter's (:func:`~specdec.drafters.draft_model.grow_tree`: children valued by the product of
+other drafter's (:func:`~specdec.drafters.model_steps.grow_tree`: children valued by the product of
 probabilities along their path, the likeliest expanded), and the engine keeps the nodes that pay for
 their verification.
 """
@@ -28,7 +28,7 @@ import torch
 from specdec.backends.torch_backend import TorchBackend
 from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, DrafterResources, MethodInfo, model_tree_nodes_for
-from specdec.drafters.draft_model import draft_steps, grow_tree, ranking_probs
+from specdec.drafters.model_steps import draft_steps, grow_tree, ranking_probs
 from specdec.drafters.features import FeatureDrafter, head_for
 from specdec.drafters.vocab import DraftVocab
 from specdec.models.heads import MedusaHeads
