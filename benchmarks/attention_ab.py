@@ -10,6 +10,10 @@ one layer's ``attention`` call (RoPE, cache write, grouped-query attention) for 
 for a change that keeps every dot's order.
 
     .venv/bin/python benchmarks/attention_ab.py --base HEAD --heads 12 --kv-heads 2 --head-dim 128
+    .venv/bin/python benchmarks/attention_ab.py --prompt --tokens 256 --contexts 0,1024,2048 --repeats 5
+
+``--prompt`` times ``prompt_attention`` in its float32 kind instead — a prompt pass's attention where the CPU
+has no AMX-BF16 tiles (AVX2 machines, Zen 4), which grows with the square of a long prompt.
 """
 
 from __future__ import annotations
@@ -52,13 +56,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=60, help="timed calls per build and cell (default 60)")
     parser.add_argument("--rounds", type=int, default=3, help="base/new alternations per cell (default 3)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: all)")
+    parser.add_argument("--prompt", action="store_true",
+                        help="time prompt_attention (float32 kind: machines without AMX-BF16) instead of attention")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base, new = base_kernels(args.base), kernel()
+    function = "prompt_attention" if args.prompt else "attention"
+    if args.prompt:
+        for module in (base, new):
+            module.set_prompt_attention_kind("float32")
     heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
     contexts = [int(c) for c in args.contexts.split(",")]
-    capacity = max(contexts) + 64
-    print(f"# {cpu_description()}; {args.threads} threads; heads {heads}/{kv_heads}, head_dim {dim}")
+    capacity = max(contexts) + max(int(t) for t in args.tokens.split(",")) + 8
+    print(f"# {cpu_description()}; {args.threads} threads; heads {heads}/{kv_heads}, head_dim {dim}; {function}")
     paths = [path for path in new.kernel_paths() if path in base.kernel_paths()]
     variants = [(f"{build_name} {path}", module, path) for path in paths
                 for build_name, module in (("base", base), ("new", new))]
@@ -75,7 +85,7 @@ def main() -> None:
         for context in contexts:
             def call(module, path, context=context, qkv=qkv, cos=cos, sin=sin):
                 module.set_kernel_path(path)  # an atomic store: free beside the call
-                return module.attention(qkv, cos, sin, k_cache, v_cache, context, heads, kv_heads, None)
+                return getattr(module, function)(qkv, cos, sin, k_cache, v_cache, context, heads, kv_heads, None)
 
             outputs = {name: call(module, path) for name, module, path in variants}
             new_outputs = [outputs[f"new {path}"] for path in paths]

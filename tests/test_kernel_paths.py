@@ -200,7 +200,7 @@ def attention_inputs(heads: int, kv_heads: int, dim: int, rows: int, start: int,
 
 @pytest.mark.parametrize("heads,kv_heads,dim", ATTENTION_SHAPES)
 def test_attention_gives_the_same_bits_on_every_path_alone_and_in_a_chunk(heads, kv_heads, dim):
-    """The attention kernels (AVX2: head pairs in 256-bit chains; AVX-512: two heads per register): every
+    """The attention kernels (AVX2: heads in threes, 256-bit chains; AVX-512: two heads per register): every
     path the same bits, and each row of a 9-row chunk over 150 cached slots (three key blocks, a partial
     one) equal to that row decoded alone after the rows before it."""
     ops = kernel()

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 #include "dot_kernels.h"
 #include "simd.h"
@@ -37,128 +38,100 @@ inline void hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
   const __m256 v = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(s01), _mm256_castps_pd(s23))),
                                  _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(s01), _mm256_castps_pd(s23))));
   const __m256 r = _mm256_add_ps(v, _mm256_movehdup_ps(v));  // the sums at elements 0 (a0), 2 (a2), 4 (a1), 6 (a3)
-  const __m256 ordered = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0));
-  _mm_storeu_ps(out, _mm256_castps256_ps128(ordered));
+  // [r0 r2 r4 r6] then [r0 r4 r2 r6], by immediates: an index vector would hold a register the three-head
+  // score loop needs (it spilled a query chunk to the stack)
+  const __m128 even = _mm_shuffle_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1), _MM_SHUFFLE(2, 0, 2, 0));
+  _mm_storeu_ps(out, _mm_shuffle_ps(even, even, _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
-// dot() of q with the keys at 4 slots, interleaved: each result is computed exactly as dot() does
-inline void dot4(const float* q, const float* keys, const int64_t* slot, int64_t n, float* out) {
-  const float* k0 = keys + slot[0] * n;
-  const float* k1 = keys + slot[1] * n;
-  const float* k2 = keys + slot[2] * n;
-  const float* k3 = keys + slot[3] * n;
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + i);
-    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
-    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
-    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
-  }
-  hsum4(a0, a1, a2, a3, out);
-}
-
-// a[0 .. 8N) += Σ_{i0 <= i < i1} p[i] · v[slot[i]][0 .. 8N), one slot after another: N chains of FMAs
-// side by side, kept in registers (N is a compile-time constant); the order per lane is the same
-// for any N
-template <int N>
-inline void accumulate(const float* p, const int64_t* slot, int64_t i0, int64_t i1, const float* v, int64_t D, float* a) {
-  __m256 sum[N];
-  for (int c = 0; c < N; ++c) sum[c] = _mm256_loadu_ps(a + 8 * c);
-  for (int64_t i = i0; i < i1; ++i) {
-    const __m256 pi = _mm256_set1_ps(p[i]);
-    const float* row = v + slot[i] * D;
-    for (int c = 0; c < N; ++c) sum[c] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(row + 8 * c), sum[c]);
-  }
-  for (int c = 0; c < N; ++c) _mm256_storeu_ps(a + 8 * c, sum[c]);
-}
-
-// dot() of two query heads q0, q1 with the keys at 4 slots: 8 chains in flight (two FMA ports × four
-// cycles of latency), each key vector loaded once for both heads. Every result is computed exactly as
+// dot() of H query heads (rows of q, n apart) with the keys at 4 slots: 4·H chains, each key chunk loaded
+// once for all H heads, the heads' chunks held in registers (H = 3: 12 accumulators + 3 + 1 = the 16 AVX2
+// registers). Why three: two heads × 4 keys loaded 10 vectors per 8 FMAs and kept only 8 chains in flight
+// (2 FMA ports × 4 cycles of latency: no slack); three load 7 per 12. A 256-row prompt chunk's attention ran
+// at ~14 GMAC/s a core with pairs on a CPU whose 256-bit FMAs peak at ~52. Every result is computed exactly as
 // dot() does (its own accumulator, the same 8-lane order, the same hsum).
-inline void dot2x4(const float* q0, const float* q1, const float* keys, const int64_t* slot, int64_t n, float* out0,
-                   float* out1) {
+template <int H>
+inline void dots_4keys(const float* q, const float* keys, const int64_t* slot, int64_t n, float* out, int64_t L) {
   const float* k[4] = {keys + slot[0] * n, keys + slot[1] * n, keys + slot[2] * n, keys + slot[3] * n};
-  __m256 a0[4], a1[4];
-  for (int j = 0; j < 4; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+  __m256 acc[H][4];
+  for (int h = 0; h < H; ++h)
+    for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) {
-    const __m256 x0 = _mm256_loadu_ps(q0 + i), x1 = _mm256_loadu_ps(q1 + i);
+    __m256 x[H];
+    for (int h = 0; h < H; ++h) x[h] = _mm256_loadu_ps(q + h * n + i);
     for (int j = 0; j < 4; ++j) {
       const __m256 kv = _mm256_loadu_ps(k[j] + i);
-      a0[j] = _mm256_fmadd_ps(x0, kv, a0[j]);
-      a1[j] = _mm256_fmadd_ps(x1, kv, a1[j]);
+      for (int h = 0; h < H; ++h) acc[h][j] = _mm256_fmadd_ps(x[h], kv, acc[h][j]);
     }
   }
-  hsum4(a0[0], a0[1], a0[2], a0[3], out0);
-  hsum4(a1[0], a1[1], a1[2], a1[3], out1);
+  for (int h = 0; h < H; ++h) hsum4(acc[h][0], acc[h][1], acc[h][2], acc[h][3], out + h * L);
 }
 
-// a0[0 .. 8N) += Σ p0[i] · v[slot[i]][0 .. 8N) and a1 likewise with p1, for i in [i0, i1): two heads'
-// value sums side by side, each value vector loaded once for both; per lane the same slot order as
-// accumulate<N> alone.
-template <int N>
-inline void accumulate2(const float* p0, const float* p1, const int64_t* slot, int64_t i0, int64_t i1, const float* v,
-                        int64_t D, float* a0, float* a1) {
-  __m256 s0[N], s1[N];
-  for (int c = 0; c < N; ++c) {
-    s0[c] = _mm256_loadu_ps(a0 + 8 * c);
-    s1[c] = _mm256_loadu_ps(a1 + 8 * c);
-  }
+// H heads (q [H, D]) against slots [i0, i1): p[h·L + i]
+template <int H>
+void score_heads(const float* q, const float* keys, const int64_t* slot, int64_t i0, int64_t i1, int64_t D, float* p,
+                 int64_t L) {
+  int64_t i = i0;
+  for (; i + 4 <= i1; i += 4) dots_4keys<H>(q, keys, slot + i, D, p + i, L);
+  for (; i < i1; ++i)
+    for (int h = 0; h < H; ++h) p[h * L + i] = dot(q + h * D, keys + slot[i] * D, D);
+}
+
+// a[h·D + 0 .. 8N) += Σ_{i0 <= i < i1} p[h·L + i] · v[slot[i]][0 .. 8N) for H heads, one slot after another:
+// H·N chains side by side, each value vector loaded once for all H heads (H = 3, N = 4: 12 accumulators, the
+// 3 weights, 1 value: 16 registers); per lane the same slot order for any H and N.
+template <int H, int N>
+inline void accumulate_heads(const float* p, int64_t L, const int64_t* slot, int64_t i0, int64_t i1, const float* v,
+                             int64_t D, float* a) {
+  __m256 sum[H][N];
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < N; ++c) sum[h][c] = _mm256_loadu_ps(a + h * D + 8 * c);
   for (int64_t i = i0; i < i1; ++i) {
-    const __m256 w0 = _mm256_set1_ps(p0[i]), w1 = _mm256_set1_ps(p1[i]);
+    __m256 w[H];
+    for (int h = 0; h < H; ++h) w[h] = _mm256_broadcast_ss(p + h * L + i);
     const float* row = v + slot[i] * D;
     for (int c = 0; c < N; ++c) {
       const __m256 x = _mm256_loadu_ps(row + 8 * c);
-      s0[c] = _mm256_fmadd_ps(w0, x, s0[c]);
-      s1[c] = _mm256_fmadd_ps(w1, x, s1[c]);
+      for (int h = 0; h < H; ++h) sum[h][c] = _mm256_fmadd_ps(w[h], x, sum[h][c]);
     }
   }
-  for (int c = 0; c < N; ++c) {
-    _mm256_storeu_ps(a0 + 8 * c, s0[c]);
-    _mm256_storeu_ps(a1 + 8 * c, s1[c]);
-  }
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < N; ++c) _mm256_storeu_ps(a + h * D + 8 * c, sum[h][c]);
 }
 
-// The AVX2 attention kernels (dot_kernels.h: AttentionKernels): heads in pairs, an odd last head alone.
+// H heads' values over every output dimension: 32 at a time (64 for a head alone), then 8
+template <int H>
+void value_heads(const float* p, int64_t L, const int64_t* slot, int64_t i0, int64_t i1, const float* v, int64_t D,
+                 float* acc) {
+  constexpr int kChunks = H == 1 ? 8 : 4;
+  int64_t d0 = 0;
+  for (; d0 + 8 * kChunks <= D; d0 += 8 * kChunks)
+    accumulate_heads<H, kChunks>(p, L, slot, i0, i1, v + d0, D, acc + d0);
+  for (; d0 < D; d0 += 8) accumulate_heads<H, 1>(p, L, slot, i0, i1, v + d0, D, acc + d0);
+}
+
+// The heads in groups of three, then a last group of two or one: fn(H, h) with H a std::integral_constant
+template <typename Fn>
+inline void for_head_triples(int64_t heads, Fn fn) {
+  int64_t h = 0;
+  for (; h + 3 <= heads; h += 3) fn(std::integral_constant<int, 3>{}, h);
+  if (heads - h == 2) fn(std::integral_constant<int, 2>{}, h);
+  if (heads - h == 1) fn(std::integral_constant<int, 1>{}, h);
+}
+
+// The AVX2 attention kernels (dot_kernels.h: AttentionKernels): heads in threes, then a pair or one alone.
 void scores_avx2(const float* q, int64_t heads, const float* keys, const int64_t* slot, int64_t i0, int64_t i1,
                  int64_t D, float* p, int64_t L) {
-  int64_t h = 0;
-  for (; h + 2 <= heads; h += 2) {
-    const float* q0 = q + h * D;
-    float* p0 = p + h * L;
-    int64_t i = i0;
-    for (; i + 4 <= i1; i += 4) dot2x4(q0, q0 + D, keys, slot + i, D, p0 + i, p0 + L + i);
-    for (; i < i1; ++i) {
-      p0[i] = dot(q0, keys + slot[i] * D, D);
-      p0[L + i] = dot(q0 + D, keys + slot[i] * D, D);
-    }
-  }
-  if (h < heads) {
-    const float* qh = q + h * D;
-    float* ph = p + h * L;
-    int64_t i = i0;
-    for (; i + 4 <= i1; i += 4) dot4(qh, keys, slot + i, D, ph + i);
-    for (; i < i1; ++i) ph[i] = dot(qh, keys + slot[i] * D, D);
-  }
+  for_head_triples(heads, [&](auto group, int64_t h) {
+    score_heads<decltype(group)::value>(q + h * D, keys, slot, i0, i1, D, p + h * L, L);
+  });
 }
 
 void values_avx2(const float* p, int64_t heads, int64_t L, const int64_t* slot, int64_t i0, int64_t i1,
                  const float* v, int64_t D, float* acc) {
-  int64_t h = 0;
-  for (; h + 2 <= heads; h += 2) {
-    const float* p0 = p + h * L;
-    float* a0 = acc + h * D;
-    int64_t d0 = 0;
-    for (; d0 + 32 <= D; d0 += 32) accumulate2<4>(p0, p0 + L, slot, i0, i1, v + d0, D, a0 + d0, a0 + D + d0);
-    for (; d0 < D; d0 += 8) accumulate2<1>(p0, p0 + L, slot, i0, i1, v + d0, D, a0 + d0, a0 + D + d0);
-  }
-  if (h < heads) {
-    const float* ph = p + h * L;
-    float* a = acc + h * D;
-    int64_t d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) accumulate<8>(ph, slot, i0, i1, v + d0, D, a + d0);
-    for (; d0 < D; d0 += 8) accumulate<1>(ph, slot, i0, i1, v + d0, D, a + d0);
-  }
+  for_head_triples(heads, [&](auto group, int64_t h) {
+    value_heads<decltype(group)::value>(p + h * L, L, slot, i0, i1, v, D, acc + h * D);
+  });
 }
 
 // The softmax normaliser of one (token, head) row of n scores: p[i] = e^(p[i]·scale − max) in place,
