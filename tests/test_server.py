@@ -206,6 +206,8 @@ def test_concurrent_requests_equal_sequential(server):
     ({"model": "tiny", "prompt": "x", "logit_bias": {"99999999": 1}}, 400, "outside the vocabulary"),
     ({"model": "tiny", "prompt": "x", "max_tokens": 4, "min_tokens": 9}, 400, "min_tokens must be an integer in [0, max_tokens = 4]"),
     ({"model": "tiny", "prompt": "x", "stop_token_ids": list(range(300))}, 400, "stop_token_ids: at most 256"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_tokens must be an integer >= 1, got 0"),
+    (b'{"model": "tiny", "prompt": "caf\\ud800 x", "max_tokens": 2}', 400, "lone surrogate"),
 ])
 def test_bad_input_gets_error_object_and_server_stays_up(server, payload, status, fragment):
     url = f"{server}/v1/completions"
@@ -214,6 +216,39 @@ def test_bad_input_gets_error_object_and_server_stays_up(server, payload, status
     assert response.status_code == status
     error = response.json()["error"]
     assert fragment in error["message"] and "type" in error
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_errors_name_their_field_and_every_route_answers_openai_errors(server):
+    """The walkthrough's findings: a 0 that fell back to the default length, an unpaired surrogate escape that
+    was a 500 in plain text, FastAPI's own 404/405 shapes, an image part reported as "not a string", an
+    empty prompt coded as too long, and top_logprobs reported as logprobs."""
+    chat = f"{server}/v1/chat/completions"
+    user = [{"role": "user", "content": "hi"}]
+
+    def error(response: httpx.Response, status: int) -> dict:
+        assert response.status_code == status, response.text
+        return response.json()["error"]
+
+    zero = error(httpx.post(chat, json={"model": "tiny", "messages": user, "max_completion_tokens": 0}), 400)
+    assert zero["param"] == "max_completion_tokens" and ">= 1" in zero["message"]
+    scored = error(httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 0,
+                                                               "echo": True, "logprobs": 1}), 400)
+    assert "echo with logprobs and max_tokens 1" in scored["message"]
+    top = error(httpx.post(chat, json={"model": "tiny", "messages": user, "logprobs": True, "top_logprobs": 50}), 400)
+    assert top["param"] == "top_logprobs" and "top_logprobs must be" in top["message"]
+    image = error(httpx.post(chat, json={"model": "tiny", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}), 400)
+    assert "'image_url'" in image["message"] and "text parts only" in image["message"]
+    assert image["param"] == "messages.0.content.0"
+    for url, body in ((chat, b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udfff"}]}'),
+                      (f"{server}/tokenize", b'{"prompt": "\\ud800"}')):
+        broken = error(httpx.post(url, content=body, headers={"content-type": "application/json"}), 400)
+        assert "lone surrogate" in broken["message"]
+    empty = error(httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": ""}), 400)
+    assert empty["code"] != "context_length_exceeded" and "empty" in empty["message"]
+    assert "GET" in error(httpx.get(f"{server}/v1/completions"), 405)["message"]
+    assert "/v1/nothing" in error(httpx.post(f"{server}/v1/nothing", json={}), 404)["message"]
     assert httpx.get(f"{server}/health").status_code == 200
 
 

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -32,7 +33,8 @@ from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage,
 from specdec.server.state import ServerState
 from specdec.server.params import APIError, sampling_params
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, forced_call, streamed_delta
-from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body
+from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body,
+                                    lone_surrogate_at, validation_message)
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
 
@@ -83,11 +85,18 @@ def create_app(state: ServerState) -> FastAPI:
         state.metrics.requests.labels("any", str(exc.status)).inc()
         return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """An unknown route or a wrong method (FastAPI's own 404/405) as OpenAI's error object, as every other error."""
+        message = {404: f"Invalid URL ({request.method} {request.url.path})",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        state.metrics.requests.labels("any", str(exc.status_code)).inc()
+        return JSONResponse(error_body(message), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
-        return JSONResponse(error_body(f"invalid request: {where}: {first.get('msg', 'malformed')}", param=where or None), status_code=400)
+        message, where = validation_message(list(exc.errors()))
+        return JSONResponse(error_body(message, param=where), status_code=400)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -155,13 +164,16 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(400, "malformed JSON body") from None
         if not isinstance(raw, dict):
             raise APIError(400, "the JSON body must be an object")
+        broken = lone_surrogate_at(raw)
+        if broken:
+            raise APIError(400, f"invalid request: {broken}: a string with a lone surrogate escape (\\ud800-\\udfff "
+                                "unpaired) is not Unicode text", param=broken)
         try:
             req = schema.model_validate(raw)
         except Exception as exc:  # pydantic.ValidationError
             errors = getattr(exc, "errors", lambda: [])()
-            first = errors[0] if errors else {}
-            where = ".".join(str(p) for p in first.get("loc", []))
-            raise APIError(400, f"invalid request: {where}: {first.get('msg', str(exc))}", param=where or None) from None
+            message, where = validation_message(errors) if errors else (f"invalid request: {exc}", None)
+            raise APIError(400, message, param=where) from None
         if req.model is not None and req.model != state.model_name:
             raise APIError(404, f"model {req.model!r} not found; this server serves {state.model_name!r}", code="model_not_found", param="model")
         return req, raw
@@ -221,8 +233,10 @@ def create_app(state: ServerState) -> FastAPI:
         params = sampling_params(req, context_len, len(prompt_ids), state.max_tokens_limit)
         try:
             check_context(len(prompt_ids), params.max_tokens, context_len)
-        except (ContextLengthError, SpecdecError) as exc:
-            raise APIError(400, str(exc), code="context_length_exceeded") from None
+        except ContextLengthError as exc:
+            raise APIError(400, str(exc), param="prompt", code="context_length_exceeded") from None
+        except SpecdecError as exc:  # an empty prompt
+            raise APIError(400, str(exc), param="prompt") from None
         return prompt_ids, params
 
     def echo_text(prompt: str | list[int], prompt_ids: list[int]) -> str:

@@ -4,7 +4,7 @@ constraints, each refused with a 400 that names the field (OpenAI's error object
 from __future__ import annotations
 
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
+from specdec.sampling import MAX_LOGPROBS, SamplingParams
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, joined_text
 from specdec.structured import StructuredOutput, schema_text
 
@@ -42,7 +42,12 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
         raise APIError(400, f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} (got {len(req.stop_token_ids)})", param="stop_token_ids")
     logprobs = _logprobs_asked(req)
     default = min(256, max(1, context_len - prompt_len), max_tokens_limit or 256)
-    max_tokens = req.max_completion_tokens or req.max_tokens or default
+    asked = req.max_completion_tokens if getattr(req, "max_completion_tokens", None) is not None else req.max_tokens
+    if asked is not None and asked < 1:  # 0 is an answer of nothing, not "unset" (it fell back to the default)
+        field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+        hint = " (to score a prompt, send echo with logprobs and max_tokens 1)" if getattr(req, "echo", False) else ""
+        raise APIError(400, f"{field} must be an integer >= 1, got {asked}{hint}", param=field)
+    max_tokens = asked if asked is not None else default
     if max_tokens_limit is not None and max_tokens > max_tokens_limit:
         raise APIError(400, f"max_tokens {max_tokens} exceeds this server's limit of {max_tokens_limit} (--max-tokens-limit)",
                        param="max_tokens")
@@ -108,5 +113,8 @@ def _logprobs_asked(req: CompletionRequest | ChatCompletionRequest) -> int | Non
     if isinstance(req, ChatCompletionRequest):
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {req.top_logprobs}",
+                           param="top_logprobs")
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs

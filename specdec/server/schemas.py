@@ -205,3 +205,43 @@ class DetokenizeRequest(BaseModel):
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """pydantic's errors for a request body → one message and the field it names: the first error, except a
+    content part of a type this server does not read (an image, audio), named as such — pydantic tries a
+    content's plain-string form first and would say only "Input should be a valid string"."""
+    for error in errors:
+        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+        if error.get("type") == "literal_error" and loc[-1:] == ["type"] and "content" in loc:
+            where = ".".join(part for part in loc[:-1] if not part.startswith("list["))
+            return (f"invalid request: {where}: a content part of type {error.get('input')!r}; this server reads "
+                    "text parts only (no images or audio)", where)
+    first = errors[0] if errors else {}
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    return f"invalid request: {where}: {first.get('msg', 'malformed')}", where or None
+
+
+def lone_surrogate_at(value: Any, where: str = "") -> str | None:
+    """The field of a parsed JSON body holding a string that is not Unicode text — a lone surrogate, which
+    JSON's \\ud800 escapes can spell and no tokenizer encodes — or None."""
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "body"
+        return None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = lone_surrogate_at(item, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
