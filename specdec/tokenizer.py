@@ -164,8 +164,15 @@ class Tokenizer:
 
     # --- text <-> ids --------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Special-token strings in ``text`` (e.g. ``<|im_start|>``) become their ids."""
-        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+        """Special-token strings in ``text`` (e.g. ``<|im_start|>``) become their ids. Text that is not
+        Unicode (see :func:`not_unicode`) is a :class:`SpecdecError`, not the tokenizer's TypeError."""
+        try:
+            return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+        except TypeError:
+            reason = not_unicode(text)
+            if reason is None:
+                raise
+            raise SpecdecError(reason) from None
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
@@ -281,3 +288,17 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """The text still held back at the end of the stream (U+FFFD for an incomplete character)."""
         return self._emit(self._pending())
+
+
+def not_unicode(text: str) -> str | None:
+    """Why ``text`` cannot be tokenized, where it holds a lone surrogate, else None. Python keeps the bytes
+    of a command line or a pipe that are not UTF-8 as U+DC80..U+DCFF (surrogateescape: a Latin-1 "é" is
+    byte 0xE9), and a JSON string can spell any surrogate as an escape; tokenizers take neither."""
+    for index, char in enumerate(text):
+        if "\udc80" <= char <= "\udcff":
+            return (f"the text is not valid UTF-8: byte 0x{ord(char) - 0xDC00:02x} at character {index} "
+                    "(convert it to UTF-8, e.g. with iconv)")
+        if "\ud800" <= char <= "\udfff":
+            return f"the text holds an unpaired surrogate U+{ord(char):04X} at character {index}: it is not Unicode text"
+    return None
+

@@ -180,6 +180,8 @@ def read_settings(path: Path) -> dict[str, Any]:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise SpecdecError(f"--config: no such file: {path}") from None
+    except OSError as exc:  # a folder, no permission
+        raise SpecdecError(f"--config: cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise SpecdecError(f"--config: {path} is not JSON ({exc})") from None
     settings = data.get("settings") if isinstance(data, dict) else None

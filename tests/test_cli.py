@@ -36,6 +36,14 @@ def test_help_lists_every_generate_flag():
         (["serve", "--replicas", "2"], "need --ray"),
         (["serve", "--ray", "--replicas", "64"], "more CPUs than this machine's"),
         (["serve", "--ray", "--port", "0"], "needs a fixed --port"),
+        (["export", "--engine", "vllm", "--method", "ngram", "--out", "/nonexistent-dir/x.sh"], "does not exist"),
+        (["export", "--engine", "vllm", "--method", "ngram", "--out", "/tmp"], "is a folder"),
+        (["generate", "hi", "--html", "/nonexistent-dir/view.html"], "--html /nonexistent-dir/view.html: the folder"),
+        (["generate", "hi", "--config", "/tmp"], "--config: cannot read /tmp"),
+        (["bench", "--out", "/proc/no-such-folder"], "--out /proc/no-such-folder: cannot make this folder"),
+        (["verify", "--skip-greedy", "--alpha", "2"], "must be in (0, 0.5]"),
+        (["verify", "--skip-greedy", "--alpha", "0"], "must be in (0, 0.5]"),
+        (["verify", "--skip-greedy", "--skip-distribution"], "leaves no check to run"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message):
@@ -61,6 +69,20 @@ def test_bad_confidence_threshold_is_clear(tiny_dirs, capsys):
                  "--draft-confidence-threshold", "1.5"])
     assert code == 1
     assert "draft_confidence_threshold must be in [0, 1)" in capsys.readouterr().err
+
+
+def test_a_prompt_that_is_not_utf8_is_one_clear_line(tiny_dirs):
+    """Bytes that are not UTF-8 (a Latin-1 "é") reach Python as lone surrogates, which the tokenizer refused
+    with a TypeError traceback; from a pipe and from the command line alike."""
+    model = ["--model", str(tiny_dirs["target"]), "--dtype", "float32", "--max-tokens", "2"]
+    piped = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "-", *model], input=b"caf\xe9 au lait",
+                           capture_output=True, timeout=300)
+    argv = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", b"caf\xe9", *model], capture_output=True,
+                          timeout=300)
+    for proc in (piped, argv):
+        err = proc.stderr.decode()
+        assert proc.returncode == 1 and "Traceback" not in err, err
+        assert "not valid UTF-8: byte 0xe9 at character 3" in err
 
 
 def test_bad_sampling_value_is_clear(tiny_dirs, capsys):

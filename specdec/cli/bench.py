@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
-                                gamma_from_args, gamma_value, kernels_in_use, pages_in_use, positive_int, sampling_from_args,
-                                speculation_limit_value, tree_values)
+                                gamma_from_args, gamma_value, kernels_in_use, make_output_folder, pages_in_use, positive_int,
+                                sampling_from_args, speculation_limit_value, tree_values)
 from specdec.errors import SpecdecError
 
 
@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench.report import penalties_description, write_results
     from specdec.bench.runner import PEER_METHODS, BenchConfig, method_needs_draft, run_benchmark, run_concurrent
 
+    make_output_folder(args.out, "--out")
     rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
     if not rows:

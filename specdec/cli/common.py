@@ -223,6 +223,34 @@ def apply_config(args: argparse.Namespace, typed: set[str]) -> None:
             setattr(args, key, value)
 
 
+def check_output_file(path: object, flag: str) -> None:
+    """A file a command writes when it is done (``path``: None when not asked for): refused now, before minutes
+    of loading and generating, where its folder is missing or it names a folder."""
+    from pathlib import Path
+
+    from specdec.errors import SpecdecError
+
+    if path is None:
+        return
+    target = Path(str(path)).expanduser()
+    if target.is_dir():
+        raise SpecdecError(f"{flag} {path}: is a folder; give a file name")
+    if not target.parent.is_dir():
+        raise SpecdecError(f"{flag} {path}: the folder {target.parent} does not exist")
+
+
+def make_output_folder(path: object, flag: str) -> None:
+    """The folder a command writes its results into, made now (with its parents) so a bad path fails first."""
+    from pathlib import Path
+
+    from specdec.errors import SpecdecError
+
+    try:
+        Path(str(path)).expanduser().mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecdecError(f"{flag} {path}: cannot make this folder ({exc.strerror or exc})") from None
+
+
 def file_or_text(value: str) -> str:
     """A flag that takes a file or the text itself: an existing file is read."""
     from pathlib import Path

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specdec.cli.common import add_debug_flag, gamma_value, positive_int
+from specdec.cli.common import add_debug_flag, check_output_file, gamma_value, positive_int
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.drafters.registry import resolve_method
     from specdec.exports import export
 
+    check_output_file(args.out, "--out")
     spec = SpecConfig(method=resolve_method(args.method) if args.method else None,
                       num_speculative_tokens=args.num_speculative_tokens, prompt_lookup_min=args.prompt_lookup_min,
                       prompt_lookup_max=args.prompt_lookup_max, draft_confidence_threshold=args.draft_confidence_threshold)

@@ -9,8 +9,8 @@ import dataclasses
 import json
 import sys
 
-from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, execution_modes, kernels_in_use,
-                                pages_in_use, sampling_from_args, spec_from_args, file_or_text)
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, check_output_file, execution_modes,
+                                file_or_text, kernels_in_use, pages_in_use, sampling_from_args, spec_from_args)
 from specdec.cpu import cpu_description
 
 
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec.drafters.registry import all_methods, method_info
 
+    check_output_file(args.html, "--html")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = sampling_from_args(args)
     spec = spec_from_args(args)

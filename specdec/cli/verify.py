@@ -39,7 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="real prompts for the greedy check (HumanEval and MT-Bench; default: 3, --thorough 6)")
     ver.add_argument("--max-tokens", type=positive_int, default=None, help="tokens per prompt in the greedy check (default: 32, --thorough 64)")
     ver.add_argument("--samples", type=positive_int, default=None, help="samples per distribution test (default: 1000, --thorough 10000)")
-    ver.add_argument("--alpha", type=float, default=1e-3, help="significance of each chi-square test (default: 1e-3)")
+    ver.add_argument("--alpha", type=significance, default=1e-3,
+                     help="significance of each chi-square test: its false-alarm rate, in (0, 0.5] (default: 1e-3)")
     ver.add_argument("--skip-greedy", action="store_true", help="only run the distribution tests (no real models needed)")
     ver.add_argument("--skip-distribution", action="store_true", help="only run the greedy identity check")
     add_debug_flag(ver)
@@ -47,11 +48,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return ver
 
 
+def significance(text: str) -> float:
+    """--alpha: a chi-square test's false-alarm rate. 0 or less passes anything, 1 or more fails everything, and
+    past 0.5 half the exact methods' checks would fail by chance: a certificate either way that means nothing."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 0.5:
+        raise argparse.ArgumentTypeError(f"must be in (0, 0.5], got {value:g}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec import certify
     from specdec.cli.common import execution_modes
 
+    if args.skip_greedy and args.skip_distribution:
+        raise SpecdecError("--skip-greedy with --skip-distribution leaves no check to run")
     known = certify.registered_methods()
     methods = known if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in known]
