@@ -235,6 +235,9 @@ def make_drafter(
                                target.config.max_position_embeddings)  # checked even where no drafter reads it
     if spec.method is None:
         return None
+    # the engine caps its cache and every round's room at the target's context (engine.generate_stream), so no
+    # draft position goes past it: a request that fits the context fits a draft of the same context too
+    max_seq_len = min(max_seq_len, target.config.max_position_embeddings)
     info = method_info(spec.method)
     if info.needs_draft_model:
         if draft is None:

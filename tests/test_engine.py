@@ -178,6 +178,16 @@ def test_prompt_longer_than_context_is_a_clear_error(tiny_target):
         specdec.generate(tiny_target, long_ids, SamplingParams(max_tokens=4))
 
 
+def test_a_request_that_fills_the_context_speculates_as_plain_decoding_answers_it(tiny_target):
+    """The draft's own context was checked against prompt + max_tokens + γ + 1, so the last γ + 1 tokens of the
+    context refused a draft model plain decoding served (the engine never drafts past the context)."""
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompt = [5 + i % 50 for i in range(512 - 4)]  # tiny context is 512: prompt + max_tokens fill it
+    plain = specdec.generate(tiny_target, prompt, params)
+    for spec in (SpecConfig(method="draft_model", num_speculative_tokens=4), SpecConfig(method="draft_suffix")):
+        assert specdec.generate(tiny_target, prompt, params, draft=tiny_target, spec=spec).token_ids == plain.token_ids
+
+
 def test_empty_prompt_is_a_clear_error(tiny_target):
     with pytest.raises(SpecdecError, match="empty"):
         specdec.generate(tiny_target, [], SamplingParams(max_tokens=4))
