@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,14 +204,22 @@ def _return_freed_memory() -> None:
 
 def encode_prompt(model: LoadedModel, prompt: Prompt, chat: bool = False) -> list[int]:
     """Text → ids (chat=True renders ``[{"role": "user", "content": prompt}]`` with the chat template);
-    a list of message dicts is always rendered; a list of ints is taken as is."""
+    a list of message dicts is always rendered; a list of ints is taken as is. Anything else is a TypeError
+    that says what a prompt is (a tensor, bytes or a list of strings went deep before: a torch error, garbage ids)."""
     if isinstance(prompt, str):
         if chat:
             return model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         return model.tokenizer.encode(prompt)
+    if not isinstance(prompt, (list, tuple)):
+        hint = " (a tensor: pass .tolist())" if hasattr(prompt, "tolist") else ""
+        raise TypeError(f"a prompt is text, chat messages (a list of dicts) or token ids (a list of ints), got "
+                        f"{type(prompt).__name__}{hint}")
     if prompt and isinstance(prompt[0], dict):
         return model.tokenizer.apply_chat_template(prompt)  # type: ignore[arg-type]
-    ids = [int(t) for t in prompt]  # type: ignore[union-attr]
+    wrong = next((t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+    if wrong is not None:
+        raise TypeError(f"prompt token ids must be integers, got {wrong!r} ({type(wrong).__name__}); text goes in as one string")
+    ids = [int(t) for t in prompt]
     vocab = model.config.vocab_size
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:  # else an IndexError deep in the embedding
@@ -241,7 +250,8 @@ def make_drafter(
     info = method_info(spec.method)
     if info.needs_draft_model:
         if draft is None:
-            raise SpecdecError(f"method {info.name!r} needs a draft model (--draft-model NAME_OR_PATH)")
+            raise SpecdecError(f"method {info.name!r} needs a draft model: --draft-model NAME_OR_PATH (the library: "
+                               "draft=specdec.load_model(NAME_OR_PATH); SpecConfig.draft_model only names it)")
         check_pair(target, draft)
         check_draft_context(draft, max_seq_len)
     resources = DrafterResources(target_backend=target.backend, spec=spec, params=params, generator=generator,
@@ -265,6 +275,11 @@ def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, 
     """The keyword arguments of :func:`specdec.engine.generate_stream` (shared by :func:`stream`,
     :func:`generate` and the server): ids, params, spec, generator, this request's drafter and,
     for structured output, its grammar state (the drafter masks its distribution with the same one)."""
+    for name, value, kind in (("target", target, LoadedModel), ("draft", draft, LoadedModel),
+                              ("params", params, SamplingParams), ("spec", spec, SpecConfig)):
+        if value is not None and not isinstance(value, kind) or (name == "target" and value is None):
+            loaded = " (specdec.load_model(name_or_path) makes one)" if kind is LoadedModel else ""
+            raise TypeError(f"{name} must be a {kind.__name__}{loaded}, got {type(value).__name__}")
     params = params or SamplingParams()
     spec = resolve_spec(spec, draft)
     prompt_ids = encode_prompt(target, prompt, chat)

@@ -134,6 +134,8 @@ class SpecConfig:
     drafter_path: str | None = None
 
     def __post_init__(self) -> None:
+        if self.method is not None and not isinstance(self.method, str):
+            raise SpecdecError(f"method must be a method's name (see `specdec methods`), got {self.method!r}")
         if self.method is not None:
             self.method = self.method.replace("-", "_")  # --method layer-skip == layer_skip
         if self.method is None and self.draft_model is not None:
@@ -146,13 +148,15 @@ class SpecConfig:
                 self.num_speculative_tokens = int(k)
             else:
                 raise SpecdecError(f"num_speculative_tokens must be a positive integer or 'auto', got {k!r}")
+        elif not isinstance(k, int) or isinstance(k, bool):  # 2.5 and True became 2 and 1; None failed later
+            raise SpecdecError(f"num_speculative_tokens must be a positive integer or 'auto', got {k!r}")
         if isinstance(self.num_speculative_tokens, int) and self.num_speculative_tokens < 1:
             raise SpecdecError(
                 f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens} "
                 "(use no drafter for plain decoding)"
             )
-        if not 0.0 <= self.draft_confidence_threshold < 1.0:
-            raise SpecdecError("draft_confidence_threshold must be in [0, 1)")
+        if not _is_number(self.draft_confidence_threshold) or not 0.0 <= self.draft_confidence_threshold < 1.0:
+            raise SpecdecError(f"draft_confidence_threshold must be in [0, 1), got {self.draft_confidence_threshold!r}")
         if not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size < 0:
             raise SpecdecError(f"draft_vocab_size must be an integer >= 0 (0 = whole vocabulary), got {self.draft_vocab_size!r}")
         if not isinstance(self.draft_context_window, int) or self.draft_context_window < 0:
@@ -164,7 +168,8 @@ class SpecConfig:
             self.spec_tree = tree = int(tree)
         if not (tree in SPEC_TREE_WORDS or (isinstance(tree, int) and not isinstance(tree, bool) and tree >= 1)):
             raise SpecdecError(f"spec_tree must be 'off', 'auto', 'greedy' or a number of tree nodes >= 1, got {tree!r}")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+        if not (_is_whole(self.prompt_lookup_min) and _is_whole(self.prompt_lookup_max)
+                and 1 <= self.prompt_lookup_min <= self.prompt_lookup_max):
             raise SpecdecError(
                 f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, {self.prompt_lookup_max}"
             )
@@ -204,3 +209,11 @@ class SpecConfig:
             return 0
         nodes = self.max_tree_nodes
         return max(nodes, self.max_draft_tokens(True)) if nodes and reads_prediction else nodes
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -113,14 +113,16 @@ class SamplingParams:
             raise SpecdecError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise SpecdecError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
+        if not isinstance(self.stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in self.stop):
             raise SpecdecError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 raise SpecdecError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
+        if not isinstance(self.ignore_eos, bool):  # "yes" (or "no") was taken as true
+            raise SpecdecError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise SpecdecError(f"structured must be a specdec.StructuredOutput, got {type(self.structured).__name__}")
-        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+        if not isinstance(self.stop_token_ids, (list, tuple)) or any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise SpecdecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         if self.prediction is not None and not isinstance(self.prediction, str) and (
                 not isinstance(self.prediction, list) or any(not _is_int(t) or t < 0 for t in self.prediction)):

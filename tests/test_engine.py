@@ -188,6 +188,36 @@ def test_a_request_that_fills_the_context_speculates_as_plain_decoding_answers_i
         assert specdec.generate(tiny_target, prompt, params, draft=tiny_target, spec=spec).token_ids == plain.token_ids
 
 
+def test_the_library_refuses_wrong_types_with_a_message_not_a_deep_error(tiny_target):
+    """A second walkthrough's findings: values of the wrong type went deep (a torch error for a tensor prompt,
+    one request per character for generate_batch("text")) or were taken silently (γ 2.5 became 2, bytes became
+    token ids, ignore_eos="yes" was true)."""
+    from specdec.drafters.layer_skip import parse_layer_list
+
+    for bad in (dict(num_speculative_tokens=2.5), dict(num_speculative_tokens=True), dict(num_speculative_tokens=None),
+                dict(method=5), dict(draft_confidence_threshold="x"), dict(prompt_lookup_min="a")):
+        with pytest.raises(SpecdecError):
+            SpecConfig(**bad)
+    for bad in (dict(stop=5), dict(stop_token_ids=5), dict(ignore_eos="yes")):
+        with pytest.raises(SpecdecError):
+            SamplingParams(**bad)
+    params = SamplingParams(max_tokens=2)
+    for prompt, says in ((torch.tensor([1, 2, 3]), "pass .tolist()"), (None, "got NoneType"), (42, "got int"),
+                         (b"def f", "got bytes"), (["def", "f"], "token ids must be integers"),
+                         ([1.7, 2.2], "token ids must be integers")):
+        with pytest.raises(TypeError, match=says):
+            specdec.generate(tiny_target, prompt, params)
+    with pytest.raises(TypeError, match="target must be a LoadedModel"):
+        specdec.generate("tiny", "x", params)
+    with pytest.raises(TypeError, match="params must be a SamplingParams"):
+        specdec.generate(tiny_target, "x", {"max_tokens": 2})
+    with pytest.raises(TypeError, match="prompts must be a list of prompts"):
+        specdec.generate_batch(tiny_target, "def f", params)
+    with pytest.raises(SpecdecError, match="runs backwards"):
+        parse_layer_list("5-2")
+    assert specdec.generate(tiny_target, (5, 6, 7), params).token_ids  # a tuple of ids is a prompt too
+
+
 def test_empty_prompt_is_a_clear_error(tiny_target):
     with pytest.raises(SpecdecError, match="empty"):
         specdec.generate(tiny_target, [], SamplingParams(max_tokens=4))

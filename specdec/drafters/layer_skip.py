@@ -193,7 +193,9 @@ def resolve_skip_layers(value: str | Sequence[int] | None, backend: TorchBackend
         return default_skip_layers(backend.config.num_layers)
     if isinstance(value, str):
         return parse_layer_list(value)
-    return [int(i) for i in value]
+    if not isinstance(value, (list, tuple)) or any(not isinstance(i, int) or isinstance(i, bool) for i in value):
+        raise SpecdecError(f"skip_layers must be 'auto', a list like '3,5,7-12' or a list of layer indices, got {value!r}")
+    return list(value)
 
 
 def parse_layer_list(text: str) -> list[int]:
@@ -203,6 +205,8 @@ def parse_layer_list(text: str) -> list[int]:
         try:
             if "-" in part:
                 low, high = (int(x) for x in part.split("-", 1))
+                if low > high:  # range() was empty: the layers silently stayed in
+                    raise SpecdecError(f"layer range {part!r} runs backwards: write it {high}-{low}")
                 layers.extend(range(low, high + 1))
             else:
                 layers.append(int(part))

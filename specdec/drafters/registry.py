@@ -59,6 +59,8 @@ def is_plain(name: str) -> bool:
 
 def resolve_method(name: str | None) -> str | None:
     """A user-typed method name → the registered name; None for plain decoding (``ar``, ``plain``)."""
+    if name is not None and not isinstance(name, str):
+        raise SpecdecError(f"a method is named by a string (see `specdec methods`), got {name!r}")
     if name is None or is_plain(name):
         return None
     return method_info(name).name
