@@ -12,14 +12,25 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from specdec.cli.common import (add_debug_flag, add_model_args, count_or_word, execution_modes, positive_int, spec_from_args,
-                                speculation_limit_value)
+from specdec.cli.common import (add_debug_flag, add_model_args, count_or_word, execution_modes, non_negative_int, positive_int,
+                                spec_from_args, speculation_limit_value)
 from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
 from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
 
 if TYPE_CHECKING:
     from specdec.server.state import ServerState
+
+
+def port_number(text: str) -> int:
+    """--port: 0..65535 (uvicorn's bind raised OverflowError with a traceback after the models had loaded)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535 (0: a free one), got {value}")
+    return value
 
 
 def prefill_chunk_value(text: str) -> int | str:
@@ -50,7 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags["--num-speculative-tokens"].help += (". Requests sharing forwards draft at most what --disable-speculation-above's "
                                                "γ table prices at the current load (with a fixed limit: γ=auto's only)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    serve.add_argument("--port", type=port_number, default=8000, help="port (default: 8000; 0 picks a free one)")
     serve.add_argument("--max-concurrency", "--max-num-seqs", dest="max_concurrency", type=positive_int, default=8,
                        help="requests generated at once, their target forwards batched into one (continuous batching: "
                             "requests join and leave between forwards); the rest wait (default: 8)")
@@ -86,7 +97,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     serve.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE, metavar="N",
                        help=f"prefix caching's granularity: prompts share cached keys/values in whole blocks of N tokens "
                             f"(default: {DEFAULT_BLOCK_SIZE})")
-    serve.add_argument("--max-queue", type=int, default=64, help="waiting requests before HTTP 429 (default: 64)")
+    serve.add_argument("--max-queue", type=non_negative_int, default=64,
+                       help="waiting requests before HTTP 429 (default: 64; 0: none wait)")
     serve.add_argument("--disable-speculation-above", type=speculation_limit_value, default="auto", metavar="N|auto|never",
                        help="switch speculation off for requests that find more than N requests active or waiting, now or "
                             "on average over the last seconds (a request that started in a lull stays off): their forwards are "
@@ -171,6 +183,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     for model in [m for m in (target, draft) if m is not None and args.enable_prefix_caching is not False]:
         if args.enable_prefix_caching or rows_independent(model):
             enable_prefix_caching(model, args.prefix_cache_gb, args.block_size)
+    check_serving_method(target, draft, spec)
     prefill_chunk = default_prefill_chunk(target) if args.prefill_chunk == "auto" else args.prefill_chunk
     executor.max_num_batched_tokens = (default_max_num_batched_tokens(prefill_chunk, args.max_concurrency, spec)
                                        if args.max_num_batched_tokens == "auto" else args.max_num_batched_tokens)
@@ -188,6 +201,26 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
                        audit_fraction=args.audit_fraction,
                        prefill_chunk=prefill_chunk, pause_speculation_for_prompts=args.pause_speculation_for_prompts)
+
+
+def check_serving_method(target: Any, draft: Any, spec: Any) -> None:
+    """The server's own method, drafted once for a one-token request before the server opens: a head of the wrong
+    kind, a datastore of another tokenizer or a missing --drafter-path would otherwise start a server that answers
+    every request with a 400 blaming the client."""
+    import torch
+
+    from specdec.api import make_drafter
+    from specdec.errors import SpecdecError
+    from specdec.sampling import SamplingParams
+
+    if spec.method is None:
+        return
+    try:
+        drafter = make_drafter(target, spec, SamplingParams(max_tokens=1), torch.Generator(), 64, draft)
+    except SpecdecError as exc:
+        raise SpecdecError(f"--method {spec.method}: {exc}") from None
+    if drafter is not None:
+        drafter.finish()
 
 
 def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
