@@ -44,6 +44,13 @@ def test_help_lists_every_generate_flag():
         (["verify", "--skip-greedy", "--alpha", "2"], "must be in (0, 0.5]"),
         (["verify", "--skip-greedy", "--alpha", "0"], "must be in (0, 0.5]"),
         (["verify", "--skip-greedy", "--skip-distribution"], "leaves no check to run"),
+        (["serve", "--port", "70000"], "must be in 0..65535"),
+        (["serve", "--max-queue", "-1"], "must be >= 0"),
+        (["tune", "--budget-minutes", "-1"], "must be > 0"),
+        (["train-drafter", "--out", "/tmp/never-written", "--budget-minutes", "0"], "must be > 0"),
+        (["train-drafter", "--out", "/tmp/never-written", "--lr", "-1"], "must be > 0"),
+        (["train-drafter", "--out", "/tmp/never-written", "--seq-len", "1"], "at least 8 tokens"),
+        (["datastore", "build", "--input", "/tmp", "--output", "/tmp/never-written"], "is a folder"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message):
@@ -247,3 +254,18 @@ def test_default_gamma_is_auto_a_server_included():
         assert spec_from_args(parser.parse_args([*command, "--draft-model", "d"])).num_speculative_tokens == "auto"
     fixed = parser.parse_args(["serve", "--draft-model", "d", "--num-speculative-tokens", "4"])
     assert spec_from_args(fixed).num_speculative_tokens == 4
+
+
+def test_serve_refuses_a_method_it_could_not_draft_with_before_it_opens(tiny_target):
+    """A server started with --method eagle and no head (or a head of the wrong kind, a datastore of another
+    tokenizer) answered every request with a 400 blaming the client; it now stops at startup."""
+    from specdec.cli.serve import check_serving_method
+    from specdec.config import SpecConfig
+    from specdec.errors import SpecdecError
+
+    for method, needs in (("eagle", "--drafter-path"), ("medusa", "--drafter-path"), ("retrieval", "--datastore"),
+                          ("draft_model", "draft model")):
+        with pytest.raises(SpecdecError, match=f"--method {method}: .*{needs}"):
+            check_serving_method(tiny_target, None, SpecConfig(method=method))
+    check_serving_method(tiny_target, None, SpecConfig(method="ngram"))  # one that needs nothing starts
+    check_serving_method(tiny_target, tiny_target, SpecConfig(method="draft_suffix"))

@@ -17,7 +17,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                             "search) on calibration prompts, greedy, and save the fastest set for --skip-layers auto.")
     flags = add_model_args(cal, unused=("--draft-model", "--method", "--skip-layers", "--exit-layer", "--draft-vocab-size",
                                         "--draft-context-window", "--datastore", "--prompt-lookup-min", "--prompt-lookup-max",
-                                        "--draft-confidence-threshold", "--draft-quantize"))
+                                        "--draft-confidence-threshold", "--draft-quantize", "--drafter-path", "--spec-tree"))
     flags["--num-speculative-tokens"].help = "γ of every trial (default: auto, measured as 4, as any 'auto')"
     cal.add_argument("--dataset", default="humaneval", help="calibration prompts: spec_bench, humaneval, gsm8k or a JSONL (default: humaneval)")
     cal.add_argument("--categories", default=None, help="comma-separated categories of the dataset (e.g. mt_bench; default: all)")

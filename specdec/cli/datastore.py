@@ -37,6 +37,8 @@ def read_corpus(files: list[str]) -> Iterator[str]:
 
     for name in files:
         path = Path(name)
+        if path.is_dir():
+            raise SpecdecError(f"--input {path} is a folder: give its files (e.g. {path}/*.py)")
         if not path.is_file():
             raise SpecdecError(f"corpus file not found: {path}")
         if path.suffix != ".jsonl":

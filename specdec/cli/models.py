@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         converted = sorted(p.name.split(".")[-3] for p in registry.model_dir(name).glob("*.v*.safetensors"))
         if converted:
             print(f"{name}: cached execution formats: {', '.join(converted)}")
-    print("execution: --quantize auto runs int8 on CPU (batch-invariant, exact speculation); --quantize int4 runs "
-          "the GGUF's 4-bit blocks (batch-invariant too, fastest plain decoding); "
-          "--quantize none --dtype float32|bfloat16 runs the dequantized float weights")
+    print("execution: --quantize auto runs the CPU mode measured fastest on this machine for the model, draft and "
+          "method (`specdec generate --explain` shows the choice); --quantize int4 runs the GGUF's 4-bit blocks, int8 "
+          "8-bit weights (both batch-invariant: exact speculation); --quantize none --dtype float32|bfloat16 runs the "
+          "dequantized float weights")
     return 0

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specdec.cli.common import DEFAULT_TARGET, add_debug_flag, positive_int
+from specdec.cli.common import DEFAULT_TARGET, add_debug_flag, non_negative_int, positive_int, positive_number
 from specdec.config import QUANTIZE_MODES, TRAIN_PRECISIONS
 from specdec.errors import SpecdecError
 from specdec.models.registry import DEFAULT_DRAFT
@@ -43,7 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmd.add_argument("--resume", action="store_true", help="continue a run in --out: keep its feature shards and its checkpoint; with a larger "
                      "--budget-minutes the learning rate goes on from where it was and decays over the added time "
                      "(it never rises again; a finished run goes on at its final rate)")
-    cmd.add_argument("--budget-minutes", type=float, default=60.0, metavar="M",
+    cmd.add_argument("--budget-minutes", type=positive_number, default=60.0, metavar="M",
                      help="training time budget in minutes, over all resumed runs (default: 60)")
     cmd.add_argument("--extract-minutes", type=float, default=40.0, metavar="M",
                      help="time for extracting target features by teacher forcing over --data's text (after the "
@@ -66,7 +66,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                           "nothing is measured, e.g. CUDA) (default: auto)")
     cmd.add_argument("--max-sequences", type=int, default=0, metavar="N",
                      help="at most N training sequences (0: as many as --extract-minutes allows; default: 0)")
-    cmd.add_argument("--seq-len", type=positive_int, default=256, metavar="T", help="tokens per training sequence (default: 256)")
+    cmd.add_argument("--seq-len", type=sequence_length, default=256, metavar="T",
+                     help=f"tokens per training sequence, at least {MIN_SEQ_LEN} (default: 256)")
     cmd.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES,
                      help="the target's execution while extracting features: use the one you will run it with; auto: "
                           "what --quantize auto picks when speculating with this --kind on this CPU (default: auto)")
@@ -102,7 +103,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="eagle: draft steps unrolled in training, each reading the head's own previous predictions "
                           "(EAGLE-3's training-time test; 1 = teacher forcing only; each step costs about one more "
                           "pass) (default: 3)")
-    cmd.add_argument("--step-decay", type=float, default=0.3, metavar="W",
+    cmd.add_argument("--step-decay", type=loss_weight, default=0.3, metavar="W",
                      help="eagle: unrolled step s's loss weighs W**s (a later draft token only counts once the earlier "
                           "ones were accepted) (default: 0.3)")
     cmd.add_argument("--reg-weight", type=loss_weight, default=1.0, metavar="W",
@@ -118,13 +119,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="the training matmuls' precision: bfloat16 is mixed (float32 weights, optimizer and losses); "
                           "auto: bfloat16 where it times at least 1.25x faster than float32 on this CPU (AVX-512 BF16 "
                           "or AMX), else float32 (default: auto)")
-    cmd.add_argument("--lr", type=float, default=None,
+    cmd.add_argument("--lr", type=positive_number, default=None,
                      help="AdamW learning rate after a 20-step warm-up (default: 2e-3 for eagle and medusa, "
                           "2e-5 for distill: a pretrained model's layers move little)")
     cmd.add_argument("--final-lr-ratio", type=lr_ratio, default=0.1, metavar="R",
                      help="after warm-up the learning rate follows a cosine down to lr x R by the end of the budget "
                           "(1: constant) (default: 0.1)")
-    cmd.add_argument("--max-steps", type=int, default=0, metavar="N", help="stop after N steps (0: the budget decides; default: 0)")
+    cmd.add_argument("--max-steps", type=non_negative_int, default=0, metavar="N", help="stop after N steps (0: the budget decides; default: 0)")
     cmd.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
                      help="minutes between checkpoints (the head directory is rewritten each time; default: 5)")
     cmd.add_argument("--held-out-sequences", type=positive_int, default=32, metavar="N",
@@ -145,6 +146,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 #: best heads yet (session 32: HumanEval τ 1.64 at γ=4 vs 1.37 at 5e-4 and all rows — not an A/B at
 #: equal data: 2.8x the data and 69 vs 20 minutes). DistillSpec's as measured before
 DEFAULT_LR = {"eagle": 2e-3, "medusa": 2e-3, "distill": 2e-5}
+
+
+#: the shortest --seq-len: a sequence needs positions to predict past --unroll-steps (1 token left none: a division
+#: by zero in the loss average)
+MIN_SEQ_LEN = 8
+
+
+def sequence_length(text: str) -> int:
+    value = positive_int(text)
+    if value < MIN_SEQ_LEN:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_SEQ_LEN} tokens, got {value}")
+    return value
 
 
 def rows_count(text: str) -> int:

@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.cli.common import add_debug_flag, add_model_args, draft_quantize, gamma_value, positive_int, tree_values
+from specdec.cli.common import (add_debug_flag, add_model_args, draft_quantize, gamma_value, non_negative_int, positive_int,
+                                positive_number, tree_values)
 from specdec.config import DEFAULT_SPEC_TREE
 
 #: token trees tune tries for the methods that branch: chains, and trees sized by the cost model. Tune
@@ -24,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "tune", help="find the fastest exact drafter and γ for your prompts on this machine; write a --config file",
         description="Run plain decoding and every applicable speculative method (each γ in --gammas) on your prompts, "
                     "interleaved per prompt, greedy; pick the configuration with the best end-to-end speedup (plain "
-                    "decoding if none beats it by 3%%); write OUT/tune.json (read by generate/serve/bench --config), "
+                    "decoding if none beats it by 3%); write OUT/tune.json (read by generate/serve/bench --config), "
                     "OUT/report.md and plots. Resumable: a second run with the same OUT reuses finished prompts.")
     tune.add_argument("--prompts", default="humaneval", metavar="FILE_OR_DATASET",
                       help="a JSONL file with 'prompt' or 'turns' per line, or humaneval, gsm8k, spec_bench (default: humaneval)")
@@ -40,10 +41,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                            "off = chains, greedy (trees for greedy requests only), auto, or a node count N, e.g. off,greedy,8 "
                            f"(default: {','.join(DEFAULT_SPEC_TREES)})")
     tune.add_argument("--max-tokens", type=positive_int, default=128, help="tokens generated per prompt (default: 128)")
-    tune.add_argument("--budget-minutes", type=float, default=10.0,
+    tune.add_argument("--budget-minutes", type=positive_number, default=10.0,
                       help="stop starting new prompts after this long (at least 2 are measured; default: 10)")
     tune.add_argument("--out", type=Path, default=Path("tune-out"), help="output folder (default: tune-out)")
-    tune.add_argument("--html-prompts", type=int, default=2, metavar="N",
+    tune.add_argument("--html-prompts", type=non_negative_int, default=2, metavar="N",
                       help="write the acceptance view (tokens colored accepted / correction / bonus) of the chosen "
                            "configuration on the first N prompts to OUT/acceptance/ (0: none; default: 2)")
     tune.add_argument("--export", action="append", default=[], choices=("vllm", "sglang", "llamacpp"),
@@ -71,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError(f"tune needs at least 2 prompts; {args.prompts} gave {len(rows)}")
     methods = ([m.strip() for m in args.methods.split(",") if m.strip()] if args.methods
                else candidate_methods(args.draft_model is not None, args.datastore is not None))
-    gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")]
+    try:
+        gammas = [g if g == "auto" else gamma_value(g.strip()) for g in args.gammas.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        raise SpecdecError(f"--gammas {args.gammas}: {exc}") from None
     trees = tree_values(args.spec_trees)
     target_mode, draft_mode = args.quantize, draft_quantize(args)
     plan = None

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from specdec.errors import SpecdecError
 from specdec.models.head_files import save_head
 from specdec.models.heads import DraftHead
 from specdec.train.losses import head_loss
@@ -200,7 +201,12 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
     checkpoint = out_dir / "checkpoint.pt"
     if resume and checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False, map_location="cpu")  # loading moves them to the module's device
-        module.load_state_dict(saved["head"])
+        try:
+            module.load_state_dict(saved["head"])
+        except RuntimeError as exc:  # another kind of head, another target's sizes: torch's list of every key
+            first = str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else str(exc)
+            raise SpecdecError(f"--resume: {checkpoint} holds a head this run cannot continue (another --kind, target or "
+                               f"head shape: {first}); give a new --out or the run's own settings") from None
         optimizer.load_state_dict(saved["optimizer"])
         history, step = History(**saved["history"]), saved["step"]
         seconds = history.seconds
