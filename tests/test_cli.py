@@ -46,6 +46,7 @@ def test_help_lists_every_generate_flag():
         (["verify", "--skip-greedy", "--skip-distribution"], "leaves no check to run"),
         (["serve", "--port", "70000"], "must be in 0..65535"),
         (["serve", "--max-queue", "-1"], "must be >= 0"),
+        (["serve", "--host", ""], "an empty host binds every interface"),
         (["tune", "--budget-minutes", "-1"], "must be > 0"),
         (["train-drafter", "--out", "/tmp/never-written", "--budget-minutes", "0"], "must be > 0"),
         (["train-drafter", "--out", "/tmp/never-written", "--lr", "-1"], "must be > 0"),

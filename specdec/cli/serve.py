@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from specdec.server.state import ServerState
 
 
+def host_name(text: str) -> str:
+    """--host: an address; an empty one bound every interface (uvicorn's reading), not the default 127.0.0.1."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty host binds every interface: give 127.0.0.1, or 0.0.0.0 on purpose")
+    return text.strip()
+
+
 def port_number(text: str) -> int:
     """--port: 0..65535 (uvicorn's bind raised OverflowError with a traceback after the models had loaded)."""
     try:
@@ -60,7 +67,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                  "choice and its expected rates are printed at start); name a mode to pin it")
     flags["--num-speculative-tokens"].help += (". Requests sharing forwards draft at most what --disable-speculation-above's "
                                                "γ table prices at the current load (with a fixed limit: γ=auto's only)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--host", type=host_name, default="127.0.0.1",
+                       help="address to bind (default: 127.0.0.1; 0.0.0.0 for every interface — then set an API key)")
     serve.add_argument("--port", type=port_number, default=8000, help="port (default: 8000; 0 picks a free one)")
     serve.add_argument("--max-concurrency", "--max-num-seqs", dest="max_concurrency", type=positive_int, default=8,
                        help="requests generated at once, their target forwards batched into one (continuous batching: "
@@ -243,9 +251,14 @@ def run(args: argparse.Namespace) -> int:
     keys = f"{len(state.access.api_keys)} API key(s)" if state.access.api_keys else "no API key"
     if state.policy.table is not None and state.policy.table_limits and state.spec.method is not None:
         prior = state.policy.table.for_alpha(state.policy.acceptance.alpha) or {}
-        speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior "
-                       f"{state.policy.acceptance.alpha:.2f}: γ ≤ " + ", ".join(f"{g} for {n}" for n, g in prior.items() if g and n > 1)
-                       + f"; none above {sum(1 for g in prior.values() if g)} requests)")
+        alpha = state.policy.acceptance.alpha
+        if not any(prior.values()):  # "γ ≤ ; none above 0 requests" before
+            speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior {alpha:.2f} "
+                           "it pays at no load on this machine: plain decoding until the measured α says otherwise)")
+        else:
+            speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior {alpha:.2f}: γ ≤ "
+                           + ", ".join(f"{g} for {n}" for n, g in prior.items() if g and n > 1)
+                           + f"; none above {sum(1 for g in prior.values() if g)} requests)")
     else:
         limit = state.policy.limit
         speculative = (state.spec.method or "off") + ("" if state.spec.method is None or limit is None
