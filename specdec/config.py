@@ -148,14 +148,14 @@ class SpecConfig:
                 self.num_speculative_tokens = int(k)
             else:
                 raise SpecdecError(f"num_speculative_tokens must be a positive integer or 'auto', got {k!r}")
-        elif not isinstance(k, int) or isinstance(k, bool):  # 2.5 and True became 2 and 1; None failed later
+        elif not is_int(k):  # 2.5 and True became 2 and 1; None failed later
             raise SpecdecError(f"num_speculative_tokens must be a positive integer or 'auto', got {k!r}")
         if isinstance(self.num_speculative_tokens, int) and self.num_speculative_tokens < 1:
             raise SpecdecError(
                 f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens} "
                 "(use no drafter for plain decoding)"
             )
-        if not _is_number(self.draft_confidence_threshold) or not 0.0 <= self.draft_confidence_threshold < 1.0:
+        if not is_real(self.draft_confidence_threshold) or not 0.0 <= self.draft_confidence_threshold < 1.0:
             raise SpecdecError(f"draft_confidence_threshold must be in [0, 1), got {self.draft_confidence_threshold!r}")
         if not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size < 0:
             raise SpecdecError(f"draft_vocab_size must be an integer >= 0 (0 = whole vocabulary), got {self.draft_vocab_size!r}")
@@ -168,7 +168,7 @@ class SpecConfig:
             self.spec_tree = tree = int(tree)
         if not (tree in SPEC_TREE_WORDS or (isinstance(tree, int) and not isinstance(tree, bool) and tree >= 1)):
             raise SpecdecError(f"spec_tree must be 'off', 'auto', 'greedy' or a number of tree nodes >= 1, got {tree!r}")
-        if not (_is_whole(self.prompt_lookup_min) and _is_whole(self.prompt_lookup_max)
+        if not (is_int(self.prompt_lookup_min) and is_int(self.prompt_lookup_max)
                 and 1 <= self.prompt_lookup_min <= self.prompt_lookup_max):
             raise SpecdecError(
                 f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, {self.prompt_lookup_max}"
@@ -211,9 +211,11 @@ class SpecConfig:
         return max(nodes, self.max_draft_tokens(True)) if nodes and reads_prediction else nodes
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_whole(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """An integer that is not a bool (True passed as 1 where a count was meant)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: object) -> bool:
+    """A real number that is not a bool or NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value

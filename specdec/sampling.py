@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.config import is_int, is_real
 from specdec.errors import SpecdecError
 from specdec.structured import StructuredOutput
 
@@ -101,49 +102,49 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string, as the OpenAI API allows
             self.stop = [self.stop]
-        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+        if not is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise SpecdecError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
-        if not _is_int(self.top_k) or self.top_k < -1:
+        if not is_int(self.top_k) or self.top_k < -1:
             raise SpecdecError(f"top_k must be a positive integer, or 0 / -1 for off, got {self.top_k!r}")
-        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+        if not is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise SpecdecError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-        if not _is_real(self.min_p) or not 0.0 <= self.min_p < 1.0:
+        if not is_real(self.min_p) or not 0.0 <= self.min_p < 1.0:
             raise SpecdecError(f"min_p must be in [0, 1) (0 = off), got {self.min_p!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**63):
             raise SpecdecError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise SpecdecError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in self.stop):
             raise SpecdecError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
-            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+            if value is not None and (not is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 raise SpecdecError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
         if not isinstance(self.ignore_eos, bool):  # "yes" (or "no") was taken as true
             raise SpecdecError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise SpecdecError(f"structured must be a specdec.StructuredOutput, got {type(self.structured).__name__}")
-        if not isinstance(self.stop_token_ids, (list, tuple)) or any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+        if not isinstance(self.stop_token_ids, (list, tuple)) or any(not is_int(t) or t < 0 for t in self.stop_token_ids):
             raise SpecdecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         if self.prediction is not None and not isinstance(self.prediction, str) and (
-                not isinstance(self.prediction, list) or any(not _is_int(t) or t < 0 for t in self.prediction)):
+                not isinstance(self.prediction, list) or any(not is_int(t) or t < 0 for t in self.prediction)):
             raise SpecdecError(f"prediction must be text or a list of token ids (integers >= 0), got {self.prediction!r:.80}")
         self._check_penalties()
 
     def _check_penalties(self) -> None:
         """OpenAI's ranges for its penalties and logit bias (a value outside is refused, as the API does)."""
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise SpecdecError(f"min_tokens must be an integer in [0, max_tokens = {self.max_tokens}], got {self.min_tokens!r}")
         for name, value in (("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)):
-            if not _is_real(value) or not -2.0 <= value <= 2.0:
+            if not is_real(value) or not -2.0 <= value <= 2.0:
                 raise SpecdecError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
-        if not _is_real(self.repetition_penalty) or not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+        if not is_real(self.repetition_penalty) or not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise SpecdecError(f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty!r}")
         if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
             raise SpecdecError(f"logit_bias must map token ids to numbers, got {type(self.logit_bias).__name__}")
         for token, bias in (self.logit_bias or {}).items():
-            if not _is_int(token) or token < 0:
+            if not is_int(token) or token < 0:
                 raise SpecdecError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
-            if not _is_real(bias) or not -100.0 <= bias <= 100.0:
+            if not is_real(bias) or not -100.0 <= bias <= 100.0:
                 raise SpecdecError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
 
     @property
@@ -162,14 +163,6 @@ class SamplingParams:
         """Sampling whose text must be the same on every run: nothing that changes how many random
         draws a round makes (draft lengths) may depend on wall-clock timings or on other requests."""
         return not self.is_greedy and self.seed is not None
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # rejects NaN
 
 
 #: :func:`greedy_ids`, :func:`top_candidates` and :func:`inverse_cdf` scan a CPU row of a vocabulary

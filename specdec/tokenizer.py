@@ -294,11 +294,17 @@ def not_unicode(text: str) -> str | None:
     """Why ``text`` cannot be tokenized, where it holds a lone surrogate, else None. Python keeps the bytes
     of a command line or a pipe that are not UTF-8 as U+DC80..U+DCFF (surrogateescape: a Latin-1 "é" is
     byte 0xE9), and a JSON string can spell any surrogate as an escape; tokenizers take neither."""
-    for index, char in enumerate(text):
-        if "\udc80" <= char <= "\udcff":
-            return (f"the text is not valid UTF-8: byte 0x{ord(char) - 0xDC00:02x} at character {index} "
-                    "(convert it to UTF-8, e.g. with iconv)")
-        if "\ud800" <= char <= "\udfff":
-            return f"the text holds an unpaired surrogate U+{ord(char):04X} at character {index}: it is not Unicode text"
-    return None
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")  # in C: the first surrogate's index, without a Python loop over a long prompt
+    except UnicodeEncodeError as exc:
+        index = exc.start
+    else:
+        return None
+    char = text[index]
+    if "\udc80" <= char <= "\udcff":
+        return (f"the text is not valid UTF-8: byte 0x{ord(char) - 0xDC00:02x} at character {index} "
+                "(convert it to UTF-8, e.g. with iconv)")
+    return f"the text holds an unpaired surrogate U+{ord(char):04X} at character {index}: it is not Unicode text"
 

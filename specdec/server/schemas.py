@@ -6,6 +6,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specdec.tokenizer import not_unicode
+
 
 class SpeculativeOverride(BaseModel):
     """Per-request override, within what the server loaded (extension field ``speculative``)."""
@@ -224,15 +226,9 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
 
 def lone_surrogate_at(value: Any, where: str = "") -> str | None:
     """The field of a parsed JSON body holding a string that is not Unicode text — a lone surrogate, which
-    JSON's \\ud800 escapes can spell and no tokenizer encodes — or None."""
+    JSON's \\ud800 escapes can spell and no tokenizer encodes (:func:`specdec.tokenizer.not_unicode`) — or None."""
     if isinstance(value, str):
-        if value.isascii():
-            return None
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where or "body"
-        return None
+        return (where or "body") if not_unicode(value) is not None else None
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, list):
