@@ -275,9 +275,10 @@ def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, 
     """The keyword arguments of :func:`specdec.engine.generate_stream` (shared by :func:`stream`,
     :func:`generate` and the server): ids, params, spec, generator, this request's drafter and,
     for structured output, its grammar state (the drafter masks its distribution with the same one)."""
-    for name, value, kind in (("target", target, LoadedModel), ("draft", draft, LoadedModel),
-                              ("params", params, SamplingParams), ("spec", spec, SpecConfig)):
-        if value is not None and not isinstance(value, kind) or (name == "target" and value is None):
+    if not isinstance(target, LoadedModel):
+        raise TypeError(f"target must be a LoadedModel (specdec.load_model(name_or_path) makes one), got {type(target).__name__}")
+    for name, value, kind in (("draft", draft, LoadedModel), ("params", params, SamplingParams), ("spec", spec, SpecConfig)):
+        if value is not None and not isinstance(value, kind):  # optional: None takes the default
             loaded = " (specdec.load_model(name_or_path) makes one)" if kind is LoadedModel else ""
             raise TypeError(f"{name} must be a {kind.__name__}{loaded}, got {type(value).__name__}")
     params = params or SamplingParams()

@@ -48,7 +48,7 @@ def generate_batch(
     ``pause_speculation_for_prompts``: while a request waits for its prompt pass, the running ones
     draft nothing (:meth:`specdec.scheduler.Batcher.prompt_pending`). Results come back in the
     prompts' order."""
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):  # a string ran one request per character
+    if not isinstance(prompts, (list, tuple)):  # a string ran one request per character
         raise TypeError(f"prompts must be a list of prompts (one prompt: specdec.generate), got {type(prompts).__name__}")
     if max_num_seqs < 1 or (max_num_batched_tokens is not None and max_num_batched_tokens < 1):
         raise SpecdecError("max_num_seqs and max_num_batched_tokens must be >= 1")

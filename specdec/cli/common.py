@@ -65,31 +65,39 @@ def tree_values(text: str, flag: str = "--spec-trees") -> list[str | int]:
         raise SpecdecError(f"{flag}: {exc}") from None
 
 
-def _int_at_least(text: str, least: int, expected: str) -> int:
+def bounded_int(text: str, least: int, expected: str, most: int | None = None) -> int:
+    """An integer flag in [least, most] (no upper bound where most is None), or argparse's one-line error."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if most is not None and not least <= value <= most:
+        raise argparse.ArgumentTypeError(f"must be in {least}..{most}, got {value}")
     if value < least:
         raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
     return value
 
 
 def positive_int(text: str) -> int:
-    return _int_at_least(text, 1, "a positive integer")
+    return bounded_int(text, 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0, "an integer >= 0")
+    return bounded_int(text, 0, "an integer >= 0")
+
+
+def number(text: str) -> float:
+    """A number flag's value, or argparse's one-line error (callers check its range)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 def positive_number(text: str) -> float:
     """A budget in minutes, a learning rate: a number > 0 (a zero training budget wrote an untrained head and
     exited 0; a negative rate was torch's traceback)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = number(text)
     if not value > 0:  # NaN too
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value

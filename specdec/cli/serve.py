@@ -12,8 +12,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from specdec.cli.common import (add_debug_flag, add_model_args, count_or_word, execution_modes, non_negative_int, positive_int,
-                                spec_from_args, speculation_limit_value)
+from specdec.cli.common import (add_debug_flag, add_model_args, bounded_int, count_or_word, execution_modes, non_negative_int,
+                                positive_int, spec_from_args, speculation_limit_value)
 from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
 from specdec.errors import SpecdecError
 from specdec.server.security import DEFAULT_MAX_BODY_BYTES
@@ -30,14 +30,9 @@ def host_name(text: str) -> str:
 
 
 def port_number(text: str) -> int:
-    """--port: 0..65535 (uvicorn's bind raised OverflowError with a traceback after the models had loaded)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in 0..65535 (0: a free one), got {value}")
-    return value
+    """--port: 0..65535, 0 a free one (uvicorn's bind raised OverflowError with a traceback after the models had
+    loaded)."""
+    return bounded_int(text, 0, "a port number", most=65535)
 
 
 def prefill_chunk_value(text: str) -> int | str:

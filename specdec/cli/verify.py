@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.cli.common import add_debug_flag, add_model_args, positive_int
+from specdec.cli.common import add_debug_flag, add_model_args, number, positive_int
 from specdec.errors import SpecdecError
 
 
@@ -51,10 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def significance(text: str) -> float:
     """--alpha: a chi-square test's false-alarm rate. 0 or less passes anything, 1 or more fails everything, and
     past 0.5 half the exact methods' checks would fail by chance: a certificate either way that means nothing."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = number(text)
     if not 0 < value <= 0.5:
         raise argparse.ArgumentTypeError(f"must be in (0, 0.5], got {value:g}")
     return value
