@@ -59,7 +59,7 @@ def last_level_cache_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/
     """The largest CPU cache this machine reports (sysfs ``index*/size``), in bytes.
 
     Why it matters: a step-cost probe whose weights fit in it times cache reads, not the memory
-    reads a real decode step pays (see :func:`specdec.step_costs.measure_curves`)."""
+    reads a real decode step pays (see :func:`specdec.step_probe.measure_curves`)."""
     sizes = []
     for index in cache_dir.glob("index*"):
         try:
