@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import torch
 
-from specdec.models.weights import GGUF_GLOBAL_NAMES, GGUF_LAYER_NAMES
+from specdec.models.gguf_file import GGUF_GLOBAL_NAMES, GGUF_LAYER_NAMES
 
 _OURS_TO_GGUF_LAYER = {v: k for k, v in GGUF_LAYER_NAMES.items()}
 _OURS_TO_GGUF_GLOBAL = {v: k for k, v in GGUF_GLOBAL_NAMES.items()}

@@ -10,7 +10,8 @@ import torch
 
 from specdec.kernels.convert import quantize_decoder
 from specdec.kernels.embedding import BlockEmbedding, block_embedding_or_none
-from specdec.models.weights import gguf_embedding_rows, load_decoder, load_int4_decoder, load_int8_decoder, open_gguf
+from specdec.models.gguf_file import gguf_embedding_rows, open_gguf
+from specdec.models.weights import load_decoder, load_int4_decoder, load_int8_decoder
 from tests.gguf_fixtures import Q, write_tiny_gguf
 from tests.model_fixtures import TINY_LLAMA, TINY_QWEN2, TINY_QWEN2_Q4, make_hf_model
 

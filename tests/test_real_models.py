@@ -196,7 +196,7 @@ def test_int4_runs_the_gguf_q4k_weights_and_is_batch_invariant(target_int4, huma
 
     from specdec.kernels.q4 import Q4Linear
     from specdec.kernels.q6 import Q6Linear
-    from specdec.models.weights import open_gguf
+    from specdec.models.gguf_file import open_gguf
 
     assert target_int4.backend.dtype_name == "int4"
     tensors = {t.name: t for t in open_gguf(target_int4.path).tensors}
