@@ -215,6 +215,26 @@ class Tokenizer:
             cached = self.__dict__["_fingerprint"] = hashlib.sha256("\x00".join(self.tokens()).encode()).hexdigest()[:32]
         return cached
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes ``token_id`` stands for, for OpenAI's logprobs ``bytes`` (joined, they rebuild the text).
+        Why not ``decode([id]).encode()``: where a character's bytes are split across tokens, a lone
+        token decodes to U+FFFD and its own bytes are lost. Byte-level BPE vocabularies (GPT-2's, Qwen's)
+        spell each byte as one character; SentencePiece ones spell a stray byte ``<0xAB>``; any other
+        token (a special one, a SentencePiece word) is its decoded text."""
+        table = self.__dict__.get("_byte_of_char")
+        if table is None:
+            byte_level = type(self.hf.backend_tokenizer.decoder).__name__ == "ByteLevel"
+            table = self.__dict__["_byte_of_char"] = _byte_level_table() if byte_level else {}
+        piece = self.tokens()[token_id] if 0 <= token_id < self.vocab_size else None
+        text = self.decode([token_id])
+        if piece is None or (text and "\ufffd" not in text):
+            return text.encode()
+        if table and all(char in table for char in piece):
+            return bytes(table[char] for char in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return text.encode()
+
     def token_to_id(self, token: str) -> int | None:
         """Exact lookup; ``None`` if absent (never the unk id, which some vocabularies alias to a real token)."""
         return self.hf.backend_tokenizer.token_to_id(token)
@@ -231,6 +251,14 @@ class Tokenizer:
                         + self.encode(suffix, add_special_tokens=False) + [middle])  # type: ignore[list-item]
         raise SpecdecError("this model has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>): "
                            "a suffix cannot be given")
+
+
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet reversed: the character that spells each byte → the byte (printable
+    Latin-1 bytes spell themselves, the other 68 are shifted to U+0100 upwards)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(shifted)}}
 
 
 #: fill-in-the-middle markers (prefix, suffix, middle) of the model families that have them

@@ -20,6 +20,14 @@ def run(target, draft, prompt: str, method: str | None, **params):  # noqa: ANN0
     return specdec.generate(target, prompt, SamplingParams(**{**GREEDY, **params}), draft=draft, spec=spec)
 
 
+def joined(tokens: list[str]) -> str:
+    """Completions logprobs tokens back to text: a token holding part of a character reads
+    ``bytes:\\xc3`` (OpenAI's and vLLM's form; the random tiny models emit many)."""
+    raw = b"".join(bytes.fromhex(t[len("bytes:"):].replace("\\x", "")) if t.startswith("bytes:") else t.encode()
+                   for t in tokens)
+    return raw.decode("utf-8", errors="replace")
+
+
 @pytest.fixture(scope="module")
 def q4_pair(tmp_path_factory, int4_kernel):
     from tests.conftest import make_tiny_model_dir
@@ -73,7 +81,7 @@ def test_completion_logprobs_over_http_match_plain_decoding(server):
     plain = httpx.post(f"{server}/v1/completions", json={**body, "speculative": None}, timeout=60).json()
     assert spec["usage"]["speculative"]["draft_tokens"] > 0 and plain["usage"]["speculative"]["draft_tokens"] == 0
     a, b = spec["choices"][0]["logprobs"], plain["choices"][0]["logprobs"]
-    assert a["tokens"] == b["tokens"] and len(a["tokens"]) == 10 and "".join(a["tokens"]) == spec["choices"][0]["text"]
+    assert a["tokens"] == b["tokens"] and len(a["tokens"]) == 10 and joined(a["tokens"]) == spec["choices"][0]["text"]
     assert all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(a["token_logprobs"], b["token_logprobs"]))
     assert a["text_offset"][0] == 0 and a["text_offset"] == sorted(a["text_offset"])
     assert all(len(top) <= 2 for top in a["top_logprobs"])
@@ -134,7 +142,7 @@ def test_echo_puts_the_prompt_and_its_logprobs_first(server):
     choice = whole.choices[0]
     assert choice.text == "def fibonacci(n):" + plain.choices[0].text
     lp = choice.logprobs
-    assert "".join(lp.tokens) == choice.text and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert joined(lp.tokens) == choice.text and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert all(x is not None for x in lp.token_logprobs[1:])
     assert all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(lp.token_logprobs[-4:], plain.choices[0].logprobs.token_logprobs))
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-4] == len("def fibonacci(n):")
@@ -144,3 +152,28 @@ def test_echo_puts_the_prompt_and_its_logprobs_first(server):
         if chunk.choices and chunk.choices[0].logprobs:
             streamed_tokens += chunk.choices[0].logprobs.tokens
     assert streamed_text == choice.text and streamed_tokens == lp.tokens
+
+
+def test_logprobs_bytes_rebuild_text_whose_characters_split_across_tokens(tiny_target):
+    """A character whose UTF-8 bytes span several tokens: each token alone decodes to U+FFFD, so its
+    ``bytes`` were U+FFFD's, completions' offsets ran backwards and top_logprobs keys collided. Now
+    the bytes are the token's own (joined, the text), a partial token reads ``bytes:\\x..``, and
+    offsets only grow — also across a stream's chunks."""
+    from specdec.sampling import TokenLogprob
+    from specdec.server.responses import TextOffsets, logprobs_body
+
+    tokenizer = tiny_target.tokenizer
+    text = "Fraktur: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 é"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert any("\ufffd" in tokenizer.decode([i]) for i in ids)  # the case: split characters
+    scores = [TokenLogprob(i, -1.0, [(i, -1.0), (ids[0] if i != ids[0] else ids[1], -2.0)]) for i in ids]
+    chat = logprobs_body(scores, tokenizer, chat=True)["content"]
+    assert bytes(b for entry in chat for b in entry["bytes"]).decode() == text
+    assert any(entry["token"].startswith("bytes:\\x") for entry in chat)
+    whole = logprobs_body(scores, tokenizer, chat=False)
+    offsets = whole["text_offset"]
+    assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] < len(text)
+    assert all(len(top) == 2 for top in whole["top_logprobs"])  # distinct keys
+    stream = TextOffsets()
+    halves = [logprobs_body(part, tokenizer, chat=False, offsets=stream) for part in (scores[:5], scores[5:])]
+    assert halves[0]["text_offset"] + halves[1]["text_offset"] == offsets and stream.position == len(text)

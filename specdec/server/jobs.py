@@ -19,7 +19,7 @@ from specdec.policy import RequestGate
 from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase
 from specdec.server.executor import END
-from specdec.server.responses import completion_logprobs, joined_logprobs, logprobs_body, usage_body
+from specdec.server.responses import TextOffsets, completion_logprobs, joined_logprobs, logprobs_body, usage_body
 from specdec.server.params import APIError
 from specdec.server.state import ServerState
 from specdec.server.tools import RequestTools, answered_message
@@ -65,8 +65,8 @@ def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: RequestTools |
     for index, job in enumerate(jobs):
         choice: dict[str, Any] = {"index": index, "finish_reason": job.finish_reason}
         echo = job.echo_text or ""
-        logprobs = None if job.logprobs is None else logprobs_body(job.logprobs, job.state.target.tokenizer.decode, chat,
-                                                                  len(echo))
+        logprobs = None if job.logprobs is None else logprobs_body(job.logprobs, job.state.target.tokenizer, chat,
+                                                                  TextOffsets(len(echo)))
         if logprobs is not None and job.prompt_scores is not None:
             logprobs = joined_logprobs(job.prompt_logprobs(), logprobs)
         if chat:
@@ -159,7 +159,7 @@ class Job:
         self.token_ids: list[int] = []
         #: the target's log-probabilities of the emitted tokens, when the request asked for them
         self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
-        self._logprob_chars = 0  # characters of token text already given offsets (completions)
+        self._offsets: TextOffsets | None = None  # a stream's completions text offsets, from its first logprobs
         self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.text = ""
@@ -248,19 +248,17 @@ class Job:
         """OpenAI's logprobs object for one streamed chunk's tokens, text offsets continuing the
         chunks before it (and an echoed prompt's, which come first)."""
         echoed = None
-        if self.prompt_scores is not None and not self._logprob_chars:
-            echoed = self.prompt_logprobs()
-            self._logprob_chars = len(self.echo_text or "")
-        body = logprobs_body(scores, self.state.target.tokenizer.decode, chat, self._logprob_chars)
-        if not chat:
-            self._logprob_chars += sum(len(t) for t in body["tokens"])
+        if self._offsets is None:
+            echoed = None if self.prompt_scores is None else self.prompt_logprobs()
+            self._offsets = TextOffsets(len(self.echo_text or ""))
+        body = logprobs_body(scores, self.state.target.tokenizer, chat, self._offsets)
         return body if echoed is None else joined_logprobs(echoed, body)
 
     def prompt_logprobs(self) -> dict[str, Any]:
         """The echoed prompt's part of the completions logprobs object: each prompt token's
         log-probability after the ones before it, the first one's null (nothing precedes it)."""
         assert self.prompt_scores is not None
-        return completion_logprobs(self.prompt_ids, self.prompt_scores, self.state.target.tokenizer.decode, 0)
+        return completion_logprobs(self.prompt_ids, self.prompt_scores, self.state.target.tokenizer, TextOffsets())
 
     def usage(self) -> dict[str, Any]:
         usage = usage_body(self.stats)

@@ -3,6 +3,7 @@ speculative stats, the logprobs object (chat and completions shapes) and server-
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
@@ -13,31 +14,53 @@ def sse(body: dict) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-def logprobs_body(scores: list[TokenLogprob], decode: Any, chat: bool, text_start: int = 0) -> dict[str, Any]:
+def token_text(token_bytes: bytes) -> str:
+    """A logprobs entry's ``token``: its text, or — part of a character split across tokens — its bytes
+    spelt ``bytes:\\xf0\\x9d`` (vLLM's form), so distinct partial tokens never collide as U+FFFD."""
+    try:
+        return token_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in token_bytes)
+
+
+class TextOffsets:
+    """Completions' ``text_offset`` for tokens given one after another (one response, or a stream's
+    chunks): a token's offset is the characters its predecessors' bytes complete, so it never runs
+    backwards where a character's bytes are split across tokens, or across chunks (each token decoded
+    alone counted one U+FFFD per piece)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.position = start
+        self._characters = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def advance(self, piece: bytes) -> int:
+        """``piece``'s offset; the position moves past the characters it completes."""
+        offset = self.position
+        self.position += len(self._characters.decode(piece))
+        return offset
+
+
+def logprobs_body(scores: list[TokenLogprob], tokenizer: Any, chat: bool, offsets: TextOffsets | None = None) -> dict[str, Any]:
     """OpenAI's logprobs object: chat ``{"content": [{token, logprob, bytes, top_logprobs}]}``,
-    completions ``{tokens, token_logprobs, top_logprobs, text_offset}``."""
+    completions ``{tokens, token_logprobs, top_logprobs, text_offset}`` (offsets continuing ``offsets``)."""
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = decode([token_id])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        raw = tokenizer.token_bytes(token_id)
+        return {"token": token_text(raw), "logprob": logprob, "bytes": list(raw)}
 
     if chat:
         return {"content": [{**entry(s.token_id, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
                             for s in scores]}
-    return completion_logprobs([s.token_id for s in scores], scores, decode, text_start)
+    return completion_logprobs([s.token_id for s in scores], scores, tokenizer, offsets or TextOffsets())
 
 
-def completion_logprobs(token_ids: list[int], scores: list[TokenLogprob | None], decode: Any,
-                        text_start: int) -> dict[str, Any]:
-    """Completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``, the text offsets from
-    ``text_start``; a token without a score (an echoed prompt's first) gets nulls."""
-    tokens = [decode([token]) for token in token_ids]
-    offsets, position = [], text_start
-    for text in tokens:
-        offsets.append(position)
-        position += len(text)
-    return {"tokens": tokens, "token_logprobs": [None if s is None else s.logprob for s in scores],
-            "top_logprobs": [None if s is None else {decode([t]): lp for t, lp in s.top} for s in scores],
-            "text_offset": offsets}
+def completion_logprobs(token_ids: list[int], scores: list[TokenLogprob | None], tokenizer: Any,
+                        offsets: TextOffsets) -> dict[str, Any]:
+    """Completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``; a token without a score (an
+    echoed prompt's first) gets nulls."""
+    raw = [tokenizer.token_bytes(token) for token in token_ids]
+    return {"tokens": [token_text(piece) for piece in raw], "token_logprobs": [None if s is None else s.logprob for s in scores],
+            "top_logprobs": [None if s is None else {token_text(tokenizer.token_bytes(t)): lp for t, lp in s.top} for s in scores],
+            "text_offset": [offsets.advance(piece) for piece in raw]}
 
 
 def joined_logprobs(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
