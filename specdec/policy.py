@@ -293,8 +293,10 @@ class BatchPolicy:
         limit, gammas = self.limit, None
         if self.table is not None:
             gammas = self.table.for_alpha(self.acceptance.alpha)
-            if self.table_limits:
-                limit = None if gammas is None else sum(1 for g in gammas.values() if g)
+            if self.table_limits:  # at least 1: alone, a request keeps its own γ even where the table's is 0
+                # (the traffic's α says speculation does not pay; this request's own controller, or the γ it
+                # asked for, decides: a limit of 0 had switched off every lone request, explicit γ too)
+                limit = None if gammas is None else max(1, sum(1 for g in gammas.values() if g))
             elif gammas:  # the user's limit says when to stop; below it at least one token (past the table: its last)
                 gammas = {requests: max(1, gammas.get(requests, gammas[max(gammas)]))}
         return speculation_cap(limit, gammas, requests, self.sharing_cap)

@@ -91,6 +91,11 @@ def test_the_traffic_alpha_moves_the_gamma_table():
     assert table.for_alpha(0.72) == batch_gammas(steep, 0.7, 4, draft, 4)  # steps of 0.05
     assert table.for_alpha(0.7)[2] >= 1
     assert not any(table.for_alpha(meter.alpha).values())
+    from specdec.policy import BatchPolicy
+
+    policy = BatchPolicy(None, table, acceptance=meter)
+    assert policy.cap(2) == 0  # under load, nothing drafted at this α
+    assert policy.cap(1) is None  # alone, the request's own γ: a limit of 0 once capped every lone request
 
 
 def test_the_meter_forgets_by_trials_however_rounds_are_grouped():
