@@ -240,7 +240,7 @@ def generate_steps(
             t1, t2 = t1 - idle, t2 - idle - verified.idle  # this round's own draft and verify times
 
             logits, new_tokens = verified.logits, verified.new_tokens
-            stats.record_step(fitted.drafted, verified.drafter_accepted, t1 - t0, t2 - t1)
+            stats.record_step(fitted.drafted, verified.drafter_accepted, t1 - t0, t2 - t1, len(new_tokens))
             stats.grammar_forced_tokens += verified.accepted - verified.drafter_accepted
             stats.rounds.append(Round(verified.verified_as, verified.drafter_accepted,
                                       verified.accepted - verified.drafter_accepted, new_tokens, verified.first_choices))

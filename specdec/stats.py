@@ -62,6 +62,9 @@ class Stats:
     cached_prompt_tokens: int = 0
     generated_tokens: int = 0
     target_forwards: int = 0  # decode-phase verification passes (prefill not counted)
+    #: tokens those passes committed: the output's after the first, plus a stop token and tokens past a
+    #: stop or the length limit (generated_tokens counts neither, so τ from it fell below 1)
+    committed_tokens: int = 0
     proposed_tokens: int = 0  # draft tokens sent to verification
     accepted_tokens: int = 0  # of those, accepted
     accepted_len_histogram: Counter = field(default_factory=Counter)  # draft tokens accepted per step
@@ -98,8 +101,9 @@ class Stats:
     #: kept and those it checked and refused; None without one or where the method does not read it
     prediction_counts: tuple[int, int] | None = None
 
-    def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float, committed: int) -> None:
         self.target_forwards += 1
+        self.committed_tokens += committed
         self.proposed_tokens += proposed
         self.accepted_tokens += accepted
         self.accepted_len_histogram[accepted] += 1
@@ -121,9 +125,9 @@ class Stats:
 
     @property
     def mean_accepted_len(self) -> float:
-        """τ: tokens committed per target forward in the decode phase (includes the bonus/correction)."""
-        decode_tokens = max(self.generated_tokens - 1, 0)  # the first token comes from prefill
-        return decode_tokens / self.target_forwards if self.target_forwards else 0.0
+        """τ: tokens committed per target forward in the decode phase (includes the bonus/correction;
+        at least 1: every forward commits one)."""
+        return self.committed_tokens / self.target_forwards if self.target_forwards else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -240,6 +244,7 @@ def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
         total.cached_prompt_tokens += s.cached_prompt_tokens
         total.generated_tokens += s.generated_tokens
         total.target_forwards += s.target_forwards
+        total.committed_tokens += s.committed_tokens
         total.proposed_tokens += s.proposed_tokens
         total.accepted_tokens += s.accepted_tokens
         total.accepted_len_histogram.update(s.accepted_len_histogram)
@@ -260,7 +265,6 @@ def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
     # per-request decode tokens = generated - 1, so the totals' "-1" must count every request
     decode_tokens = total.generated_tokens - len(items)
     result["tokens_per_s"] = round(decode_tokens / total.decode_time_s, 3) if total.decode_time_s else 0.0
-    result["mean_accepted_len"] = round(decode_tokens / total.target_forwards, 4) if total.target_forwards else 0.0
     result["ttft_s"] = round(total.ttft_s / len(items), 4)
     result["requests"] = len(items)
     return result

@@ -75,6 +75,9 @@ def test_stop_token_inside_accepted_block(tiny_target, gamma):
         spec = run(tiny_target, ids, stop_params, tiny_target, gamma)  # full acceptance: the stop lands mid-block
         assert plain.finish_reason == spec.finish_reason == "stop"
         assert spec.token_ids == plain.token_ids == reference[: reference.index(reference[cut])]
+        # τ counts the stop token its forward committed: plain decoding is exactly 1 (it read 0.94 when
+        # the stop's forward counted and the token did not); full acceptance, at least 1
+        assert plain.stats.mean_accepted_len == 1.0 and spec.stats.mean_accepted_len >= 1.0
 
 
 @pytest.mark.parametrize("gamma", [3, 6])
