@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -430,3 +431,24 @@ def test_n_choices_share_one_prompt_pass_through_the_prefix_cache(tiny_dirs):
         for index, choice in enumerate(together["choices"]):
             alone = httpx.post(f"{base}/v1/completions", json={**body, "seed": 5 + index}, timeout=120).json()
             assert alone["choices"][0]["text"] == choice["text"]
+
+
+def test_a_non_streamed_request_stops_when_its_client_leaves(server):
+    """A client that gives up on a non-streamed request (a timeout) no longer keeps its generations
+    running to the end: the server notices the closed connection, stops them and frees the slots."""
+    from urllib.parse import urlparse
+
+    body = json.dumps({"model": "tiny", "prompt": "long", "max_tokens": 480, "temperature": 0, "ignore_eos": True,
+                       "n": 4, "speculative": None}).encode()
+    url = urlparse(server)
+    started = time.time()
+    with socket.create_connection((url.hostname, url.port)) as conn:
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        while httpx.get(f"{server}/health").json()["active"] == 0 and time.time() - started < 10:
+            time.sleep(0.02)
+    deadline = time.time() + 10
+    while time.time() < deadline and httpx.get(f"{server}/health").json()["active"] != 0:
+        time.sleep(0.05)
+    assert httpx.get(f"{server}/health").json()["active"] == 0
+    assert 'status="499"' in httpx.get(f"{server}/metrics").text  # stopped, not run to the end

@@ -67,6 +67,32 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
     return spec
 
 
+#: how often a non-streamed request checks that its client is still there
+DISCONNECT_POLL_S = 0.25
+
+
+async def finished_unless_gone(request: Request, work: "asyncio.Future[Any]") -> bool:
+    """Await ``work`` (a request's generations), or cancel it once the client has disconnected: False.
+    Why: a streamed response notices a gone client at its next write, a non-streamed one only at the
+    end — a client that timed out kept the model (and a concurrency slot) busy for the rest of its
+    generation, minutes for a long one. Cancelling stops its jobs' stepping (Job.chunks)."""
+    async def gone() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not work.done():
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        return False
+    work.result()  # its exception, if it failed
+    return True
+
+
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
     app.state.specdec = state
@@ -210,7 +236,9 @@ def create_app(state: ServerState) -> FastAPI:
             return StreamingResponse(stream_events(jobs, chat, endpoint, req.n, total_usage, calls), media_type="text/event-stream",
                                      headers={"x-specdec-instance": state.instance})
         try:
-            await asyncio.gather(*(job.run_to_end() for job in jobs))
+            if not await finished_unless_gone(request, asyncio.gather(*(job.run_to_end() for job in jobs))):
+                state.metrics.requests.labels(endpoint, "499").inc()  # nginx's "client closed request"
+                return Response(status_code=499)
             await asyncio.gather(*(job.run_audit() for job in jobs))
         except SpecdecError as exc:
             raise APIError(400, str(exc)) from None
