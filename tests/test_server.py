@@ -125,9 +125,10 @@ def test_n_choices_are_the_seeded_requests_seed_plus_index(client, server):
     assert streamed == {i: c.text for i, c in enumerate(many.choices)}
     chunks = list(client.completions.create(n=3, seed=7, stream=True, stream_options={"include_usage": True}, **body))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 36  # OpenAI's last chunk: the request's usage
-    for n, fragment in [(17, "n must be in 1..16"), (5, "--max-concurrency")]:
-        response = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": "x", "n": n})
-        assert response.status_code == 400 and fragment in response.json()["error"]["message"]
+    response = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": "x", "n": 17})
+    assert response.status_code == 400 and "n must be in 1..16" in response.json()["error"]["message"]
+    more = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": "x", "n": 5, "max_tokens": 4}, timeout=60)
+    assert more.status_code == 200 and len(more.json()["choices"]) == 5  # over --max-concurrency 4: the 5th waits
     assert httpx.get(f"{server}/health").status_code == 200
 
 
@@ -145,8 +146,11 @@ def test_a_list_of_prompts_answers_each_in_order(client, server, tiny_target):
     as_ids = client.completions.create(model="tiny", prompt=[ids, ids], max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
     single = client.completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
     assert [c.text for c in as_ids.choices] == [single.choices[0].text] * 2
-    too_many = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": ["a", "b", "c"], "n": 2})
-    assert too_many.status_code == 400 and "--max-concurrency" in too_many.json()["error"]["message"]
+    # 6 choices on --max-concurrency 4 (a 400 once): the last two wait for slots, answered in order
+    many = client.completions.create(model="tiny", prompt=["a", "b", "c"], n=2, max_tokens=4, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert [c.index for c in many.choices] == list(range(6)) and many.choices[4].text == many.choices[5].text
+    assert httpx.get(f"{server}/health").json()["active"] == 0
     mixed = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": ["a", [1, 2]]})
     assert mixed.status_code == 400
 
@@ -281,6 +285,11 @@ def test_full_queue_is_429_and_server_recovers(tiny_dirs):
                 break
             time.sleep(0.2)
         assert ok.status_code == 200
+        for stream in (False, True):  # two prompts on one slot and no queue: the second waits for the first
+            pair = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": ["a", "b"], "max_tokens": 3,
+                                                               "stream": stream}, timeout=60)
+            assert pair.status_code == 200 and (pair.text.count('"index": 1') if stream else len(pair.json()["choices"]) == 2)
+        assert httpx.get(f"{base}/health").json()["active"] == 0
 
 
 def test_server_flags_apply_to_every_method_per_request(tiny_dirs, tiny_target):

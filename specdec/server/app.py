@@ -222,9 +222,6 @@ def create_app(state: ServerState) -> FastAPI:
                 params = dataclasses.replace(params, structured=forced)
             echo = echo_text(prompt, prompt_ids) if not chat and req.echo else None
             choices += [(prompt_ids, choice_params(params, i), echo) for i in range(req.n)]
-        if len(choices) > state.max_concurrency:
-            raise APIError(400, f"{len(prompts)} prompt(s) x n={req.n} choices would need more than this server's "
-                                f"{state.max_concurrency} concurrent generations (--max-concurrency)", param="n")
         spec = _request_spec(state, req, raw)
         audit = req.speculative is not None and req.speculative.audit
         if audit and not auditable(params):
@@ -273,8 +270,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     async def open_jobs(choices: list[tuple[list[int], SamplingParams, str | None]], spec: SpecConfig,
                         audit: bool) -> list[Job]:
-        """One job per choice (prompts x ``n``), each holding a concurrency slot from before it opens (a
-        refusal or error on any releases them all); they join the batch and step side by side.
+        """One job per choice (prompts x ``n``), each holding a concurrency slot from before it opens until
+        it ends (a refusal or error on any releases them all); they join the batch and step side by side.
+        More choices than ``--max-concurrency`` wait for the request's earlier ones to end (a queue-full
+        refusal applies to the request's first choice only: the others belong to an admitted request).
 
         With the prefix cache on, a prompt's further choices open once its first choice's prompt pass
         is done, so they restore its keys/values instead of each computing them: on a CPU a prompt
@@ -285,13 +284,14 @@ def create_app(state: ServerState) -> FastAPI:
             for prompt_ids, params, echo in choices:
                 if shared and jobs and jobs[-1].prompt_ids == prompt_ids and params.prompt_logprobs is None:
                     await jobs[-1].started.wait()
-                await acquire_slot()
+                await acquire_slot(admitted=bool(jobs))
                 try:
                     job = Job(state, prompt_ids, params, spec, audit, echo)
                 except BaseException:
                     release_slot()
                     raise
-                jobs.append(job)  # its slot is released with the others' from here
+                job.on_done = release_slot
+                jobs.append(job)  # its slot is released when it ends, or with the others' from here
                 await job.open()
         except SpecdecError as exc:
             close_jobs(jobs)
@@ -305,12 +305,12 @@ def create_app(state: ServerState) -> FastAPI:
         """Stop the jobs at their next step (a no-op for finished ones) and free their slots."""
         for job in jobs:
             job.cancel()
-            release_slot()
+            job.release()
 
-    async def acquire_slot() -> None:
+    async def acquire_slot(admitted: bool = False) -> None:
         if state.slots is None:
             state.slots = asyncio.Semaphore(state.max_concurrency)
-        if state.slots.locked() and state.waiting >= state.max_queue:
+        if not admitted and state.slots.locked() and state.waiting >= state.max_queue:
             raise APIError(429, "server busy: the request queue is full, retry later", kind="rate_limit_error", code="queue_full")
         state.waiting += 1
         state.count_requests()

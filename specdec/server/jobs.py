@@ -8,7 +8,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from specdec.api import prepare
 from specdec.config import SpecConfig
@@ -175,6 +175,9 @@ class Job:
         #: set when the first of those arrives: the prompt pass is over (or failed)
         self.started = asyncio.Event()
         self._start = time.perf_counter()
+        #: frees the concurrency slot this job holds (set by whoever acquired it); called once, when
+        #: the model thread is done with it or when the job is closed, whichever comes first
+        self.on_done: Callable[[], None] | None = None
 
     async def open(self) -> None:
         """Build the drafter (it allocates its caches: a torch op, so on the model thread) and join
@@ -188,6 +191,8 @@ class Job:
         def deliver(item: Any) -> None:  # on the event loop
             self._chunks.put_nowait(item)
             self.started.set()
+            if item is END:  # its slot is free for the request's further choices, or another request
+                self.release()
 
         await self.state.executor.run(lambda: self.state.executor.add_stream(
             self._open(), lambda item: loop.call_soon_threadsafe(deliver, item), self._cancel.is_set))
@@ -203,6 +208,12 @@ class Job:
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    def release(self) -> None:
+        """Free this job's concurrency slot, once."""
+        done, self.on_done = self.on_done, None
+        if done is not None:
+            done()
 
     async def chunks(self) -> AsyncIterator[Any]:
         try:
