@@ -247,13 +247,13 @@ def run(args: argparse.Namespace) -> int:
     if state.policy.table is not None and state.policy.table_limits and state.spec.method is not None:
         prior = state.policy.table.for_alpha(state.policy.acceptance.alpha) or {}
         alpha = state.policy.acceptance.alpha
-        if not any(prior.values()):  # "γ ≤ ; none above 0 requests" before
-            speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior {alpha:.2f} "
-                           "it pays at no load on this machine: plain decoding until the measured α says otherwise)")
+        shared = {n: g for n, g in prior.items() if g and n > 1}  # γ while n requests share forwards
+        if not shared:  # "γ ≤ ; none above 0 requests" (all zero), "γ ≤ ; none above 1" (--max-concurrency 1) before
+            speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior {alpha:.2f}: a "
+                           "request alone drafts with its own γ, none while others share its forwards)")
         else:
             speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior {alpha:.2f}: γ ≤ "
-                           + ", ".join(f"{g} for {n}" for n, g in prior.items() if g and n > 1)
-                           + f"; none above {sum(1 for g in prior.values() if g)} requests)")
+                           + ", ".join(f"{g} for {n}" for n, g in shared.items()) + f"; none above {max(shared)} requests)")
     else:
         limit = state.policy.limit
         speculative = (state.spec.method or "off") + ("" if state.spec.method is None or limit is None
