@@ -35,7 +35,7 @@ from specdec.output import request_stop_ids
 from specdec.prefix_cache import PrefixCache
 from specdec.sampling import SamplingParams, make_generator
 from specdec.step_costs import ExecutionPlan
-from specdec.penalties import check_logit_bias_ids
+from specdec.penalties import check_token_ids
 from specdec.prediction import prediction_ids
 from specdec.structured import GrammarConstraint
 from specdec.tokenizer import Tokenizer
@@ -286,7 +286,8 @@ def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, 
     prompt_ids = encode_prompt(target, prompt, chat)
     generator = make_generator(params.seed, target.backend.device)
     max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
-    check_logit_bias_ids(params.logit_bias, target.config.vocab_size)  # before anything runs: a clear 400 in a server
+    for field, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+        check_token_ids(field, ids, target.config.vocab_size)  # before anything runs: a clear 400 in a server
     constraint = None
     if params.structured is not None:
         constraint = GrammarConstraint.build(params.structured, target.tokenizer, target.config.vocab_size)

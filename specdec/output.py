@@ -66,10 +66,11 @@ class OutputTracker:
 
     def _cut_at_stop_string(self, before: int) -> bool:
         window_start = max(0, before - self.holdback)
-        hits = [i for s in self.params.stop if (i := self.text.find(s, window_start)) >= 0]
+        hits = [(i, len(s)) for s in self.params.stop if (i := self.text.find(s, window_start)) >= 0]
         if not hits:
             return False
-        self.text = self.text[: min(hits)]
+        start, length = min(hits)
+        self.text = self.text[: start + length if self.params.include_stop_str_in_output else start]
         return True
 
     def new_text(self) -> str:

@@ -31,11 +31,12 @@ from specdec.errors import SpecdecError
 from specdec.tree import path_to
 
 
-def check_logit_bias_ids(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
-    """Raise :class:`SpecdecError` when ``logit_bias`` names an id the model does not have."""
-    outside = sorted(token for token in (logit_bias or {}) if token >= vocab_size)
+def check_token_ids(field: str, ids: Iterable[int] | None, vocab_size: int) -> None:
+    """Raise :class:`SpecdecError`, naming ``field`` first, when ``ids`` hold an id the model does not
+    have (``logit_bias``'s keys, ``stop_token_ids``: one that can never be generated was accepted silently)."""
+    outside = sorted(token for token in (ids or ()) if token >= vocab_size)
     if outside:
-        raise SpecdecError(f"logit_bias names token ids outside the vocabulary (0..{vocab_size - 1}): {outside[:5]}")
+        raise SpecdecError(f"{field} names token ids outside the vocabulary (0..{vocab_size - 1}): {outside[:5]}")
 
 
 class Penalties:
@@ -55,7 +56,7 @@ class Penalties:
         self.prompt_len = len(prompt_ids)
         bias = dict(sorted((params.logit_bias or {}).items()))
         if strict:
-            check_logit_bias_ids(bias, vocab_size)
+            check_token_ids("logit_bias", bias, vocab_size)
         else:  # a draft with fewer ids than the target: it cannot draft those anyway
             bias = {token: value for token, value in bias.items() if token < vocab_size}
         self.bias_ids = torch.tensor(list(bias), dtype=torch.long)  # [B]

@@ -98,6 +98,8 @@ class SamplingParams:
     #: ``draft_suffix``, ``ngram``) also draft from it; the output is the same with or without it (a drafted token
     #: is only ever a proposal), only faster where the prediction is right.
     prediction: str | list[int] | None = None
+    #: vLLM's: the stop string that ended the output stays in its text (OpenAI's behaviour drops it)
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string, as the OpenAI API allows
@@ -119,8 +121,9 @@ class SamplingParams:
         for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
             if value is not None and (not is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 raise SpecdecError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
-        if not isinstance(self.ignore_eos, bool):  # "yes" (or "no") was taken as true
-            raise SpecdecError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        for name, flag in (("ignore_eos", self.ignore_eos), ("include_stop_str_in_output", self.include_stop_str_in_output)):
+            if not isinstance(flag, bool):  # "yes" (or "no") was taken as true
+                raise SpecdecError(f"{name} must be True or False, got {flag!r}")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise SpecdecError(f"structured must be a specdec.StructuredOutput, got {type(self.structured).__name__}")
         if not isinstance(self.stop_token_ids, (list, tuple)) or any(not is_int(t) or t < 0 for t in self.stop_token_ids):

@@ -230,11 +230,6 @@ def test_errors_name_their_field_and_every_route_answers_openai_errors(server):
     empty prompt coded as too long, and top_logprobs reported as logprobs."""
     chat = f"{server}/v1/chat/completions"
     user = [{"role": "user", "content": "hi"}]
-
-    def error(response: httpx.Response, status: int) -> dict:
-        assert response.status_code == status, response.text
-        return response.json()["error"]
-
     zero = error(httpx.post(chat, json={"model": "tiny", "messages": user, "max_completion_tokens": 0}), 400)
     assert zero["param"] == "max_completion_tokens" and ">= 1" in zero["message"]
     scored = error(httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 0,
@@ -255,6 +250,12 @@ def test_errors_name_their_field_and_every_route_answers_openai_errors(server):
     assert "GET" in error(httpx.get(f"{server}/v1/completions"), 405)["message"]
     assert "/v1/nothing" in error(httpx.post(f"{server}/v1/nothing", json={}), 404)["message"]
     assert httpx.get(f"{server}/health").status_code == 200
+
+
+def error(response: httpx.Response, status: int) -> dict:
+    """The OpenAI error object of a response that must have ``status``."""
+    assert response.status_code == status, response.text
+    return response.json()["error"]
 
 
 def test_cancelled_stream_frees_its_slot(server):
@@ -461,3 +462,30 @@ def test_a_non_streamed_request_stops_when_its_client_leaves(server):
         time.sleep(0.05)
     assert httpx.get(f"{server}/health").json()["active"] == 0
     assert 'status="499"' in httpx.get(f"{server}/metrics").text  # stopped, not run to the end
+
+
+def test_openai_and_vllm_fields_once_ignored_are_honoured_or_refused(server, tiny_target):
+    """Fields a client sends that were silently ignored or answered oddly (a walkthrough's list)."""
+    completions, chat = f"{server}/v1/completions", f"{server}/v1/chat/completions"
+    base = {"model": "tiny", "prompt": "def fibonacci(n):", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    text = httpx.post(completions, json=base, timeout=60).json()["choices"][0]["text"]
+    stop = text[len(text) // 3: len(text) // 3 + 2]
+    cut = httpx.post(completions, json={**base, "stop": [stop]}, timeout=60).json()["choices"][0]["text"]
+    kept = httpx.post(completions, json={**base, "stop": [stop], "include_stop_str_in_output": True}, timeout=60).json()
+    assert kept["choices"][0]["text"] == cut + stop and kept["choices"][0]["finish_reason"] == "stop"
+    assert error(httpx.post(completions, json={**base, "best_of": 2}), 400)["param"] == "best_of"
+    assert httpx.post(completions, json={**base, "best_of": 1}, timeout=60).status_code == 200
+    assert error(httpx.post(completions, json={**base, "stream_options": {"include_usage": True}}), 400)["param"] == "stream_options"
+    vocab = tiny_target.config.vocab_size
+    assert error(httpx.post(completions, json={**base, "stop_token_ids": [vocab + 5]}), 400)["param"] == "stop_token_ids"
+    assert error(httpx.post(completions, json={**base, "prompt": [vocab + 5]}), 400)["param"] == "prompt"
+    assert error(httpx.post(completions, json={**base, "prompt": 5}), 400)["param"] == "prompt"  # not "prompt.str"
+    user = [{"role": "user", "content": "hi"}]
+    required = error(httpx.post(chat, json={"model": "tiny", "messages": user, "tool_choice": "required"}), 400)
+    assert "'required'" in required["message"] and "names a tool" not in required["message"]
+    assert error(httpx.post(chat, json={"model": "tiny", "messages": user, "tool_choice": 5}), 400)["param"] == "tool_choice"
+    answer = httpx.post(chat, json={"model": "tiny", "messages": user, "max_tokens": 2}, timeout=60).json()
+    assert answer["id"].startswith("chatcmpl-")
+    assert httpx.get(f"{server}/v1/models").json()["data"][0]["created"] > 1_700_000_000
+    metrics = httpx.get(f"{server}/metrics").text  # a refusal counts under its endpoint, as successes do (once "any")
+    assert 'specdec_requests_total{endpoint="completions",status="400"}' in metrics and 'endpoint="any"' not in metrics

@@ -152,6 +152,8 @@ def test_tools_reach_the_prompt_and_calls_come_back_as_tool_calls(tool_server):
     last = events[-1]["choices"][0]
     assert "<tool_call>" not in streamed and last["finish_reason"] == "tool_calls"
     assert last["delta"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    # held-back text sends nothing: only the first chunk (the role's) has empty content
+    assert [e["choices"][0]["delta"] for e in events if e["choices"] and e["choices"][0]["delta"] == {"content": ""}] == []
     # the conversation goes on: the call and the tool's answer are sent back and rendered
     history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
                      {"role": "tool", "tool_call_id": call["id"], "content": '{"sky": "clear"}'}]

@@ -31,7 +31,7 @@ from specdec.sampling import SamplingParams
 from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage, completion_prompts, full_response,
                                  merged_chunks)
 from specdec.server.state import ServerState
-from specdec.server.params import APIError, sampling_params
+from specdec.server.params import APIError, field_named, sampling_params
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, forced_call, streamed_delta
 from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body,
                                     lone_surrogate_at, validation_message)
@@ -67,6 +67,8 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
     return spec
 
 
+#: the ``endpoint`` label of the generation routes (metrics count their statuses under it)
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 #: how often a non-streamed request checks that its client is still there
 DISCONNECT_POLL_S = 0.25
 
@@ -106,9 +108,15 @@ def create_app(state: ServerState) -> FastAPI:
     state.auditor = Auditor(state.target, state.executor, state.metrics, state.audit_fraction,
                             busy=lambda: state.active > 0 or state.waiting > 0)
 
+    def endpoint_of(request: Request) -> str:
+        """The ``endpoint`` label of a request's status count: as successes are counted ("chat",
+        "completions"), other routes by path (an unknown one: "other", so clients cannot mint labels)."""
+        path = request.url.path
+        return ENDPOINTS.get(path, path if path in {route.path for route in app.routes} else "other")
+
     @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        state.metrics.requests.labels("any", str(exc.status)).inc()
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        state.metrics.requests.labels(endpoint_of(request), str(exc.status)).inc()
         return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -116,11 +124,12 @@ def create_app(state: ServerState) -> FastAPI:
         """An unknown route or a wrong method (FastAPI's own 404/405) as OpenAI's error object, as every other error."""
         message = {404: f"Invalid URL ({request.method} {request.url.path})",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
-        state.metrics.requests.labels("any", str(exc.status_code)).inc()
+        state.metrics.requests.labels(endpoint_of(request), str(exc.status_code)).inc()
         return JSONResponse(error_body(message), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        state.metrics.requests.labels(endpoint_of(request), "400").inc()
         message, where = validation_message(list(exc.errors()))
         return JSONResponse(error_body(message, param=where), status_code=400)
 
@@ -154,7 +163,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "specdec"}]}
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdec"}]}
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
@@ -250,7 +259,7 @@ def create_app(state: ServerState) -> FastAPI:
         try:
             prompt_ids = encode_prompt(state.target, prompt, chat=False)
         except SpecdecError as exc:
-            raise APIError(400, str(exc)) from None
+            raise APIError(400, str(exc), param="messages" if isinstance(req, ChatCompletionRequest) else "prompt") from None
         if state.max_prompt_tokens is not None and len(prompt_ids) > state.max_prompt_tokens:
             raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server's limit is {state.max_prompt_tokens} "
                                 "(--max-prompt-tokens)", param="prompt", code="context_length_exceeded")
@@ -295,7 +304,7 @@ def create_app(state: ServerState) -> FastAPI:
                 await job.open()
         except SpecdecError as exc:
             close_jobs(jobs)
-            raise APIError(400, str(exc)) from None
+            raise APIError(400, str(exc), param=field_named(str(exc))) from None
         except BaseException:
             close_jobs(jobs)
             raise
@@ -349,7 +358,8 @@ def create_app(state: ServerState) -> FastAPI:
                 if filters is not None:
                     delta = streamed_delta(filters[index], chunk.text, job.text if finish_reason else None)
                     finish_reason = "tool_calls" if finish_reason and "tool_calls" in delta else finish_reason
-                if echo or chunk.text or chunk.finish_reason or chunk.logprobs:
+                held_back = filters is not None and delta == {"content": ""}  # text that may be a call: nothing to send
+                if echo or (chunk.text and not held_back) or chunk.finish_reason or chunk.logprobs:
                     body = chunk_body(job, chat, delta, finish_reason, index, jobs[0].id)
                     if chunk.logprobs is not None:
                         body["choices"][0]["logprobs"] = job.streamed_logprobs(chunk.logprobs, chat)

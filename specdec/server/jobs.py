@@ -34,11 +34,16 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     return dataclasses.replace(params, seed=(params.seed + index) % 2**63)
 
 
+def response_id(job_id: str, chat: bool) -> str:
+    """OpenAI's id for a response: ``chatcmpl-…`` for chat, ``cmpl-…`` for completions (a job's own id)."""
+    return f"chat{job_id}" if chat else job_id
+
+
 def chunk_body(job: Job, chat: bool, delta: Any, finish_reason: str | None, index: int = 0,
                request_id: str | None = None) -> dict[str, Any]:
     choice = {"index": index, "finish_reason": finish_reason}
     choice.update({"delta": delta} if chat else {"text": delta, "logprobs": None})
-    return {"id": request_id or job.id, "object": "chat.completion.chunk" if chat else "text_completion",
+    return {"id": response_id(request_id or job.id, chat), "object": "chat.completion.chunk" if chat else "text_completion",
             "created": job.created, "model": job.state.model_name, "choices": [choice]}
 
 
@@ -78,7 +83,7 @@ def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: RequestTools |
             choice.update(text=echo + job.text, logprobs=logprobs)
         choices.append(choice)
     first = jobs[0]
-    return {"id": first.id, "object": "chat.completion" if chat else "text_completion", "created": first.created,
+    return {"id": response_id(first.id, chat), "object": "chat.completion" if chat else "text_completion", "created": first.created,
             "model": first.state.model_name, "choices": choices, "usage": combined_usage(jobs, n)}
 
 

@@ -27,7 +27,9 @@ class Metrics:
         self.generation_tokens = Counter("specdec_generation_tokens_total", "Tokens generated", registry=r)
         self.draft_tokens = Counter("specdec_spec_decode_num_draft_tokens_total", "Draft tokens proposed", ["method"], registry=r)
         self.accepted_tokens = Counter("specdec_spec_decode_num_accepted_tokens_total", "Draft tokens accepted", ["method"], registry=r)
-        self.acceptance_rate = Gauge("specdec_spec_decode_acceptance_rate", "Acceptance rate of the last request, per method", ["method"], registry=r)
+        self.acceptance_rate = Gauge("specdec_spec_decode_acceptance_rate", "Draft tokens accepted / proposed since the "
+                                     "server started, per method", ["method"], registry=r)
+        self._drafted: dict[str, tuple[int, int]] = {}  # method → (proposed, accepted): the rate's totals
         self.traffic_acceptance = Gauge("specdec_traffic_acceptance_rate", "The server method's acceptance rate on this "
                                         "traffic as its gamma table plans with it (running requests' rounds, older ones "
                                         "forgotten; starts at a prior)", registry=r)
@@ -59,4 +61,7 @@ class Metrics:
         if stats.proposed_tokens:
             self.draft_tokens.labels(stats.method).inc(stats.proposed_tokens)
             self.accepted_tokens.labels(stats.method).inc(stats.accepted_tokens)
-            self.acceptance_rate.labels(stats.method).set(stats.acceptance_rate)
+            proposed, accepted = self._drafted.get(stats.method, (0, 0))
+            proposed, accepted = proposed + stats.proposed_tokens, accepted + stats.accepted_tokens
+            self._drafted[stats.method] = (proposed, accepted)
+            self.acceptance_rate.labels(stats.method).set(accepted / proposed)  # the last request's alone read 0.0

@@ -34,6 +34,11 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
     """The request's sampling fields → :class:`SamplingParams`, or a 400 that names the field."""
     if not 1 <= req.n <= MAX_CHOICES:
         raise APIError(400, f"n must be in 1..{MAX_CHOICES} (choices per request), got {req.n}", param="n")
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(400, f"best_of {req.best_of} is not supported: only best_of = n, each choice returned (got n={req.n})",
+                       param="best_of")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
         raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters "
@@ -58,10 +63,11 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
                               frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
                               logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens,
                               stop_token_ids=list(req.stop_token_ids or []),
+                              include_stop_str_in_output=req.include_stop_str_in_output,
                               prediction=None if req.prediction is None else joined_text(req.prediction.content),
                               prompt_logprobs=logprobs if isinstance(req, CompletionRequest) and req.echo else None)
     except SpecdecError as exc:
-        raise APIError(400, str(exc), param=_field_named(str(exc))) from None
+        raise APIError(400, str(exc), param=field_named(str(exc))) from None
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -79,7 +85,7 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     return ids
 
 
-def _field_named(message: str) -> str | None:
+def field_named(message: str) -> str | None:
     """The request field a SamplingParams error is about (its messages start with the field's name)."""
     field = message.split(" ", 1)[0]
     return field if field in CompletionRequest.model_fields else None

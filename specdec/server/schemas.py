@@ -91,6 +91,10 @@ class _SamplingFields(BaseModel):
     min_p: float = 0.0
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
+    #: vLLM's: keep the stop string that ended the output in its text
+    include_stop_str_in_output: bool = False
+    #: OpenAI's legacy ``best_of``: only equal to ``n`` is served (each choice is returned; vLLM V1 the same)
+    best_of: Optional[int] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: int = 1
@@ -216,12 +220,24 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     for error in errors:
         loc = [str(part) for part in error.get("loc", ()) if part != "body"]
         if error.get("type") == "literal_error" and loc[-1:] == ["type"] and "content" in loc:
-            where = ".".join(part for part in loc[:-1] if not part.startswith("list["))
+            where = field_path(loc[:-1])
             return (f"invalid request: {where}: a content part of type {error.get('input')!r}; this server reads "
                     "text parts only (no images or audio)", where)
     first = errors[0] if errors else {}
-    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    where = field_path(first.get("loc", ()))
     return f"invalid request: {where}: {first.get('msg', 'malformed')}", where or None
+
+
+#: the names pydantic gives a union's members in an error's location (``prompt.str``), not fields
+_UNION_MEMBERS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def field_path(loc: Any) -> str:
+    """An error location as the request's field path (``messages.0.content``): without ``body`` and the
+    union members pydantic inserts (``prompt.str``, ``tool_choice.literal['none','auto','required']``,
+    ``NamedToolChoice``), which name no field a client sent."""
+    parts = [str(part) for part in loc if part != "body"]
+    return ".".join(part for part in parts if not ("[" in part or part in _UNION_MEMBERS or part[:1].isupper()))
 
 
 def lone_surrogate_at(value: Any, where: str = "") -> str | None:

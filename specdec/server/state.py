@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 
 from specdec.api import LoadedModel
@@ -49,6 +50,8 @@ class ServerState:
     executor: ModelExecutor = field(default_factory=ModelExecutor)
     #: which process answered (header ``x-specdec-instance``, /health): tells replicas apart behind a proxy
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    #: when the model was loaded (Unix seconds): /v1/models' ``created``
+    created: int = field(default_factory=lambda: int(time.time()))
 
     def speculation_cap(self) -> int | None:
         """The most tokens a request may draft now (0: none; None: no cap): policy.py, read against

@@ -49,7 +49,8 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none", "auto"):
-            raise APIError(400, "tool_choice names a tool but the request has no tools", param="tool_choice")
+            wanted = "names a tool" if isinstance(choice, NamedToolChoice) else f"is {choice!r}"
+            raise APIError(400, f"tool_choice {wanted} but the request has no tools", param="tool_choice")
         return None
     if choice == "none":
         return None
