@@ -169,6 +169,8 @@ def test_models_lists_builtins():
     assert "qwen2.5-coder-1.5b" in proc.stdout and "target" in proc.stdout
     one = run_cli("models", "list", "smollm2-135m")
     assert one.returncode == 0 and "smollm2-135m" in one.stdout and "qwen2.5-coder-1.5b" not in one.stdout
+    as_module = subprocess.run([sys.executable, "-m", "specdec", "models", "list", "smollm2-135m"], capture_output=True, text=True)
+    assert as_module.returncode == 0 and "smollm2-135m" in as_module.stdout  # `python -m specdec` (no __main__ once)
     unknown = run_cli("models", "list", "extra")  # once ignored: the whole table, exit 0
     assert unknown.returncode == 1 and "unknown model 'extra'" in unknown.stderr and "Traceback" not in unknown.stderr
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Callable
 
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `specdec … | head`: the reader left; say nothing, as other Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 141  # 128 + SIGPIPE, the shell's status for a command ended by a closed pipe
     except OSError as exc:  # a path the user gave that cannot be read or written (the commands check most first)
         if args.debug:
             raise
