@@ -276,3 +276,25 @@ def test_serve_refuses_a_method_it_could_not_draft_with_before_it_opens(tiny_tar
             check_serving_method(tiny_target, None, SpecConfig(method=method))
     check_serving_method(tiny_target, None, SpecConfig(method="ngram"))  # one that needs nothing starts
     check_serving_method(tiny_target, tiny_target, SpecConfig(method="draft_suffix"))
+
+
+def test_bench_and_tune_give_every_run_the_method_flags_and_unused_flags_are_refused():
+    """tune read none of the method flags its --help lists (--drafter-path was refused as missing, so eagle
+    and medusa could not be tuned; --skip-layers, --prompt-lookup-min … changed nothing); bench dropped
+    the prompt-lookup ones. A flag a command does not read, typed, is an error, not silently ignored."""
+    from specdec.bench.runner import BenchConfig, spec_for
+    from specdec.cli import build_parser
+    from specdec.cli.common import method_options
+    from specdec.sampling import SamplingParams
+
+    for command in ("tune", "bench"):
+        args = build_parser().parse_args([command, "--drafter-path", "heads/eagle", "--skip-layers", "2-5",
+                                          "--prompt-lookup-min", "3", "--draft-confidence-threshold", "0.2"])
+        config = BenchConfig(methods=["eagle"], params=SamplingParams(), options=method_options(args))
+        spec = spec_for("eagle", config, 4)
+        assert (spec.drafter_path, spec.skip_layers, spec.prompt_lookup_min, spec.draft_confidence_threshold) == (
+            "heads/eagle", "2-5", 3, 0.2)
+    for argv, flag in ((["calibrate-skip", "--drafter-path", "x"], "--drafter-path"), (["bench", "--method", "ngram"], "--method"),
+                       (["verify", "--skip-layers", "2-5"], "--skip-layers")):
+        proc = run_cli(*argv)
+        assert proc.returncode == 1 and f"error: {flag}: not used by" in proc.stderr and "Traceback" not in proc.stderr

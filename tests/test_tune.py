@@ -143,13 +143,12 @@ def test_draft_tokens_the_suffix_table_gave_free_are_not_priced_as_draft_steps()
 
 
 def test_tune_writes_the_acceptance_view_of_its_choice(tiny_dirs, tiny_target, tmp_path):
-    import argparse
-
     from specdec.bench.datasets import PromptRow
+    from specdec.cli import build_parser
     from specdec.cli.tune import _acceptance_views
     from specdec.sampling import SamplingParams
 
-    args = argparse.Namespace(out=tmp_path, datastore=None, draft_vocab_size=0)
+    args = build_parser().parse_args(["tune", "--out", str(tmp_path)])
     rows = [PromptRow("humaneval/1", "code", ["def add(a, b):\n    return a + b\n\ndef add(a, b):"], False)]
     settings = {"method": "ngram", "num_speculative_tokens": 3, "draft_model": None}
     _acceptance_views(args, tiny_target, None, rows, settings, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))

@@ -49,17 +49,15 @@ class BenchConfig:
     params: SamplingParams
     gammas: list[int | str] = field(default_factory=lambda: [4])  # several: one run per γ, named method@γ
     repeats: int = 3
-    datastore: str | None = None
-    drafter_path: str | None = None  # eagle: a trained head's directory
-    skip_layers: str | None = None  # layer-skip (None: calibration if saved, else the default)
-    exit_layer: int | None = None  # early-exit
-    draft_vocab_size: int = 0  # draft_model / self-speculation: score only the first N ids
+    #: every run's other SpecConfig settings (datastore, drafter_path, skip_layers, draft_vocab_size,
+    #: prompt_lookup_min …: the command's method flags, cli.common.method_options), each read by the
+    #: methods that use it
+    options: dict = field(default_factory=dict)
     #: token trees to try for the methods that branch (``"off"``: chains); each is its own run,
     #: named ``method:tree=N`` (see :func:`variant_name`); default: the library's (SpecConfig's)
     spec_trees: list[str | int] = field(default_factory=lambda: [DEFAULT_SPEC_TREE])
     #: --concurrency: how much requests in flight may draft (generate_batch's policy: N, auto, never)
     disable_speculation_above: int | str = "auto"
-    extra: dict = field(default_factory=dict)
 
 
 def variant_name(method: str, gamma: int | str, tree: str | int, several_gammas: bool) -> str:
@@ -101,9 +99,7 @@ def method_needs_draft(method: str) -> bool:
 
 
 def spec_for(method: str, config: BenchConfig, gamma: int | str, tree: str | int = DEFAULT_SPEC_TREE) -> SpecConfig:
-    return SpecConfig(method=resolve_method(method), num_speculative_tokens=gamma, datastore=config.datastore,
-                      skip_layers=config.skip_layers, exit_layer=config.exit_layer, draft_vocab_size=config.draft_vocab_size,
-                      spec_tree=tree, drafter_path=config.drafter_path)
+    return SpecConfig(method=resolve_method(method), num_speculative_tokens=gamma, spec_tree=tree, **config.options)
 
 
 def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], target: LoadedModel, row: PromptRow) -> list[tuple[list[int], dict, float]]:

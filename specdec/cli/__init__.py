@@ -28,7 +28,7 @@ import sys
 from typing import Callable
 
 from specdec.cli import bench, calibrate, datastore, export, generate, methods, models, serve, train_drafter, tune, verify
-from specdec.cli.common import apply_config
+from specdec.cli.common import apply_config, refuse_unused_flags
 from specdec.errors import SpecdecError
 
 #: in the order ``specdec --help`` lists them
@@ -70,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("specdec.step_costs").setLevel(logging.INFO)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        if getattr(args, "config", None):
-            apply_config(args, typed_flags(argv))
+        if getattr(args, "unused_flags", None) or getattr(args, "config", None):
+            typed = typed_flags(argv)
+            refuse_unused_flags(args, typed)
+            if getattr(args, "config", None):
+                apply_config(args, typed)
         return func(args)
     except SpecdecError as exc:
         if args.debug:

@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
-                                gamma_from_args, gamma_value, kernels_in_use, make_output_folder, pages_in_use, positive_int,
-                                sampling_from_args, speculation_limit_value, tree_values)
+                                gamma_from_args, gamma_value, kernels_in_use, make_output_folder, method_options, pages_in_use,
+                                positive_int, sampling_from_args, speculation_limit_value, tree_values)
 from specdec.errors import SpecdecError
 
 
@@ -56,8 +56,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="directory holding llama.cpp's llama-server, for the llamacpp peers (build: see specdec/bench/llamacpp.py)")
     bench.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
     bench.add_argument("--compare", nargs=2, metavar=("DIR1", "DIR2"), help="print the difference between two bench runs and exit")
-    flags = add_model_args(bench, unused=("--method", "--prompt-lookup-min", "--prompt-lookup-max", "--draft-confidence-threshold",
-                                            "--draft-context-window"))
+    flags = add_model_args(bench, unused=("--method",))
     add_sampling_args(bench)
     bench.set_defaults(draft_model="qwen2.5-coder-0.5b")
     flags["--method"].help = "not used by `specdec bench`: name the methods to run in --methods"
@@ -135,10 +134,8 @@ def run(args: argparse.Namespace) -> int:
         llama, close_peers = llamacpp_peers(args.llama_bin, target.path, draft.path if wants_draft and draft else None,
                                             params, peer_gamma, detokenize=target.tokenizer.decode)
         peers.update(llama)
-    config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, datastore=args.datastore,
-                         skip_layers=args.skip_layers, exit_layer=args.exit_layer, draft_vocab_size=args.draft_vocab_size,
-                         spec_trees=spec_trees, drafter_path=args.drafter_path,
-                         disable_speculation_above=args.disable_speculation_above)
+    config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=args.repeats, options=method_options(args),
+                         spec_trees=spec_trees, disable_speculation_above=args.disable_speculation_above)
     try:
         if args.concurrency > 1:
             results = run_concurrent(target, draft, rows, config, args.concurrency)

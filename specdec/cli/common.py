@@ -206,7 +206,18 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
              "the command line win)")
     for flag in unused:
         actions[flag].help = f"not used by `{parser.prog}`"
+    parser.set_defaults(unused_flags={flag: actions[flag] for flag in unused})  # refused when typed (cli.main)
     return actions
+
+
+def refuse_unused_flags(args: argparse.Namespace, typed: set[str]) -> None:
+    """A flag the command accepts (the shared model flags) but does not read, typed on the command line: an
+    error saying so (its help's words) — it was silently ignored. A ``--config`` file's settings may name
+    them (a tune.json's method, for bench): those are not typed."""
+    named = [(flag, action) for flag, action in getattr(args, "unused_flags", {}).items() if action.dest in typed]
+    if named:
+        flag, action = named[0]
+        raise SpecdecError(f"{flag}: {action.help}")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -368,6 +379,16 @@ def gamma_from_args(args: argparse.Namespace) -> int | str:
     return args.num_speculative_tokens if args.num_speculative_tokens is not None else DEFAULT_NUM_SPECULATIVE_TOKENS
 
 
+def method_options(args: argparse.Namespace) -> dict[str, object]:
+    """The SpecConfig settings of the method flags (``--datastore``, ``--drafter-path``, ``--skip-layers``,
+    ``--prompt-lookup-min`` …, not the method, γ or tree): what bench and tune give every run they make,
+    as generate gives its one (tune once read none of them: ``--drafter-path`` was refused as missing)."""
+    options: dict[str, object] = {dest: getattr(args, dest) for flag, dest in METHOD_FLAGS.items() if flag != "--spec-tree"}
+    if args.draft_confidence_threshold is not None:
+        options["draft_confidence_threshold"] = args.draft_confidence_threshold
+    return options
+
+
 def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     from specdec.config import DEFAULT_DRAFT_METHOD, SpecConfig
     from specdec.drafters.registry import needs_draft_model, resolve_method
@@ -378,12 +399,8 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     if needs_draft_model(method) and not args.draft_model:
         raise SpecdecError(f"method {method!r} needs a draft model: add --draft-model NAME_OR_PATH")
     warn_unread_flags(args, method)
-    return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model,
-                      prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
-                      datastore=args.datastore, skip_layers=args.skip_layers, exit_layer=args.exit_layer,
-                      draft_vocab_size=args.draft_vocab_size, draft_context_window=args.draft_context_window,
-                      spec_tree=args.spec_tree, drafter_path=args.drafter_path,
-                      **({} if args.draft_confidence_threshold is None else {"draft_confidence_threshold": args.draft_confidence_threshold}))
+    return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model, spec_tree=args.spec_tree,
+                      **method_options(args))
 
 
 def unread_flags(args: argparse.Namespace, method: str | None) -> list[tuple[str, list[str]]]:

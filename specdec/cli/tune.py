@@ -5,14 +5,15 @@ the fastest exact configuration, and write it as a file ``generate`` / ``serve``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
-from specdec.cli.common import (add_debug_flag, add_model_args, draft_quantize, gamma_value, non_negative_int, positive_int,
-                                positive_number, tree_values)
-from specdec.config import DEFAULT_SPEC_TREE
+from specdec.cli.common import (add_debug_flag, add_model_args, draft_quantize, gamma_value, method_options, non_negative_int,
+                                positive_int, positive_number, tree_values)
+from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 
 #: token trees tune tries for the methods that branch: chains, and trees sized by the cost model. Tune
 #: measures greedy requests, where "greedy" trees are "auto" ones; saving "greedy" keeps a tuned
@@ -90,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=draft_mode,
                                       prompt_quantize=args.prompt_quantize)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=1, datastore=args.datastore,
-                         draft_vocab_size=args.draft_vocab_size, spec_trees=trees)
+    config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=1, options=method_options(args),
+                         spec_trees=trees)
     setup = {"model": args.model, "draft_model": args.draft_model, "execution": [target.backend.dtype_name,
              draft.backend.dtype_name if draft else None], "methods": methods, "gammas": gammas, "trees": trees,
              "max_tokens": args.max_tokens, "cpu": cpu_description()}
@@ -122,8 +123,11 @@ def run(args: argparse.Namespace) -> int:
         mode_note = (f" with the target in {target_mode} ({modes['measured_tok_s'][target_mode]:.1f} tok/s; "
                      f"{modes['measured_tok_s'][measured_execution]:.1f} in {measured_execution}, whose plain decoding "
                      f"the speedup is against)")
+    defaults = {f.name: f.default for f in dataclasses.fields(SpecConfig)}
     settings = {"model": args.model, "draft_model": args.draft_model, "quantize": target_mode,
-                "draft_quantize": draft_mode, "draft_vocab_size": args.draft_vocab_size}
+                "draft_quantize": draft_mode, "draft_vocab_size": args.draft_vocab_size,
+                # the method flags given (--drafter-path, --skip-layers …): --config FILE runs what was measured
+                **{key: value for key, value in method_options(args).items() if value != defaults.get(key)}}
     measured = {"prompts": len({r.prompt_id for r in results}), "left_out_for_budget": left_out,
                 "seconds": round(time.perf_counter() - start, 1), "cpu": cpu_description(), "dataset": args.prompts}
     chosen = config_file(method, gamma, gammas[0], settings, figures, summary, measured, tree)
@@ -176,7 +180,7 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
                                           prompt_quantize=args.prompt_quantize)
     measured_ids = {r.prompt_id for r in results}
     config = BenchConfig(methods=["ar" if method is None else method], params=params, gammas=[gamma], repeats=1,
-                         datastore=args.datastore, draft_vocab_size=args.draft_vocab_size, spec_trees=[tree])
+                         options=method_options(args), spec_trees=[tree])
     other_results = run_benchmark(other_target, draft, [row for row in rows if row.id in measured_ids], config)
     figures = summarize(other_results)["overall"]["ar" if method is None else variant_name(method, gamma, tree, False)]
     record["measured_tok_s"][other] = round(figures["tokens_per_s"], 2)
@@ -191,14 +195,13 @@ def _acceptance_views(args: argparse.Namespace, target, draft, rows, settings: d
     import specdec
     from specdec.api import encode_prompt
     from specdec.cli.generate import write_view
-    from specdec.config import SpecConfig
 
     if settings["method"] is None:
         return
     folder = args.out / "acceptance"
     folder.mkdir(parents=True, exist_ok=True)
     spec = SpecConfig(method=settings["method"], num_speculative_tokens=settings["num_speculative_tokens"],
-                      datastore=args.datastore, draft_vocab_size=args.draft_vocab_size)
+                      **method_options(args))
     for row in rows:
         ids = encode_prompt(target, row.turns[0], chat=row.chat)
         out = specdec.generate(target, ids, params, draft=draft if settings["draft_model"] else None, spec=spec)
@@ -207,7 +210,6 @@ def _acceptance_views(args: argparse.Namespace, target, draft, rows, settings: d
 
 
 def _export(engine: str, args: argparse.Namespace, settings: dict) -> None:
-    from specdec.config import SpecConfig
     from specdec.exports import export
 
     if settings["method"] is None:
