@@ -5,6 +5,8 @@ rows' dtype, and that a bfloat16 run still learns while keeping float32 weights.
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -250,3 +252,25 @@ def test_a_sampled_token_loss_trains_the_head(tiny_target, tmp_path, kind):
     train_head(head, parts, data, data, tmp_path, config, progress=False)
     after = evaluate(head, parts, data, config)
     assert after["loss"] < 0.9 * before["loss"] and after["top1"] > before["top1"]
+
+
+def test_a_resume_with_other_data_settings_is_refused_before_anything_runs(tmp_path):
+    """--resume over a run made with another --seq-len mixed shard shapes, another --data skipped or
+    repeated data, another --kind extracted minutes of features before the checkpoint refused the head:
+    now each is one error naming what changed, before any model loads, and the run is left as it was."""
+    from specdec.train.pipeline import RUN_FILE, DrafterTraining, check_run_identity
+
+    lines: list[str] = []
+    out = tmp_path / "run"
+    first = DrafterTraining(model="tiny", out_dir=out, kind="eagle", data="stdlib", seq_len=64)
+    check_run_identity(first, out, lines.append)
+    saved = (out / RUN_FILE).read_text()
+    check_run_identity(replace(first, resume=True), out, lines.append)  # the same settings: fine
+    for change, words in (({"seq_len": 32}, "--seq-len 64 (now 32)"), ({"kind": "medusa"}, "--kind eagle (now medusa)"),
+                          ({"data": "other.jsonl"}, "--data stdlib (now other.jsonl)")):
+        with pytest.raises(SpecdecError, match=re.escape(words)):
+            check_run_identity(replace(first, resume=True, **change), out, lines.append)
+    assert (out / RUN_FILE).read_text() == saved
+    fresh = tmp_path / "new"
+    check_run_identity(replace(first, out_dir=fresh, resume=True), fresh, lines.append)
+    assert any("holds no run yet" in line for line in lines)

@@ -6,6 +6,7 @@ checkpoint (``resume=True``), so a long run can be cut and restarted with the sa
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -71,6 +72,33 @@ class DrafterTraining:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
+#: the settings a run's saved features and checkpoint depend on (run.json). A --resume with one changed
+#: damaged the run: --seq-len mixed shards of two shapes, --data skipped or repeated data (shards are
+#: skipped by index), --kind extracted minutes of features before the checkpoint refused the head
+RUN_IDENTITY = ("kind", "model", "data", "seq_len", "feature_layers", "quantize")
+RUN_FILE = "run.json"
+
+
+def check_run_identity(job: DrafterTraining, out: Path, log: Callable[[str], None]) -> None:
+    """Refuse a ``--resume`` whose settings differ from the run in ``out`` (before any model loads, nothing
+    written), say when there is nothing to resume, and record this run's settings."""
+    identity = {name: str(getattr(job, name)) for name in RUN_IDENTITY} | {"seed": str(job.train.seed)}
+    if job.kind == "distill":
+        identity["draft_model"] = str(job.draft_model)
+    saved_file = out / RUN_FILE
+    if job.resume and saved_file.is_file():
+        saved = json.loads(saved_file.read_text())
+        changed = [f"--{key.replace('_', '-')} {saved[key]} (now {value})" for key, value in identity.items()
+                   if key in saved and saved[key] != value]
+        if changed:
+            raise SpecdecError(f"--resume: {out} was trained with {', '.join(changed)}; resume it with the same "
+                               "settings, or choose another --out")
+    elif job.resume and not (out / "checkpoint.pt").is_file() and not (out / "features").is_dir():
+        log(f"--resume: {out} holds no run yet: starting a new one")
+    out.mkdir(parents=True, exist_ok=True)
+    saved_file.write_text(json.dumps(identity, indent=1))
+
+
 def target_mode(job: DrafterTraining) -> str:
     """The target's execution while extracting features: ``auto`` resolves to what ``--quantize auto``
     runs the target with *when speculating with this kind* (not plain decoding's choice: int4 here,
@@ -101,7 +129,7 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     out = Path(job.out_dir).expanduser()
     if (out / "checkpoint.pt").is_file() and not job.resume:
         raise SpecdecError(f"{out} already holds a training run: pass --resume to continue it, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    check_run_identity(job, out, log)
 
     target = specdec.load_model(job.model, quantize=target_mode(job), progress=progress)
     log(f"target {target.name}: {target.backend.dtype_name}")
