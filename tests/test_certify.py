@@ -52,3 +52,23 @@ def test_format_table_marks_failures():
 
     table = format_table([CheckResult("distribution", "x", "T=1", False, "p=0")])
     assert "FAIL" in table
+
+
+def test_a_trained_heads_method_without_its_head_is_a_skipped_row_not_a_silent_gap(tiny_target, tmp_path):
+    """`verify` without --drafter-path listed no greedy row for eagle/medusa and still said "all passed";
+    with an eagle head, 'all' failed on medusa. Now each is a SKIP row saying why, and the head's own
+    kind is certified."""
+    from specdec.certify import run_certificate
+    from specdec.models.head_files import save_head
+    from tests.test_heads import random_head
+
+    results = run_certificate(tiny_target, None, ["eagle", "medusa", "ngram"], prompts=1, max_tokens=6, samples=10,
+                              distribution=False)
+    rows = {r.method: r for r in results}
+    assert rows["eagle"].skipped and "needs --drafter-path" in rows["eagle"].detail and not rows["ngram"].skipped
+    assert "SKIP" in format_table(results)
+    head = save_head(random_head(tiny_target, draft_vocab_size=300), tmp_path / "eagle")
+    rows = {r.method: r for r in run_certificate(tiny_target, None, ["eagle", "medusa"], prompts=1, max_tokens=6,
+                                                 samples=10, distribution=False, drafter_path=str(head))}
+    assert rows["eagle"].passed and not rows["eagle"].skipped
+    assert rows["medusa"].skipped and "holds an eagle head" in rows["medusa"].detail

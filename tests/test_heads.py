@@ -320,7 +320,7 @@ def test_clear_errors(tiny_target, head_dir, tmp_path):
     (wrong / "model.safetensors").write_bytes((head_dir / "model.safetensors").read_bytes())
     with pytest.raises(SpecdecError, match="another target model"):
         load_head(wrong, tiny_target.config)
-    with pytest.raises(SpecdecError, match="holds a eagle head"):
+    with pytest.raises(SpecdecError, match="holds an eagle head"):
         specdec.generate(tiny_target, "x", GREEDY, spec=SpecConfig(method="medusa", drafter_path=str(head_dir)))
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()

@@ -101,5 +101,7 @@ def run(args: argparse.Namespace) -> int:
         bar.update(checks - bar.n)
     print(certify.format_table(results))
     failed = [r for r in results if not r.passed]
-    print(f"{len(results) - len(failed)} passed, {len(failed)} failed ({sum(r.seconds for r in results):.0f} s of checks)")
+    skipped = sum(r.skipped for r in results)
+    print(f"{len(results) - len(failed) - skipped} passed, {len(failed)} failed"
+          f"{f', {skipped} skipped' if skipped else ''} ({sum(r.seconds for r in results):.0f} s of checks)")
     return 1 if failed else 0

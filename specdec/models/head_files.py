@@ -109,6 +109,11 @@ def load_head(directory: str | Path, target: ModelConfig | None = None) -> Draft
 _LOADED: dict[tuple[str, int, int, str], DraftHead] = {}
 
 
+def head_kind_phrase(kind: str) -> str:
+    """"an eagle head", "a medusa head"."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} head"
+
+
 def trained_head(decoder: nn.Module, directory: str | Path, kind: str) -> DraftHead:
     """The ``kind`` head in ``directory`` for the target ``decoder``, loaded once per process: int8
     linears when the target runs quantized on the CPU (a quarter of the bytes per draft step),
@@ -119,7 +124,7 @@ def trained_head(decoder: nn.Module, directory: str | Path, kind: str) -> DraftH
     if key not in _LOADED:
         config = read_head_config(path)
         if config.kind != kind:
-            raise SpecdecError(f"{path} holds a {config.kind} head, not a {kind} one: use --method {config.kind}")
+            raise SpecdecError(f"{path} holds {head_kind_phrase(config.kind)}, not a {kind} one: use method {config.kind!r}")
         head = load_head(path, decoder.config)
         if decoder.quantization is not None and decoder.device.type == "cpu":
             quantize_head(head)
