@@ -51,6 +51,11 @@ def test_help_lists_every_generate_flag():
         (["train-drafter", "--out", "/tmp/never-written", "--budget-minutes", "0"], "must be > 0"),
         (["train-drafter", "--out", "/tmp/never-written", "--lr", "-1"], "must be > 0"),
         (["train-drafter", "--out", "/tmp/never-written", "--seq-len", "1"], "at least 8 tokens"),
+        # another kind's flag, once silently unused (an EAGLE head trained, no word of the divergence)
+        (["train-drafter", "--out", "/tmp/never-written", "--kind", "eagle", "--divergence", "tvd"],
+         "--divergence is read by --kind distill only, not eagle"),
+        (["train-drafter", "--out", "/tmp/never-written", "--kind", "distill", "--num-heads", "3"],
+         "--num-heads is read by --kind medusa only, not distill"),
         (["datastore", "build", "--input", "/tmp", "--output", "/tmp/never-written"], "is a folder"),
     ],
 )

@@ -20,6 +20,9 @@ from specdec.errors import SpecdecError
 from specdec.models.registry import DEFAULT_DRAFT
 from specdec.train.feature_spec import parse_feature_layers
 
+#: what --kind trains (the training job's own list, specdec.train.pipeline.KINDS, which imports torch)
+KINDS = ("eagle", "medusa", "distill")
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cmd = subparsers.add_parser(
@@ -29,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "every few minutes; --resume continues), then measure it by speculating on held-out documents "
                     "(OUT/report.md, OUT/loss.png). Use it with: specdec generate --method eagle|medusa --drafter-path OUT, "
                     "or for --kind distill: specdec generate --draft-model OUT")
-    cmd.add_argument("--kind", default="eagle", choices=["eagle", "medusa", "distill"],
+    cmd.add_argument("--kind", default="eagle", choices=KINDS,
                      help="eagle: one decoder layer over [target feature; next-token embedding] with the target's LM head, "
                           "drafting autoregressively on its own features; medusa: K residual heads on the target's last "
                           "hidden state proposing K tokens at once; distill: train --draft-model's last layers on the "
@@ -137,8 +140,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmd.add_argument("--skip-eval", action="store_true", help="do not speculate for the report (loss curves only)")
     cmd.add_argument("--seed", type=int, default=0, help="data order, initialisation and noise seed (default: 0)")
     add_debug_flag(cmd)
-    cmd.set_defaults(func=run)
+    cmd.set_defaults(func=run, kind_flags=kind_flags(cmd))
     return cmd
+
+
+def kind_flags(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.Action, tuple[str, ...]]]:
+    """The flags only some kinds read — their help starts with those kinds ("eagle:", "eagle, medusa:") —
+    each with its action and its kinds."""
+    found = {}
+    for action in parser._actions:
+        head = (action.help or "").split(":", 1)[0]
+        kinds = tuple(kind.strip() for kind in head.split(","))
+        if action.dest != "kind" and ":" in (action.help or "") and all(kind in KINDS for kind in kinds):
+            found[action.option_strings[0]] = (action, kinds)
+    return found
+
+
+def refuse_other_kinds_flags(args: argparse.Namespace) -> None:
+    """A kind's flag set away from its default for another --kind is an error: ``--kind eagle --divergence
+    tvd`` trained an EAGLE head and said nothing of the divergence it never used."""
+    for flag, (action, kinds) in args.kind_flags.items():
+        if args.kind not in kinds and getattr(args, action.dest) != action.default:
+            raise SpecdecError(f"{flag} is read by --kind {' or '.join(kinds)} only, not {args.kind}")
 
 
 #: --lr's default per --kind: 10 minutes of EAGLE training on the same data reached held-out top-1
@@ -203,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.train.loop import TrainConfig
     from specdec.train.pipeline import DrafterTraining, train_drafter
 
+    refuse_other_kinds_flags(args)
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.kind]
     loss_rows = args.loss_rows if args.loss_rows is not None else (0 if args.kind == "distill" else 2048)
     train = TrainConfig(batch_size=args.batch_size, lr=lr, budget_minutes=args.budget_minutes,

@@ -219,6 +219,8 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     result = None
     if not job.skip_eval:
         gamma = min(job.gamma, job.num_medusa_heads) if job.kind == "medusa" else job.gamma
+        if gamma < job.gamma:
+            log(f"evaluation: γ {gamma}, not {job.gamma}: {job.num_medusa_heads} medusa heads draft at most that many tokens")
         spec = SpecConfig(method=job.kind, drafter_path=str(out), num_speculative_tokens=gamma)
         result = measure_speculation(target, prompts, spec, job.eval_new_tokens)
         log(result.line())
