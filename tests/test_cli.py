@@ -57,6 +57,7 @@ def test_help_lists_every_generate_flag():
         (["train-drafter", "--out", "/tmp/never-written", "--kind", "distill", "--num-heads", "3"],
          "--num-heads is read by --kind medusa only, not distill"),
         (["datastore", "build", "--input", "/tmp", "--output", "/tmp/never-written"], "is a folder"),
+        (["datastore", "build", "--input", "/etc/hostname", "--output", "/etc/hostname"], "--output /etc/hostname: is a file"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message):

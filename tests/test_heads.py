@@ -513,3 +513,16 @@ def test_train_drafter_head_init_target(tiny_dirs, tmp_path):
                  "--quantize", "int8", "--seq-len", "64", "--max-sequences", "8", "--max-steps", "3",
                  "--held-out-sequences", "2", "--skip-eval", "--head-init", "target", "--checkpoint-minutes", "0"]) == 0
     assert json.loads((out / "report.json").read_text())["training"]["head_init"] == "target"
+
+
+def test_a_head_and_a_model_given_for_each_other_say_what_they_are(head_dir, tiny_dirs):
+    """A head folder as --draft-model said "unsupported model_type ''"; a distilled draft (a model folder)
+    as --drafter-path said "HeadConfig.__init__() got an unexpected keyword argument 'architectures'"."""
+    import specdec
+    from specdec.errors import WeightsError
+    from specdec.models.head_files import read_head_config
+
+    with pytest.raises(WeightsError, match="holds a trained eagle head, not a model: use it with --method eagle"):
+        specdec.load_model(str(head_dir), quantize="none")
+    with pytest.raises(WeightsError, match="holds a model .*not a trained head: a distilled draft runs as --draft-model"):
+        read_head_config(tiny_dirs["draft"])

@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.models.registry import resolve_model
     from specdec.tokenizer import Tokenizer
 
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise SpecdecError(f"--output {args.output}: is a file; give a folder for the datastore")
     tokenizer = Tokenizer.load(resolve_model(args.tokenizer, auto_pull=not args.no_pull))
     meta = build_datastore(tokenizer, read_corpus(args.input), Path(args.output), window=args.window, progress=True)
     print(f"datastore {args.output}: {meta['documents']} documents, {meta['tokens']} tokens", file=sys.stderr)

@@ -72,6 +72,9 @@ class ModelConfig:
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
         model_type = cfg.get("model_type", "")
         arch = _HF_MODEL_TYPES.get(model_type)
+        if arch is None and cfg.get("kind") in ("eagle", "medusa"):  # a `specdec train-drafter` head's config.json
+            raise WeightsError(f"this folder holds a trained {cfg['kind']} head, not a model: use it with "
+                               f"--method {cfg['kind']} --drafter-path FOLDER")
         if arch is None:
             raise WeightsError(
                 f"unsupported model_type {model_type!r}; supported: {sorted(_HF_MODEL_TYPES)}"

@@ -67,6 +67,9 @@ def read_head_config(directory: str | Path) -> HeadConfig:
         raise WeightsError(f"{directory} has no {CONFIG_FILE}: not a trained drafter directory")
     try:
         data = json.loads(path.read_text())
+        if isinstance(data, dict) and "model_type" in data and "kind" not in data:  # a model's (a distilled draft's)
+            raise WeightsError(f"{directory} holds a model ({data['model_type']}), not a trained head: a distilled "
+                               "draft runs as --draft-model FOLDER")
         config = HeadConfig(**data)
     except (ValueError, TypeError) as exc:
         raise WeightsError(f"{path} is not a valid head config: {exc}") from None

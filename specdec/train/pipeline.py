@@ -82,6 +82,8 @@ RUN_FILE = "run.json"
 def check_run_identity(job: DrafterTraining, out: Path, log: Callable[[str], None]) -> None:
     """Refuse a ``--resume`` whose settings differ from the run in ``out`` (before any model loads, nothing
     written), say when there is nothing to resume, and record this run's settings."""
+    if out.exists() and not out.is_dir():
+        raise SpecdecError(f"--out {out}: is a file; give a folder for the trained drafter")
     identity = {name: str(getattr(job, name)) for name in RUN_IDENTITY} | {"seed": str(job.train.seed)}
     if job.kind == "distill":
         identity["draft_model"] = str(job.draft_model)
@@ -171,8 +173,8 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     train_data = load_shards(features / "generated", features / "train", num_layers=depth, layers=layers)
     held_data = load_shards(held_dir, num_layers=depth, layers=layers)
     train_tokens = int((train_data["tokens"] >= 0).sum())
-    log(f"features: {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens ({shards} shards extracted, "
-        f"the rest recorded while generating)")
+    recorded = ", the rest recorded while generating" if generated else ""
+    log(f"features: {train_data['tokens'].shape[0]} sequences, {train_tokens} tokens ({shards} source shards{recorded})")
 
     info = {"kind": job.kind, "target": target.name, "data": job.data, "feature_mode": target.backend.dtype_name,
             "train_sequences": train_data["tokens"].shape[0], "train_tokens": train_tokens,
