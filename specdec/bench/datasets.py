@@ -52,6 +52,8 @@ def default_data_dir() -> Path:
 
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a JSONL file, each with its line number under ``_line``; errors name file and line."""
+    if path.is_dir():
+        raise SpecdecError(f"dataset {path}: is a folder; give a JSONL file or a dataset name (humaneval, gsm8k, spec_bench)")
     if not path.is_file():
         raise SpecdecError(f"dataset file not found: {path}")
     rows = []
