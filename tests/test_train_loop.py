@@ -271,6 +271,9 @@ def test_a_resume_with_other_data_settings_is_refused_before_anything_runs(tmp_p
         with pytest.raises(SpecdecError, match=re.escape(words)):
             check_run_identity(replace(first, resume=True, **change), out, lines.append)
     assert (out / RUN_FILE).read_text() == saved
+    (out / "features").mkdir()  # an extraction cut short (no checkpoint): its shards would be reused by index too
+    with pytest.raises(SpecdecError, match=re.escape("--seq-len 64 (now 32)")):
+        check_run_identity(replace(first, seq_len=32), out, lines.append)
     fresh = tmp_path / "new"
     check_run_identity(replace(first, out_dir=fresh, resume=True), fresh, lines.append)
     assert any("holds no run yet" in line for line in lines)

@@ -88,13 +88,15 @@ def check_run_identity(job: DrafterTraining, out: Path, log: Callable[[str], Non
     if job.kind == "distill":
         identity["draft_model"] = str(job.draft_model)
     saved_file = out / RUN_FILE
-    if job.resume and saved_file.is_file():
+    # the saved features are reused by shard index with or without --resume (an extraction cut short has no
+    # checkpoint yet): whenever there are some, they must be this run's
+    if saved_file.is_file() and (job.resume or (out / "features").is_dir()):
         saved = json.loads(saved_file.read_text())
         changed = [f"--{key.replace('_', '-')} {saved[key]} (now {value})" for key, value in identity.items()
                    if key in saved and saved[key] != value]
         if changed:
-            raise SpecdecError(f"--resume: {out} was trained with {', '.join(changed)}; resume it with the same "
-                               "settings, or choose another --out")
+            raise SpecdecError(f"{out} holds a run made with {', '.join(changed)}; run with the same settings to "
+                               "continue it, or choose another --out")
     elif job.resume and not (out / "checkpoint.pt").is_file() and not (out / "features").is_dir():
         log(f"--resume: {out} holds no run yet: starting a new one")
     out.mkdir(parents=True, exist_ok=True)
