@@ -526,3 +526,17 @@ def test_a_head_and_a_model_given_for_each_other_say_what_they_are(head_dir, tin
         specdec.load_model(str(head_dir), quantize="none")
     with pytest.raises(WeightsError, match="holds a model .*not a trained head: a distilled draft runs as --draft-model"):
         read_head_config(tiny_dirs["draft"])
+
+
+def test_written_tensors_take_the_umask_mode_not_0600(head_dir, tmp_path):
+    """safetensors' writer makes 0600 files: a trained head or a feature shard could not be shared."""
+    import os
+
+    from specdec.paths import write_safetensors
+
+    mask = os.umask(0)
+    os.umask(mask)
+    write_safetensors({"x": torch.zeros(2)}, tmp_path / "x.safetensors")
+    for path in (head_dir / "model.safetensors", tmp_path / "x.safetensors"):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask
+    assert not list(tmp_path.glob("*.partial"))

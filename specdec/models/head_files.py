@@ -17,6 +17,7 @@ from specdec.errors import SpecdecError, WeightsError
 from specdec.models.config import ModelConfig
 from specdec.models.heads import (DRAFT_VOCABS, HEAD_KINDS, DraftHead, EagleHead, HeadConfig, MedusaHeads,
                                   check_feature_layers)
+from specdec.paths import write_safetensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -44,8 +45,6 @@ def quantize_head(head: DraftHead) -> DraftHead:
 
 def save_head(head: DraftHead, directory: str | Path, training: dict[str, Any] | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (float32 weights) into ``directory``."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = asdict(head.config)
@@ -53,7 +52,7 @@ def save_head(head: DraftHead, directory: str | Path, training: dict[str, Any] |
         config["training"] = training
     state = {name: (tensor.detach().float() if tensor.is_floating_point() else tensor.detach()).cpu().contiguous()
              for name, tensor in head.state_dict().items()}  # draft_ids stay integers
-    save_file(state, str(directory / WEIGHTS_FILE))
+    write_safetensors(state, directory / WEIGHTS_FILE)
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return directory
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from specdec.errors import WeightsError
 from specdec.kernels.build import kernel
@@ -30,7 +30,7 @@ from specdec.kernels.q4 import PAIR
 from specdec.models.config import ModelConfig
 from specdec.models.gguf_file import gguf_config, gguf_embedding_rows, gguf_int4_sources, iter_gguf_tensors, open_gguf
 from specdec.models.transformer import Decoder, rope_tables
-from specdec.paths import specdec_home
+from specdec.paths import specdec_home, write_safetensors
 
 #: bump when a conversion changes (2: int4 runs tensors a GGUF stores in < 6 bits at 4 bits, not 8;
 #: 3: int4 codes interleaved within blocks of 256 for the kernel, Q6_K tensors kept as 6-bit;
@@ -189,9 +189,7 @@ def _write_cache(gguf_path: Path, cfg: ModelConfig, state: dict[str, torch.Tenso
     """Best effort: a read-only or full disk only costs the next start its speed. True if written."""
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(".partial")
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
-        os.replace(tmp, cache_file)
+        write_safetensors({k: v.contiguous() for k, v in state.items()}, cache_file)
         meta_file.write_text(json.dumps({"config": cfg.to_dict(), "source": _source_signature(gguf_path)}))
         remove_stale_caches(cache_file)
     except OSError:

@@ -31,6 +31,7 @@ from typing import Callable, Iterator
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.paths import write_safetensors
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
 #: one document in this many is held out (by a hash of its name)
@@ -127,8 +128,6 @@ def write_shard(path: Path, rows: list[tuple[list[int], torch.Tensor, torch.Tens
     """One shard of ``rows`` — ``(tokens [T], features [T, hidden × layers], target_ids [T])`` each,
     padded to the longest with token -1 — recorded at the target's ``layers``, written whole or not
     at all (a ``.partial`` file renamed)."""
-    from safetensors.torch import save_file
-
     longest = max(len(tokens) for tokens, _, _ in rows)
     tokens = torch.full((len(rows), longest), -1, dtype=torch.int32)
     targets = torch.full((len(rows), longest), -1, dtype=torch.int32)
@@ -137,11 +136,9 @@ def write_shard(path: Path, rows: list[tuple[list[int], torch.Tensor, torch.Tens
         tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.int32)
         targets[row, : len(seq)] = greedy.to(torch.int32)
         features[row, : len(seq)] = feats.to(torch.float16)
-    partial = path.with_suffix(".partial")
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"tokens": tokens, "target_ids": targets, "features": features,
-               "feature_layers": torch.tensor(layers, dtype=torch.int32)}, str(partial))
-    partial.rename(path)
+    write_safetensors({"tokens": tokens, "target_ids": targets, "features": features,
+                       "feature_layers": torch.tensor(layers, dtype=torch.int32)}, path)
 
 
 def extract_features(backend, sequences: list[list[int]], directory: Path, layers: tuple[int, ...],  # noqa: ANN001

@@ -33,6 +33,7 @@ from torch import nn
 
 from specdec.errors import SpecdecError
 from specdec.models.transformer import Decoder
+from specdec.paths import write_safetensors
 from specdec.train.loop import RowLoss, data_row
 from specdec.train.target_parts import TargetParts
 
@@ -89,7 +90,7 @@ def add_frozen_hidden(decoder: Decoder, split: int, data: dict[str, torch.Tensor
     them back. ``precision``: the frozen layers' matmuls (:func:`~specdec.train.precision.mixed_precision`,
     the training's own): in float32 this pass took ~25 minutes of a 2-hour budget on an AMX Xeon
     (3 059 sequences of 256 tokens through 22 layers of the 0.5B draft, ~2 sequences/s)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     from tqdm import tqdm
 
     from specdec.train.precision import mixed_precision
@@ -105,9 +106,7 @@ def add_frozen_hidden(decoder: Decoder, split: int, data: dict[str, torch.Tensor
             length = int((data["tokens"][row] >= 0).sum())
             hidden[row, :length] = frozen_hidden(decoder, split, data["tokens"][row, :length].tolist()).half()
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    save_file({"draft_hidden": hidden}, str(partial))
-    partial.rename(path)
+    write_safetensors({"draft_hidden": hidden}, path)
     return dict(data, draft_hidden=hidden)
 
 
@@ -153,17 +152,13 @@ def distill_row_loss(tail: DraftTail, parts: TargetParts, divergence: str) -> Ro
 def save_draft(decoder: Decoder, tokenizer, directory: Path, training: dict) -> Path:  # noqa: ANN001 - Tokenizer
     """``decoder`` as a model directory ``--draft-model`` loads: HF ``config.json``, float32
     ``model.safetensors`` (HF tensor names), the tokenizer, and ``distill.json`` (how it was made)."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().float().cpu().contiguous() for name, tensor in decoder.state_dict().items()
              if name not in ("rope_cos", "rope_sin")}
     if decoder.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    partial = directory / "model.safetensors.partial"
-    save_file(state, str(partial))
-    partial.rename(directory / "model.safetensors")
+    write_safetensors(state, directory / "model.safetensors")
     (directory / "config.json").write_text(json.dumps(decoder.config.to_hf_dict(), indent=2) + "\n")
     tokenizer.hf.save_pretrained(str(directory))
     (directory / "distill.json").write_text(json.dumps(training, indent=1) + "\n")
