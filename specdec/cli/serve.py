@@ -213,7 +213,6 @@ def check_serving_method(target: Any, draft: Any, spec: Any) -> None:
     import torch
 
     from specdec.api import make_drafter
-    from specdec.errors import SpecdecError
     from specdec.sampling import SamplingParams
 
     if spec.method is None:

@@ -10,7 +10,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from specdec.errors import SpecdecError, WeightsError
