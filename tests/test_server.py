@@ -25,12 +25,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120):
-    """Start `specdec serve ARGS` on a free loopback port (``env``: extra environment variables);
-    return (process, base URL) once healthy."""
+def launch(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120,
+           runner: tuple[str, ...] = ("-m", "specdec.cli")):
+    """Start `specdec serve ARGS` on a free loopback port (``env``: extra environment variables;
+    ``runner``: how Python starts the CLI); return (process, base URL) once healthy."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec.cli", "serve", "--port", str(port), *args],
+        [sys.executable, *runner, "serve", "--port", str(port), *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     base = f"http://127.0.0.1:{port}"
@@ -489,3 +490,75 @@ def test_openai_and_vllm_fields_once_ignored_are_honoured_or_refused(server, tin
     assert httpx.get(f"{server}/v1/models").json()["data"][0]["created"] > 1_700_000_000
     metrics = httpx.get(f"{server}/metrics").text  # a refusal counts under its endpoint, as successes do (once "any")
     assert 'specdec_requests_total{endpoint="completions",status="400"}' in metrics and 'endpoint="any"' not in metrics
+
+
+#: `specdec serve` with a fault injected on the model thread: a request with ``max_tokens`` 13 fails after
+#: its first ten chunks (an exception the engine did not expect), as a bug or a device error would
+FAULTY_SERVER = """
+import sys
+import specdec.server.jobs as jobs
+from specdec.cli import main
+from specdec.engine import StreamChunk
+
+real = jobs.generate_steps
+
+def failing_steps(**kwargs):
+    steps = real(**kwargs)
+    if kwargs["params"].max_tokens != 13:
+        return steps
+    def fail():  # the steps as they are (they are sent each forward's results), until ten chunks are out
+        chunks, sent = 0, None
+        while True:
+            try:
+                item = steps.send(sent)
+            except StopIteration:
+                return
+            if isinstance(item, StreamChunk):
+                if chunks == 10:
+                    raise RuntimeError("injected fault")
+                chunks += 1
+            sent = yield item
+    return fail()
+
+jobs.generate_steps = failing_steps
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_failure_mid_generation_is_an_error_object_streamed_or_not_and_the_server_stays_up(tiny_dirs, tiny_target):
+    """Once a stream's status line is sent, a failure can only be told in the stream: an error event then
+    [DONE] (OpenAI and vLLM; the openai SDK raises it), not a cut stream a client reads as finished.
+    Not streamed, it is a 500 with OpenAI's error object, not Starlette's plain text."""
+    from openai import APIError, InternalServerError, OpenAI
+
+    started = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
+                     "--served-model-name", "tiny", runner=("-c", FAULTY_SERVER))
+    with serving(started) as base:
+        body = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 13, "temperature": 0, "ignore_eos": True,
+                "speculative": None}
+        with httpx.stream("POST", f"{base}/v1/completions", json={**body, "stream": True}, timeout=60) as response:
+            assert response.status_code == 200
+            events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert "injected fault" in json.loads(events[-2])["error"]["message"]
+        assert json.loads(events[-2])["error"]["type"] == "internal_server_error"
+        streamed = "".join(json.loads(event)["choices"][0]["text"] for event in events[:-2])
+        whole = specdec.generate(tiny_target, "def f(x):", SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True))
+        assert streamed and whole.text.startswith(streamed)  # it had started, and what came is right
+
+        plain = error(httpx.post(f"{base}/v1/completions", json=body, timeout=60), 500)
+        assert "injected fault" in plain["message"]
+
+        client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(APIError, match="injected fault"):
+            for _ in client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=13, stream=True):
+                pass
+        with pytest.raises(InternalServerError):
+            client.completions.create(model="tiny", prompt="x", max_tokens=13)
+        # the server is up and answers the next request as the library does
+        ok = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=12, temperature=0)
+        expected = specdec.generate(tiny_target, "def f(x):", SamplingParams(temperature=0.0, max_tokens=12))
+        assert ok.choices[0].text == expected.text
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'endpoint="completions",status="500"' in metrics and 'endpoint="chat",status="500"' in metrics

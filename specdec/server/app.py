@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -34,9 +35,11 @@ from specdec.server.state import ServerState
 from specdec.server.params import APIError, field_named, sampling_params
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, forced_call, streamed_delta
 from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body,
-                                    lone_surrogate_at, validation_message)
+                                    internal_error_body, lone_surrogate_at, validation_message)
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
+
+log = logging.getLogger("specdec.server")
 
 
 def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionRequest, raw: dict) -> SpecConfig:
@@ -126,6 +129,13 @@ def create_app(state: ServerState) -> FastAPI:
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
         state.metrics.requests.labels(endpoint_of(request), str(exc.status_code)).inc()
         return JSONResponse(error_body(message), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        """A failure of ours (not the request's) as OpenAI's error object with status 500, as vLLM answers it,
+        instead of Starlette's plain-text "Internal Server Error" (Starlette still logs the traceback)."""
+        state.metrics.requests.labels(endpoint_of(request), "500").inc()
+        return JSONResponse(internal_error_body(exc), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -372,6 +382,17 @@ def create_app(state: ServerState) -> FastAPI:
                 yield sse({**last, "choices": [], "usage": combined_usage(jobs, n)})
             yield "data: [DONE]\n\n"
             state.metrics.requests.labels(endpoint, "200").inc()
+        except Exception as exc:  # noqa: BLE001 - the status line is sent: the error goes in the stream
+            # as OpenAI and vLLM send it (the openai SDK raises it as APIError), then [DONE], so a client
+            # does not read a cut stream as a finished answer
+            if isinstance(exc, SpecdecError):
+                status, body = 400, error_body(str(exc))
+            else:
+                log.error("a %s stream failed", endpoint, exc_info=exc)
+                status, body = 500, internal_error_body(exc)
+            yield sse(body)
+            yield "data: [DONE]\n\n"
+            state.metrics.requests.labels(endpoint, str(status)).inc()
         finally:
             close_jobs(jobs)  # client gone or done: stop generating at the next step
 
