@@ -112,6 +112,18 @@ def test_calibrate_then_skip_layers_auto(tiny_dirs, tiny_target, tmp_path, monke
     result = json.loads(saved[0].read_text())
     assert len(result["trials"]) == 3 and result["plain_tokens_per_s"] > 0
     assert result["tokens_per_s"] == pytest.approx(max(t["tokens_per_s"] for t in result["trials"]), abs=1e-3)
+    assert ("no skip set beat plain decoding" in out.err) == (result["speedup"] < 1)
+
+    # a faster earlier calibration (a longer search) is not replaced by a quick re-run, unless asked
+    better = {**result, "skip_layers": [1], "speedup": 99.0, "created": "earlier"}
+    saved[0].write_text(json.dumps(better))
+    assert main([*args, "--budget", "1"]) == 0
+    assert "kept the saved calibration" in capsys.readouterr().out
+    assert json.loads(saved[0].read_text()) == better
+    assert main([*args, "--budget", "1", "--overwrite"]) == 0
+    assert "saved" in capsys.readouterr().out
+    assert json.loads(saved[0].read_text())["speedup"] < 99
+    saved[0].write_text(json.dumps(result))
 
     spec = SpecConfig(method="layer_skip", skip_layers="auto", num_speculative_tokens=3)
     from specdec.api import make_drafter

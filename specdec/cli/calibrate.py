@@ -1,7 +1,7 @@
 """``specdec calibrate-skip``: find which layers ``--method layer-skip`` should skip on this machine,
 by measured tokens/s — plain decoding and up to ``--budget`` skip sets (structured seeds, then a local
 search) on a few greedy calibration prompts; the fastest set is saved beside the model for
-``--skip-layers auto``. The search is :mod:`specdec.calibrate`."""
+``--skip-layers auto``, unless an earlier run measured a higher speedup. The search is :mod:`specdec.calibrate`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cal.add_argument("--max-tokens", type=positive_int, default=48, help="tokens generated per prompt and trial (default: 48)")
     cal.add_argument("--budget", type=positive_int, default=16, help="skip sets to measure (default: 16)")
     cal.add_argument("--seed", type=int, default=0, help="seed of the local search (default: 0)")
+    cal.add_argument("--overwrite", action="store_true",
+                     help="save this run's set even when the saved calibration measured a higher speedup (by default "
+                          "the faster one is kept, so a quick re-run does not replace a thorough search)")
     add_debug_flag(cal)
     cal.set_defaults(func=run)
     return cal
@@ -35,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.api import encode_prompt
     from specdec.bench.datasets import load_prompts
     from specdec.calibrate import calibrate_skip, save_calibration
+    from specdec.drafters.layer_skip import calibration_path, load_calibration
 
     gamma = args.num_speculative_tokens if isinstance(args.num_speculative_tokens, int) else 4
     categories = args.categories.split(",") if args.categories else None
@@ -52,10 +56,19 @@ def run(args: argparse.Namespace) -> int:
               f"τ={trial.mean_accepted_len:.2f}, draft cost ratio {trial.draft_cost_ratio:.2f}", file=sys.stderr)
 
     result = calibrate_skip(target, prompts, args.max_tokens, gamma, args.budget, args.seed, report)
-    path = save_calibration(result, target.path, target.backend.dtype_name,
-                            {"dataset": args.dataset, "prompts": len(prompts), "max_tokens": args.max_tokens, "gamma": gamma})
     best = result.to_dict()
     print(f"plain {best['plain_tokens_per_s']:.2f} tok/s; best skip {best['skip_layers']}: {best['tokens_per_s']:.2f} tok/s "
           f"({best['speedup']:.2f}×, α={best['acceptance_rate']:.2f}, cost ratio {best['draft_cost_ratio']:.2f})")
+    if best["speedup"] < 1:
+        print(f"warning: no skip set beat plain decoding here (best {best['speedup']:.2f}×): --method layer-skip would slow "
+              "this model down on this machine; prefer plain decoding or another method (`specdec tune`)", file=sys.stderr)
+    earlier = load_calibration(target.path, target.backend.dtype_name)
+    if earlier is not None and not args.overwrite and float(earlier.get("speedup", 0)) >= best["speedup"]:
+        print(f"kept the saved calibration {calibration_path(target.path, target.backend.dtype_name)}: skip "
+              f"{earlier['skip_layers']} measured {float(earlier['speedup']):.2f}× ({earlier.get('created', 'undated')}), "
+              f"this run's best {best['speedup']:.2f}× (--overwrite replaces it)")
+        return 0
+    path = save_calibration(result, target.path, target.backend.dtype_name,
+                            {"dataset": args.dataset, "prompts": len(prompts), "max_tokens": args.max_tokens, "gamma": gamma})
     print(f"saved {path}  (use: --method layer-skip --skip-layers auto)")
     return 0
