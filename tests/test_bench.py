@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -113,6 +114,38 @@ def test_bad_dataset_inputs_are_clear(tmp_path):
         load_prompts(str(bad))
     with pytest.raises(SpecdecError, match="unknown categories"):
         load_prompts("spec_bench", categories=["poetry"])
+
+
+def test_an_mt_bench_category_is_reported_under_its_own_name():
+    """``--categories writing,rag`` picks MT-Bench's writing questions and the rag group: each reported
+    under the name asked for (they were labelled ``mt_bench``), ``--limit`` per each."""
+    rows = load_prompts("spec_bench", categories=["writing", "coding", "rag"], limit=3)
+    assert sorted({row.category for row in rows}) == ["coding", "rag", "writing"]
+    assert [row.category for row in rows].count("writing") == 3
+    assert all(row.meta["category"] == "writing" for row in rows if row.category == "writing")
+    assert {row.category for row in load_prompts("spec_bench", categories=["mt_bench"], limit=2)} == {"mt_bench"}
+
+
+def test_compare_says_where_two_runs_measured_different_work(tmp_path):
+    """``bench --compare`` of runs over different datasets, prompts or models prints a note per difference
+    above the table (it compared them silently, as if only the code had changed)."""
+    from specdec.bench.report import compare_runs
+
+    def run(name: str, dataset: str, prompts: list[str], categories: list[str]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        summary = {category: {"ar": {"tokens_per_s": 10.0, "speedup": 1.0}} for category in categories}
+        requests = [{"category": categories[0], "prompt_id": prompt} for prompt in prompts]
+        (folder / "results.json").write_text(json.dumps({"meta": {"dataset": dataset, "model": "m"}, "summary": summary,
+                                                         "requests": requests}))
+        return folder
+
+    same = compare_runs(run("a", "humaneval", ["1", "2"], ["humaneval"]), run("b", "humaneval", ["1", "2"], ["humaneval"]))
+    assert "note" not in same and "+0.0%" in same
+    other = compare_runs(run("c", "humaneval", ["1", "2"], ["humaneval", "x"]), run("d", "mine.jsonl", ["2", "3", "4"], ["humaneval"]))
+    assert "note: the runs differ in dataset: 'humaneval' vs 'mine.jsonl'" in other
+    assert "note: humaneval ran different prompts (2 vs 3, 1 in common)" in other
+    assert "note: only run 1 has x" in other
 
 
 def test_repeats_do_not_draft_from_their_own_earlier_output(tiny_target, dataset):

@@ -7,6 +7,7 @@ file and line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ def load_prompts(
     """Rows of a named dataset (``humaneval``, ``spec_bench``, ``gsm8k``) or of a JSONL file.
 
     ``categories`` filters Spec-Bench by task group (``summarization``, ``rag``, ``mt_bench`` …) or by
-    MT-Bench category (``coding``, ``writing`` …). ``limit`` keeps the first N rows *per category*
+    MT-Bench category (``coding``, ``writing`` …; such rows are labelled by it). ``limit`` keeps the first N rows *per category*
     so a small run still covers every group.
     """
     if dataset in DATASET_FILES:
@@ -118,7 +119,9 @@ def load_prompts(
         unknown = [c for c in categories if c not in known]
         if unknown:
             raise SpecdecError(f"unknown categories {unknown} in {path.name}; available: {sorted(k for k in known if k)}")
-        rows = [r for r in rows if r.category in categories or r.meta.get("category") in categories]
+        # a row picked by its MT-Bench category ("writing") is reported under it, not its group ("mt_bench")
+        rows = [r if r.category in categories else dataclasses.replace(r, category=r.meta["category"])
+                for r in rows if r.category in categories or r.meta.get("category") in categories]
     if limit is not None:
         per_category: dict[str, int] = {}
         kept = []

@@ -161,15 +161,32 @@ def alpha_per_position(results: list[RequestResult], methods: list[str]) -> dict
     return alphas
 
 
+#: run settings whose difference makes two runs' speeds a comparison of different work
+COMPARED_SETTINGS = ("dataset", "model", "draft_model", "max_tokens", "temperature", "machine", "execution")
+
+
 def compare_runs(first: Path, second: Path) -> str:
-    """Per category and method: tokens/s and speedup of run 2 vs run 1."""
+    """Per category and method: tokens/s and speedup of run 2 vs run 1. Notes above the table say where
+    the runs differ in what they measured (dataset, prompts, models, length, machine), which makes the
+    change column a comparison of different work rather than of the code."""
     def load(path: Path) -> dict:
         file = Path(path) / "results.json"
         if not file.is_file():
             raise SpecdecError(f"no results.json in {path}")
-        return json.loads(file.read_text())["summary"]
+        return json.loads(file.read_text())
 
-    a, b = load(first), load(second)
+    run_a, run_b = load(first), load(second)
+    a, b = run_a["summary"], run_b["summary"]
+    notes = [f"note: the runs differ in {key}: {run_a['meta'].get(key)!r} vs {run_b['meta'].get(key)!r}"
+             for key in COMPARED_SETTINGS if run_a.get("meta", {}).get(key) != run_b.get("meta", {}).get(key)]
+    prompts_a, prompts_b = prompts_by_category(run_a), prompts_by_category(run_b)
+    for category in sorted(set(prompts_a) & set(prompts_b)):
+        if prompts_a[category] != prompts_b[category]:
+            notes.append(f"note: {category} ran different prompts ({len(prompts_a[category])} vs {len(prompts_b[category])}, "
+                         f"{len(prompts_a[category] & prompts_b[category])} in common)")
+    for only, run in ((sorted(set(a) - set(b) - {"overall"}), 1), (sorted(set(b) - set(a) - {"overall"}), 2)):
+        if only:
+            notes.append(f"note: only run {run} has {', '.join(only)}")
     lines = ["| category | method | tok/s run 1 | tok/s run 2 | change | speedup run 1 | speedup run 2 |", "|---|---|---|---|---|---|---|"]
     for category in a:
         for method, m in a[category].items():
@@ -179,7 +196,15 @@ def compare_runs(first: Path, second: Path) -> str:
             change = other["tokens_per_s"] / m["tokens_per_s"] - 1 if m["tokens_per_s"] else 0.0
             lines.append(f"| {category} | {method} | {m['tokens_per_s']:.2f} | {other['tokens_per_s']:.2f} | {change:+.1%} | "
                          f"{m['speedup']:.2f}× | {other['speedup']:.2f}× |")
-    return "\n".join(lines)
+    return "\n".join([*notes, *([""] if notes else []), *lines])
+
+
+def prompts_by_category(run: dict) -> dict[str, set[str]]:
+    """The prompt ids each category of a results.json ran."""
+    prompts: dict[str, set[str]] = {}
+    for request in run.get("requests", []):
+        prompts.setdefault(request["category"], set()).add(request["prompt_id"])
+    return prompts
 
 
 def penalties_description(params) -> str:  # noqa: ANN001 - SamplingParams
