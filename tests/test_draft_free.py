@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -271,3 +272,32 @@ def test_malformed_corpus_line_names_file_and_line(tmp_path):
     bad.write_text('{"text": "ok"}\n{not json\n')
     with pytest.raises(SpecdecError, match=r"bad.jsonl:2: malformed JSON"):
         list(read_corpus([str(bad)]))
+
+
+def test_datastore_and_train_drafter_read_the_same_jsonl_fields_and_dataset_names(tmp_path):
+    """One reader for both corpora: each row's text, a prompt with its answer (a completion, HumanEval's
+    canonical solution, GSM8K's question and answer) or chat turns; named datasets as bench reads them
+    (train-drafter refused `gsm8k` as a missing file and ignored canonical_solution; datastore ignored
+    completions)."""
+    from specdec.bench.datasets import dataset_path, read_jsonl
+    from specdec.cli.datastore import read_corpus
+    from specdec.errors import SpecdecError
+    from specdec.train.data import load_documents
+
+    rows = [{"text": "t"}, {"prompt": "p", "completion": "c"}, {"prompt": "def f():", "canonical_solution": " pass"},
+            {"question": "q?", "answer": "a"}, {"turns": ["one", "two"]}]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    expected = ["t", "pc", "def f(): pass", "q?a", "one\ntwo"]
+    assert list(read_corpus([str(corpus)])) == expected
+    assert [doc.text for doc in load_documents(str(corpus))] == expected
+
+    gsm8k = read_jsonl(dataset_path("gsm8k"))
+    documents = load_documents("gsm8k")
+    assert len(documents) == len(gsm8k) and documents[0].text == gsm8k[0]["question"] + gsm8k[0]["answer"]
+    assert next(read_corpus(["humaneval"])).startswith(read_jsonl(dataset_path("humaneval"))[0]["prompt"])
+
+    corpus.write_text('{"id": 1}\n')
+    for read in (lambda: list(read_corpus([str(corpus)])), lambda: load_documents(str(corpus))):
+        with pytest.raises(SpecdecError, match=r"corpus.jsonl:1: .*'question' \(\+ 'answer'\)"):
+            read()

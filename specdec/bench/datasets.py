@@ -72,6 +72,30 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def dataset_path(name: str) -> Path:
+    """A dataset name (``humaneval``, ``gsm8k``, ``spec_bench``: its file in the data folder) or a path."""
+    return default_data_dir() / DATASET_FILES[name] if name in DATASET_FILES else Path(name).expanduser()
+
+
+#: the JSONL fields :func:`document_text` reads, for error messages and --help
+DOCUMENT_FIELDS = "'text', 'prompt' (+ 'completion' or 'canonical_solution'), 'question' (+ 'answer') or 'turns'"
+
+
+def document_text(row: dict) -> str | None:
+    """One JSONL row as a document to train on or draft from (train-drafter --data, datastore --input): its
+    'text'; a prompt with its answer (a completion, HumanEval's canonical solution, GSM8K's question and
+    answer); or a conversation's turns. None when the row has none of these."""
+    if isinstance(row.get("text"), str) and row["text"]:
+        return row["text"]
+    for question, answers in (("prompt", ("completion", "canonical_solution")), ("question", ("answer",))):
+        if isinstance(row.get(question), str) and row[question]:
+            return row[question] + "".join(str(row[a]) for a in answers if isinstance(row.get(a), str))
+    turns = row.get("turns")
+    if isinstance(turns, list) and turns:
+        return "\n".join(map(str, turns))
+    return None
+
+
 def _spec_bench_group(question_id: int) -> str:
     for group, ids in SPEC_BENCH_GROUPS.items():
         if question_id in ids:
@@ -91,10 +115,7 @@ def load_prompts(
     MT-Bench category (``coding``, ``writing`` …; such rows are labelled by it). ``limit`` keeps the first N rows *per category*
     so a small run still covers every group.
     """
-    if dataset in DATASET_FILES:
-        path = (data_dir or default_data_dir()) / DATASET_FILES[dataset]
-    else:
-        path = Path(dataset)
+    path = data_dir / DATASET_FILES[dataset] if data_dir is not None and dataset in DATASET_FILES else dataset_path(dataset)
     raw = read_jsonl(path)
     rows: list[PromptRow] = []
     for row in raw:

@@ -1,5 +1,5 @@
-"""``specdec datastore build``: turn a corpus (.txt files, or .jsonl rows with 'text', 'prompt'
-[+ 'canonical_solution'] or 'turns') into the token suffix-array datastore that ``--method
+"""``specdec datastore build``: turn a corpus (.txt files, .jsonl rows or a dataset's, read as
+``train-drafter --data`` reads them) into the token suffix-array datastore that ``--method
 retrieval`` (REST) drafts from, tokenized with the target model's tokenizer."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import argparse
 import sys
 from collections.abc import Iterator
 
+from specdec.bench.datasets import DOCUMENT_FIELDS
 from specdec.cli.common import DEFAULT_TARGET, add_debug_flag, positive_int
 from specdec.errors import SpecdecError
 
@@ -15,12 +16,12 @@ from specdec.errors import SpecdecError
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     store = subparsers.add_parser("datastore", help="build a retrieval datastore (for --method retrieval)",
                                   description="Tokenize a corpus with a model's tokenizer and build a suffix-array datastore "
-                                              "for retrieval drafting (REST). Inputs: .txt files (one document each) or .jsonl "
-                                              "(field 'text', else 'prompt' [+ 'canonical_solution'], else 'turns').")
+                                              "for retrieval drafting (REST). Inputs: .txt files (one document each), .jsonl "
+                                              f"(per row: {DOCUMENT_FIELDS}) or a dataset (humaneval, gsm8k, spec_bench).")
     store.add_argument("action", choices=["build"], help="build: tokenize the --input files and write the datastore to --output (the only action)")
     store.add_argument("--tokenizer", default=DEFAULT_TARGET,
                        help=f"model whose tokenizer to use: the target's, which --method retrieval will run with (default: {DEFAULT_TARGET})")
-    store.add_argument("--input", nargs="+", required=True, metavar="FILE", help="corpus files (.txt or .jsonl)")
+    store.add_argument("--input", nargs="+", required=True, metavar="FILE", help="corpus files (.txt or .jsonl) or dataset names")
     store.add_argument("--output", required=True, metavar="DIR", help="datastore directory to write")
     store.add_argument("--window", type=positive_int, default=16, help="longest match length indexed, in tokens (default: 16)")
     store.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model")
@@ -30,13 +31,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def read_corpus(files: list[str]) -> Iterator[str]:
-    """The documents of ``files``, one string each (a .txt file is one document, a .jsonl row another)."""
-    from pathlib import Path
-
-    from specdec.bench.datasets import read_jsonl
+    """The documents of ``files``, one string each (a .txt file is one document, a .jsonl row another;
+    a dataset name reads its JSONL file)."""
+    from specdec.bench.datasets import dataset_path, document_text, read_jsonl
 
     for name in files:
-        path = Path(name)
+        path = dataset_path(name)
         if path.is_dir():
             raise SpecdecError(f"--input {path} is a folder: give its files (e.g. {path}/*.py)")
         if not path.is_file():
@@ -45,14 +45,10 @@ def read_corpus(files: list[str]) -> Iterator[str]:
             yield path.read_text(encoding="utf-8", errors="replace")
             continue
         for row in read_jsonl(path):
-            if isinstance(row.get("text"), str):
-                yield row["text"]
-            elif isinstance(row.get("prompt"), str):
-                yield row["prompt"] + str(row.get("canonical_solution", ""))
-            elif isinstance(row.get("turns"), list):
-                yield "\n".join(map(str, row["turns"]))
-            else:
-                raise SpecdecError(f"{path}:{row['_line']}: needs a 'text', 'prompt' or 'turns' field")
+            text = document_text(row)
+            if text is None:
+                raise SpecdecError(f"{path}:{row['_line']}: needs a {DOCUMENT_FIELDS} field")
+            yield text
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from specdec.bench.datasets import DOCUMENT_FIELDS
 from specdec.cli.common import DEFAULT_TARGET, add_debug_flag, non_negative_int, positive_int, positive_number
 from specdec.config import QUANTIZE_MODES, TRAIN_PRECISIONS
 from specdec.errors import SpecdecError
@@ -38,10 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                           "hidden state proposing K tokens at once; distill: train --draft-model's last layers on the "
                           "target's distributions (DistillSpec), saved as a model directory (default: eagle)")
     cmd.add_argument("--model", default=DEFAULT_TARGET, help=f"target model: built-in name, .gguf or HF directory (default: {DEFAULT_TARGET})")
-    cmd.add_argument("--data", default="stdlib", metavar="stdlib|FILE|DIR",
+    cmd.add_argument("--data", default="stdlib", metavar="stdlib|DATASET|FILE|DIR",
                      help="training text: 'stdlib' (the Python standard library's sources: real code on every machine), "
-                          "a .txt file, a .jsonl file ('text', 'prompt'/'completion' or 'turns'), or a directory of "
-                          ".py/.txt/.md/.rst files; 1 document in 20 is held out for evaluation (default: stdlib)")
+                          "a dataset (humaneval, gsm8k, spec_bench), a .txt file, a .jsonl file (per row: "
+                          f"{DOCUMENT_FIELDS}), or a directory of .py/.txt/.md/.rst files; 1 document in 20 is held out "
+                          "for evaluation (default: stdlib)")
     cmd.add_argument("--out", required=True, metavar="DIR", help="the trained drafter's directory (config.json, model.safetensors, report)")
     cmd.add_argument("--resume", action="store_true", help="continue a run in --out: keep its feature shards and its checkpoint; with a larger "
                      "--budget-minutes the learning rate goes on from where it was and decays over the added time "

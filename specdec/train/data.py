@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from specdec.bench.datasets import DOCUMENT_FIELDS, dataset_path, document_text, read_jsonl
 from specdec.errors import SpecdecError
 from specdec.paths import write_safetensors
 
@@ -76,20 +77,19 @@ def file_documents(path: Path) -> list[Document]:
     if not path.is_file():
         raise SpecdecError(f"training data not found: {path} (give a file, a directory, or 'stdlib')")
     if path.suffix == ".jsonl":
-        from specdec.bench.datasets import read_jsonl
-
         docs = []
         for row in read_jsonl(path):  # errors name the file and line
-            text = row.get("text") or (row.get("prompt", "") + row.get("completion", "")) or "\n".join(row.get("turns", []))
-            if not isinstance(text, str) or not text:
-                raise SpecdecError(f"{path}:{row['_line']}: no 'text', 'prompt'/'completion' or 'turns' field")
+            text = document_text(row)
+            if text is None:
+                raise SpecdecError(f"{path}:{row['_line']}: no {DOCUMENT_FIELDS} field")
             docs.append(Document(f"{path.name}:{row['_line']}", text))
         return docs
     return [Document(path.name, path.read_text(encoding="utf-8", errors="replace"))]
 
 
 def load_documents(source: str) -> list[Document]:
-    return stdlib_documents() if source == "stdlib" else file_documents(Path(source).expanduser())
+    """``--data``: 'stdlib', a dataset name (humaneval, gsm8k, spec_bench) or a file or folder."""
+    return stdlib_documents() if source == "stdlib" else file_documents(dataset_path(source))
 
 
 def token_sequences(docs: list[Document], encode: Callable[[str], list[int]], seq_len: int,
