@@ -47,6 +47,8 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]
+    #: 1 + how many tokens the model found likelier (vLLM's ``rank``)
+    rank: int = 1
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: list[int], top: int) -> list[TokenLogprob]:
@@ -56,7 +58,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], top: int) -> list
     for row, token in zip(rows, token_ids):
         best = torch.topk(row, top) if top else None
         alternatives = [] if best is None else list(zip(best.indices.tolist(), best.values.tolist()))
-        result.append(TokenLogprob(token, float(row[token]), alternatives))
+        result.append(TokenLogprob(token, float(row[token]), alternatives, int((row > row[token]).sum()) + 1))
     return result
 
 

@@ -154,6 +154,42 @@ def test_echo_puts_the_prompt_and_its_logprobs_first(server):
     assert streamed_text == choice.text and streamed_tokens == lp.tokens
 
 
+def test_vllm_prompt_logprobs_field_on_completions_and_chat(server, tiny_target):
+    """vLLM's ``prompt_logprobs: N`` (it was ignored: unknown fields are): per prompt token null (the first)
+    or {token id: {logprob, rank, decoded_token}} for the prompt's token and the N likeliest — per choice
+    in completions, once at the top in chat; the same numbers as the library's; 400 when streamed or out of
+    range. Echo's logprobs keep their own number of alternatives beside it."""
+    import httpx
+
+    prompt = "def fibonacci(n):"
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "prompt_logprobs": 2}
+    answer = httpx.post(f"{server}/v1/completions", json=body, timeout=60).json()
+    rows = answer["choices"][0]["prompt_logprobs"]
+    library = run(tiny_target, None, prompt, None, prompt_logprobs=2, max_tokens=3)
+    assert len(rows) == len(library.prompt_ids) and rows[0] is None
+    for row, score, token in zip(rows[1:], library.prompt_logprobs[1:], library.prompt_ids[1:]):
+        assert math.isclose(row[str(token)]["logprob"], score.logprob, abs_tol=1e-4)
+        assert row[str(token)]["rank"] == score.rank >= 1
+        assert {key for key, entry in row.items() if entry["rank"] <= 2} >= {str(t) for t, _ in score.top}
+        assert 2 <= len(row) <= 3
+    assert answer["choices"][0]["logprobs"] is None and answer["choices"][0]["text"] == library.text
+
+    echoed = httpx.post(f"{server}/v1/completions", json={**body, "echo": True, "logprobs": 1, "prompt_logprobs": 3},
+                        timeout=60).json()["choices"][0]
+    assert all(len(top) == 1 for top in echoed["logprobs"]["top_logprobs"][1:])  # echo's own count
+    assert all(len(row) >= 3 for row in echoed["prompt_logprobs"][1:])
+
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "prompt_logprobs": 0}
+    answer = httpx.post(f"{server}/v1/chat/completions", json=chat, timeout=60).json()
+    assert answer["prompt_logprobs"][0] is None and all(len(row) == 1 for row in answer["prompt_logprobs"][1:])
+    assert "prompt_logprobs" not in answer["choices"][0]
+
+    for bad, fragment in (({**body, "stream": True}, "not available when stream"), ({**body, "prompt_logprobs": 21}, "[0, 20]")):
+        response = httpx.post(f"{server}/v1/completions", json=bad, timeout=30)
+        assert response.status_code == 400 and fragment in response.json()["error"]["message"]
+        assert response.json()["error"]["param"] == "prompt_logprobs"
+
+
 def test_logprobs_bytes_rebuild_text_whose_characters_split_across_tokens(tiny_target):
     """A character whose UTF-8 bytes span several tokens: each token alone decodes to U+FFFD, so its
     ``bytes`` were U+FFFD's, completions' offsets ran backwards and top_logprobs keys collided. Now

@@ -246,7 +246,7 @@ def create_app(state: ServerState) -> FastAPI:
         if audit and not auditable(params):
             raise APIError(400, "an audit compares token ids with plain decoding: it needs temperature 0", param="speculative")
         endpoint = "chat" if chat else "completions"
-        jobs = await open_jobs(choices, spec, audit)
+        jobs = await open_jobs(choices, spec, audit, req.prompt_logprobs)
         if req.stream:
             total_usage = req.stream_options is not None and req.stream_options.include_usage
             return StreamingResponse(stream_events(jobs, chat, endpoint, req.n, total_usage, calls), media_type="text/event-stream",
@@ -288,7 +288,7 @@ def create_app(state: ServerState) -> FastAPI:
         return prompt if isinstance(prompt, str) else state.target.tokenizer.decode(prompt_ids)
 
     async def open_jobs(choices: list[tuple[list[int], SamplingParams, str | None]], spec: SpecConfig,
-                        audit: bool) -> list[Job]:
+                        audit: bool, prompt_logprobs: int | None = None) -> list[Job]:
         """One job per choice (prompts x ``n``), each holding a concurrency slot from before it opens until
         it ends (a refusal or error on any releases them all); they join the batch and step side by side.
         More choices than ``--max-concurrency`` wait for the request's earlier ones to end (a queue-full
@@ -305,7 +305,7 @@ def create_app(state: ServerState) -> FastAPI:
                     await jobs[-1].started.wait()
                 await acquire_slot(admitted=bool(jobs))
                 try:
-                    job = Job(state, prompt_ids, params, spec, audit, echo)
+                    job = Job(state, prompt_ids, params, spec, audit, echo, prompt_logprobs)
                 except BaseException:
                     release_slot()
                     raise

@@ -19,7 +19,8 @@ from specdec.policy import RequestGate
 from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase
 from specdec.server.executor import END
-from specdec.server.responses import TextOffsets, completion_logprobs, joined_logprobs, logprobs_body, usage_body
+from specdec.server.responses import (TextOffsets, completion_logprobs, joined_logprobs, logprobs_body, usage_body,
+                                      vllm_prompt_logprobs)
 from specdec.server.params import APIError
 from specdec.server.state import ServerState
 from specdec.server.tools import RequestTools, answered_message
@@ -72,7 +73,7 @@ def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: RequestTools |
         echo = job.echo_text or ""
         logprobs = None if job.logprobs is None else logprobs_body(job.logprobs, job.state.target.tokenizer, chat,
                                                                   TextOffsets(len(echo)))
-        if logprobs is not None and job.prompt_scores is not None:
+        if logprobs is not None and job.echo_text is not None and job.prompt_scores is not None:
             logprobs = joined_logprobs(job.prompt_logprobs(), logprobs)
         if chat:
             choice["message"], called = answered_message(job.text, calls)
@@ -81,10 +82,15 @@ def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: RequestTools |
                 choice["finish_reason"] = "tool_calls"
         else:
             choice.update(text=echo + job.text, logprobs=logprobs)
+            if job.prompt_logprobs_asked is not None:  # vLLM's field, each choice its own prompt's
+                choice["prompt_logprobs"] = job.vllm_prompt_logprobs()
         choices.append(choice)
     first = jobs[0]
-    return {"id": response_id(first.id, chat), "object": "chat.completion" if chat else "text_completion", "created": first.created,
+    body = {"id": response_id(first.id, chat), "object": "chat.completion" if chat else "text_completion", "created": first.created,
             "model": first.state.model_name, "choices": choices, "usage": combined_usage(jobs, n)}
+    if chat and first.prompt_logprobs_asked is not None:  # vLLM's place for it in chat: one conversation, one prompt
+        body["prompt_logprobs"] = first.vllm_prompt_logprobs()
+    return body
 
 
 def combined_usage(jobs: list[Job], n: int = 1) -> dict[str, Any]:
@@ -153,8 +159,10 @@ class Job:
     """One request's generation: set up and stepped on the model thread, consumed by the event loop."""
 
     def __init__(self, state: ServerState, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,
-                 audit: bool = False, echo_text: str | None = None) -> None:
+                 audit: bool = False, echo_text: str | None = None, prompt_logprobs_asked: int | None = None) -> None:
         self.state = state
+        #: vLLM's ``prompt_logprobs`` of the request (None: not asked; echo's scores show under logprobs)
+        self.prompt_logprobs_asked = prompt_logprobs_asked
         #: completions' ``echo``: the prompt's text, put before the output (None: not echoed)
         self.echo_text = echo_text
         #: each prompt token's log-probability, when echoed with logprobs (the first chunk brings them)
@@ -265,7 +273,7 @@ class Job:
         chunks before it (and an echoed prompt's, which come first)."""
         echoed = None
         if self._offsets is None:
-            echoed = None if self.prompt_scores is None else self.prompt_logprobs()
+            echoed = None if self.prompt_scores is None or self.echo_text is None else self.prompt_logprobs()
             self._offsets = TextOffsets(len(self.echo_text or ""))
         body = logprobs_body(scores, self.state.target.tokenizer, chat, self._offsets)
         return body if echoed is None else joined_logprobs(echoed, body)
@@ -274,7 +282,13 @@ class Job:
         """The echoed prompt's part of the completions logprobs object: each prompt token's
         log-probability after the ones before it, the first one's null (nothing precedes it)."""
         assert self.prompt_scores is not None
-        return completion_logprobs(self.prompt_ids, self.prompt_scores, self.state.target.tokenizer, TextOffsets())
+        return completion_logprobs(self.prompt_ids, self.prompt_scores, self.state.target.tokenizer, TextOffsets(),
+                                   top=self.params.logprobs)
+
+    def vllm_prompt_logprobs(self) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs`` of this job's prompt (the request's ``prompt_logprobs`` alternatives)."""
+        assert self.prompt_scores is not None and self.prompt_logprobs_asked is not None
+        return vllm_prompt_logprobs(self.prompt_scores, self.prompt_logprobs_asked, self.state.target.tokenizer)
 
     def usage(self) -> dict[str, Any]:
         usage = usage_body(self.stats)

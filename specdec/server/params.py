@@ -65,7 +65,7 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
                               stop_token_ids=list(req.stop_token_ids or []),
                               include_stop_str_in_output=req.include_stop_str_in_output,
                               prediction=None if req.prediction is None else joined_text(req.prediction.content),
-                              prompt_logprobs=logprobs if isinstance(req, CompletionRequest) and req.echo else None)
+                              prompt_logprobs=_prompt_logprobs_asked(req, logprobs))
     except SpecdecError as exc:
         raise APIError(400, str(exc), param=field_named(str(exc))) from None
 
@@ -111,6 +111,19 @@ def _structured(req: CompletionRequest | ChatCompletionRequest) -> StructuredOut
                                 choice=choice, grammar=extension.grammar)
     except SpecdecError as exc:
         raise APIError(400, f"structured_outputs: {exc}", param="structured_outputs") from None
+
+
+def _prompt_logprobs_asked(req: CompletionRequest | ChatCompletionRequest, logprobs: int | None) -> int | None:
+    """SamplingParams.prompt_logprobs: alternatives per prompt token for vLLM's ``prompt_logprobs`` and for
+    completions' ``echo`` with ``logprobs`` (each response part shows its own number of them)."""
+    asked = req.prompt_logprobs
+    if asked is not None:
+        if not 0 <= asked <= MAX_LOGPROBS:
+            raise APIError(400, f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {asked}", param="prompt_logprobs")
+        if req.stream:  # vLLM's rule too: a stream has no place for them
+            raise APIError(400, "prompt_logprobs are not available when stream is true", param="prompt_logprobs")
+    echoed = logprobs if isinstance(req, CompletionRequest) and req.echo else None
+    return None if asked is None and echoed is None else max(asked or 0, echoed or 0)
 
 
 def _logprobs_asked(req: CompletionRequest | ChatCompletionRequest) -> int | None:

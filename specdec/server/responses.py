@@ -54,13 +54,32 @@ def logprobs_body(scores: list[TokenLogprob], tokenizer: Any, chat: bool, offset
 
 
 def completion_logprobs(token_ids: list[int], scores: list[TokenLogprob | None], tokenizer: Any,
-                        offsets: TextOffsets) -> dict[str, Any]:
-    """Completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``; a token without a score (an
-    echoed prompt's first) gets nulls."""
+                        offsets: TextOffsets, top: int | None = None) -> dict[str, Any]:
+    """Completions' ``{tokens, token_logprobs, top_logprobs, text_offset}`` (``top``: alternatives shown, when
+    the scores carry more); a token without a score (an echoed prompt's first) gets nulls."""
     raw = [tokenizer.token_bytes(token) for token in token_ids]
     return {"tokens": [token_text(piece) for piece in raw], "token_logprobs": [None if s is None else s.logprob for s in scores],
-            "top_logprobs": [None if s is None else {token_text(tokenizer.token_bytes(t)): lp for t, lp in s.top} for s in scores],
+            "top_logprobs": [None if s is None else {token_text(tokenizer.token_bytes(t)): lp for t, lp in s.top[:top]}
+                             for s in scores],
             "text_offset": [offsets.advance(piece) for piece in raw]}
+
+
+def vllm_prompt_logprobs(scores: list[TokenLogprob | None], top: int, tokenizer: Any) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token null (the first: nothing precedes it) or ``{token id:
+    {logprob, rank, decoded_token}}`` for the prompt's token and the ``top`` likeliest."""
+    def entry(token_id: int, logprob: float, rank: int) -> dict[str, Any]:
+        return {"logprob": logprob, "rank": rank, "decoded_token": token_text(tokenizer.token_bytes(token_id))}
+
+    rows: list[dict[str, Any] | None] = []
+    for score in scores:
+        if score is None:
+            rows.append(None)
+            continue
+        row = {str(score.token_id): entry(score.token_id, score.logprob, score.rank)}
+        for rank, (token, logprob) in enumerate(score.top[:top], start=1):
+            row.setdefault(str(token), entry(token, logprob, rank))
+        rows.append(row)
+    return rows
 
 
 def joined_logprobs(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:

@@ -114,6 +114,8 @@ class _SamplingFields(BaseModel):
     structured_outputs: Optional[StructuredOutputs] = None
     #: OpenAI's Predicted Outputs: drafted from, so faster where right; the output is the same
     prediction: Optional[Prediction] = None
+    #: vLLM's: each prompt token's log-probability (and this many alternatives), non-streamed only
+    prompt_logprobs: Optional[int] = None
 
 
 class CompletionRequest(_SamplingFields):
