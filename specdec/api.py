@@ -97,7 +97,7 @@ def resolve_quantize(quantize: str, device: str) -> str:
     if quantize == "auto":  # load_model resolves it by measurement on the CPU (plan_execution)
         return "none" if device != "cpu" else "auto"
     if quantize != "none" and device != "cpu":
-        raise SpecdecError(f"{quantize} execution is a CPU path; use --quantize none on CUDA")
+        raise SpecdecError(f"{quantize} execution is a CPU path; use --quantize none (quantize='none') on CUDA")
     return quantize
 
 
@@ -168,7 +168,8 @@ def load_model(
             backend.use_for_prompts(prompts)
         step_calibration.calibrate(backend)  # the probe's curve rescaled to this model (γ=auto's prior)
     elif prompt_quantize not in (None, "same", "auto"):
-        raise SpecdecError(f"--prompt-quantize {prompt_quantize} needs a CPU execution mode (--quantize int8, int4 or int4-all)")
+        raise SpecdecError(f"--prompt-quantize (prompt_quantize=) {prompt_quantize} needs a CPU execution mode "
+                           "(--quantize / quantize= int8, int4 or int4-all)")
     _return_freed_memory()
     return LoadedModel(name, path, backend, tokenizer, time.perf_counter() - start)
 

@@ -182,7 +182,7 @@ class Tokenizer:
         """The prompt text the model's own chat template produces for ``messages`` (and ``tools``:
         OpenAI-shaped function tools, which templates that know tools describe to the model)."""
         if not self.chat_template:
-            raise SpecdecError("this model has no chat template; pass a plain prompt (without --chat)")
+            raise SpecdecError("this model has no chat template; pass a plain prompt (without --chat; the library: chat=False)")
         for message in messages:
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 raise SpecdecError("each chat message needs 'role' and 'content'")

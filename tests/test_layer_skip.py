@@ -87,7 +87,7 @@ def test_bad_layer_settings_are_clear_errors(tiny_target):
         make(method="layer_skip", skip_layers="0-3")
     with pytest.raises(SpecdecError, match="cannot read layer list"):
         make(method="layer_skip", skip_layers="two")
-    with pytest.raises(SpecdecError, match="exit-layer must be in 1..4"):
+    with pytest.raises(SpecdecError, match=r"exit-layer \(exit_layer=\) must be in 1..4"):
         make(method="early_exit", exit_layer=9)
     with pytest.raises(SpecdecError, match="exit_layer must be a positive integer"):
         SpecConfig(method="early_exit", exit_layer=0)

@@ -236,7 +236,7 @@ class DraftModelDrafter(Drafter):
 
 def make_draft_model_drafter(res: DrafterResources) -> DraftModelDrafter:
     if res.draft_backend is None:
-        raise SpecdecError(f"method {res.spec.method!r} needs a draft model (--draft-model NAME_OR_PATH)")
+        raise SpecdecError(f"method {res.spec.method!r} needs a draft model (--draft-model NAME_OR_PATH; the library: draft=)")
     spec = res.spec
     threshold = spec.draft_confidence_threshold if spec.adaptive else 0.0
     tree_nodes = model_tree_nodes_for(res)

@@ -76,5 +76,5 @@ def head_for(res: DrafterResources, kind: str) -> DraftHead:
     if not isinstance(res.target_backend, TorchBackend):
         raise SpecdecError(f"{kind} reads the target's features: it needs specdec's torch backend")
     if not res.spec.drafter_path:
-        raise SpecdecError(f"{kind} needs a trained head: --drafter-path DIR (train one with `specdec train-drafter --kind {kind}`)")
+        raise SpecdecError(f"{kind} needs a trained head: --drafter-path DIR (SpecConfig.drafter_path; train one with `specdec train-drafter --kind {kind}`)")
     return trained_head(res.target_backend.decoder, res.spec.drafter_path, kind)

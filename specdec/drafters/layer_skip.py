@@ -225,7 +225,7 @@ def make_layer_skip_drafter(res: DrafterResources) -> LayerSkipDrafter:
     num_layers = backend.config.num_layers
     bad = [i for i in skip if not 0 <= i < num_layers]
     if bad:
-        raise SpecdecError(f"--skip-layers {bad} are outside 0..{num_layers - 1} for this model")
+        raise SpecdecError(f"--skip-layers (skip_layers=) {bad} are outside 0..{num_layers - 1} for this model")
     run = [i for i in range(num_layers) if i not in set(skip)]
     return LayerSkipDrafter(LayerSubset(backend, run), res.params, res.generator, _threshold(spec),
                             spec.draft_vocab_size or None, res.constraint, res.stop_ids)
@@ -236,7 +236,7 @@ def make_early_exit_drafter(res: DrafterResources) -> LayerSkipDrafter:
     num_layers = backend.config.num_layers
     exit_layer = spec.exit_layer if spec.exit_layer is not None else num_layers // 2
     if not 1 <= exit_layer <= num_layers:
-        raise SpecdecError(f"--exit-layer must be in 1..{num_layers} for this model, got {exit_layer}")
+        raise SpecdecError(f"--exit-layer (exit_layer=) must be in 1..{num_layers} for this model, got {exit_layer}")
     drafter = LayerSkipDrafter(LayerSubset(backend, range(exit_layer)), res.params, res.generator, _threshold(spec),
                                spec.draft_vocab_size or None, res.constraint, res.stop_ids)
     drafter.name = "early_exit"

@@ -142,7 +142,7 @@ _OPEN: dict[str, Datastore] = {}
 def make_retrieval_drafter(res: DrafterResources) -> RetrievalDrafter:
     spec, tokenizer = res.spec, res.tokenizer
     if not spec.datastore:
-        raise SpecdecError("method 'retrieval' needs a datastore (--datastore PATH, built with `specdec datastore build`)")
+        raise SpecdecError("method 'retrieval' needs a datastore (--datastore PATH, SpecConfig.datastore; built with `specdec datastore build`)")
     key = str(Path(spec.datastore).resolve())
     if key not in _OPEN:
         _OPEN[key] = Datastore(Path(spec.datastore))

@@ -127,7 +127,7 @@ def build_from(source_dir: Path, name: str) -> ModuleType:
 def _this_build() -> ModuleType:
     reason = unsupported_reason()
     if reason is not None:
-        raise SpecdecError(f"{reason}; use --quantize int8")
+        raise SpecdecError(f"{reason}; use --quantize int8 (quantize='int8')")
     directory = build_directory()
     library = directory / f"{EXTENSION_NAME}.so"
     built_now = False
@@ -138,14 +138,14 @@ def _this_build() -> ModuleType:
         return _loaded(_import(library))
     except ImportError as exc:
         if built_now:
-            raise SpecdecError(f"the C++ CPU kernels built but do not load: {exc}; use --quantize int8") from exc
+            raise SpecdecError(f"the C++ CPU kernels built but do not load: {exc}; use --quantize int8 (quantize='int8')") from exc
     # a library left broken (an interrupted link): build it again, once
     library.unlink(missing_ok=True)
     _build(directory)
     try:
         return _loaded(_import(library))
     except ImportError as exc:
-        raise SpecdecError(f"the C++ CPU kernels built but do not load: {exc}; use --quantize int8") from exc
+        raise SpecdecError(f"the C++ CPU kernels built but do not load: {exc}; use --quantize int8 (quantize='int8')") from exc
 
 
 def _loaded(module: ModuleType) -> ModuleType:
@@ -242,7 +242,7 @@ def _build(directory: Path, sources: Sequence[Path] = SOURCES, name: str = EXTEN
         done = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT, json.dumps(args)], env=env,
                               capture_output=True, text=True)
     except OSError as exc:
-        raise SpecdecError(f"could not start the build of the C++ CPU kernels: {exc}; use --quantize int8") from exc
+        raise SpecdecError(f"could not start the build of the C++ CPU kernels: {exc}; use --quantize int8 (quantize='int8')") from exc
     if done.returncode != 0:
         output = (done.stdout + done.stderr).strip()
         raise SpecdecError(f"could not build the C++ CPU kernels (needs g++ and ninja): …{output[-2000:]}\n"
