@@ -240,13 +240,15 @@ def generate_steps(
             t1, t2 = t1 - idle, t2 - idle - verified.idle  # this round's own draft and verify times
 
             logits, new_tokens = verified.logits, verified.new_tokens
-            stats.record_step(fitted.drafted, verified.drafter_accepted, t1 - t0, t2 - t1, len(new_tokens))
+            context.extend(new_tokens)
+            committed = commit_tokens(out, constraint, new_tokens)
+            # the stats count this round's tokens up to the one that ended the request (a stop token
+            # inside an accepted block: what follows it is neither output nor accepted)
+            stats.record_step(fitted.drafted, min(verified.drafter_accepted, out.consumed), t1 - t0, t2 - t1, out.consumed)
             stats.grammar_forced_tokens += verified.accepted - verified.drafter_accepted
             stats.rounds.append(Round(verified.verified_as, verified.drafter_accepted,
                                       verified.accepted - verified.drafter_accepted, new_tokens, verified.first_choices))
             learn(gamma, verify_costs, drafter, fitted, verified, *((t1 - t0, t2 - t1) if learn_timings else (None, None)))
-            context.extend(new_tokens)
-            committed = commit_tokens(out, constraint, new_tokens)
             stats.generated_tokens = len(out.token_ids)
             stats.decode_time_s = time.perf_counter() - decode_start
             if out.finish_reason is not None:

@@ -33,6 +33,9 @@ class OutputTracker:
         self.emitted = 0  # characters of self.text already streamed
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self.stopped_by_string = False
+        #: tokens the last :meth:`add` read: those it committed and the stop token that ended the request
+        #: (the rest of a verified block, after it, never counts: not as output, not in the stats)
+        self.consumed = 0
         if tokenizer is not None:
             from specdec.tokenizer import IncrementalDetokenizer
 
@@ -41,7 +44,9 @@ class OutputTracker:
     def add(self, tokens: list[int]) -> list[int]:
         """Commit tokens in order until one finishes the request; return the ones that count."""
         taken: list[int] = []
+        self.consumed = 0
         for token in tokens:
+            self.consumed += 1
             if token in self.stop_ids:
                 self.finish_reason = "stop"
                 break

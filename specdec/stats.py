@@ -126,8 +126,10 @@ class Stats:
     @property
     def mean_accepted_len(self) -> float:
         """τ: tokens committed per target forward in the decode phase (includes the bonus/correction;
-        at least 1: every forward commits one)."""
-        return self.committed_tokens / self.target_forwards if self.target_forwards else 0.0
+        at least 1: every forward commits one). 1 when the prompt pass's token was the whole answer."""
+        if not self.target_forwards:
+            return 1.0 if self.generated_tokens else 0.0
+        return self.committed_tokens / self.target_forwards
 
     @property
     def tokens_per_s(self) -> float:

@@ -78,6 +78,18 @@ def test_stop_token_inside_accepted_block(tiny_target, gamma):
         # τ counts the stop token its forward committed: plain decoding is exactly 1 (it read 0.94 when
         # the stop's forward counted and the token did not); full acceptance, at least 1
         assert plain.stats.mean_accepted_len == 1.0 and spec.stats.mean_accepted_len >= 1.0
+        # what followed the stop in its block is neither output nor counted: accepted drafts and τ's
+        # tokens are the output's decode tokens and the stop (a server answer of 6 tokens read 7
+        # accepted and τ 8.0)
+        decoded = len(spec.token_ids) - 1 + 1  # after the prompt pass's token, and the stop token
+        assert spec.stats.committed_tokens == decoded and spec.stats.accepted_tokens <= decoded
+
+
+def test_an_answer_of_the_prompt_pass_token_alone_reads_tau_1(tiny_target):
+    """max_tokens 1: no decode forward ran; τ read 0.0 (below plain decoding's 1) in the stats and usage."""
+    out = specdec.generate(tiny_target, PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1), draft=tiny_target,
+                           spec=SpecConfig(num_speculative_tokens=3))
+    assert len(out.token_ids) == 1 and out.stats.target_forwards == 0 and out.stats.mean_accepted_len == 1.0
 
 
 @pytest.mark.parametrize("gamma", [3, 6])
