@@ -203,12 +203,20 @@ def test_list_and_table(home, monkeypatch):
     assert (target["installed"], target["path"], target["role"]) == (False, None, "target")
     table = registry.format_models_table(list(rows.values()))
     lines = table.splitlines()
-    assert lines[0].split() == ["NAME", "ROLE", "PARAMS", "SIZE", "INSTALLED", "PATH"]
+    assert lines[0].split() == ["NAME", "ROLE", "ARCH", "PARAMS", "SIZE", "INSTALLED", "PATH"]
+    assert rows["gemma3-270m"]["arch"] == "gemma3 (download only)" and rows["smollm2-135m"]["arch"] == "llama"
     assert "1.78B" in table and "1.12 GB" in table and "135M" in table
     target_line = next(line for line in lines if line.startswith("qwen2.5-coder-1.5b"))
     assert target_line.split()[-2:] == ["no", "-"]
     col = lines[0].index("ROLE")
     assert all(line[col:].startswith(rows[line.split()[0]]["role"]) for line in lines[1:])  # aligned columns
+
+
+def test_a_built_in_model_of_an_architecture_specdec_does_not_run_says_so_before_pulling(home):
+    """gemma3-270m was offered (`models`, the README) and, pulled, failed to load with "unsupported GGUF
+    architecture": now it is marked a download only, and naming it says so before any download."""
+    with pytest.raises(WeightsError, match=r"gemma3-270m is listed for `specdec models pull` only.*runs: qwen2.5-coder-1.5b"):
+        registry.resolve_model("gemma3-270m", auto_pull=True)
 
 
 @pytest.mark.slow

