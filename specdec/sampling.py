@@ -64,6 +64,13 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], top: int) -> list
 
 @dataclass
 class SamplingParams:
+    """How to pick each token and when to stop, vLLM's names and meanings: ``temperature`` (0 = greedy,
+    the exact argmax path), ``top_k`` / ``top_p`` / ``min_p`` (off at 0 / 1 / 0), ``seed`` (reproducible
+    sampling), ``max_tokens``, ``stop`` strings and ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
+    ``logprobs`` / ``prompt_logprobs``, penalties and ``logit_bias``, ``structured`` output and a
+    ``prediction`` (the comments on each field below say more). Speculation never changes what they
+    produce: greedy output is token-identical to plain decoding, sampled output has the same distribution."""
+
     temperature: float = 1.0  # 0 => greedy (exact argmax path)
     top_k: int = 0  # 0 or -1 => off
     top_p: float = 1.0

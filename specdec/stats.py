@@ -55,6 +55,15 @@ def position_counts(rounds: "list[Round]") -> tuple[list[int], list[int]]:
 
 @dataclass
 class Stats:
+    """What one generation measured (``GenerationResult.stats``; the server's ``usage.speculative``).
+
+    The figures to read first: ``acceptance_rate`` (α: accepted / proposed draft tokens; 0 without a
+    drafter), ``mean_accepted_len`` (τ: tokens committed per target forward, ≥ 1, plain decoding's 1),
+    ``tokens_per_s`` (decode speed after the first token), ``ttft_s`` (time to the first token),
+    ``draft_cost_ratio`` (a draft token's time ÷ a verification's) and ``achieved_gb_per_s`` (weights read
+    per second, against the memory's limit). ``to_dict()`` has them all; the fields are the counts and
+    times they come from (README "Metrics")."""
+
     method: str = "ar"
     dtype: str = "float32"
     prompt_tokens: int = 0
@@ -62,8 +71,8 @@ class Stats:
     cached_prompt_tokens: int = 0
     generated_tokens: int = 0
     target_forwards: int = 0  # decode-phase verification passes (prefill not counted)
-    #: tokens those passes committed: the output's after the first, plus a stop token and tokens past a
-    #: stop or the length limit (generated_tokens counts neither, so τ from it fell below 1)
+    #: tokens those passes committed: the output's after the first, plus the stop token that ended it
+    #: (generated_tokens does not count it, so τ from it fell below 1); nothing after it
     committed_tokens: int = 0
     proposed_tokens: int = 0  # draft tokens sent to verification
     accepted_tokens: int = 0  # of those, accepted

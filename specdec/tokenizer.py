@@ -87,6 +87,10 @@ def _read_stamp(cache: Path) -> dict[str, Any] | None:
         return None
 
 
+#: the roles a chat message may have (OpenAI's; the server's schema reads the same)
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 class Tokenizer:
     """A thin, typed wrapper over a transformers fast tokenizer (public as ``.hf``)."""
 
@@ -183,9 +187,11 @@ class Tokenizer:
         OpenAI-shaped function tools, which templates that know tools describe to the model)."""
         if not self.chat_template:
             raise SpecdecError("this model has no chat template; pass a plain prompt (without --chat; the library: chat=False)")
-        for message in messages:
+        for index, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 raise SpecdecError("each chat message needs 'role' and 'content'")
+            if message["role"] not in CHAT_ROLES:  # a template renders any role it is given, as if it were plain text
+                raise SpecdecError(f"chat message {index}: role {message['role']!r} is not one of {', '.join(CHAT_ROLES)}")
         try:
             return self.hf.apply_chat_template(
                 messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=False,

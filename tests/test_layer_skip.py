@@ -83,6 +83,8 @@ def test_bad_layer_settings_are_clear_errors(tiny_target):
 
     with pytest.raises(SpecdecError, match="outside 0..3"):
         make(method="layer_skip", skip_layers="7")
+    with pytest.raises(SpecdecError, match=r"\) 100, 101, 102, 103, 104 … \(101 layers\) outside 0..3: this model has 4 layers$"):
+        make(method="layer_skip", skip_layers="100-200")  # it printed all 101
     with pytest.raises(SpecdecError, match="at least one layer"):
         make(method="layer_skip", skip_layers="0-3")
     with pytest.raises(SpecdecError, match="cannot read layer list"):

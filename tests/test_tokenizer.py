@@ -101,6 +101,9 @@ def test_chat_errors_are_clear(tmp_path, tok):
             call([{"role": "user", "content": "hi"}])
     with pytest.raises(SpecdecError, match="'role' and 'content'"):
         tok.render_chat([{"content": "hi"}])
+    # a role the server refuses was rendered by the library as if it were one (templates print any role)
+    with pytest.raises(SpecdecError, match="chat message 1: role 'wizard' is not one of system, developer, user"):
+        tok.render_chat([{"role": "user", "content": "hi"}, {"role": "wizard", "content": "hi"}])
 
 
 def test_missing_or_bad_files_are_clear(tmp_path):

@@ -225,7 +225,8 @@ def make_layer_skip_drafter(res: DrafterResources) -> LayerSkipDrafter:
     num_layers = backend.config.num_layers
     bad = [i for i in skip if not 0 <= i < num_layers]
     if bad:
-        raise SpecdecError(f"--skip-layers (skip_layers=) {bad} are outside 0..{num_layers - 1} for this model")
+        shown = ", ".join(map(str, bad[:5])) + (f" … ({len(bad)} layers)" if len(bad) > 5 else "")
+        raise SpecdecError(f"--skip-layers (skip_layers=) {shown} outside 0..{num_layers - 1}: this model has {num_layers} layers")
     run = [i for i in range(num_layers) if i not in set(skip)]
     return LayerSkipDrafter(LayerSubset(backend, run), res.params, res.generator, _threshold(spec),
                             spec.draft_vocab_size or None, res.constraint, res.stop_ids)
