@@ -562,3 +562,19 @@ def test_a_failure_mid_generation_is_an_error_object_streamed_or_not_and_the_ser
         assert ok.choices[0].text == expected.text
         metrics = httpx.get(f"{base}/metrics").text
         assert 'endpoint="completions",status="500"' in metrics and 'endpoint="chat",status="500"' in metrics
+
+
+def test_model_retrieve_and_the_default_lengths(server, client):
+    """OpenAI's ``GET /v1/models/{id}`` (a 404 naming the served model otherwise), and max_tokens left out:
+    16 tokens on completions (OpenAI's legacy default and vLLM's; it was 256), up to 256 in chat."""
+    from openai import NotFoundError
+
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(NotFoundError, match="this server serves 'tiny'"):
+        client.models.retrieve("gpt-4")
+    body = {"model": "tiny", "temperature": 0, "ignore_eos": True, "speculative": None}
+    completion = httpx.post(f"{server}/v1/completions", json={**body, "prompt": "x"}, timeout=120).json()
+    assert completion["usage"]["completion_tokens"] == 16
+    chat = httpx.post(f"{server}/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "x"}]},
+                      timeout=300).json()
+    assert chat["usage"]["completion_tokens"] == 256

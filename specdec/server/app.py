@@ -132,8 +132,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        """A failure of ours (not the request's) as OpenAI's error object with status 500, as vLLM answers it,
-        instead of Starlette's plain-text "Internal Server Error" (Starlette still logs the traceback)."""
+        """A failure of ours (not the request's) outside a generation (handle() answers those) as OpenAI's error
+        object with status 500, as vLLM answers it, instead of Starlette's plain-text "Internal Server Error"
+        (Starlette still logs the traceback, and the connection closes)."""
         state.metrics.requests.labels(endpoint_of(request), "500").inc()
         return JSONResponse(internal_error_body(exc), status_code=500)
 
@@ -171,9 +172,20 @@ def create_app(state: ServerState) -> FastAPI:
         await state.executor.run(clear_global_caches)
         return JSONResponse({"object": "suffix_cache.reset"})
 
+    def model_card() -> dict[str, Any]:
+        return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdec"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdec"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        """OpenAI's retrieve: the served model's card, or a 404 naming the ones served."""
+        if model != state.model_name:
+            raise APIError(404, f"model {model!r} not found; this server serves {state.model_name!r}", param="model",
+                           code="model_not_found")
+        return model_card()
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
@@ -258,6 +270,12 @@ def create_app(state: ServerState) -> FastAPI:
             await asyncio.gather(*(job.run_audit() for job in jobs))
         except SpecdecError as exc:
             raise APIError(400, str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a failure of ours: a 500 here, where the connection stays usable
+            # (an exception left to Starlette's last-resort handler is re-raised after its response, and
+            # uvicorn then closes the connection: a client's next request on it was reset)
+            log.error("a %s request failed", endpoint, exc_info=exc)
+            body = internal_error_body(exc)["error"]
+            raise APIError(500, body["message"], body["type"], code=body["code"]) from None
         finally:
             close_jobs(jobs)
         state.metrics.requests.labels(endpoint, "200").inc()

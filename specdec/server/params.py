@@ -14,6 +14,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 #: at most this many ``stop_token_ids`` (vLLM's extension)
 MAX_STOP_TOKEN_IDS = 256
+#: max_tokens when a request leaves it out (sampling_params says why)
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+CHAT_DEFAULT_MAX_TOKENS = 256
 #: at most this many choices per request (``n``; each is a generation of its own, and never more than
 #: the server's --max-concurrency)
 MAX_CHOICES = 16
@@ -46,7 +49,10 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
     if len(req.stop_token_ids or []) > MAX_STOP_TOKEN_IDS:
         raise APIError(400, f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} (got {len(req.stop_token_ids)})", param="stop_token_ids")
     logprobs = _logprobs_asked(req)
-    default = min(256, max(1, context_len - prompt_len), max_tokens_limit or 256)
+    # unset: completions 16 tokens (OpenAI's legacy default, vLLM's too), chat up to 256 (OpenAI's chat runs to
+    # the context's end; a CPU answer that long takes minutes, so a cap), never past the context or the limit
+    cap = CHAT_DEFAULT_MAX_TOKENS if isinstance(req, ChatCompletionRequest) else COMPLETIONS_DEFAULT_MAX_TOKENS
+    default = min(cap, max(1, context_len - prompt_len), max_tokens_limit or cap)
     asked = req.max_completion_tokens if getattr(req, "max_completion_tokens", None) is not None else req.max_tokens
     if asked is not None and asked < 1:  # 0 is an answer of nothing, not "unset" (it fell back to the default)
         field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
