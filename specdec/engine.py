@@ -34,6 +34,7 @@ from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token
 from specdec.step_calibration import planning_curve
 from specdec.stats import Round, Stats
 from specdec.structured import GrammarConstraint
+from specdec.threads import adapt_threads
 from specdec.verify import verify
 
 
@@ -189,6 +190,7 @@ def generate_steps(
         drafter.bind_target_state(state)
     # prompt_logprobs: every prompt row is scored (so none comes from the prefix cache, which keeps no logits)
     prefix_cache = target.prefix_cache if params.prompt_logprobs is None else None  # earlier prompts' keys/values
+    adapt_threads(target.device)
     logits, prompt_scores, stats.cached_prompt_tokens = yield from prompt_pass(target, state, prompt_ids, params,
                                                                                prefix_cache, prefill_chunk)
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
@@ -213,6 +215,7 @@ def generate_steps(
                               prompt_logprobs=prompt_scores)
             committed, prompt_scores = [], None
         while out.finish_reason is None:
+            adapt_threads(target.device)  # on the cores other processes left (specdec/threads.py)
             remaining = params.max_tokens - len(out.token_ids)
             room = max(0, min(max_room, remaining - 1, context_len - len(context)))
             k = min(gamma.choose() if gamma is not None else max_k, room) if drafting_pays else 0
