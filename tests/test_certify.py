@@ -33,6 +33,16 @@ def test_cli_verify_distribution_only(capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "PASS" in out and "FAIL" not in out.replace("0 failed", "")
+    assert "800 samples, " in out and " drafted, " in out  # each row says the drafts exercised the rule
+
+
+def test_verify_reads_method_names_as_every_command_does(capsys):
+    """``layer-skip`` and aliases (``draft``) were "unknown methods" to verify alone; each runs once."""
+    assert main(["verify", "--skip-greedy", "--samples", "200", "--methods", "layer-skip,draft,draft_model"]) == 0
+    rows = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("distribution")]
+    assert rows == ["layer_skip", "draft_model"]
+    assert main(["verify", "--skip-greedy", "--methods", "ar"]) == 1
+    assert "plain decoding is what every method is checked against" in capsys.readouterr().err
 
 
 def test_the_quick_default_runs_one_configuration_and_thorough_all(capsys):

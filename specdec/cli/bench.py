@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
-                                gamma_from_args, gamma_value, kernels_in_use, make_output_folder, method_options, pages_in_use,
+                                gamma_from_args, gamma_list, kernels_in_use, make_output_folder, method_options, pages_in_use,
                                 positive_int, sampling_from_args, speculation_limit_value, tree_values)
 from specdec.errors import SpecdecError
 
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         if peer not in PEER_METHODS:
             raise SpecdecError(f"unknown peer {peer!r}; available: {', '.join(PEER_METHODS)}")
         methods += PEER_METHODS[peer]
-    gammas = [g if g == "auto" else gamma_value(g) for g in args.gammas.split(",")] if args.gammas else [gamma_from_args(args)]
+    gammas = gamma_list(args.gammas) if args.gammas else [gamma_from_args(args)]
     spec_trees = tree_values(args.spec_trees) if args.spec_trees else [args.spec_tree]
     params = sampling_from_args(args)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize,

@@ -109,6 +109,14 @@ def gamma_value(text: str) -> int | str:
     return positive_int(text)
 
 
+def gamma_list(text: str) -> list[int | str]:
+    """``--gammas 2,4,auto`` → [2, 4, "auto"], or a one-line error naming the flag (bench and tune)."""
+    try:
+        return [gamma_value(g.strip()) for g in text.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        raise SpecdecError(f"--gammas {text}: {exc}") from None
+
+
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """``--debug`` after the command too (``specdec generate … --debug``); shown once, at the top."""
     parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.cli.common import (add_debug_flag, add_model_args, draft_quantize, gamma_value, method_options, non_negative_int,
+from specdec.cli.common import (add_debug_flag, add_model_args, draft_quantize, gamma_list, method_options, non_negative_int,
                                 positive_int, positive_number, tree_values)
 from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 
@@ -73,10 +73,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError(f"tune needs at least 2 prompts; {args.prompts} gave {len(rows)}")
     methods = ([m.strip() for m in args.methods.split(",") if m.strip()] if args.methods
                else candidate_methods(args.draft_model is not None, args.datastore is not None))
-    try:
-        gammas = [g if g == "auto" else gamma_value(g.strip()) for g in args.gammas.split(",")]
-    except argparse.ArgumentTypeError as exc:
-        raise SpecdecError(f"--gammas {args.gammas}: {exc}") from None
+    gammas = gamma_list(args.gammas)
     trees = tree_values(args.spec_trees)
     target_mode, draft_mode = args.quantize, draft_quantize(args)
     plan = None

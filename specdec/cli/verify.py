@@ -57,18 +57,33 @@ def significance(text: str) -> float:
     return value
 
 
+def verified_methods(text: str, known: list[str]) -> list[str]:
+    """``--methods``: names as every command reads them (``layer-skip``, aliases such as ``draft``),
+    each once, as registered."""
+    from specdec.drafters.registry import resolve_method
+
+    methods: list[str] = []
+    for name in (part.strip() for part in text.split(",") if part.strip()):
+        method = resolve_method(name)
+        if method is None:
+            raise SpecdecError(f"--methods {name}: plain decoding is what every method is checked against; "
+                               f"name drafters ({', '.join(known)})")
+        if method not in known:
+            raise SpecdecError(f"--methods {name}: not a certified method; registered: {', '.join(known)}")
+        methods += [method] if method not in methods else []
+    return methods
+
+
 def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec import certify
     from specdec.cli.common import execution_modes
+    from specdec.drafters.registry import method_info
 
     if args.skip_greedy and args.skip_distribution:
         raise SpecdecError("--skip-greedy with --skip-distribution leaves no check to run")
     known = certify.registered_methods()
-    methods = known if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in known]
-    if unknown:
-        raise SpecdecError(f"unknown methods {unknown}; registered: {', '.join(known)}")
+    methods = known if args.methods == "all" else verified_methods(args.methods, known)
     prompts = args.prompts or (6 if args.thorough else 3)
     max_tokens = args.max_tokens or (64 if args.thorough else 32)
     samples = args.samples or (10_000 if args.thorough else 1000)
@@ -76,12 +91,19 @@ def run(args: argparse.Namespace) -> int:
     gamma = args.num_speculative_tokens if isinstance(args.num_speculative_tokens, int) else 4
     target = draft = None
     if not args.skip_greedy:
-        target_mode, draft_mode, _ = execution_modes(args, "draft_model")  # what generate would run
-        print(f"loading {args.model} ({target_mode}) and {args.draft_model} ({draft_mode}) …", file=sys.stderr)
+        # the draft model only where a chosen method drafts with one (ngram alone loaded the 0.5B for nothing)
+        with_draft = any(method_info(method).needs_draft_model for method in methods)
+        target_mode, draft_mode, _ = execution_modes(args, "draft_model" if with_draft else methods[0])  # as generate
+        print(f"loading {args.model} ({target_mode})" + (f" and {args.draft_model} ({draft_mode})" if with_draft else "")
+              + " …", file=sys.stderr)
         target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=target_mode,
                                   prompt_quantize=args.prompt_quantize)
-        draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_mode,
-                                      prompt_quantize=args.prompt_quantize)
+        if with_draft:
+            draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
+                                       quantize=draft_mode, prompt_quantize=args.prompt_quantize)
+            from specdec.compat import check_pair
+
+            check_pair(target, draft)  # before any check runs, not inside the first draft method's
     checks = len(methods) * ((not args.skip_greedy) + (0 if args.skip_distribution else len(configs)))
     from tqdm import tqdm
 
