@@ -306,3 +306,14 @@ def test_bench_and_tune_give_every_run_the_method_flags_and_unused_flags_are_ref
                        (["verify", "--skip-layers", "2-5"], "--skip-layers")):
         proc = run_cli(*argv)
         assert proc.returncode == 1 and f"error: {flag}: not used by" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_draft_model_the_method_does_not_read_is_not_loaded(tiny_dirs, capsys):
+    """`--method ngram --draft-model X` loaded X (0.5 GB for the default pair) and ran without a word."""
+    from specdec.cli import main
+
+    assert main(["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
+                 "--method", "ngram", "--max-tokens", "4", "--dtype", "float32", "--quantize", "none"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --method ngram does not read --draft-model (read by: draft_model, draft_suffix); not loaded" in err
+    assert "loading draft" not in err
