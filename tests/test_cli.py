@@ -56,6 +56,8 @@ def test_help_lists_every_generate_flag():
          "--divergence is read by --kind distill only, not eagle"),
         (["train-drafter", "--out", "/tmp/never-written", "--kind", "distill", "--num-heads", "3"],
          "--num-heads is read by --kind medusa only, not distill"),
+        (["train-drafter", "--out", "/tmp/never-written", "--data", "/nope/corpus.jsonl", "--model", "/nope/m.gguf"],
+         "training data not found: /nope/corpus.jsonl"),  # before the model: it loaded it first
         (["bench", "--gammas", "0,2"], "--gammas 0,2: must be >= 1, got 0"),
         (["bench", "--gammas", "foo"], "--gammas foo: expected a positive integer"),
         (["datastore", "build", "--input", "/tmp", "--output", "/tmp/never-written"], "is a folder"),

@@ -133,12 +133,12 @@ def train_drafter(job: DrafterTraining, progress: bool = False, log: Callable[[s
     out = Path(job.out_dir).expanduser()
     if (out / "checkpoint.pt").is_file() and not job.resume:
         raise SpecdecError(f"{out} already holds a training run: pass --resume to continue it, or choose another --out")
+    docs = load_documents(job.data)  # a missing file fails here, before the run's folder or a model is touched
     check_run_identity(job, out, log)
 
     target = specdec.load_model(job.model, quantize=target_mode(job), progress=progress)
     log(f"target {target.name}: {target.backend.dtype_name}")
-    layers = feature_layers(job.feature_layers, target.config.num_layers, job.kind)  # before the data is read
-    docs = load_documents(job.data)
+    layers = feature_layers(job.feature_layers, target.config.num_layers, job.kind)
     encode = target.tokenizer.encode
     held_out = token_sequences(docs, encode, job.seq_len, held_out=True, seed=job.train.seed)[: job.held_out_sequences]
     train = token_sequences(docs, encode, job.seq_len, held_out=False, seed=job.train.seed)
