@@ -25,7 +25,7 @@ from specdec.backends.base import Backend, SequenceState
 from specdec.calls import ModelCall, waited
 from specdec.config import SpecConfig
 from specdec.drafters.base import Draft, Drafter
-from specdec.errors import ContextLengthError, SpecdecError
+from specdec.errors import ContextLengthError, SpecdecError, WeightsError
 from specdec.output import OutputTracker, request_stop_ids
 from specdec.penalties import Penalties
 from specdec.prefix_cache import PrefixCache
@@ -193,6 +193,9 @@ def generate_steps(
     adapt_threads(target.device)
     logits, prompt_scores, stats.cached_prompt_tokens = yield from prompt_pass(target, state, prompt_ids, params,
                                                                                prefix_cache, prefill_chunk)
+    if not bool(torch.isfinite(logits[-1]).all()):  # one row, once: corrupt weights answered empty text, exit 0
+        raise WeightsError("the target computed NaN/inf logits for this prompt: its weights are corrupt or out of "
+                           "range (pull or convert the model again)")
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
     if penalties is not None:
         scored = penalties.apply(scored, [])

@@ -449,3 +449,21 @@ def test_under_load_the_prompt_pass_must_be_paid_back_from_the_loaded_saving(tin
     assert asked == [1e-4, None]  # once per request
     assert results["loaded"].stats.proposed_tokens == 0 and "at the server's load" in results["loaded"].stats.speculation_note
     assert results["alone"].stats.proposed_tokens > 0
+
+
+def test_corrupt_weights_are_an_error_not_empty_text(tmp_path):
+    """A GGUF with 4 KB overwritten by 0xFF (NaN scales) generated nothing and exited 0: the prompt pass's
+    last logits row is now checked once per request."""
+    from safetensors.torch import load_file, save_file
+
+    from specdec.errors import WeightsError
+    from tests.conftest import make_tiny_model_dir
+
+    folder = make_tiny_model_dir(tmp_path / "m")
+    weights = load_file(folder / "model.safetensors")
+    name = next(key for key in weights if key.endswith("mlp.down_proj.weight"))
+    weights[name][0, :8] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    model = specdec.load_model(folder, dtype="float32", quantize="none")
+    with pytest.raises(WeightsError, match="NaN/inf logits"):
+        specdec.generate(model, "def f(x):", SamplingParams(temperature=0.0, max_tokens=4))
