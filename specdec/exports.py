@@ -21,6 +21,8 @@ from specdec.config import DEFAULT_DRAFT_METHOD, SpecConfig
 from specdec.errors import SpecdecError
 
 ENGINES = ("vllm", "sglang", "llamacpp")
+#: each engine as its users write it
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp"}
 #: a fixed γ for engines that take no "auto": specdec adapts γ per round; these take one number
 FIXED_GAMMA_FOR_AUTO = 4
 
@@ -34,7 +36,8 @@ class Export:
     notes: list[str] = field(default_factory=list)
 
     def render(self) -> str:
-        lines = [f"# {self.engine}: the speculative configuration specdec ran, in {self.engine}'s terms"]
+        name = ENGINE_NAMES[self.engine]
+        lines = [f"# {name}: the speculative configuration given to specdec, in {name}'s terms"]
         lines += [f"# note: {note}" for note in self.notes]
         lines.append(shlex.join(self.command))
         return "\n".join(lines) + "\n"
@@ -70,17 +73,27 @@ def export(engine: str, model: str, spec: SpecConfig, draft_model: str | None = 
     if method in ("draft_model", "draft_suffix") and not draft_model:
         raise SpecdecError(f"method {method!r} needs --draft-model to export")
     notes: list[str] = []
+    if draft_model and method not in ("draft_model", "draft_suffix"):
+        notes.append(f"{method} drafts without a draft model: --draft-model {draft_model} is not exported")
+        draft_model = None
     gamma = spec.num_speculative_tokens
     if gamma == "auto":
         gamma = FIXED_GAMMA_FOR_AUTO
-        notes.append(f"specdec chose γ per round (auto); {engine} takes one number: {gamma} (try 3-6 on your traffic)")
+        notes.append(f"specdec chose γ per round (auto); {ENGINE_NAMES[engine]} takes one number: {gamma} (try 3-6 on your traffic)")
     if method == "draft_suffix":
-        notes.append(f"{engine} has no draft-model + suffix-table hybrid: exported as its draft-model method")
+        notes.append(f"{ENGINE_NAMES[engine]} has no draft-model + suffix-table hybrid: exported as its draft-model method")
         method = "draft_model"
     target = model_ref(model)
     draft = model_ref(draft_model) if draft_model else None
     build = {"vllm": _vllm, "sglang": _sglang, "llamacpp": _llamacpp}[engine]
     return build(method, target, draft, int(gamma), spec, notes)
+
+
+def unexported(method: str, engine: str) -> str:
+    """Why ``method`` is not exported as itself."""
+    if method in ("eagle", "medusa"):  # vLLM and SGLang serve such heads, in their own checkpoints' formats
+        return f"specdec's trained {method} heads are not in {engine}'s checkpoint format"
+    return f"{engine} has no {method!r} method"
 
 
 def _vllm(method: str, target: ModelRef, draft: ModelRef | None, gamma: int, spec: SpecConfig, notes: list[str]) -> Export:
@@ -95,7 +108,7 @@ def _vllm(method: str, target: ModelRef, draft: ModelRef | None, gamma: int, spe
         notes.append("vLLM's suffix decoding needs `pip install arctic-inference`")
     else:
         config.update(method="ngram", prompt_lookup_min=spec.prompt_lookup_min, prompt_lookup_max=spec.prompt_lookup_max)
-        notes.append(f"vLLM has no {method!r} method: exported its draft-free n-gram method instead")
+        notes.append(f"{unexported(method, 'vLLM')}: exported its draft-free n-gram method instead")
     return Export("vllm", ["vllm", "serve", target.hf, "--speculative-config", json.dumps(config)], notes)
 
 
@@ -109,7 +122,7 @@ def _sglang(method: str, target: ModelRef, draft: ModelRef | None, gamma: int, s
                     "--speculative-num-draft-tokens", str(gamma + 1)]
     else:
         if method != "ngram":
-            notes.append(f"SGLang has no {method!r} method: exported its n-gram method (NGRAM) instead")
+            notes.append(f"{unexported(method, 'SGLang')}: exported its n-gram method (NGRAM) instead")
         notes.append("SGLang's NGRAM runs on CUDA only")
         command += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(gamma + 1)]
     return Export("sglang", command, notes)
@@ -130,7 +143,7 @@ def _llamacpp(method: str, target: ModelRef, draft: ModelRef | None, gamma: int,
                      "--draft-min, --draft-p-min)")
     else:
         if method != "ngram":
-            notes.append(f"llama.cpp has no {method!r} method: exported its n-gram method (ngram-simple) instead")
+            notes.append(f"{unexported(method, 'llama.cpp')}: exported its n-gram method (ngram-simple) instead")
         # lookup n-gram of prompt_lookup_max tokens, drafts of γ tokens
         command += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(spec.prompt_lookup_max),
                     "--spec-ngram-simple-size-m", str(gamma)]

@@ -47,6 +47,13 @@ def test_missing_methods_and_auto_gamma_are_said_not_hidden():
     assert any("hybrid" in note for note in hybrid.notes)
     text = hybrid.render()
     assert text.splitlines()[-1] == shlex.join(hybrid.command) and text.count("# note:") == 1
+    assert text.startswith("# vLLM: the speculative configuration given to specdec, in vLLM's terms")
+    # vLLM and SGLang do serve EAGLE heads (in their formats): the note said they had no such method
+    head = export("sglang", "qwen2.5-coder-1.5b", SpecConfig(method="eagle"))
+    assert any("specdec's trained eagle heads are not in SGLang's checkpoint format" in note for note in head.notes)
+    # a draft model the method does not read was dropped without a word
+    ngram = export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="ngram"), "qwen2.5-coder-0.5b")
+    assert any("--draft-model qwen2.5-coder-0.5b is not exported" in note for note in ngram.notes)
 
 
 def test_bad_exports_are_clear_errors(tmp_path):
