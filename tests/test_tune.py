@@ -49,7 +49,7 @@ def test_tune_writes_a_config_that_generate_reads_and_resumes(tiny_dirs, prompts
     settings = read_settings(out / "tune.json")
     assert set(settings) >= {"method", "num_speculative_tokens", "model", "draft_model", "quantize"}
     if settings["method"] is not None:
-        assert (out / "vllm.sh").read_text().startswith("# vllm")
+        assert (out / "vllm.sh").read_text().startswith("# vLLM")
     lines = (out / "measurements.jsonl").read_text().count("\n")
     assert main(["tune", *base, "--gammas", "auto,2"]) == 0  # resumed: nothing measured again
     assert (out / "measurements.jsonl").read_text().count("\n") == lines
