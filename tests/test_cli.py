@@ -58,6 +58,9 @@ def test_help_lists_every_generate_flag():
          "--num-heads is read by --kind medusa only, not distill"),
         (["train-drafter", "--out", "/tmp/never-written", "--data", "/nope/corpus.jsonl", "--model", "/nope/m.gguf"],
          "training data not found: /nope/corpus.jsonl"),  # before the model: it loaded it first
+        # a mistyped file name was used as the text itself
+        (["generate", "hi", "--prediction", "/tmp/no-such-draft.txt"], "--prediction /tmp/no-such-draft.txt: no such file"),
+        (["generate", "hi", "--json-schema", "schema-typo.json"], "--json-schema schema-typo.json: no such file"),
         (["bench", "--gammas", "0,2"], "--gammas 0,2: must be >= 1, got 0"),
         (["bench", "--gammas", "foo"], "--gammas foo: expected a positive integer"),
         (["datastore", "build", "--input", "/tmp", "--output", "/tmp/never-written"], "is a folder"),

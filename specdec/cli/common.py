@@ -298,23 +298,34 @@ def make_output_folder(path: object, flag: str) -> None:
         raise SpecdecError(f"{flag} {path}: cannot make this folder ({exc.strerror or exc})") from None
 
 
-def file_or_text(value: str) -> str:
-    """A flag that takes a file or the text itself: an existing file is read."""
+#: endings that make a one-word flag value a file name rather than text (file_or_text)
+FILE_ENDINGS = (".txt", ".json", ".py", ".md", ".gbnf", ".lark", ".ebnf", ".jsonl", ".js", ".ts", ".c", ".cpp", ".rs", ".go")
+
+
+def file_or_text(value: str, flag: str) -> str:
+    """A flag that takes a file or the text itself: an existing file is read. A value that can only be
+    a file's name (one word starting with / ./ ../ ~/, or ending in .json, .txt …) and names none is an
+    error: a mistyped name was used as the text."""
     from pathlib import Path
 
     path = Path(value).expanduser()
-    return path.read_text() if len(value) < 4096 and path.is_file() else value
+    if len(value) < 4096 and path.is_file():
+        return path.read_text()
+    one_word = value.strip() == value and not any(c.isspace() for c in value)
+    if one_word and (value.startswith(("/", "./", "../", "~/")) or value.lower().endswith(FILE_ENDINGS)):
+        raise SpecdecError(f"{flag} {value}: no such file (to give the text itself, it must not read as a file name)")
+    return value
 
 
 def structured_from_args(args: argparse.Namespace):  # noqa: ANN201 - StructuredOutput | None
     from specdec.structured import StructuredOutput
 
     if args.json_schema is not None:
-        return StructuredOutput(json_schema=file_or_text(args.json_schema))
+        return StructuredOutput(json_schema=file_or_text(args.json_schema, "--json-schema"))
     if args.json_object or args.regex is not None or args.choice or args.grammar is not None:
         return StructuredOutput(json_object=args.json_object, regex=args.regex,
                                 choice=tuple(args.choice) if args.choice else None,
-                                grammar=None if args.grammar is None else file_or_text(args.grammar))
+                                grammar=None if args.grammar is None else file_or_text(args.grammar, "--grammar"))
     return None
 
 

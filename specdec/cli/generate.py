@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_from_args(args)
     spec = spec_from_args(args)
     if args.prediction is not None:
-        params = dataclasses.replace(params, prediction=file_or_text(args.prediction))
+        params = dataclasses.replace(params, prediction=file_or_text(args.prediction, "--prediction"))
         if spec.method is None or not method_info(spec.method).reads_prediction:
             readers = ", ".join(info.name for info in all_methods() if info.reads_prediction)
             print(f"warning: --prediction is not used by {spec.method or 'plain decoding'} (methods that draft from it: "
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.suffix is not None:
         if args.chat:
             raise specdec.SpecdecError("--suffix fills the middle of a plain prompt: drop --chat")
-        prompt = target.tokenizer.fill_in_the_middle(prompt, file_or_text(args.suffix))
+        prompt = target.tokenizer.fill_in_the_middle(prompt, file_or_text(args.suffix, "--suffix"))
     note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
     chosen = " (chosen by --quantize auto from step costs measured on this CPU)" if plan is not None and args.quantize == "auto" else ""
     draft_note = f", draft {draft.backend.mode}" if draft is not None else ""  # mode: int4-all where dtype_name says int4
