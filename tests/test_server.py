@@ -126,6 +126,7 @@ def test_n_choices_are_the_seeded_requests_seed_plus_index(client, server):
     assert streamed == {i: c.text for i, c in enumerate(many.choices)}
     chunks = list(client.completions.create(n=3, seed=7, stream=True, stream_options={"include_usage": True}, **body))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 36  # OpenAI's last chunk: the request's usage
+    assert all(chunk.usage is None for chunk in chunks[:-1])  # a client summing the chunks' usage counted choices twice
     response = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": "x", "n": 17})
     assert response.status_code == 400 and "n must be in 1..16" in response.json()["error"]["message"]
     more = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": "x", "n": 5, "max_tokens": 4}, timeout=60)

@@ -393,7 +393,8 @@ def create_app(state: ServerState) -> FastAPI:
                         body["choices"][0]["logprobs"] = job.streamed_logprobs(chunk.logprobs, chat)
                     if chunk.stats is not None:
                         await job.run_audit()
-                        body["usage"] = job.usage()
+                        if not total_usage:  # else only OpenAI's final chunk has it: a client summing chunks counted it twice
+                            body["usage"] = job.usage()
                     yield sse(body)
             if total_usage:
                 last = chunk_body(jobs[0], chat, None, None, 0, jobs[0].id)
