@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import specdec.verify as verify_module
 from specdec.certify import DISTRIBUTION_CONFIGS, distribution_check, format_table, registered_methods

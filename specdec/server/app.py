@@ -16,8 +16,6 @@ import logging
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -29,6 +27,7 @@ from specdec.errors import ContextLengthError, SpecdecError
 from specdec.forward_costs import Forward
 from specdec.server.audit import Auditor, auditable
 from specdec.sampling import SamplingParams
+from specdec.server.errors import install_error_handlers
 from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage, completion_prompts, full_response,
                                  merged_chunks)
 from specdec.server.state import ServerState
@@ -71,7 +70,6 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
 
 
 #: the ``endpoint`` label of the generation routes (metrics count their statuses under it)
-ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 #: how often a non-streamed request checks that its client is still there
 DISCONNECT_POLL_S = 0.25
 
@@ -111,38 +109,7 @@ def create_app(state: ServerState) -> FastAPI:
     state.auditor = Auditor(state.target, state.executor, state.metrics, state.audit_fraction,
                             busy=lambda: state.active > 0 or state.waiting > 0)
 
-    def endpoint_of(request: Request) -> str:
-        """The ``endpoint`` label of a request's status count: as successes are counted ("chat",
-        "completions"), other routes by path (an unknown one: "other", so clients cannot mint labels)."""
-        path = request.url.path
-        return ENDPOINTS.get(path, path if path in {route.path for route in app.routes} else "other")
-
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        state.metrics.requests.labels(endpoint_of(request), str(exc.status)).inc()
-        return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        """An unknown route or a wrong method (FastAPI's own 404/405) as OpenAI's error object, as every other error."""
-        message = {404: f"Invalid URL ({request.method} {request.url.path})",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
-        state.metrics.requests.labels(endpoint_of(request), str(exc.status_code)).inc()
-        return JSONResponse(error_body(message), status_code=exc.status_code, headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        """A failure of ours (not the request's) outside a generation (handle() answers those) as OpenAI's error
-        object with status 500, as vLLM answers it, instead of Starlette's plain-text "Internal Server Error"
-        (Starlette still logs the traceback, and the connection closes)."""
-        state.metrics.requests.labels(endpoint_of(request), "500").inc()
-        return JSONResponse(internal_error_body(exc), status_code=500)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        state.metrics.requests.labels(endpoint_of(request), "400").inc()
-        message, where = validation_message(list(exc.errors()))
-        return JSONResponse(error_body(message, param=where), status_code=400)
+    install_error_handlers(app, state.metrics)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
