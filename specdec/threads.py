@@ -6,7 +6,7 @@ process reaches each barrier a scheduler time slice late, and every forward wait
 2 cores with one busy neighbour (``yes > /dev/null``), SmolLM2-135M int4, 48 tokens: 2 threads
 **9–21 tok/s**, 1 thread **115 tok/s**; quiet, 2 threads 189. So the decode loop asks, at most every
 :data:`CHECK_EVERY_S`, how many cores other processes used since the last look (``/proc/stat``) and
-runs on the cores left, never more threads than it started with.
+runs on the cores left, never more threads than the process chose (its own ``torch.set_num_threads``).
 
 Exactness does not depend on it: the kernels split work by output rows and heads, never a sum across
 threads, so a token's logits are the same bits at any thread count (``tests/test_threads.py``).

@@ -177,8 +177,9 @@ def compare_runs(first: Path, second: Path) -> str:
 
     run_a, run_b = load(first), load(second)
     a, b = run_a["summary"], run_b["summary"]
-    notes = [f"note: the runs differ in {key}: {run_a['meta'].get(key)!r} vs {run_b['meta'].get(key)!r}"
-             for key in COMPARED_SETTINGS if run_a.get("meta", {}).get(key) != run_b.get("meta", {}).get(key)]
+    meta_a, meta_b = run_a.get("meta", {}), run_b.get("meta", {})
+    notes = [f"note: the runs differ in {key}: {meta_a.get(key)!r} vs {meta_b.get(key)!r}"
+             for key in COMPARED_SETTINGS if meta_a.get(key) != meta_b.get(key)]
     prompts_a, prompts_b = prompts_by_category(run_a), prompts_by_category(run_b)
     for category in sorted(set(prompts_a) & set(prompts_b)):
         if prompts_a[category] != prompts_b[category]:

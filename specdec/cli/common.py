@@ -311,7 +311,7 @@ def file_or_text(value: str, flag: str) -> str:
     path = Path(value).expanduser()
     if len(value) < 4096 and path.is_file():
         return path.read_text()
-    one_word = value.strip() == value and not any(c.isspace() for c in value)
+    one_word = not any(c.isspace() for c in value)
     if one_word and (value.startswith(("/", "./", "../", "~/")) or value.lower().endswith(FILE_ENDINGS)):
         raise SpecdecError(f"{flag} {value}: no such file (to give the text itself, it must not read as a file name)")
     return value

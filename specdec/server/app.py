@@ -34,7 +34,7 @@ from specdec.server.state import ServerState
 from specdec.server.params import APIError, field_named, sampling_params
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, forced_call, streamed_delta
 from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body,
-                                    internal_error_body, lone_surrogate_at, validation_message)
+                                    lone_surrogate_at, validation_message)
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
 
@@ -69,7 +69,6 @@ def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionReq
     return spec
 
 
-#: the ``endpoint`` label of the generation routes (metrics count their statuses under it)
 #: how often a non-streamed request checks that its client is still there
 DISCONNECT_POLL_S = 0.25
 
@@ -94,6 +93,17 @@ async def finished_unless_gone(request: Request, work: "asyncio.Future[Any]") ->
         return False
     work.result()  # its exception, if it failed
     return True
+
+
+def generation_failure(exc: Exception, endpoint: str) -> APIError:
+    """What a client is told when its generation fails, streamed or not: a refusal as it is, the request's
+    fault (a SpecdecError) as a 400, a failure of ours as a 500 (its traceback to the log)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, SpecdecError):
+        return APIError(400, str(exc))
+    log.error("a %s generation failed", endpoint, exc_info=exc)
+    return APIError.internal(exc)
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -235,14 +245,10 @@ def create_app(state: ServerState) -> FastAPI:
                 state.metrics.requests.labels(endpoint, "499").inc()  # nginx's "client closed request"
                 return Response(status_code=499)
             await asyncio.gather(*(job.run_audit() for job in jobs))
-        except SpecdecError as exc:
-            raise APIError(400, str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - a failure of ours: a 500 here, where the connection stays usable
-            # (an exception left to Starlette's last-resort handler is re-raised after its response, and
-            # uvicorn then closes the connection: a client's next request on it was reset)
-            log.error("a %s request failed", endpoint, exc_info=exc)
-            body = internal_error_body(exc)["error"]
-            raise APIError(500, body["message"], body["type"], code=body["code"]) from None
+        except Exception as exc:  # noqa: BLE001 - answered here, where the connection stays usable (an exception
+            # left to Starlette's last-resort handler is re-raised after its response, and uvicorn then closes
+            # the connection: a client's next request on it was reset)
+            raise generation_failure(exc, endpoint) from None
         finally:
             close_jobs(jobs)
         state.metrics.requests.labels(endpoint, "200").inc()
@@ -371,14 +377,10 @@ def create_app(state: ServerState) -> FastAPI:
         except Exception as exc:  # noqa: BLE001 - the status line is sent: the error goes in the stream
             # as OpenAI and vLLM send it (the openai SDK raises it as APIError), then [DONE], so a client
             # does not read a cut stream as a finished answer
-            if isinstance(exc, SpecdecError):
-                status, body = 400, error_body(str(exc))
-            else:
-                log.error("a %s stream failed", endpoint, exc_info=exc)
-                status, body = 500, internal_error_body(exc)
-            yield sse(body)
+            failure = generation_failure(exc, endpoint)
+            yield sse(failure.body())
             yield "data: [DONE]\n\n"
-            state.metrics.requests.labels(endpoint, str(status)).inc()
+            state.metrics.requests.labels(endpoint, str(failure.status)).inc()
         finally:
             close_jobs(jobs)  # client gone or done: stop generating at the next step
 

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.server.metrics import Metrics
 from specdec.server.params import APIError
-from specdec.server.schemas import error_body, internal_error_body, validation_message
+from specdec.server.schemas import error_body, validation_message
 
 #: the ``endpoint`` label of the generation routes' status counts
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
@@ -30,7 +30,7 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> Callable[[Request]
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         metrics.requests.labels(endpoint_of(request), str(exc.status)).inc()
-        return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -46,7 +46,7 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> Callable[[Request]
         OpenAI's error object with status 500, as vLLM answers it, instead of Starlette's plain-text "Internal
         Server Error" (Starlette still logs the traceback, and the connection closes)."""
         metrics.requests.labels(endpoint_of(request), "500").inc()
-        return JSONResponse(internal_error_body(exc), status_code=500)
+        return JSONResponse(APIError.internal(exc).body(), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

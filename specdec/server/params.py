@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specdec.errors import SpecdecError
 from specdec.sampling import MAX_LOGPROBS, SamplingParams
-from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, joined_text
+from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body, joined_text
 from specdec.structured import StructuredOutput, schema_text
 
 #: at most this many stop strings per request, each at most MAX_STOP_CHARS long: every step checks
@@ -30,6 +30,15 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+    @classmethod
+    def internal(cls, exc: BaseException) -> "APIError":
+        """A failure on the server's side (status 500): what failed, without the traceback (that goes to the log)."""
+        return cls(500, f"internal server error: {type(exc).__name__}: {exc}", "internal_server_error", code="internal_error")
+
+    def body(self) -> dict:
+        """OpenAI's error object of this error."""
+        return error_body(self.message, self.kind, self.param, self.code)
 
 
 def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len: int, prompt_len: int,

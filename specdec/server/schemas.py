@@ -215,11 +215,6 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def internal_error_body(exc: BaseException) -> dict[str, Any]:
-    """A failure on the server's side (status 500): what failed, without the traceback (that goes to the log)."""
-    return error_body(f"internal server error: {type(exc).__name__}: {exc}", "internal_server_error", code="internal_error")
-
-
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """pydantic's errors for a request body → one message and the field it names: the first error, except a
     content part of a type this server does not read (an image, audio), named as such — pydantic tries a
