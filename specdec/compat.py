@@ -19,29 +19,7 @@ def check_pair(target, draft) -> list[str]:  # noqa: ANN001 - specdec.api.Loaded
     """Raise :class:`IncompatibleModelsError` on a mismatch; return warnings for harmless differences."""
     warnings: list[str] = []
     t_tok, d_tok = target.tokenizer, draft.tokenizer
-    t_vocab, d_vocab = t_tok.tokens(), d_tok.tokens()
-    # the same digest is the same vocabulary: a pair checked at load is not walked again per request
-    same_vocab = t_tok.fingerprint() == d_tok.fingerprint() and len(t_vocab) == len(d_vocab)
-    for index, (t_str, d_str) in enumerate(zip(t_vocab, d_vocab) if not same_vocab else ()):
-        if t_str != d_str:
-            raise IncompatibleModelsError(
-                f"draft model {draft.name!r} has a different vocabulary from target {target.name!r}: "
-                f"token id {index} is {t_str!r} in the target but {d_str!r} in the draft"
-            )
-    if len(t_vocab) != len(d_vocab):
-        raise IncompatibleModelsError(
-            f"draft model {draft.name!r} has {len(d_vocab)} tokens, target {target.name!r} has {len(t_vocab)}; "
-            f"first token only one side has: id {min(len(t_vocab), len(d_vocab))}"
-        )
-    for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        t_val, d_val = getattr(t_tok, field), getattr(d_tok, field)
-        if t_val != d_val:
-            raise IncompatibleModelsError(f"draft and target disagree on {field}: target {t_val}, draft {d_val}")
-    if t_tok.stop_token_ids != d_tok.stop_token_ids:
-        raise IncompatibleModelsError(
-            f"draft and target stop on different tokens: target {sorted(t_tok.stop_token_ids)}, "
-            f"draft {sorted(d_tok.stop_token_ids)}"
-        )
+    check_tokenizers(t_tok, d_tok, target.name, draft.name)
     # Embedding rows beyond the tokenizer are padding; a draft must not propose ids the target lacks.
     t_rows, d_rows = target.backend.config.vocab_size, draft.backend.config.vocab_size
     if d_rows > t_rows:
@@ -54,6 +32,34 @@ def check_pair(target, draft) -> list[str]:  # noqa: ANN001 - specdec.api.Loaded
     for message in warnings:
         log.info(message)
     return warnings
+
+
+def check_tokenizers(t_tok, d_tok, target_name: str, draft_name: str) -> None:  # noqa: ANN001 - specdec.tokenizer.Tokenizer
+    """The tokenizer half of :func:`check_pair` — the vocabularies string by string, the special ids, the stop
+    tokens — which needs no weights (``specdec export`` checks a pair with it before writing it out)."""
+    t_vocab, d_vocab = t_tok.tokens(), d_tok.tokens()
+    # the same digest is the same vocabulary: a pair checked at load is not walked again per request
+    same_vocab = t_tok.fingerprint() == d_tok.fingerprint() and len(t_vocab) == len(d_vocab)
+    for index, (t_str, d_str) in enumerate(zip(t_vocab, d_vocab) if not same_vocab else ()):
+        if t_str != d_str:
+            raise IncompatibleModelsError(
+                f"draft model {draft_name!r} has a different vocabulary from target {target_name!r}: "
+                f"token id {index} is {t_str!r} in the target but {d_str!r} in the draft"
+            )
+    if len(t_vocab) != len(d_vocab):
+        raise IncompatibleModelsError(
+            f"draft model {draft_name!r} has {len(d_vocab)} tokens, target {target_name!r} has {len(t_vocab)}; "
+            f"first token only one side has: id {min(len(t_vocab), len(d_vocab))}"
+        )
+    for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        t_val, d_val = getattr(t_tok, field), getattr(d_tok, field)
+        if t_val != d_val:
+            raise IncompatibleModelsError(f"draft and target disagree on {field}: target {t_val}, draft {d_val}")
+    if t_tok.stop_token_ids != d_tok.stop_token_ids:
+        raise IncompatibleModelsError(
+            f"draft and target stop on different tokens: target {sorted(t_tok.stop_token_ids)}, "
+            f"draft {sorted(d_tok.stop_token_ids)}"
+        )
 
 
 def check_draft_context(draft, needed_len: int) -> None:  # noqa: ANN001

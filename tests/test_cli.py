@@ -58,6 +58,15 @@ def test_help_lists_every_generate_flag():
          "--num-heads is read by --kind medusa only, not distill"),
         (["train-drafter", "--out", "/tmp/never-written", "--data", "/nope/corpus.jsonl", "--model", "/nope/m.gguf"],
          "training data not found: /nope/corpus.jsonl"),  # before the model: it loaded it first
+        # a method's required path, before the (missing) model: the target loaded first, then the error
+        (["generate", "hi", "--model", "/nope/m.gguf", "--method", "retrieval"], "method 'retrieval' needs --datastore PATH"),
+        (["generate", "hi", "--model", "/nope/m.gguf", "--method", "eagle", "--drafter-path", "/nope/head"],
+         "--drafter-path /nope/head: no such file or folder"),
+        (["serve", "--model", "/nope/m.gguf", "--method", "mtp"], "method 'medusa' needs --drafter-path PATH"),
+        (["tune", "--model", "/nope/m.gguf", "--methods", "ngram,bogus"], "--methods: unknown speculative method 'bogus'"),
+        (["tune", "--model", "/nope/m.gguf", "--methods", "plain"], "names no speculative method"),
+        (["tune", "--model", "/nope/m.gguf", "--methods", "draft"], "--methods: method 'draft_model' needs a draft model"),
+        (["bench", "--model", "/nope/m.gguf", "--methods", "ar,retrieval", "--limit", "1"], "method 'retrieval' needs --datastore"),
         # a mistyped file name was used as the text itself
         (["generate", "hi", "--prediction", "/tmp/no-such-draft.txt"], "--prediction /tmp/no-such-draft.txt: no such file"),
         (["generate", "hi", "--json-schema", "schema-typo.json"], "--json-schema schema-typo.json: no such file"),
@@ -72,6 +81,37 @@ def test_bad_input_is_one_clear_line(args, message):
     assert proc.returncode != 0
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_version():
+    from specdec import __version__
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"specdec {__version__}"
+
+
+def test_execution_flags_that_are_not_read_warn(capsys):
+    """--dtype where the target runs a CPU execution mode and --draft-quantize without a draft were silently
+    ignored (the int4 kernels ran; a user believed they had a float32 run)."""
+    from specdec.cli import build_parser
+    from specdec.cli.common import execution_modes
+
+    args = build_parser().parse_args(["generate", "hi", "--dtype", "float32", "--quantize", "int4", "--draft-quantize", "int8"])
+    assert execution_modes(args, None)[:2] == ("int4", "int8")
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: --dtype float32 is not read: the target runs int4 (--quantize); add --quantize none to run in float32",
+                   "warning: --draft-quantize int8 is not read: there is no --draft-model"]
+    for argv in (["--dtype", "float32", "--quantize", "none"], ["--quantize", "int4", "--draft-quantize", "int8", "--draft-model", "d"]):
+        execution_modes(build_parser().parse_args(["generate", "hi", *argv]), "ngram")
+        assert capsys.readouterr().err == ""
+
+
+def test_methods_table_marks_required_options(capsys):
+    from specdec.cli.methods import method_rows
+
+    rows = {row[0]: row for row in method_rows()}
+    assert "datastore (required)" in rows["retrieval"][4] and "drafter_path (required)" in rows["eagle"][4]
+    assert "(required)" not in rows["ngram"][4]
 
 
 def test_draft_confidence_threshold_flag_reaches_the_spec():

@@ -264,6 +264,21 @@ def test_datastore_bad_inputs_are_clear(tmp_path, capsys):
     assert "no such file" in err
 
 
+def test_empty_documents_are_not_indexed(tiny_dirs, tiny_target, tmp_path, capsys):
+    """An empty .txt was "1 documents, 1 tokens" (its separator counted as a token); now it is no document."""
+    from specdec.cli import main
+
+    empty, text = tmp_path / "empty.txt", tmp_path / "a.txt"
+    empty.write_text("")
+    text.write_text("def f(x):\n    return x\n")
+    base = ["datastore", "build", "--tokenizer", str(tiny_dirs["target"]), "--output", str(tmp_path / "store")]
+    assert main([*base, "--input", str(empty)]) == 1
+    assert "the corpus is empty" in capsys.readouterr().err
+    assert main([*base, "--input", str(empty), str(text)]) == 0
+    tokens = len(tiny_target.tokenizer.encode(text.read_text(), add_special_tokens=False))  # no separator counted
+    assert f": 1 document, {tokens} tokens" in capsys.readouterr().err
+
+
 def test_malformed_corpus_line_names_file_and_line(tmp_path):
     from specdec.cli.datastore import read_corpus
     from specdec.errors import SpecdecError

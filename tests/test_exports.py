@@ -67,6 +67,22 @@ def test_bad_exports_are_clear_errors(tmp_path):
         export("llamacpp", str(tmp_path), SpecConfig(method="ngram"))
 
 
+def test_export_refuses_a_pair_of_different_vocabularies(tiny_dirs, tmp_path, capsys):
+    """A draft of another vocabulary was written out for the other engine to refuse (or worse, accept: vLLM
+    checks only the vocabulary size); pairs on this machine are compared as generate compares them."""
+    from tests.model_fixtures import write_tiny_model
+    from tests.tokenizer_fixtures import write_tiny_tokenizer
+
+    write_tiny_model(tmp_path, seed=5)
+    write_tiny_tokenizer(tmp_path, vocab_size=300)
+    assert main(["export", "--engine", "vllm", "--model", str(tiny_dirs["target"]), "--draft-model", str(tmp_path)]) == 1
+    assert "has 300 tokens" in capsys.readouterr().err
+    assert main(["export", "--engine", "vllm", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"])]) == 0
+    assert "vllm serve" in capsys.readouterr().out
+    assert main(["export", "--engine", "vllm", "--model", str(tiny_dirs["target"]), "--draft-model", "Qwen/Qwen2.5-0.5B"]) == 0
+    assert "note: Qwen/Qwen2.5-0.5B is not on this machine" in capsys.readouterr().err
+
+
 def test_cli_writes_the_command(tmp_path, capsys):
     out = tmp_path / "serve.sh"
     assert main(["export", "--engine", "sglang", "--draft-model", "qwen2.5-coder-0.5b", "--out", str(out)]) == 0

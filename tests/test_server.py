@@ -565,6 +565,18 @@ def test_a_failure_mid_generation_is_an_error_object_streamed_or_not_and_the_ser
         assert 'endpoint="completions",status="500"' in metrics and 'endpoint="chat",status="500"' in metrics
 
 
+def test_a_model_fault_mid_generation_is_ours_not_the_requests():
+    """A WeightsError raised mid-generation (NaN logits from corrupt weights) was a 400 blaming the client."""
+    from specdec.errors import SpecdecError, WeightsError
+    from specdec.server.app import generation_failure
+    from specdec.server.params import APIError
+
+    assert generation_failure(WeightsError("the target's logits are NaN"), "completions").status == 500
+    assert generation_failure(SpecdecError("the prompt is too long"), "completions").status == 400
+    refusal = APIError(429, "busy")
+    assert generation_failure(refusal, "chat") is refusal
+
+
 def test_model_retrieve_and_the_default_lengths(server, client):
     """OpenAI's ``GET /v1/models/{id}`` (a 404 naming the served model otherwise), and max_tokens left out:
     16 tokens on completions (OpenAI's legacy default and vLLM's; it was 256), up to 256 in chat."""

@@ -37,13 +37,18 @@ def drafting_notes(results: list[RequestResult]) -> list[str]:
             for method, notes in skipped.items()]
 
 
+def repeats_text(repeats: object) -> str:
+    """How each figure was taken: "median of 3 repeats", or "one run each" (not "median of 1 repeats")."""
+    return "one run each" if repeats == 1 else f"median of {repeats} repeats"
+
+
 def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None = None) -> str:
     lines = [f"# specdec bench — {meta.get('dataset')}", "",
              f"Command: `{meta.get('command', '')}`", "",
              f"Machine: {meta.get('machine', '')}; target {meta.get('model')} ({meta.get('execution')}), "
              f"draft {meta.get('draft_model')}, γ={meta.get('num_speculative_tokens')}, temperature {meta.get('temperature')}, "
              + (f"{meta['penalties']}, " if meta.get("penalties") else "")
-             + f"max {meta.get('max_tokens')} tokens, median of {meta.get('repeats')} repeats, " + (
+             + f"max {meta.get('max_tokens')} tokens, {repeats_text(meta.get('repeats'))}, " + (
                  f"{meta['concurrency']} requests in flight (continuous batching): tokens/s is total throughput."
                  if meta.get("concurrency", 1) > 1 else "methods interleaved per prompt."), ""]
     mismatches = sum(m["mismatches"] for m in summary["overall"].values())

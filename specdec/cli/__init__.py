@@ -27,6 +27,7 @@ import os
 import sys
 from typing import Callable
 
+from specdec import __version__
 from specdec.cli import bench, calibrate, datastore, export, generate, methods, models, serve, train_drafter, tune, verify
 from specdec.cli.common import apply_config, refuse_unused_flags
 from specdec.errors import SpecdecError
@@ -38,6 +39,7 @@ COMMANDS = (generate, verify, bench, serve, tune, train_drafter, datastore, cali
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for LLMs.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(sub)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, checked_methods, draft_quantize, execution_modes,
                                 gamma_from_args, gamma_list, kernels_in_use, make_output_folder, method_options, pages_in_use,
                                 positive_int, sampling_from_args, speculation_limit_value, tree_values)
 from specdec.errors import SpecdecError
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec.bench.datasets import load_prompts
     from specdec.bench.report import penalties_description, write_results
-    from specdec.bench.runner import PEER_METHODS, BenchConfig, method_needs_draft, run_benchmark, run_concurrent
+    from specdec.bench.runner import PEER_METHODS, BenchConfig, is_peer, method_needs_draft, run_benchmark, run_concurrent
 
     make_output_folder(args.out, "--out")
     rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     methods = ["ar" if m.strip() == "plain" else m.strip() for m in args.methods.split(",") if m.strip()]
     if args.config and args.method and args.methods == DEFAULT_METHODS:  # bench what `specdec tune` chose
         methods = ["ar", args.method]
+    checked_methods(args, [m for m in methods if not is_peer(m)], "--methods")  # before any model loads
     peers_wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in peers_wanted:
         if peer not in PEER_METHODS:

@@ -129,7 +129,7 @@ def methods_help() -> str:
     parts = []
     for info in all_methods():
         needs = [w for w, on in (("needs --draft-model", info.needs_draft_model),
-                                 ("needs --datastore", "datastore" in info.options)) if on]
+                                 *((f"needs --{o.replace('_', '-')}", True) for o in info.requires)) if on]
         aliases = f" (or {', '.join(info.aliases)})" if info.aliases else ""
         parts.append(f"{info.name}{aliases}: {info.summary}" + (f" [{'; '.join(needs)}]" if needs else ""))
     return "; ".join(parts)
@@ -352,14 +352,28 @@ def execution_modes(args: argparse.Namespace, method: str | None, concurrency: i
     from specdec.drafters.registry import needs_draft_model
 
     target_mode, draft_mode = args.quantize, draft_quantize(args)
-    if "auto" not in (target_mode, draft_mode) or resolve_device(args.device) != "cpu":
-        return target_mode, draft_mode, None
-    draft = args.draft_model if needs_draft_model(method) else None
-    plan = plan_execution(args.model, draft, method, auto_pull=not args.no_pull,
-                          draft_vocab_size=args.draft_vocab_size, concurrency=concurrency)
-    target_mode = plan.target_mode if target_mode == "auto" else target_mode
-    draft_mode = (plan.draft_mode or target_mode) if draft_mode == "auto" else draft_mode
+    plan = None
+    if "auto" in (target_mode, draft_mode) and resolve_device(args.device) == "cpu":
+        draft = args.draft_model if needs_draft_model(method) else None
+        plan = plan_execution(args.model, draft, method, auto_pull=not args.no_pull,
+                              draft_vocab_size=args.draft_vocab_size, concurrency=concurrency)
+        target_mode = plan.target_mode if target_mode == "auto" else target_mode
+        draft_mode = (plan.draft_mode or target_mode) if draft_mode == "auto" else draft_mode
+    warn_unread_execution_flags(args, target_mode)
     return target_mode, draft_mode, plan
+
+
+def warn_unread_execution_flags(args: argparse.Namespace, target_mode: str) -> None:
+    """``--dtype`` where the target runs a CPU execution mode (the kernels keep their float parts in float32),
+    and ``--draft-quantize`` without a draft model: one warning line each — both were silently ignored."""
+    from specdec.api import CPU_QUANTIZE_MODES
+
+    if args.dtype != "auto" and target_mode in CPU_QUANTIZE_MODES:
+        how = "chosen by --quantize auto" if args.quantize == "auto" else "--quantize"
+        print(f"warning: --dtype {args.dtype} is not read: the target runs {target_mode} ({how}); add --quantize none "
+              f"to run in {args.dtype}", file=sys.stderr)
+    if args.draft_quantize is not None and not args.draft_model:
+        print(f"warning: --draft-quantize {args.draft_quantize} is not read: there is no --draft-model", file=sys.stderr)
 
 
 def kernels_in_use(*models) -> str:  # noqa: ANN002 - LoadedModel | None
@@ -417,9 +431,53 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
     method = resolve_method(args.method) if args.method else (DEFAULT_DRAFT_METHOD if args.draft_model else None)
     if needs_draft_model(method) and not args.draft_model:
         raise SpecdecError(f"method {method!r} needs a draft model: add --draft-model NAME_OR_PATH")
+    check_required_options(args, [method])
     warn_unread_flags(args, method)
     return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model, spec_tree=args.spec_tree,
                       **method_options(args))
+
+
+#: where a method's required path comes from (MethodInfo.requires), for the error that names it
+REQUIRED_HINTS = {"datastore": "a datastore built with `specdec datastore build`",
+                  "drafter_path": "a trained head's directory, written by `specdec train-drafter --kind eagle|medusa`"}
+
+
+def check_required_options(args: argparse.Namespace, methods: list[str | None]) -> None:
+    """Every path the chosen methods require (``MethodInfo.requires``: retrieval's --datastore, eagle's and
+    medusa's --drafter-path) given and present — checked before any model loads (the target loaded first,
+    seconds to minutes, then the error). ``methods``: registered names; None (plain) requires nothing."""
+    from pathlib import Path
+
+    from specdec.drafters.registry import method_info
+
+    flags = {dest: flag for flag, dest in METHOD_FLAGS.items()}
+    for method in methods:
+        for option in method_info(method).requires if method is not None else ():
+            value, flag = getattr(args, option), flags[option]
+            if not value:
+                raise SpecdecError(f"method {method!r} needs {flag} PATH ({REQUIRED_HINTS.get(option, option)})")
+            if not Path(str(value)).expanduser().exists():
+                raise SpecdecError(f"{flag} {value}: no such file or folder")
+
+
+def checked_methods(args: argparse.Namespace, names: list[str], flag: str) -> list[str]:
+    """A list of typed method names (bench's and tune's --methods) → the registered names of the speculative ones,
+    plain names (``ar``, ``plain``) left out; an unknown name, a draft method without --draft-model or a
+    missing required path is refused here, before any model loads (``tune --methods bogus`` failed after it)."""
+    from specdec.drafters.registry import needs_draft_model, resolve_method
+
+    methods = []
+    for name in names:
+        try:
+            method = resolve_method(name)
+        except SpecdecError as exc:
+            raise SpecdecError(f"{flag}: {exc}") from None
+        if needs_draft_model(method) and not args.draft_model:
+            raise SpecdecError(f"{flag}: method {method!r} needs a draft model: add --draft-model NAME_OR_PATH")
+        if method is not None and method not in methods:
+            methods.append(method)
+    check_required_options(args, methods)
+    return methods
 
 
 def unread_flags(args: argparse.Namespace, method: str | None) -> list[tuple[str, list[str]]]:

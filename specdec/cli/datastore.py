@@ -62,5 +62,6 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError(f"--output {args.output}: is a file; give a folder for the datastore")
     tokenizer = Tokenizer.load(resolve_model(args.tokenizer, auto_pull=not args.no_pull))
     meta = build_datastore(tokenizer, read_corpus(args.input), Path(args.output), window=args.window, progress=True)
-    print(f"datastore {args.output}: {meta['documents']} documents, {meta['tokens']} tokens", file=sys.stderr)
+    documents = meta["documents"]
+    print(f"datastore {args.output}: {documents} document{'s' if documents != 1 else ''}, {meta['tokens']} tokens", file=sys.stderr)
     return 0

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from specdec.cli.common import add_debug_flag, check_output_file, gamma_value, positive_int
+from specdec.config import DEFAULT_DRAFT_METHOD
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -19,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     export.add_argument("--engine", required=True, choices=("vllm", "sglang", "llamacpp"), help="the engine to write for")
     export.add_argument("--model", default="qwen2.5-coder-1.5b", help="target: a built-in name or a path (default: qwen2.5-coder-1.5b)")
     export.add_argument("--draft-model", default=None, help="draft model: a built-in name or a path")
-    export.add_argument("--method", default=None, help="speculative method (default: draft_model when --draft-model is given)")
+    export.add_argument("--method", default=None, help=f"speculative method (default, as generate: {DEFAULT_DRAFT_METHOD} when --draft-model is given)")
     export.add_argument("--num-speculative-tokens", type=gamma_value, default=4, metavar="N|auto",
                         help="γ, drafted tokens per round; auto is written as a fixed 4 (default: 4)")
     export.add_argument("--prompt-lookup-min", type=positive_int, default=1, help="n-gram: shortest match (default: 1)")
@@ -32,6 +33,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return export
 
 
+def check_exported_pair(model: str, draft_model: str) -> None:
+    """The pair's tokenizers compared as ``generate`` compares them (a SmolLM2 draft for a Qwen target was written
+    out, for the other engine to refuse), where both are on this machine; a name only the other engine's
+    machine resolves (an HF repo id) is passed through with a note."""
+    from specdec.compat import check_tokenizers
+    from specdec.errors import SpecdecError
+    from specdec.models.registry import resolve_model
+    from specdec.tokenizer import Tokenizer
+
+    paths = []
+    for name in (model, draft_model):
+        try:
+            paths.append(resolve_model(name, auto_pull=False))
+        except SpecdecError:
+            print(f"note: {name} is not on this machine: the pair's vocabularies were not compared", file=sys.stderr)
+            return
+    check_tokenizers(Tokenizer.load(paths[0]), Tokenizer.load(paths[1]), model, draft_model)
+
+
 def run(args: argparse.Namespace) -> int:
     from specdec.config import SpecConfig
     from specdec.drafters.registry import resolve_method
@@ -41,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     spec = SpecConfig(method=resolve_method(args.method) if args.method else None,
                       num_speculative_tokens=args.num_speculative_tokens, prompt_lookup_min=args.prompt_lookup_min,
                       prompt_lookup_max=args.prompt_lookup_max, draft_confidence_threshold=args.draft_confidence_threshold)
+    if args.draft_model is not None:
+        check_exported_pair(args.model, args.draft_model)
     text = export(args.engine, args.model, spec, args.draft_model).render()
     if args.out is None:
         sys.stdout.write(text)

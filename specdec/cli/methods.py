@@ -31,7 +31,8 @@ def method_rows() -> list[tuple[str, ...]]:
         return "yes" if flag else "no"
 
     return [(info.name, ", ".join(info.aliases) or "-", yes(info.needs_draft_model), yes(info.needs_torch_backend),
-             ", ".join(info.options) or "-", info.summary) for info in all_methods()]
+             ", ".join(f"{o} (required)" if o in info.requires else o for o in info.options) or "-", info.summary)
+            for info in all_methods()]
 
 
 def format_table(rows: list[tuple[str, ...]]) -> str:

@@ -301,6 +301,6 @@ def run_on_ray(args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(driver_threads)
     args = copy.copy(args)
-    args.quantize, args.draft_quantize = target_mode, draft_mode
+    args.quantize, args.draft_quantize = target_mode, (draft_mode if args.draft_model else None)  # (no warning per replica)
     serve_on_ray(lambda: build_app(args, threads), settings, name=args.served_model_name or args.model)
     return 0

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.cli.common import (add_debug_flag, add_model_args, draft_quantize, gamma_list, method_options, non_negative_int,
+from specdec.cli.common import (add_debug_flag, add_model_args, checked_methods, draft_quantize, gamma_list, method_options, non_negative_int,
                                 positive_int, positive_number, tree_values)
 from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 
@@ -71,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
                         Path(args.data_dir) if args.data_dir else None)
     if len(rows) < 2:
         raise SpecdecError(f"tune needs at least 2 prompts; {args.prompts} gave {len(rows)}")
-    methods = ([m.strip() for m in args.methods.split(",") if m.strip()] if args.methods
+    methods = (checked_methods(args, [m.strip() for m in args.methods.split(",") if m.strip()], "--methods") if args.methods
                else candidate_methods(args.draft_model is not None, args.datastore is not None))
+    if not methods:
+        raise SpecdecError(f"--methods {args.methods}: names no speculative method (plain decoding is always measured)")
     gammas = gamma_list(args.gammas)
     trees = tree_values(args.spec_trees)
     target_mode, draft_mode = args.quantize, draft_quantize(args)
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     setup = {"model": args.model, "draft_model": args.draft_model, "execution": [target.backend.dtype_name,
              draft.backend.dtype_name if draft else None], "methods": methods, "gammas": gammas, "trees": trees,
              "max_tokens": args.max_tokens, "cpu": cpu_description()}
-    print(f"tune: {len(rows)} prompts × (plain + {len(methods)} methods × {len(gammas)} γ), {args.max_tokens} tokens each, "
+    print(f"tune: {len(rows)} prompts × (plain + {len(methods)} method{'s' if len(methods) != 1 else ''} × {len(gammas)} γ), {args.max_tokens} tokens each, "
           f"budget {args.budget_minutes:g} min; target {target.backend.dtype_name}"
           f"{f', draft {draft.backend.dtype_name}' if draft else ''}; CPU {cpu_description()}", file=sys.stderr)
     from tqdm import tqdm

@@ -274,3 +274,6 @@ class MethodInfo:
     options: tuple[str, ...] = ("num_speculative_tokens",)
     #: drafts from the request's predicted output (``SamplingParams.prediction``) too
     reads_prediction: bool = False
+    #: the ``options`` that must be set (a path: the datastore, the trained head) — front ends refuse a
+    #: method without them before loading any model (the 1.5B target loaded first, then the error)
+    requires: tuple[str, ...] = ()

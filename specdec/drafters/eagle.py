@@ -175,4 +175,4 @@ METHODS = (MethodInfo("eagle", make_eagle_drafter,
                       "a one-layer head on the target's own features drafts (EAGLE; train it with `specdec train-drafter`)",
                       needs_torch_backend=True,
                       options=("num_speculative_tokens", "drafter_path", "draft_context_window", "draft_confidence_threshold",
-                               "spec_tree")),)
+                               "spec_tree"), requires=("drafter_path",)),)

@@ -117,4 +117,4 @@ def make_medusa_drafter(res: DrafterResources) -> MedusaDrafter:
 METHODS = (MethodInfo("medusa", make_medusa_drafter,
                       "K heads on the target's last hidden state propose K tokens at once (Medusa; train with `specdec train-drafter`)",
                       aliases=("mtp",), needs_torch_backend=True,
-                      options=("num_speculative_tokens", "drafter_path", "spec_tree")),)
+                      options=("num_speculative_tokens", "drafter_path", "spec_tree"), requires=("drafter_path",)),)

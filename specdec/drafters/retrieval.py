@@ -32,9 +32,11 @@ def build_datastore(tokenizer, texts: Iterable[str], output: Path, window: int =
 
         iterator = tqdm(texts, desc="tokenizing", unit="doc")
     for text in iterator:
-        ids.extend(tokenizer.encode(text, add_special_tokens=False))
-        ids.append(SEPARATOR)
-        docs += 1
+        document = tokenizer.encode(text, add_special_tokens=False)
+        if document:  # an empty file is no document (it was counted as one, its separator as a token)
+            ids.extend(document)
+            ids.append(SEPARATOR)
+            docs += 1
     if not ids:
         raise SpecdecError("the corpus is empty: nothing to index")
     return write_datastore(ids, output, tokenizer.fingerprint(), tokenizer.vocab_size, docs, window)
@@ -50,7 +52,7 @@ def write_datastore(ids: list[int], output: Path, fingerprint: str, vocab_size: 
     output.mkdir(parents=True, exist_ok=True)
     np.save(output / "tokens.npy", tokens)
     np.save(output / "suffix_array.npy", order)
-    meta = {"format": FORMAT_VERSION, "window": window, "tokens": int(len(tokens)), "documents": docs,
+    meta = {"format": FORMAT_VERSION, "window": window, "tokens": int(np.count_nonzero(tokens != SEPARATOR)), "documents": docs,
             "tokenizer_fingerprint": fingerprint, "vocab_size": vocab_size}
     (output / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta
@@ -152,4 +154,4 @@ def make_retrieval_drafter(res: DrafterResources) -> RetrievalDrafter:
 
 
 METHODS = (MethodInfo("retrieval", make_retrieval_drafter, "REST: continuations of the context's longest match in a datastore",
-                      options=("num_speculative_tokens", "datastore")),)
+                      options=("num_speculative_tokens", "datastore"), requires=("datastore",)),)

@@ -23,7 +23,7 @@ from specdec.api import encode_prompt
 from specdec.config import SpecConfig
 from specdec.drafters.registry import method_info, resolve_method
 from specdec.engine import check_context
-from specdec.errors import ContextLengthError, SpecdecError
+from specdec.errors import ContextLengthError, SpecdecError, WeightsError
 from specdec.forward_costs import Forward
 from specdec.server.audit import Auditor, auditable
 from specdec.sampling import SamplingParams
@@ -97,10 +97,11 @@ async def finished_unless_gone(request: Request, work: "asyncio.Future[Any]") ->
 
 def generation_failure(exc: Exception, endpoint: str) -> APIError:
     """What a client is told when its generation fails, streamed or not: a refusal as it is, the request's
-    fault (a SpecdecError) as a 400, a failure of ours as a 500 (its traceback to the log)."""
+    fault (a SpecdecError) as a 400, a failure of ours as a 500 (its traceback to the log) — a WeightsError
+    raised mid-generation (NaN logits from corrupt weights) among them: no request causes it."""
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, SpecdecError):
+    if isinstance(exc, SpecdecError) and not isinstance(exc, WeightsError):
         return APIError(400, str(exc))
     log.error("a %s generation failed", endpoint, exc_info=exc)
     return APIError.internal(exc)
