@@ -190,7 +190,7 @@ def generate_steps(
         drafter.bind_target_state(state)
     # prompt_logprobs: every prompt row is scored (so none comes from the prefix cache, which keeps no logits)
     prefix_cache = target.prefix_cache if params.prompt_logprobs is None else None  # earlier prompts' keys/values
-    adapt_threads(target.device)
+    stats.note_threads(adapt_threads(target.device))
     logits, prompt_scores, stats.cached_prompt_tokens = yield from prompt_pass(target, state, prompt_ids, params,
                                                                                prefix_cache, prefill_chunk)
     if not bool(torch.isfinite(logits[-1]).all()):  # one row, once: corrupt weights answered empty text, exit 0
@@ -218,7 +218,7 @@ def generate_steps(
                               prompt_logprobs=prompt_scores)
             committed, prompt_scores = [], None
         while out.finish_reason is None:
-            adapt_threads(target.device)  # on the cores other processes left (specdec/threads.py)
+            stats.note_threads(adapt_threads(target.device))  # on the cores other processes left (specdec/threads.py)
             remaining = params.max_tokens - len(out.token_ids)
             room = max(0, min(max_room, remaining - 1, context_len - len(context)))
             k = min(gamma.choose() if gamma is not None else max_k, room) if drafting_pays else 0

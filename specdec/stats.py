@@ -109,6 +109,16 @@ class Stats:
     #: a predicted output (``SamplingParams.prediction``) read by the drafter: its tokens the target
     #: kept and those it checked and refused; None without one or where the method does not read it
     prediction_counts: tuple[int, int] | None = None
+    #: the fewest and most CPU threads the forwards ran on (they follow the cores other processes leave:
+    #: specdec/threads.py); None on a GPU
+    threads: tuple[int, int] | None = None
+
+    def note_threads(self, threads: int | None) -> None:
+        """The CPU threads a forward ran on (None on a GPU): their range is part of what a tokens/s figure
+        means — a busy neighbour's core given up halves the threads (specdec/threads.py)."""
+        if threads is None:
+            return
+        self.threads = (min(self.threads[0], threads), max(self.threads[1], threads)) if self.threads else (threads, threads)
 
     def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float, committed: int) -> None:
         self.target_forwards += 1
@@ -211,6 +221,7 @@ class Stats:
             # why a speculative method did not draft (γ=auto judged its prompt pass not worth it): a bench
             # row with α 0 must say so, not look like a drafter that never agreed with the target
             **({"speculation_note": self.speculation_note} if self.speculation_note else {}),
+            **(dict(zip(("threads_min", "threads_max"), self.threads)) if self.threads is not None else {}),
             **(dict(zip(("prediction_accepted_tokens", "prediction_rejected_tokens"), self.prediction_counts))
                if self.prediction_counts is not None else {}),
         }
@@ -226,6 +237,9 @@ class Stats:
             f"{self.tokens_per_s:.2f} tok/s",
             f"{self.achieved_gb_per_s:.1f} GB/s",
         ]
+        if self.threads is not None:
+            fewest, most = self.threads
+            parts.append(f"threads={most}" if fewest == most else f"threads={fewest}-{most} (other processes took cores)")
         if self.proposed_tokens:
             parts += [
                 f"acceptance_rate={self.acceptance_rate:.2f}",
@@ -271,6 +285,9 @@ def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
         total.alternative_promised += s.alternative_promised
         total.weight_bytes, total.draft_weight_bytes = s.weight_bytes, s.draft_weight_bytes
         draft_forwards += s.proposed_tokens if s.draft_forwards is None else s.draft_forwards
+        if s.threads is not None:
+            total.note_threads(s.threads[0])
+            total.note_threads(s.threads[1])
     total.draft_forwards = draft_forwards
     result = total.to_dict()
     # per-request decode tokens = generated - 1, so the totals' "-1" must count every request

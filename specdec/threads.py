@@ -63,11 +63,14 @@ class ThreadGovernor:
 _GOVERNOR: ThreadGovernor | None = None
 
 
-def adapt_threads(device: torch.device) -> None:
-    """Between forwards of a model on ``device``: run on the cores other processes left (CPU only)."""
+def adapt_threads(device: torch.device) -> int | None:
+    """Between forwards of a model on ``device``: run on the cores other processes left (CPU only).
+    Returns the CPU threads the next forward runs on (None on a GPU), for :meth:`Stats.note_threads`."""
     global _GOVERNOR
-    if device.type != "cpu" or os.environ.get("SPECDEC_ADAPT_THREADS", "1") == "0":
-        return
-    if _GOVERNOR is None:
-        _GOVERNOR = ThreadGovernor()
-    _GOVERNOR.adjust()
+    if device.type != "cpu":
+        return None
+    if os.environ.get("SPECDEC_ADAPT_THREADS", "1") != "0":
+        if _GOVERNOR is None:
+            _GOVERNOR = ThreadGovernor()
+        _GOVERNOR.adjust()
+    return torch.get_num_threads()

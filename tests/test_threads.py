@@ -76,3 +76,19 @@ def test_outputs_and_logits_are_the_same_bits_at_one_and_two_threads(tmp_path, i
     assert torch.equal(logits1, logits2) and torch.equal(chunk1, chunk2)
     assert all(torch.equal(a, b) for a, b in zip(steps1, steps2))
     assert ids1 == ids2
+
+
+def test_stats_record_the_threads_the_forwards_ran_on(tiny_target, monkeypatch):
+    """A tokens/s figure taken while a neighbour held a core ran on fewer threads: the stats say so."""
+    import specdec.engine as engine
+    from specdec.stats import Stats, aggregate
+
+    counts = iter([2, 2, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2])
+    monkeypatch.setattr(engine, "adapt_threads", lambda device: next(counts))
+    result = specdec.generate(tiny_target, "def f(x):", SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    assert result.stats.threads == (1, 2)
+    assert "threads=1-2 (other processes took cores)" in result.stats.summary_line()
+    assert result.stats.to_dict()["threads_min"] == 1
+    quiet = Stats(threads=(2, 2))
+    assert "threads=2" in quiet.summary_line() and "threads_max" in quiet.to_dict() and "threads_min" not in Stats().to_dict()
+    assert aggregate([quiet, result.stats])["threads_min"] == 1
