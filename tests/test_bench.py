@@ -45,8 +45,12 @@ def test_bench_writes_results_report_and_plots(tiny_dirs, dataset, tmp_path, cap
     from specdec.cpu import cpu_description
 
     assert f"Machine: {cpu_description()}" in report  # results differ by CPU: the flags are in every report
+    capsys.readouterr()
     assert main(["bench", "--compare", str(out), str(out)]) == 0
-    assert "+0.0%" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "+0.0%" in captured.out and "warning" not in captured.err
+    assert main(["bench", "--compare", str(out), str(out), "--limit", "3", "--gammas", "2"]) == 0
+    assert "warning: --gammas, --limit not read with --compare" in capsys.readouterr().err
 
 
 def test_bench_with_penalties_names_them_and_refuses_the_peers(tiny_dirs, dataset, tmp_path, capsys):

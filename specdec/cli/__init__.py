@@ -72,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("specdec.step_costs").setLevel(logging.INFO)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        if getattr(args, "unused_flags", None) or getattr(args, "config", None):
-            typed = typed_flags(argv)
-            refuse_unused_flags(args, typed)
-            if getattr(args, "config", None):
-                apply_config(args, typed)
+        typed = typed_flags(argv)
+        args.typed_flags = typed  # what a command reads to tell a typed flag from a default (bench --compare)
+        refuse_unused_flags(args, typed)
+        if getattr(args, "config", None):
+            apply_config(args, typed)
         return func(args)
     except SpecdecError as exc:
         if args.debug:

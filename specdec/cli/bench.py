@@ -56,10 +56,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="directory holding llama.cpp's llama-server, for the llamacpp peers (build: see specdec/bench/llamacpp.py)")
     bench.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
     bench.add_argument("--compare", nargs=2, metavar=("DIR1", "DIR2"), help="print the difference between two bench runs and exit")
-    flags = add_model_args(bench, unused=("--method",))
+    flags = add_model_args(bench, unused={"--method": "name the methods to run in --methods"})
     add_sampling_args(bench)
     bench.set_defaults(draft_model="qwen2.5-coder-0.5b")
-    flags["--method"].help = "not used by `specdec bench`: name the methods to run in --methods"
     flags["--draft-model"].help = ("draft model of the methods that run one (draft, draft-suffix, hf-assisted, llamacpp-draft), "
                                    "loaded only if one of them runs (default: qwen2.5-coder-0.5b)")
     flags["--num-speculative-tokens"].help = "γ of every method, or 'auto' (default: auto); --gammas sweeps several"
@@ -78,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
     from specdec.cpu import cpu_description
 
     if args.compare:
+        ignored = sorted(dest for dest in getattr(args, "typed_flags", ()) if dest not in ("compare", "debug", "command"))
+        if ignored:  # `bench --compare A B --limit 3` compared the two runs as they are, without a word
+            flags = ", ".join("--" + dest.replace("_", "-") for dest in ignored)
+            print(f"warning: {flags} not read with --compare: it compares two finished runs", file=sys.stderr)
         print(compare_runs(Path(args.compare[0]), Path(args.compare[1])))
         return 0
     import specdec

@@ -135,9 +135,10 @@ def methods_help() -> str:
     return "; ".join(parts)
 
 
-def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()) -> dict[str, argparse.Action]:
+def add_model_args(parser: argparse.ArgumentParser, unused: dict[str, str] | tuple[str, ...] = ()) -> dict[str, argparse.Action]:
     """The model and method flags, returned by flag so a command can say what they mean for it (its
-    defaults, its help). ``unused``: flags this command accepts but ignores; their help says so."""
+    defaults, its help). ``unused``: flags this command accepts but does not read, each with a hint (what
+    to use instead, or ""): left out of its --help and refused when typed (``refuse_unused_flags``)."""
     actions: dict[str, argparse.Action] = {}
 
     def add(flag: str, **kwargs) -> None:  # noqa: ANN003
@@ -212,9 +213,12 @@ def add_model_args(parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()
     add("--config", default=None, metavar="FILE",
         help="take the model, method, γ and execution modes from a file `specdec tune` wrote (flags given on "
              "the command line win)")
-    for flag in unused:
-        actions[flag].help = f"not used by `{parser.prog}`"
-    parser.set_defaults(unused_flags={flag: actions[flag] for flag in unused})  # refused when typed (cli.main)
+    hints = unused if isinstance(unused, dict) else dict.fromkeys(unused, "")
+    refusals = {}
+    for flag, hint in hints.items():
+        refusals[flag] = (actions[flag].dest, f"not used by `{parser.prog}`" + (f": {hint}" if hint else ""))
+        actions[flag].help = argparse.SUPPRESS  # --help listed them, each "not used by" this command
+    parser.set_defaults(unused_flags=refusals)  # refused when typed (cli.main)
     return actions
 
 
@@ -222,10 +226,10 @@ def refuse_unused_flags(args: argparse.Namespace, typed: set[str]) -> None:
     """A flag the command accepts (the shared model flags) but does not read, typed on the command line: an
     error saying so (its help's words) — it was silently ignored. A ``--config`` file's settings may name
     them (a tune.json's method, for bench): those are not typed."""
-    named = [(flag, action) for flag, action in getattr(args, "unused_flags", {}).items() if action.dest in typed]
+    named = [(flag, message) for flag, (dest, message) in getattr(args, "unused_flags", {}).items() if dest in typed]
     if named:
-        flag, action = named[0]
-        raise SpecdecError(f"{flag}: {action.help}")
+        flag, message = named[0]
+        raise SpecdecError(f"{flag}: {message}")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
