@@ -145,6 +145,8 @@ def _compile(compiler: Any, spec: StructuredOutput) -> Any:
         return compiler.compile_grammar(spec.grammar)
     except (RuntimeError, ValueError, TypeError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # xgrammar's C++ log prefix ("[08:46:14] /project/cpp/json_schema_converter.cc:5082: ") is not the user's business
+        message = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", message)
         raise SpecdecError(f"invalid {spec.kind}: {message}") from None
 
 

@@ -73,6 +73,33 @@ def test_bad_config_files_are_clear_errors(tmp_path, capsys):
     (tmp_path / "odd.json").write_text(json.dumps({"settings": {"warp_drive": 9}}))
     assert main(["generate", "x", "--config", str(tmp_path / "odd.json")]) == 1
     assert "'warp_drive' is not a setting" in capsys.readouterr().err
+    # values are checked as the flags' are: -1 started a server that answered every request with a 500
+    for settings, message in (({"max_concurrency": -1}, "max_concurrency: must be >= 1, got -1"),
+                              ({"max_concurrency": True}, "max_concurrency: expected a number or a word, got True"),
+                              ({"quantize": "int9"}, "quantize: 'int9' is not one of"),
+                              ({"no_pull": "yes"}, "no_pull: expected true or false"),
+                              ({"host": None}, "host: null is not a value of --host"),
+                              ({"num_speculative_tokens": 0}, "num_speculative_tokens: must be >= 1")):
+        (tmp_path / "odd.json").write_text(json.dumps({"settings": settings}))
+        assert main(["serve", "--config", str(tmp_path / "odd.json"), "--model", "/nope/m.gguf"]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+
+
+def test_config_values_are_converted_as_typed_flags_are(tmp_path):
+    from specdec.cli import build_parser, command_parser, typed_flags
+    from specdec.cli.common import apply_config
+
+    (tmp_path / "ok.json").write_text(json.dumps({"settings": {"max_tokens": "8", "spec_tree": 6, "stop": ["END"],
+                                                               "num_speculative_tokens": "auto", "draft_model": None}}))
+    parser = build_parser()
+    argv = ["generate", "x", "--config", str(tmp_path / "ok.json")]
+    args = parser.parse_args(argv)
+    apply_config(args, typed_flags(argv), command_parser(parser, "generate"))
+    assert (args.max_tokens, args.spec_tree, args.stop, args.num_speculative_tokens, args.draft_model) == (8, 6, ["END"], "auto", None)
+    (tmp_path / "ok.json").write_text(json.dumps({"settings": {"stop": "END"}}))
+    with pytest.raises(SpecdecError, match="stop: expected a list"):
+        apply_config(args, set(), command_parser(parser, "generate"))
 
 
 def test_a_typed_flag_equal_to_its_default_still_wins(tmp_path):

@@ -61,6 +61,12 @@ def typed_flags(argv: list[str] | None) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
+def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The sub-parser of ``command`` (``generate``, ``serve`` …)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices[command]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         args.typed_flags = typed  # what a command reads to tell a typed flag from a default (bench --compare)
         refuse_unused_flags(args, typed)
         if getattr(args, "config", None):
-            apply_config(args, typed)
+            apply_config(args, typed, command_parser(parser, args.command))
         return func(args)
     except SpecdecError as exc:
         if args.debug:

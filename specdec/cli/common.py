@@ -261,17 +261,49 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     only_one.add_argument("--grammar", metavar="FILE_OR_EBNF", help="the output follows this EBNF grammar (xgrammar's dialect, root rule 'root'; a file or inline)")
 
 
-def apply_config(args: argparse.Namespace, typed: set[str]) -> None:
+def apply_config(args: argparse.Namespace, typed: set[str], parser: argparse.ArgumentParser) -> None:
     """``--config FILE``: each setting of the file replaces its flag's value unless the user typed that
-    flag (``typed``: the destinations given on the command line) — as vLLM's ``--config`` YAML does."""
-    from specdec.errors import SpecdecError
+    flag (``typed``: the destinations given on the command line) — as vLLM's ``--config`` YAML does. Each
+    value is checked as the flag's would be (``parser``: the command's): ``max_concurrency: -1`` started a
+    server that answered every request with a 500, ``"8"`` was a traceback."""
     from specdec.tune import read_settings
 
+    actions = {action.dest: action for action in parser._actions if action.option_strings}
     for key, value in read_settings(args.config).items():
-        if not hasattr(args, key):
+        if key not in actions or not hasattr(args, key):
             raise SpecdecError(f"--config {args.config}: {key!r} is not a setting of `specdec {args.command}`")
         if key not in typed:
-            setattr(args, key, value)
+            setattr(args, key, config_value(actions[key], value, f"--config {args.config}: {key}"))
+
+
+def config_value(action: argparse.Action, value: object, where: str) -> object:
+    """A ``--config`` file's value for ``action``'s flag, checked and converted as argparse converts what is typed."""
+    if value is None:
+        if action.default is not None:
+            raise SpecdecError(f"{where}: null is not a value of {action.option_strings[0]}")
+        return None
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if not isinstance(value, bool):
+            raise SpecdecError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if isinstance(action, argparse._AppendAction):
+        if not isinstance(value, list):
+            raise SpecdecError(f"{where}: expected a list, got {value!r}")
+        return [config_value(argparse.Action(action.option_strings, action.dest, type=action.type, choices=action.choices),
+                             item, where) for item in value]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise SpecdecError(f"{where}: expected {'a string' if action.type is None else 'a number or a word'}, got {value!r}")
+    if action.type is None and not isinstance(value, str):
+        raise SpecdecError(f"{where}: expected a string, got {value!r}")
+    converted: object = value
+    if action.type is not None:
+        try:
+            converted = action.type(str(value))
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+            raise SpecdecError(f"{where}: {exc}") from None
+    if action.choices is not None and converted not in action.choices:
+        raise SpecdecError(f"{where}: {converted!r} is not one of {', '.join(map(str, action.choices))}")
+    return converted
 
 
 def check_output_file(path: object, flag: str) -> None:

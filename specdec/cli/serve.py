@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
+import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +114,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             "configured γ, so a token tree verifies no more rows than a chain — with γ=auto, what the "
                             "measured costs price at that load (at least 1)")
     serve.add_argument("--served-model-name", default=None, help="model id clients use (default: the --model value)")
+    serve.add_argument("--enable-log-requests", action="store_true",
+                       help="log one line per request on stderr: client, method, path, status, seconds and the client's "
+                            "X-Request-Id (echoed in the response whether or not this is on; vLLM's flag). Default: off")
     serve.add_argument("--audit-fraction", type=float, default=0.0, metavar="F",
                        help="re-decode this fraction of finished greedy requests plainly while the server is idle and "
                             "compare token ids (/metrics: specdec_audit_total; a mismatch is logged). Default: 0")
@@ -202,7 +207,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                        policy=policy, executor=executor,
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
-                       audit_fraction=args.audit_fraction,
+                       audit_fraction=args.audit_fraction, log_requests=args.enable_log_requests,
                        prefill_chunk=prefill_chunk, pause_speculation_for_prompts=args.pause_speculation_for_prompts)
 
 
@@ -241,6 +246,9 @@ def run(args: argparse.Namespace) -> int:
 
     from specdec.server.app import create_app
 
+    listening = listening_socket(args.host, args.port)  # before loading: a port in use was found after 43 s of it
+    if args.enable_log_requests:
+        logging.getLogger("specdec.server.requests").setLevel(logging.INFO)
     state = build_state(args)
     keys = f"{len(state.access.api_keys)} API key(s)" if state.access.api_keys else "no API key"
     if state.policy.table is not None and state.policy.table_limits and state.spec.method is not None:
@@ -258,16 +266,29 @@ def run(args: argparse.Namespace) -> int:
         speculative = (state.spec.method or "off") + ("" if state.spec.method is None or limit is None
                                                       else f" while at most {limit} request(s) are active") + (
             "; γ=auto sized by the measured costs at each load" if state.policy.table is not None else "")
-    # bind first (uvicorn's own binding), so the address printed is the one that serves (--port 0: the
-    # port the OS picked)
+    # bound first, so the address printed is the one that serves (--port 0: the port the OS picked)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
-    listening = config.bind_socket()
     port = listening.getsockname()[1]
     print(f"serving {state.model_name} ({state.target.backend.mode}, speculative: {speculative}, {keys}) "
           f"on http://{args.host}:{port}",
           file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[listening])
     return 0
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before any model loads (as uvicorn binds it: SO_REUSEADDR, IPv6 for an address
+    with ':'), or one clear line: uvicorn's own binding failed after loading, with its log line and exit status 3."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SpecdecError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (--host / --port)") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def run_on_ray(args: argparse.Namespace) -> int:

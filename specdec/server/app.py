@@ -35,6 +35,7 @@ from specdec.server.params import APIError, field_named, sampling_params
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, forced_call, streamed_delta
 from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body,
                                     lone_surrogate_at, validation_message)
+from specdec.server.request_log import ResponseHeaders
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
 
@@ -197,6 +198,8 @@ def create_app(state: ServerState) -> FastAPI:
             raw = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise APIError(400, "malformed JSON body") from None
+        except RecursionError:  # 5 000 nested brackets: a 500 and a reset connection
+            raise APIError(400, "malformed JSON body: nested too deeply") from None
         if not isinstance(raw, dict):
             raise APIError(400, "the JSON body must be an object")
         broken = lone_surrogate_at(raw)
@@ -215,32 +218,26 @@ def create_app(state: ServerState) -> FastAPI:
 
     async def handle(request: Request, chat: bool) -> Response:
         req, raw = await parse(request, ChatCompletionRequest if chat else CompletionRequest)
-        calls = None  # the tools outputs are parsed for (server/tools.py); None: no tools
-        forced = None  # tool_choice "required" / a named function: the output's constraint
-        if chat:
-            prompt, calls = chat_prompt(state.target.tokenizer, req)
-            prompts, forced = [prompt], forced_call(req)
-        else:
-            if req.suffix is not None and req.echo:
-                raise APIError(400, "echo cannot be combined with suffix", param="suffix")
-            prompts = completion_prompts(req.prompt, req.suffix, state.target.tokenizer)
-        choices = []  # (prompt ids, sampling parameters) of each choice, OpenAI's order: by prompt, then n
-        for prompt in prompts:
-            prompt_ids, params = checked_prompt(req, prompt)
-            if forced is not None:
-                params = dataclasses.replace(params, structured=forced)
-            echo = echo_text(prompt, prompt_ids) if not chat and req.echo else None
-            choices += [(prompt_ids, choice_params(params, i), echo) for i in range(req.n)]
+        # tokenizing off the event loop: a 3 MB prompt held it for 2 s (health checks and other streams waited)
+        choices, calls, params = await asyncio.to_thread(prepare, req, chat)
         spec = _request_spec(state, req, raw)
         audit = req.speculative is not None and req.speculative.audit
         if audit and not auditable(params):
             raise APIError(400, "an audit compares token ids with plain decoding: it needs temperature 0", param="speculative")
         endpoint = "chat" if chat else "completions"
-        jobs = await open_jobs(choices, spec, audit, req.prompt_logprobs)
+        # a client that gives up while queued leaves the queue now (it held a place, and queue-full refusals
+        # were answered to clients behind it, until a slot freed and its request was found gone)
+        opening = asyncio.ensure_future(open_jobs(choices, spec, audit, req.prompt_logprobs))
+        if not await finished_unless_gone(request, opening):
+            state.metrics.requests.labels(endpoint, "499").inc()
+            return Response(status_code=499)
+        jobs = opening.result()
         if req.stream:
-            total_usage = req.stream_options is not None and req.stream_options.include_usage
-            return StreamingResponse(stream_events(jobs, chat, endpoint, req.n, total_usage, calls), media_type="text/event-stream",
-                                     headers={"x-specdec-instance": state.instance})
+            options = req.stream_options
+            # usage: OpenAI's one last chunk with include_usage; each choice's last chunk without stream_options
+            # (specdec's, with the speculative statistics); none with include_usage false, as asked
+            usage = "total" if options is not None and options.include_usage else "choice" if options is None else None
+            return StreamingResponse(stream_events(jobs, chat, endpoint, req.n, usage, calls), media_type="text/event-stream")
         try:
             if not await finished_unless_gone(request, asyncio.gather(*(job.run_to_end() for job in jobs))):
                 state.metrics.requests.labels(endpoint, "499").inc()  # nginx's "client closed request"
@@ -253,7 +250,28 @@ def create_app(state: ServerState) -> FastAPI:
         finally:
             close_jobs(jobs)
         state.metrics.requests.labels(endpoint, "200").inc()
-        return JSONResponse(full_response(jobs, chat, req.n, calls), headers={"x-specdec-instance": state.instance})
+        return JSONResponse(full_response(jobs, chat, req.n, calls))
+
+    def prepare(req: CompletionRequest | ChatCompletionRequest, chat: bool) -> tuple[list, RequestTools | None, SamplingParams]:
+        """The request's choices (prompt ids, sampling parameters, echo text; OpenAI's order: by prompt, then n),
+        its tools and the last prompt's sampling parameters, or the 400 that says what is wrong."""
+        calls = None  # the tools outputs are parsed for (server/tools.py); None: no tools
+        forced = None  # tool_choice "required" / a named function: the output's constraint
+        if chat:
+            prompt, calls = chat_prompt(state.target.tokenizer, req)
+            prompts, forced = [prompt], forced_call(req)
+        else:
+            if req.suffix is not None and req.echo:
+                raise APIError(400, "echo cannot be combined with suffix", param="suffix")
+            prompts = completion_prompts(req.prompt, req.suffix, state.target.tokenizer)
+        choices = []
+        for prompt in prompts:
+            prompt_ids, params = checked_prompt(req, prompt)
+            if forced is not None:
+                params = dataclasses.replace(params, structured=forced)
+            echo = echo_text(prompt, prompt_ids) if not chat and req.echo else None
+            choices += [(prompt_ids, choice_params(params, i), echo) for i in range(req.n)]
+        return choices, calls, params
 
     def checked_prompt(req: CompletionRequest | ChatCompletionRequest, prompt: Any) -> tuple[list[int], SamplingParams]:
         """One prompt's token ids and sampling parameters (its length sets the default max_tokens), or
@@ -339,12 +357,12 @@ def create_app(state: ServerState) -> FastAPI:
         assert state.slots is not None
         state.slots.release()
 
-    async def stream_events(jobs: list[Job], chat: bool, endpoint: str, n: int, total_usage: bool,
+    async def stream_events(jobs: list[Job], chat: bool, endpoint: str, n: int, usage: str | None,
                             calls: RequestTools | None = None) -> AsyncIterator[str]:
-        """The choices' chunks as they come (each names its choice's index); a choice's last chunk
-        carries its usage, and with ``stream_options.include_usage`` one more chunk (no choices)
-        the whole request's, as OpenAI sends it. With tools (``calls``) text that may be a call is
-        held back and the calls go out whole in the last chunk (server/tools.py)."""
+        """The choices' chunks as they come (each names its choice's index). ``usage`` "choice": a choice's
+        last chunk carries its usage; "total" (``stream_options.include_usage``): one more chunk (no choices)
+        carries the whole request's, as OpenAI sends it; None: no usage. With tools (``calls``) text that may
+        be a call is held back and the calls go out whole in the last chunk (server/tools.py)."""
         try:
             if chat:
                 for index, job in enumerate(jobs):
@@ -367,10 +385,10 @@ def create_app(state: ServerState) -> FastAPI:
                         body["choices"][0]["logprobs"] = job.streamed_logprobs(chunk.logprobs, chat)
                     if chunk.stats is not None:
                         await job.run_audit()
-                        if not total_usage:  # else only OpenAI's final chunk has it: a client summing chunks counted it twice
+                        if usage == "choice":  # not beside OpenAI's final chunk: a client summing chunks counted it twice
                             body["usage"] = job.usage()
                     yield sse(body)
-            if total_usage:
+            if usage == "total":
                 last = chunk_body(jobs[0], chat, None, None, 0, jobs[0].id)
                 yield sse({**last, "choices": [], "usage": combined_usage(jobs, n)})
             yield "data: [DONE]\n\n"
@@ -382,6 +400,9 @@ def create_app(state: ServerState) -> FastAPI:
             yield sse(failure.body())
             yield "data: [DONE]\n\n"
             state.metrics.requests.labels(endpoint, str(failure.status)).inc()
+        except (asyncio.CancelledError, GeneratorExit):  # the client left mid-stream: counted as a non-streamed one is
+            state.metrics.requests.labels(endpoint, "499").inc()
+            raise
         finally:
             close_jobs(jobs)  # client gone or done: stop generating at the next step
 
@@ -389,6 +410,8 @@ def create_app(state: ServerState) -> FastAPI:
     reasons = {401: "invalid_api_key", 413: "body_too_large"}
     app.add_middleware(AccessMiddleware, policy=state.access,
                        on_refused=lambda status: state.metrics.refused.labels(reasons[status]).inc())
+    # outermost: refusals (401, 413) carry the instance header and are logged too
+    app.add_middleware(ResponseHeaders, instance=state.instance, log_requests=state.log_requests)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

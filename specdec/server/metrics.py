@@ -33,12 +33,12 @@ class Metrics:
         self.traffic_acceptance = Gauge("specdec_traffic_acceptance_rate", "The server method's acceptance rate on this "
                                         "traffic as its gamma table plans with it (running requests' rounds, older ones "
                                         "forgotten; starts at a prior)", registry=r)
-        self.active = Gauge("specdec_active_requests", "Requests being generated", registry=r)
+        self.active = Gauge("specdec_active_requests", "Sequences being generated (a request with n choices counts n, as each holds a --max-num-seqs slot)", registry=r)
         self.refused = Counter("specdec_refused_requests_total", "Requests refused before routing (missing or wrong API key, body too large)",
                                ["reason"], registry=r)
         self.audits = Counter("specdec_audit_total", "Greedy requests re-decoded plainly to check losslessness, by result "
                               "(identical, mismatch, skipped)", ["result"], registry=r)
-        self.waiting = Gauge("specdec_waiting_requests", "Requests waiting for a slot", registry=r)
+        self.waiting = Gauge("specdec_waiting_requests", "Sequences waiting for a slot (a request's later choices wait for its earlier ones where n exceeds --max-num-seqs)", registry=r)
         self.batch_requests = Histogram("specdec_batch_requests", "Requests served by one target forward (continuous batching)",
                                         buckets=BATCH_BUCKETS, registry=r)
         self.batch_tokens = Histogram("specdec_batch_tokens", "Tokens (rows) of one target forward",

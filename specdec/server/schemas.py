@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specdec.tokenizer import not_unicode
 
@@ -82,6 +82,19 @@ class StreamOptions(BaseModel):
 
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """``"temperature": null`` is the default, as OpenAI's spec ("number or null") and vLLM read it: clients
+        that send unset fields as null (Java, Go, TypeScript SDKs) were refused with a 400. Not ``speculative``,
+        where null means plain decoding."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {key: value for key, value in data.items()
+                if value is not None or key not in fields or key == "speculative"
+                or (fields[key].default is None and fields[key].default_factory is None)}
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(default=None)
     max_completion_tokens: Optional[int] = None

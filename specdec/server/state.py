@@ -50,6 +50,8 @@ class ServerState:
     executor: ModelExecutor = field(default_factory=ModelExecutor)
     #: which process answered (header ``x-specdec-instance``, /health): tells replicas apart behind a proxy
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    #: --enable-log-requests: one log line per request (server/request_log.py)
+    log_requests: bool = False
     #: when the model was loaded (Unix seconds): /v1/models' ``created``
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -1,0 +1,59 @@
+"""What every response carries and, when asked, one log line per request.
+
+Every response names the process that answered (``x-specdec-instance``: replicas behind a proxy told
+apart, errors and ``/health`` included — only successful generations carried it) and echoes the client's
+``x-request-id`` (a trace id, as vLLM and most proxies pass it through). With ``--enable-log-requests``
+(vLLM's flag) each request is one INFO line on the ``specdec.server.requests`` logger: client, method,
+path, status, seconds and the request id — the only way to match a client's error to the server's log.
+A pure ASGI middleware, so streamed responses pass through untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("specdec.server.requests")
+
+
+class ResponseHeaders:
+    """Adds ``x-specdec-instance`` (and the request's ``x-request-id``) to every HTTP response; logs one line
+    per request where ``log_requests``."""
+
+    def __init__(self, app: ASGIApp, instance: str, log_requests: bool = False) -> None:
+        self.app, self.instance, self.log_requests = app, instance.encode("latin-1"), log_requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = next((value for name, value in scope.get("headers", []) if name.lower() == b"x-request-id"), None)
+        start, status = time.perf_counter(), 0
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                extra = [(b"x-specdec-instance", self.instance)]
+                if request_id is not None:
+                    extra.append((b"x-request-id", request_id[:200]))
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            if self.log_requests:
+                log.info("%s", access_line(scope, status, time.perf_counter() - start, request_id))
+
+
+def access_line(scope: Scope, status: int, seconds: float, request_id: bytes | None) -> str:
+    """``127.0.0.1:51234 "POST /v1/completions" 200 1.234 s request_id=abc`` (status 0: no response was sent)."""
+    client: Any = scope.get("client") or ("-", 0)
+    line = f'{client[0]}:{client[1]} "{scope.get("method", "")} {scope.get("path", "")}" {status} {seconds:.3f} s'
+    if request_id is not None:
+        line += f" request_id={request_id[:200].decode('latin-1')}"
+    return line

@@ -1,0 +1,164 @@
+"""`specdec serve` as operators run it behind other services: null fields, headers on every response, request
+logs, clients that give up while queued or mid-stream, nested JSON, the port checked before loading."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.test_server import error, launch, serving
+
+#: `specdec serve` whose model thread sleeps 20 ms per streamed chunk, so one request holds the only slot for seconds
+SLOW_SERVER = """
+import sys
+import time
+import specdec.server.jobs as jobs
+from specdec.cli import main
+from specdec.engine import StreamChunk
+
+real = jobs.generate_steps
+
+def slow_steps(**kwargs):
+    steps = real(**kwargs)
+    def slow():
+        sent = None
+        while True:
+            try:
+                item = steps.send(sent)
+            except StopIteration:
+                return
+            if isinstance(item, StreamChunk):
+                time.sleep(0.02)
+            sent = yield item
+    return slow()
+
+jobs.generate_steps = slow_steps
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def slow_server(tiny_dirs):
+    """One slot, one queue place, request logs on; the process too, for its log."""
+    proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
+                        "--served-model-name", "tiny", "--max-concurrency", "1", "--max-queue", "1",
+                        "--enable-log-requests", runner=("-c", SLOW_SERVER))
+    with serving((proc, base)):
+        yield proc, base
+
+
+def test_null_means_the_default(slow_server):
+    """Clients that send unset fields as null (OpenAI: "number or null") were refused with a 400."""
+    _, base = slow_server
+    nulls = {"temperature": None, "top_p": None, "n": None, "stream": None, "presence_penalty": None,
+             "frequency_penalty": None, "max_tokens": 2}
+    completion = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "echo": None, **nulls}, timeout=60)
+    assert completion.status_code == 200, completion.text
+    assert len(completion.json()["choices"]) == 1
+    chat = httpx.post(f"{base}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], **nulls,
+                                                            "logprobs": None}, timeout=60)
+    assert chat.status_code == 200, chat.text
+
+
+def test_every_response_names_the_instance_and_echoes_the_request_id(slow_server):
+    """Only successful generations carried x-specdec-instance: errors, /health and /v1/models did not."""
+    _, base = slow_server
+    trace = {"x-request-id": "trace-123"}
+    responses = [httpx.get(f"{base}/health", headers=trace), httpx.get(f"{base}/v1/models", headers=trace),
+                 httpx.get(f"{base}/v1/nowhere", headers=trace),
+                 httpx.post(f"{base}/v1/completions", json={"prompt": "x", "n": 0}, headers=trace)]
+    assert [r.status_code for r in responses] == [200, 200, 404, 400]
+    instance = responses[0].json()["instance"]
+    for response in responses:
+        assert response.headers["x-specdec-instance"] == instance
+        assert response.headers["x-request-id"] == "trace-123"
+    assert "x-request-id" not in httpx.get(f"{base}/health").headers
+
+
+def test_deeply_nested_json_is_a_400_and_the_connection_stays_usable(slow_server):
+    _, base = slow_server
+    with httpx.Client(base_url=base, timeout=60) as client:
+        body = '{"prompt": "x", "max_tokens": 2, "foo": ' + "[" * 5000 + "]" * 5000 + "}"
+        refused = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+        assert "nested too deeply" in error(refused, 400)["message"]
+        assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200  # same connection
+
+
+def test_include_usage_false_sends_no_usage(slow_server):
+    _, base = slow_server
+    body = {"prompt": "x", "max_tokens": 3, "stream": True, "n": 2}
+    for options, chunks_with_usage in (({"include_usage": False}, 0), ({"include_usage": True}, 1), (None, 2)):
+        with httpx.stream("POST", f"{base}/v1/completions", json={**body, "stream_options": options}, timeout=60) as response:
+            events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert sum("usage" in json.loads(event) for event in events[:-1]) == chunks_with_usage, options
+
+
+def metric(base: str, series: str) -> float:
+    """One series' value on /metrics (0 before it is first counted)."""
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_clients_that_give_up_leave_the_queue_and_are_counted(slow_server):
+    """A client that timed out while queued held its queue place (new clients got 429 queue_full) until a slot
+    freed; a client that left mid-stream was missing from the request counts."""
+    proc, base = slow_server
+    gone = 'specdec_requests_total{endpoint="completions",status="499"}'
+    before = metric(base, gone)
+    long = {"prompt": "x", "max_tokens": 300, "ignore_eos": True, "temperature": 0, "stream": True}
+    first_event = threading.Event()
+
+    def hold_the_slot() -> None:
+        with httpx.stream("POST", f"{base}/v1/completions", json=long, timeout=60) as response:
+            for index, _ in enumerate(response.iter_lines()):
+                first_event.set()
+                if index == 40:
+                    break  # hang up mid-stream, ~1 s in
+
+    holder = threading.Thread(target=hold_the_slot)
+    holder.start()
+    assert first_event.wait(30)
+    with pytest.raises(httpx.ReadTimeout):  # queued behind the holder; gives up
+        httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=0.3)
+    deadline = time.time() + 3
+    while time.time() < deadline and httpx.get(f"{base}/health").json()["waiting"] != 0:
+        time.sleep(0.05)
+    health = httpx.get(f"{base}/health").json()
+    assert health["waiting"] == 0 and health["active"] == 1  # left the queue while the holder still runs
+    holder.join(30)
+    deadline = time.time() + 5
+    while time.time() < deadline and metric(base, gone) < before + 2:
+        time.sleep(0.1)
+    assert metric(base, gone) == before + 2  # the queued one and the stream
+
+
+def test_the_request_log_has_one_line_per_request(tiny_dirs):
+    proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
+                        "--served-model-name", "tiny", "--enable-log-requests")
+    with serving((proc, base)):
+        httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers={"x-request-id": "abc"}, timeout=60)
+        httpx.post(f"{base}/v1/completions", json={"prompt": "x", "n": 0}, timeout=60)
+    log = proc.stderr.read()
+    assert '"POST /v1/completions" 200' in log and "request_id=abc" in log
+    assert '"POST /v1/completions" 400' in log
+
+
+def test_a_port_in_use_is_refused_before_loading(tmp_path):
+    from tests.test_cli import run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        start = time.time()
+        proc = run_cli("serve", "--port", str(port), "--model", str(tmp_path / "never-loaded.gguf"))
+    assert proc.returncode == 1 and f"error: cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and time.time() - start < 60
