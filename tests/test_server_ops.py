@@ -162,3 +162,14 @@ def test_a_port_in_use_is_refused_before_loading(tmp_path):
         proc = run_cli("serve", "--port", str(port), "--model", str(tmp_path / "never-loaded.gguf"))
     assert proc.returncode == 1 and f"error: cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and time.time() - start < 60
+
+
+def test_openapi_describes_the_request_bodies(slow_server):
+    """/docs listed no request body for any POST route (the routes parse the body themselves)."""
+    _, base = slow_server
+    document = httpx.get(f"{base}/openapi.json").json()
+    for path, model in (("/v1/completions", "CompletionRequest"), ("/v1/chat/completions", "ChatCompletionRequest")):
+        body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model}"}
+    assert "temperature" in document["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert "ChatMessage" in document["components"]["schemas"]

@@ -33,8 +33,8 @@ from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage,
 from specdec.server.state import ServerState
 from specdec.server.params import APIError, field_named, sampling_params
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, forced_call, streamed_delta
-from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body,
-                                    lone_surrogate_at, validation_message)
+from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                                    document_request_bodies, error_body, lone_surrogate_at, validation_message)
 from specdec.server.request_log import ResponseHeaders
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
@@ -420,5 +420,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await handle(request, chat=True)
+
+    document_request_bodies(app)
 
     return app

@@ -272,3 +272,37 @@ def lone_surrogate_at(value: Any, where: str = "") -> str | None:
             return found
     return None
 
+
+
+#: the request body each POST route reads (routes parse the body themselves, for OpenAI-style errors, so FastAPI
+#: cannot see it): published in /openapi.json for /docs' "Try it out" and client generators
+REQUEST_BODIES: dict[str, type[BaseModel]] = {}
+
+
+def document_request_bodies(app: Any) -> None:  # noqa: ANN401 - fastapi.FastAPI
+    """Put :data:`REQUEST_BODIES`' schemas into ``app``'s OpenAPI document (it listed no request body at all)."""
+    from pydantic.json_schema import models_json_schema
+
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = plain_openapi()
+        models = list(dict.fromkeys(REQUEST_BODIES.values()))
+        refs, defs = models_json_schema([(model, "validation") for model in models],
+                                        ref_template="#/components/schemas/{model}")
+        document.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+        for path, model in REQUEST_BODIES.items():
+            operation = document["paths"].get(path, {}).get("post")
+            if operation is not None:
+                operation["requestBody"] = {"required": True,
+                                            "content": {"application/json": {"schema": refs[(model, "validation")]}}}
+        app.openapi_schema = document
+        return document
+
+    app.openapi = openapi
+
+
+REQUEST_BODIES.update({"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
+                       "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})
