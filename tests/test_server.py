@@ -568,7 +568,7 @@ def test_a_failure_mid_generation_is_an_error_object_streamed_or_not_and_the_ser
 def test_a_model_fault_mid_generation_is_ours_not_the_requests():
     """A WeightsError raised mid-generation (NaN logits from corrupt weights) was a 400 blaming the client."""
     from specdec.errors import SpecdecError, WeightsError
-    from specdec.server.app import generation_failure
+    from specdec.server.errors import generation_failure
     from specdec.server.params import APIError
 
     assert generation_failure(WeightsError("the target's logits are NaN"), "completions").status == 500

@@ -88,7 +88,7 @@ def test_bad_config_files_are_clear_errors(tmp_path, capsys):
 
 def test_config_values_are_converted_as_typed_flags_are(tmp_path):
     from specdec.cli import build_parser, command_parser, typed_flags
-    from specdec.cli.common import apply_config
+    from specdec.cli.checks import apply_config
 
     (tmp_path / "ok.json").write_text(json.dumps({"settings": {"max_tokens": "8", "spec_tree": 6, "stop": ["END"],
                                                                "num_speculative_tokens": "auto", "draft_model": None}}))

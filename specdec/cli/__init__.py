@@ -29,7 +29,7 @@ from typing import Callable
 
 from specdec import __version__
 from specdec.cli import bench, calibrate, datastore, export, generate, methods, models, serve, train_drafter, tune, verify
-from specdec.cli.common import apply_config, refuse_unused_flags
+from specdec.cli.checks import apply_config, refuse_unused_flags
 from specdec.errors import SpecdecError
 
 #: in the order ``specdec --help`` lists them

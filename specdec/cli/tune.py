@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.cli.common import (add_debug_flag, add_model_args, checked_methods, draft_quantize, gamma_list, method_options, non_negative_int,
+from specdec.cli.checks import checked_methods
+from specdec.cli.common import (add_debug_flag, add_model_args, draft_quantize, gamma_list, method_options, non_negative_int,
                                 positive_int, positive_number, tree_values)
 from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 

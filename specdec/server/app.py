@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import logging
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -23,11 +22,11 @@ from specdec.api import encode_prompt
 from specdec.config import SpecConfig
 from specdec.drafters.registry import method_info, resolve_method
 from specdec.engine import check_context
-from specdec.errors import ContextLengthError, SpecdecError, WeightsError
+from specdec.errors import ContextLengthError, SpecdecError
 from specdec.forward_costs import Forward
 from specdec.server.audit import Auditor, auditable
 from specdec.sampling import SamplingParams
-from specdec.server.errors import install_error_handlers
+from specdec.server.errors import generation_failure, install_error_handlers
 from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage, completion_prompts, full_response,
                                  merged_chunks)
 from specdec.server.state import ServerState
@@ -38,8 +37,6 @@ from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, De
 from specdec.server.request_log import ResponseHeaders
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
-
-log = logging.getLogger("specdec.server")
 
 
 def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionRequest, raw: dict) -> SpecConfig:
@@ -94,18 +91,6 @@ async def finished_unless_gone(request: Request, work: "asyncio.Future[Any]") ->
         return False
     work.result()  # its exception, if it failed
     return True
-
-
-def generation_failure(exc: Exception, endpoint: str) -> APIError:
-    """What a client is told when its generation fails, streamed or not: a refusal as it is, the request's
-    fault (a SpecdecError) as a 400, a failure of ours as a 500 (its traceback to the log) — a WeightsError
-    raised mid-generation (NaN logits from corrupt weights) among them: no request causes it."""
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, SpecdecError) and not isinstance(exc, WeightsError):
-        return APIError(400, str(exc))
-    log.error("a %s generation failed", endpoint, exc_info=exc)
-    return APIError.internal(exc)
 
 
 def create_app(state: ServerState) -> FastAPI:

@@ -1,8 +1,10 @@
 """The server's errors as OpenAI's error object, each counted under its endpoint: refusals (``APIError``),
-FastAPI's own 404/405, invalid bodies, and failures of ours outside a generation (500)."""
+FastAPI's own 404/405, invalid bodies, failures of ours outside a generation (500), and what a failed
+generation tells its client."""
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from fastapi import FastAPI, Request
@@ -10,12 +12,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec.errors import SpecdecError, WeightsError
 from specdec.server.metrics import Metrics
 from specdec.server.params import APIError
 from specdec.server.schemas import error_body, validation_message
 
 #: the ``endpoint`` label of the generation routes' status counts
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+log = logging.getLogger("specdec.server")
 
 
 def install_error_handlers(app: FastAPI, metrics: Metrics) -> Callable[[Request], str]:
@@ -55,3 +60,15 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> Callable[[Request]
         return JSONResponse(error_body(message, param=where), status_code=400)
 
     return endpoint_of
+
+
+def generation_failure(exc: Exception, endpoint: str) -> APIError:
+    """What a client is told when its generation fails, streamed or not: a refusal as it is, the request's
+    fault (a SpecdecError) as a 400, a failure of ours as a 500 (its traceback to the log) — a WeightsError
+    raised mid-generation (NaN logits from corrupt weights) among them: no request causes it."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, SpecdecError) and not isinstance(exc, WeightsError):
+        return APIError(400, str(exc))
+    log.error("a %s generation failed", endpoint, exc_info=exc)
+    return APIError.internal(exc)
