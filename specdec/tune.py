@@ -21,6 +21,7 @@ expectation says (:func:`mode_to_measure`: it misses what long drafts gain where
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict
@@ -56,35 +57,45 @@ def candidate_methods(has_draft: bool, has_datastore: bool) -> list[str]:
 
 def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRow], config: BenchConfig,
              out_dir: Path, budget_s: float, setup: dict[str, Any],
-             on_row: Callable[[str], None] | None = None) -> tuple[list[RequestResult], int]:
+             on_row: Callable[[str], None] | None = None) -> tuple[list[RequestResult], int, int]:
     """Measure ``rows`` (every method of ``config`` and plain decoding, interleaved) until the budget
-    is spent; returns the results and how many prompts were left out for lack of budget.
-    ``setup`` identifies the measurement (models, modes, methods, γ, tokens): rows stored in
-    ``out_dir/measurements.jsonl`` under the same setup are reused instead of measured again."""
+    is spent; returns the results, how many prompts were left out for lack of budget and how many were
+    reused. ``setup`` identifies the measurement (models, modes, methods, γ, tokens): prompts stored in
+    ``out_dir/measurements.jsonl`` under the same setup, with the same text (:func:`prompt_key`), are reused
+    instead of measured again."""
     out_dir.mkdir(parents=True, exist_ok=True)
     store = out_dir / "measurements.jsonl"
     done = _stored(store, setup)
     results: list[RequestResult] = []
     start = time.perf_counter()
     warmed = False
-    measured = 0
+    measured = reused = 0
     for index, row in enumerate(rows):
-        if row.id in done:
-            results.extend(done[row.id])
+        key = prompt_key(row)
+        if key in done:
+            results.extend(done[key])
             measured += 1
+            reused += 1
         else:
             if measured >= 2 and time.perf_counter() - start > budget_s:
-                return results, len(rows) - index
+                return results, len(rows) - index, reused
             # the bench runner's warm-up, once for the whole run rather than once per prompt
             row_results = run_benchmark(target, draft, [row], config, progress=False, warm_up=not warmed)
             warmed = True
             with store.open("a") as handle:
-                handle.write(json.dumps({"setup": setup, "prompt": row.id, "results": [asdict(r) for r in row_results]}) + "\n")
+                handle.write(json.dumps({"setup": setup, "prompt": key, "results": [asdict(r) for r in row_results]}) + "\n")
             results.extend(row_results)
             measured += 1
         if on_row is not None:
             on_row(row.id)
-    return results, 0
+    return results, 0, reused
+
+
+def prompt_key(row: PromptRow) -> str:
+    """What a stored measurement is reused for: the prompt's id *and* text (a JSONL's id is its line number, so
+    a file edited or replaced under the same --out reused another prompt's measurement, without a word)."""
+    digest = hashlib.sha256(json.dumps([row.turns, row.chat]).encode()).hexdigest()[:16]
+    return f"{row.id}:{digest}"
 
 
 def _stored(store: Path, setup: dict[str, Any]) -> dict[str, list[RequestResult]]:

@@ -183,3 +183,20 @@ def test_the_report_says_which_requests_did_not_draft_and_why():
     report = markdown_report(summary, {"dataset": "x"}, notes)
     assert "Not drafting (γ=auto):" in report and notes[0] in report
     assert "Not drafting" not in markdown_report(summary, {"dataset": "x"})
+
+
+def test_the_report_warns_when_other_processes_took_cores():
+    """On a shared machine a run on fewer threads made noise look like a speedup (α 0 at 1.6x), without a word."""
+    from specdec.bench.report import busy_note, markdown_report
+    from specdec.bench.runner import RequestResult
+
+    def result(method: str, low: int, high: int) -> RequestResult:
+        return RequestResult("p0", "code", method, 0, 0, [1], {"threads_min": low, "threads_max": high}, 0.1)
+
+    assert busy_note([result("ar", 2, 2), result("ngram", 2, 2)]) == ""
+    assert busy_note([result("ar", 2, 2), RequestResult("p0", "code", "hf", 0, 0, [1], {}, 0.1)]) == ""  # peers: unknown
+    note = busy_note([result("ar", 1, 2), result("ngram", 2, 2), result("suffix", 1, 1)])
+    assert "during 2 of 3 runs" in note and "fewer than 2 threads" in note
+    summary = {"overall": {"ar": {"tokens_per_s": 1.0, "speedup": 1.0, "acceptance_rate": 0.0, "mean_accepted_len": 1.0,
+                                  "ttft_s": 0.1, "tpot_s": 0.01, "mismatches": 0}}}
+    assert note in markdown_report(summary, {"dataset": "x"}, busy=note)

@@ -53,7 +53,12 @@ def test_tune_writes_a_config_that_generate_reads_and_resumes(tiny_dirs, prompts
     lines = (out / "measurements.jsonl").read_text().count("\n")
     assert main(["tune", *base, "--gammas", "auto,2"]) == 0  # resumed: nothing measured again
     assert (out / "measurements.jsonl").read_text().count("\n") == lines
-    capsys.readouterr()
+    assert "tune: 3 prompt(s) reused from" in capsys.readouterr().err
+    # an edited prompt keeps its id (the line number) but is measured again: it reused the old text's figures
+    prompts.write_text(prompts.read_text().replace("class Stack:", "while True:"))
+    assert main(["tune", *base, "--gammas", "auto,2"]) == 0
+    assert (out / "measurements.jsonl").read_text().count("\n") == lines + 1
+    assert "tune: 2 prompt(s) reused from" in capsys.readouterr().err
 
     forced = dict(settings, method="ngram", num_speculative_tokens=3, draft_model=None)
     (out / "forced.json").write_text(json.dumps({"settings": forced}))

@@ -17,7 +17,7 @@ def write_results(out_dir: Path, results: list[RequestResult], meta: dict[str, A
     summary = summarize(results)
     payload = {"meta": meta, "summary": summary, "requests": [asdict(r) for r in results]}
     (out_dir / "results.json").write_text(json.dumps(payload, indent=1))
-    (out_dir / "report.md").write_text(markdown_report(summary, meta, drafting_notes(results)))
+    (out_dir / "report.md").write_text(markdown_report(summary, meta, drafting_notes(results), busy_note(results)))
     write_plots(out_dir, results, summary)
     return summary
 
@@ -37,12 +37,28 @@ def drafting_notes(results: list[RequestResult]) -> list[str]:
             for method, notes in skipped.items()]
 
 
+def busy_note(results: list[RequestResult]) -> str:
+    """A warning when other processes took cores during the runs (the thread governor gave up threads:
+    ``threads_min`` below the most any run had), or "" — on a shared machine such runs made noise look like
+    speedups (a method at α 0 reported 1.6x) and nothing said so."""
+    counts = [(r.stats["threads_min"], r.stats["threads_max"]) for r in results if "threads_min" in r.stats]
+    if not counts:
+        return ""
+    most = max(high for _, high in counts)
+    slowed = sum(low < most for low, _ in counts)
+    if not slowed:
+        return ""
+    return (f"**Other processes took CPU cores during {slowed} of {len(counts)} runs** (they ran on fewer than {most} "
+            "threads): their timings, and speedups against them, are noisy — rerun on a quiet machine before "
+            "trusting small differences.")
+
+
 def repeats_text(repeats: object) -> str:
     """How each figure was taken: "median of 3 repeats", or "one run each" (not "median of 1 repeats")."""
     return "one run each" if repeats == 1 else f"median of {repeats} repeats"
 
 
-def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None = None) -> str:
+def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None = None, busy: str = "") -> str:
     lines = [f"# specdec bench — {meta.get('dataset')}", "",
              f"Command: `{meta.get('command', '')}`", "",
              f"Machine: {meta.get('machine', '')}; target {meta.get('model')} ({meta.get('execution')}), "
@@ -54,6 +70,8 @@ def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None
     mismatches = sum(m["mismatches"] for m in summary["overall"].values())
     if mismatches:
         lines += [f"**WARNING: {mismatches} greedy outputs differ from plain decoding — this is a bug.**", ""]
+    if busy:
+        lines += [busy, ""]
     lines += ["| category | method | tokens/s | speedup | decode speedup | α | τ | TTFT s | TPOT s | mismatches |",
               "|---|---|---|---|---|---|---|---|---|---|"]
 
@@ -66,8 +84,9 @@ def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None
                          f"{cell(m.get('decode_speedup', 0.0), '.2f', '×')} | {m['acceptance_rate']:.2f} | "
                          f"{m['mean_accepted_len']:.2f} | {cell(m['ttft_s'], '.3f')} | "
                          f"{cell(m['tpot_s'], '.4f')} | {m['mismatches']} |")
-    lines += ["", "tokens/s and speedup are end to end (prefill included, as a user waits); decode speedup compares "
-              "time per output token after the first (prefill excluded)."]
+    lines += ["", "tokens/s and speedup are end to end (prefill included, as a user waits): all tokens over all wall time "
+              "of the category's requests; decode speedup compares time per output token after the first (prefill "
+              "excluded). α, τ, TTFT and TPOT are medians of the requests' own figures."]
     if notes:
         lines += ["", "Not drafting (γ=auto):", *(f"- {note}" for note in notes)]
     lines += ["", "Plots: `speedup.png` (speedup per category and method), `accepted_len.png` (accepted-length "

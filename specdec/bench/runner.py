@@ -8,6 +8,7 @@ with the chat template, the second turn seeing the first answer.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -131,24 +132,40 @@ def ours(target: LoadedModel, draft: LoadedModel | None, method: str, config: Be
     return generate_one
 
 
+def short_config(config: BenchConfig, tokens: int = 8) -> BenchConfig:
+    """``config`` generating at most ``tokens`` tokens: the warm-up runs'."""
+    return dataclasses.replace(config, params=dataclasses.replace(config.params, max_tokens=min(tokens, config.params.max_tokens)))
+
+
 def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRow], config: BenchConfig,
                   peers: dict[str, Callable] | None = None, progress: bool = True,
                   method_runner: Callable | None = None, warm_up: bool = True) -> list[RequestResult]:
     """All methods × rows × repeats, interleaved per prompt. ``method_runner`` (tests) overrides ``ours``;
     ``warm_up=False`` when the caller already warmed up (``specdec tune`` runs one row at a time)."""
-    runners: dict[str, Callable] = {}
-    for method in config.methods:
-        if peers and method in peers:
-            runners[method] = peers[method]
-        elif is_plain(method):
-            runners[method] = ours(target, draft, method, config)
-        else:
-            for name, gamma, tree in runs_of(method, config):
-                runners[name] = (method_runner or ours)(target, draft, method, config, gamma, tree)
-    if "ar" not in runners:  # speedups and the identity check need the plain run of the same prompts
-        runners = {"ar": ours(target, draft, "ar", config), **runners}
-    if rows and warm_up:  # warm-up: first calls pay one-time costs (allocator, kernels) that are not the method's
-        runners["ar"](encode_prompt(target, rows[0].turns[0], chat=rows[0].chat)[:32])
+    def make_runners(config: BenchConfig, with_peers: bool = True) -> dict[str, Callable]:
+        runners: dict[str, Callable] = {}
+        for method in config.methods:
+            if peers and method in peers:
+                if with_peers:
+                    runners[method] = peers[method]
+            elif is_plain(method):
+                runners[method] = ours(target, draft, method, config)
+            else:
+                for name, gamma, tree in runs_of(method, config):
+                    runners[name] = (method_runner or ours)(target, draft, method, config, gamma, tree)
+        if "ar" not in runners:  # speedups and the identity check need the plain run of the same prompts
+            runners = {"ar": ours(target, draft, "ar", config), **runners}
+        return runners
+
+    runners = make_runners(config)
+    if rows and warm_up:
+        # every variant's first call pays one-time costs (allocator, kernels, a drafter's tables) that are not the
+        # method's: warming plain decoding alone charged them to each method's first measured run (0.03-0.27 s,
+        # enough to flip a tree choice in tune)
+        warm_ids = encode_prompt(target, rows[0].turns[0], chat=rows[0].chat)[:32]
+        for runner in make_runners(short_config(config), with_peers=False).values():
+            runner(warm_ids)
+        clear_global_caches()
     results: list[RequestResult] = []
     bar = None
     if progress:
@@ -188,6 +205,11 @@ def run_concurrent(target: LoadedModel, draft: LoadedModel | None, rows: list[Pr
             continue
         variants += [(name, method, gamma, tree) for name, gamma, tree in runs_of(method, config)]
     prompts = [encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
+    for name, method, gamma, tree in variants:  # a warm-up per variant: plain decoding's first batch paid 1.5 s cold
+        spec = spec_for(method, config, gamma, tree) if name != "ar" else SpecConfig()
+        specdec.generate_batch(target, prompts[:concurrency], short_config(config).params, spec=spec, max_num_seqs=concurrency,
+                               draft=draft if needs_draft_model(spec.method) else None)
+    clear_global_caches()
     results: list[RequestResult] = []
     for repeat in range(config.repeats):
         plain: list[list[int]] = []
