@@ -200,3 +200,29 @@ def test_the_report_warns_when_other_processes_took_cores():
     summary = {"overall": {"ar": {"tokens_per_s": 1.0, "speedup": 1.0, "acceptance_rate": 0.0, "mean_accepted_len": 1.0,
                                   "ttft_s": 0.1, "tpot_s": 0.01, "mismatches": 0}}}
     assert note in markdown_report(summary, {"dataset": "x"}, busy=note)
+
+
+def test_gamma_plot_draws_auto_and_compare_names_methods_one_run_lacks(tmp_path):
+    """`--gammas 2,auto` drew one point at γ=2 (auto left out); `--compare` dropped rows only one run had, unsaid."""
+    import json
+
+    from specdec.bench.report import compare_runs, write_plots
+
+    def figures(speedup: float) -> dict:
+        return {"tokens_per_s": 10.0 * speedup, "speedup": speedup, "acceptance_rate": 0.5, "mean_accepted_len": 2.0,
+                "ttft_s": 0.1, "tpot_s": 0.01, "mismatches": 0}
+
+    summary = {"overall": {"ar": figures(1.0), "ngram@2": figures(1.2), "ngram@auto": figures(1.3)}}
+    write_plots(tmp_path, [], summary)
+    assert (tmp_path / "speedup_vs_gamma.png").stat().st_size > 0
+    (tmp_path / "speedup_vs_gamma.png").unlink()
+    write_plots(tmp_path, [], {"overall": {"ar": figures(1.0), "ngram@2": figures(1.2)}})  # one γ: nothing to draw
+    assert not (tmp_path / "speedup_vs_gamma.png").exists()
+
+    for name, overall, meta in (("a", {"ar": figures(1.0), "ngram": figures(1.2)}, {"repeats": 2}),
+                                ("b", {"ar": figures(1.0), "ngram@auto": figures(1.2)}, {"repeats": 1})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"meta": meta, "summary": {"overall": overall}}))
+    text = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert "note: the runs differ in repeats: 2 vs 1" in text
+    assert "note: only run 1 ran ngram: not in the table" in text and "note: only run 2 ran ngram@auto" in text

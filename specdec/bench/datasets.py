@@ -134,6 +134,8 @@ def load_prompts(
                 turns = [row["prompt"]]
             else:
                 raise SpecdecError(f"{path}:{line}: needs a 'prompt' string or a non-empty 'turns' list")
+            if not all(turn.strip() for turn in turns):  # generate and the server refuse an empty prompt: so here
+                raise SpecdecError(f"{path}:{line}: an empty prompt")
             rows.append(PromptRow(str(row.get("id", line)), str(row.get("category", "default")), turns, chat=bool(row.get("chat", True))))
     if categories:
         known = {r.category for r in rows} | {r.meta.get("category") for r in rows}

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.runner import RequestResult, summarize
+from specdec.bench.runner import RequestResult, parse_variant, summarize
 from specdec.errors import SpecdecError
 
 
@@ -59,7 +59,7 @@ def repeats_text(repeats: object) -> str:
 
 
 def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None = None, busy: str = "") -> str:
-    lines = [f"# specdec bench — {meta.get('dataset')}", "",
+    lines = [f"# specdec {meta.get('tool', 'bench')} — {meta.get('dataset')}", "",
              f"Command: `{meta.get('command', '')}`", "",
              f"Machine: {meta.get('machine', '')}; target {meta.get('model')} ({meta.get('execution')}), "
              f"draft {meta.get('draft_model')}, γ={meta.get('num_speculative_tokens')}, temperature {meta.get('temperature')}, "
@@ -111,21 +111,30 @@ def write_plots(out_dir: Path, results: list[RequestResult], summary: dict) -> N
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(categories))], categories, rotation=30, ha="right")
     ax.set_ylabel("speedup vs plain decoding")
-    ax.legend()
+    if methods:  # `--methods ar`: no bars, and matplotlib warned twice about an empty legend
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "speedup.png", dpi=100)
     plt.close(fig)
 
     gamma_points: dict[str, list[tuple[int, float]]] = {}
+    auto_speedups: dict[str, float] = {}  # γ=auto, drawn as a dashed level beside the fixed γ it chooses among
     for method, m in summary["overall"].items():
-        if "@" in method and method.rsplit("@", 1)[1].isdigit():
-            base, gamma = method.rsplit("@", 1)
-            gamma_points.setdefault(base, []).append((int(gamma), m["speedup"]))
-    if gamma_points:
+        if "@" not in method:
+            continue
+        base, gamma, _ = parse_variant(method)
+        label = base + (method[method.index(":tree="):] if ":tree=" in method else "")
+        if gamma == "auto":
+            auto_speedups[label] = m["speedup"]
+        elif isinstance(gamma, int):
+            gamma_points.setdefault(label, []).append((gamma, m["speedup"]))
+    if any(len(points) + (label in auto_speedups) > 1 for label, points in gamma_points.items()):
         fig, ax = plt.subplots(figsize=(6, 4))
-        for base, points in gamma_points.items():
+        for label, points in gamma_points.items():
             points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=base)
+            line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+            if label in auto_speedups:
+                ax.axhline(auto_speedups[label], color=line.get_color(), linestyle="--", linewidth=1.0, label=f"{label} γ=auto")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xlabel("γ (draft tokens per step)")
         ax.set_ylabel("speedup vs plain decoding")
@@ -147,7 +156,8 @@ def write_plots(out_dir: Path, results: list[RequestResult], summary: dict) -> N
             ax.plot(xs, [hist[x] / total for x in xs], marker="o", label=method)
     ax.set_xlabel("draft tokens accepted per step")
     ax.set_ylabel("fraction of steps")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "accepted_len.png", dpi=100)
     plt.close(fig)
@@ -186,7 +196,19 @@ def alpha_per_position(results: list[RequestResult], methods: list[str]) -> dict
 
 
 #: run settings whose difference makes two runs' speeds a comparison of different work
-COMPARED_SETTINGS = ("dataset", "model", "draft_model", "max_tokens", "temperature", "machine", "execution")
+COMPARED_SETTINGS = ("dataset", "model", "draft_model", "max_tokens", "temperature", "num_speculative_tokens", "repeats",
+                     "concurrency", "machine", "execution")
+
+
+def machine_description() -> str:
+    """The ``machine`` of a run's meta, as bench and tune write it (compared by ``bench --compare``)."""
+    import os
+
+    import torch
+
+    from specdec.cpu import cpu_description
+
+    return f"{cpu_description()}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
 def compare_runs(first: Path, second: Path) -> str:
@@ -202,8 +224,9 @@ def compare_runs(first: Path, second: Path) -> str:
     run_a, run_b = load(first), load(second)
     a, b = run_a["summary"], run_b["summary"]
     meta_a, meta_b = run_a.get("meta", {}), run_b.get("meta", {})
-    notes = [f"note: the runs differ in {key}: {meta_a.get(key)!r} vs {meta_b.get(key)!r}"
-             for key in COMPARED_SETTINGS if meta_a.get(key) != meta_b.get(key)]
+    defaults = {"repeats": 1, "concurrency": 1}  # results written before these were recorded
+    notes = [f"note: the runs differ in {key}: {meta_a.get(key, defaults.get(key))!r} vs {meta_b.get(key, defaults.get(key))!r}"
+             for key in COMPARED_SETTINGS if meta_a.get(key, defaults.get(key)) != meta_b.get(key, defaults.get(key))]
     prompts_a, prompts_b = prompts_by_category(run_a), prompts_by_category(run_b)
     for category in sorted(set(prompts_a) & set(prompts_b)):
         if prompts_a[category] != prompts_b[category]:
@@ -212,6 +235,10 @@ def compare_runs(first: Path, second: Path) -> str:
     for only, run in ((sorted(set(a) - set(b) - {"overall"}), 1), (sorted(set(b) - set(a) - {"overall"}), 2)):
         if only:
             notes.append(f"note: only run {run} has {', '.join(only)}")
+    methods_a, methods_b = set(a.get("overall", {})), set(b.get("overall", {}))
+    for only, run in ((sorted(methods_a - methods_b), 1), (sorted(methods_b - methods_a), 2)):
+        if only:  # their rows are left out of the table (a method named ngram in one run, ngram@auto in the other)
+            notes.append(f"note: only run {run} ran {', '.join(only)}: not in the table")
     lines = ["| category | method | tok/s run 1 | tok/s run 2 | change | speedup run 1 | speedup run 2 |", "|---|---|---|---|---|---|---|"]
     for category in a:
         for method, m in a[category].items():

@@ -27,7 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                               "of --repeats), check greedy outputs against plain decoding, and write results.json, "
                                               "report.md and PNG plots to --out. `specdec bench --compare DIR1 DIR2` prints the "
                                               "difference between two runs.")
-    bench.add_argument("--dataset", default="humaneval", help="spec_bench, humaneval, gsm8k, or a JSONL file with 'prompt' or 'turns' (default: humaneval)")
+    bench.add_argument("--dataset", default="humaneval", help="spec_bench, humaneval, gsm8k, or a JSONL file with 'prompt' or 'turns' per line (each through the chat "
+                            "template unless the line says \"chat\": false, for raw completion prompts; default: humaneval)")
     bench.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data beside the project, or $SPECDEC_DATA_DIR)")
     bench.add_argument("--categories", default=None, help="comma-separated task groups / categories (e.g. summarization,rag,mt_bench; default: all)")
     bench.add_argument("--limit", type=positive_int, default=None, help="first N prompts per category (default: all)")
@@ -69,13 +70,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
     from pathlib import Path
 
-    import torch
-
     from specdec.bench.report import compare_runs
-    from specdec.cpu import cpu_description
 
     if args.compare:
         ignored = sorted(dest for dest in getattr(args, "typed_flags", ()) if dest not in ("compare", "debug", "command"))
@@ -86,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import specdec
     from specdec.bench.datasets import load_prompts
-    from specdec.bench.report import penalties_description, write_results
+    from specdec.bench.report import machine_description, penalties_description, write_results
     from specdec.bench.runner import PEER_METHODS, BenchConfig, is_peer, method_needs_draft, run_benchmark, run_concurrent
 
     make_output_folder(args.out, "--out")
@@ -152,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     # which instruction sets ran, and on which pages
     execution = target.backend.dtype_name + kernels_in_use(target, draft) + pages_in_use(target, draft)
     meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]),
-            "machine": f"{cpu_description()}, {os.cpu_count()} cores, torch {torch.__version__}", "model": args.model,
+            "machine": machine_description(), "model": args.model,
             "draft_model": args.draft_model if draft else None, "execution": execution,
             "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": args.temperature,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "concurrency": args.concurrency,

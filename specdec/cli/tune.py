@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from specdec.cli.checks import checked_methods
-from specdec.cli.common import (add_debug_flag, add_model_args, draft_quantize, gamma_list, method_options, non_negative_int,
-                                positive_int, positive_number, tree_values)
+from specdec.cli.common import (add_debug_flag, add_model_args, draft_quantize, gamma_list, kernels_in_use, method_options,
+                                non_negative_int, pages_in_use, positive_int, positive_number, tree_values)
 from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 
 #: token trees tune tries for the methods that branch: chains, and trees sized by the cost model. Tune
@@ -30,7 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "decoding if none beats it by 3%); write OUT/tune.json (read by generate/serve/bench --config), "
                     "OUT/report.md and plots. Resumable: a second run with the same OUT reuses finished prompts.")
     tune.add_argument("--prompts", default="humaneval", metavar="FILE_OR_DATASET",
-                      help="a JSONL file with 'prompt' or 'turns' per line, or humaneval, gsm8k, spec_bench (default: humaneval)")
+                      help="a JSONL file with 'prompt' or 'turns' per line (each through the chat template unless the line says "
+                           "\"chat\": false, for raw completion prompts as HumanEval's), or humaneval, gsm8k, spec_bench "
+                           "(default: humaneval)")
     tune.add_argument("--categories", default=None, help="spec_bench task groups / categories, comma-separated (default: all)")
     tune.add_argument("--limit", type=positive_int, default=8, help="prompts per category (default: 8)")
     tune.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data or $SPECDEC_DATA_DIR)")
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec.api import plan_execution
     from specdec.bench.datasets import load_prompts
-    from specdec.bench.report import write_results
+    from specdec.bench.report import machine_description, write_results
     from specdec.bench.runner import BenchConfig
     from specdec.cpu import cpu_description
     from specdec.errors import SpecdecError
@@ -96,7 +98,11 @@ def run(args: argparse.Namespace) -> int:
     setup = {"model": args.model, "draft_model": args.draft_model, "execution": [target.backend.dtype_name,
              draft.backend.dtype_name if draft else None], "methods": methods, "gammas": gammas, "trees": trees,
              "max_tokens": args.max_tokens, "cpu": cpu_description()}
-    print(f"tune: {len(rows)} prompts × (plain + {len(methods)} method{'s' if len(methods) != 1 else ''} × {len(gammas)} γ), {args.max_tokens} tokens each, "
+    templated = sum(row.chat for row in rows)
+    chat_note = ("" if templated == 0 else " (through the chat template)" if templated == len(rows)
+                 else f" ({templated} through the chat template)")
+    print(f"tune: {len(rows)} prompts{chat_note} × (plain + {len(methods)} method{'s' if len(methods) != 1 else ''} × {len(gammas)} γ"
+          f"{f' × {len(trees)} tree settings' if len(trees) > 1 else ''}), {args.max_tokens} tokens each, "
           f"budget {args.budget_minutes:g} min; target {target.backend.dtype_name}"
           f"{f', draft {draft.backend.dtype_name}' if draft else ''}; CPU {cpu_description()}", file=sys.stderr)
     from tqdm import tqdm
@@ -115,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
         modes, target = _check_modes(args, plan, target, draft, rows, results, method, gamma or gammas[0], tree,
                                      len(gammas) > 1, params, start)
         target_mode = modes["chosen"]
-    meta = {"dataset": args.prompts, "command": "specdec " + " ".join(sys.argv[1:]), "machine": cpu_description(),
-            "model": args.model, "draft_model": args.draft_model, "execution": measured_execution,
+    meta = {"tool": "tune", "dataset": args.prompts, "command": "specdec " + " ".join(sys.argv[1:]), "machine": machine_description(),
+            "model": args.model, "draft_model": args.draft_model,
+            "execution": measured_execution + kernels_in_use(target, draft) + pages_in_use(target, draft),  # as bench writes it
             "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": 0.0, "max_tokens": args.max_tokens,
             "repeats": 1}
     summary = write_results(args.out, results, meta)
