@@ -1,7 +1,8 @@
 """specdec: lossless speculative decoding for LLMs.
 
 Public API: :func:`load_model`, :func:`generate`, :func:`generate_batch`, :func:`stream`, :class:`SamplingParams`,
-:class:`SpecConfig`, :class:`Stats`, :class:`StructuredOutput`, :func:`enable_prefix_caching`. Imported lazily so ``import specdec.errors`` (and the CLI's
+:class:`SpecConfig`, :class:`Stats`, :class:`StructuredOutput`, :func:`enable_prefix_caching`, :func:`reset_suffix_cache`.
+Imported lazily so ``import specdec.errors`` (and the CLI's
 ``--help``) does not pay for torch and transformers.
 """
 
@@ -15,6 +16,7 @@ _EXPORTS = {
     "LoadedModel": "specdec.api",
     "generate": "specdec.api",
     "enable_prefix_caching": "specdec.api",
+    "reset_suffix_cache": "specdec.api",
     "generate_batch": "specdec.batch",
     "load_model": "specdec.api",
     "stream": "specdec.api",

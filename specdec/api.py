@@ -24,7 +24,7 @@ from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
 from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
-from specdec.drafters.registry import method_info, needs_draft_model
+from specdec.drafters.registry import method_info, needs_draft_model, resolve_method
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
 from specdec.errors import SpecdecError
 from specdec.kernels.layers import use_for_prompt_passes
@@ -260,15 +260,30 @@ def make_drafter(
                                  draft_backend=draft.backend if info.needs_draft_model and draft is not None else None,
                                  constraint=constraint, prediction_ids=predicted,
                                  stop_ids=request_stop_ids(params, target.tokenizer))
-    return info.factory(resources)
+    drafter = info.factory(resources)
+    if drafter is not None and drafter.name == Drafter.name:  # a user's drafter that does not name itself (Stats.method)
+        drafter.name = info.name
+    return drafter
 
 
 def resolve_spec(spec: SpecConfig | None, draft: LoadedModel | None) -> SpecConfig:
-    """``spec``, or the defaults; a draft model given without a method is used (DEFAULT_DRAFT_METHOD)."""
+    """``spec``, or the defaults; a draft model given without a method is used (DEFAULT_DRAFT_METHOD). A method
+    named by an alias or a plain name (``SpecConfig(method="ar")``, what ``Stats.method`` reports for plain
+    decoding, was an unknown method here while the CLI took it) becomes its registered name, or None."""
     spec = spec or SpecConfig()
-    if draft is not None and spec.method is None:
+    if spec.method is not None:
+        method = resolve_method(spec.method)
+        return spec if method == spec.method else dataclasses.replace(spec, method=method)
+    if draft is not None:
         spec = dataclasses.replace(spec, method=DEFAULT_DRAFT_METHOD)
     return spec
+
+
+def check_target(target: object) -> None:
+    """The model argument of generate / stream / generate_batch (a model name passed as the model was an
+    AttributeError deep in generate_batch)."""
+    if not isinstance(target, LoadedModel):
+        raise TypeError(f"target must be a LoadedModel (specdec.load_model(name_or_path) makes one), got {type(target).__name__}")
 
 
 def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, draft: LoadedModel | None,
@@ -276,14 +291,15 @@ def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, 
     """The keyword arguments of :func:`specdec.engine.generate_stream` (shared by :func:`stream`,
     :func:`generate` and the server): ids, params, spec, generator, this request's drafter and,
     for structured output, its grammar state (the drafter masks its distribution with the same one)."""
-    if not isinstance(target, LoadedModel):
-        raise TypeError(f"target must be a LoadedModel (specdec.load_model(name_or_path) makes one), got {type(target).__name__}")
+    check_target(target)
     for name, value, kind in (("draft", draft, LoadedModel), ("params", params, SamplingParams), ("spec", spec, SpecConfig)):
         if value is not None and not isinstance(value, kind):  # optional: None takes the default
             loaded = " (specdec.load_model(name_or_path) makes one)" if kind is LoadedModel else ""
             raise TypeError(f"{name} must be a {kind.__name__}{loaded}, got {type(value).__name__}")
-    params = params or SamplingParams()
-    spec = resolve_spec(spec, draft)
+    # copies checked again: a field changed after construction (``p.temperature = -1`` in a notebook) skipped the
+    # checks and decoded garbage, or failed deep in sampling (top_p 0)
+    params = dataclasses.replace(params) if params is not None else SamplingParams()
+    spec = resolve_spec(dataclasses.replace(spec) if spec is not None else None, draft)
     prompt_ids = encode_prompt(target, prompt, chat)
     generator = make_generator(params.seed, target.backend.device)
     max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
@@ -341,6 +357,15 @@ def default_prefill_chunk(target: LoadedModel) -> int:
     independently (:func:`rows_independent`: a chunked prompt's logits are bit-identical to one
     pass), else 0 — the whole prompt in one call."""
     return PREFILL_CHUNK if rows_independent(target) else 0
+
+
+def reset_suffix_cache() -> None:
+    """Forget the outputs the ``suffix`` and ``draft_suffix`` methods remember across requests in this process (the
+    server's ``POST /reset_suffix_cache``). Call it between timed runs of the same prompts: a second run drafts from
+    the first's output (α 1.0 where the first had 0.0), which no new traffic gets."""
+    from specdec.drafters.suffix import clear_global_caches
+
+    clear_global_caches()
 
 
 def enable_prefix_caching(model: LoadedModel, gb: float = DEFAULT_PREFIX_CACHE_GB,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from specdec.api import (LoadedModel, Prompt, default_max_num_batched_tokens, default_prefill_chunk, encode_prompt, prepare,
-                         prompts_per_forward, resolve_spec)
+from specdec.api import (LoadedModel, Prompt, check_target, default_max_num_batched_tokens, default_prefill_chunk, encode_prompt,
+                         prepare, prompts_per_forward, resolve_spec)
 from specdec.config import SpecConfig
-from specdec.engine import GenerationResult, StreamChunk, collect, generate_steps
+from specdec.engine import GenerationResult, StreamChunk, check_context, collect, generate_steps
 from specdec.errors import SpecdecError
 from specdec.policy import BatchPolicy, RequestGate
 from specdec.sampling import SamplingParams
@@ -48,6 +48,7 @@ def generate_batch(
     ``pause_speculation_for_prompts``: while a request waits for its prompt pass, the running ones
     draft nothing (:meth:`specdec.scheduler.Batcher.prompt_pending`). Results come back in the
     prompts' order."""
+    check_target(target)
     if not isinstance(prompts, (list, tuple)):  # a string ran one request per character
         raise TypeError(f"prompts must be a list of prompts (one prompt: specdec.generate), got {type(prompts).__name__}")
     if max_num_seqs < 1 or (max_num_batched_tokens is not None and max_num_batched_tokens < 1):
@@ -58,8 +59,14 @@ def generate_batch(
     chunk = default_prefill_chunk(target) if prefill_chunk is None else prefill_chunk
     if max_num_batched_tokens is None:
         max_num_batched_tokens = default_max_num_batched_tokens(chunk, max_num_seqs, spec)
-    for prompt in prompts:  # a bad prompt is an error before any work
-        encode_prompt(target, prompt, chat)
+    for index, (prompt, prompt_params) in enumerate(zip(prompts, per_prompt)):  # a bad prompt fails before any work,
+        if prompt_params is not None and not isinstance(prompt_params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams (or a list of them), got {type(prompt_params).__name__}")
+        try:  # named by its index (an empty or too long one failed the whole batch, unnamed, when it was admitted)
+            ids = encode_prompt(target, prompt, chat)
+            check_context(len(ids), (prompt_params or SamplingParams()).max_tokens, target.config.max_position_embeddings)
+        except SpecdecError as exc:
+            raise type(exc)(f"prompt {index}: {exc}") from None
     jobs: list[dict] = [{} for _ in prompts]  # each request's engine arguments, made when it is admitted
     chunks: list[list[StreamChunk]] = [[] for _ in prompts]
     failures: list[BaseException] = []

@@ -13,6 +13,7 @@ is how many tokens one target forward commits. One speculative step (ARCHITECTUR
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Generator, Iterable, Iterator
@@ -29,7 +30,7 @@ from specdec.errors import ContextLengthError, SpecdecError, WeightsError
 from specdec.output import OutputTracker, request_stop_ids
 from specdec.penalties import Penalties
 from specdec.prefix_cache import PrefixCache
-from specdec.rounds import fit_draft, learn, tell_drafter, verify_round
+from specdec.rounds import check_proposal, fit_draft, learn, proposed_for_alpha, tell_drafter, verify_round
 from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
 from specdec.step_calibration import planning_curve
 from specdec.stats import Round, Stats
@@ -53,6 +54,12 @@ class StreamChunk:
     #: on the first chunk when ``params.prompt_logprobs`` is set: one per prompt token (None for the first)
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
+    def to_dict(self) -> dict:
+        """JSON-ready: the stats as :meth:`Stats.to_dict` gives them, log-probabilities as dicts, the rounds counted."""
+        return {"token_ids": list(self.token_ids), "text": self.text, "finish_reason": self.finish_reason,
+                "stats": self.stats.to_dict() if self.stats is not None else None, "logprobs": logprob_dicts(self.logprobs),
+                "rounds": len(self.rounds), "prompt_logprobs": logprob_dicts(self.prompt_logprobs)}
+
 
 @dataclass
 class GenerationResult:
@@ -63,6 +70,18 @@ class GenerationResult:
     prompt_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one per token when params.logprobs was set
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token when params.prompt_logprobs was set
+
+    def to_dict(self) -> dict:
+        """JSON-ready (``json.dumps(result.to_dict())``): dataclasses.asdict kept Stats' rounds and no JSON encoder
+        took the result itself."""
+        return {"token_ids": list(self.token_ids), "text": self.text, "finish_reason": self.finish_reason,
+                "prompt_ids": list(self.prompt_ids), "stats": self.stats.to_dict(), "logprobs": logprob_dicts(self.logprobs),
+                "prompt_logprobs": logprob_dicts(self.prompt_logprobs)}
+
+
+def logprob_dicts(entries: list[TokenLogprob | None] | None) -> list[dict | None] | None:
+    """Log-probability entries as plain dicts (None stays None: the first prompt token has none)."""
+    return None if entries is None else [None if entry is None else dataclasses.asdict(entry) for entry in entries]
 
 
 #: prompt rows scored per prefill call when a request asks for prompt_logprobs
@@ -232,6 +251,8 @@ def generate_steps(
             asked = drafter is not None and (k > 0 or (room > 0 and drafter.has_free_tokens))
             # time spent suspended while other requests' forwards ran is not this round's cost
             draft, idle = (yield from waited(drafter.propose_steps(context, k))) if asked else (Draft(tokens=[]), 0.0)
+            if asked:
+                check_proposal(drafter, draft, vocab_size)
             fitted = fit_draft(draft, k, room, nodes, state.max_seq_len - len(context), verify_costs, vocab_size, constraint)
             if alternatives and constraint is None and fitted.draft.probs is not None and fitted.drafted:
                 fitted.draft = with_alternatives(  # trees under sampling (specdec.alternatives)
@@ -249,8 +270,9 @@ def generate_steps(
             context.extend(new_tokens)
             committed = commit_tokens(out, constraint, new_tokens)
             # the stats count this round's tokens up to the one that ended the request (a stop token
-            # inside an accepted block: what follows it is neither output nor accepted)
-            stats.record_step(fitted.drafted, min(verified.drafter_accepted, out.consumed), t1 - t0, t2 - t1, out.consumed)
+            # inside an accepted block: what follows it is neither output nor accepted, nor judged)
+            stats.record_step(proposed_for_alpha(fitted.drafted, verified, out.consumed),
+                              min(verified.drafter_accepted, out.consumed), t1 - t0, t2 - t1, out.consumed)
             stats.grammar_forced_tokens += verified.accepted - verified.drafter_accepted
             stats.rounds.append(Round(verified.verified_as, verified.drafter_accepted,
                                       verified.accepted - verified.drafter_accepted, new_tokens, verified.first_choices))

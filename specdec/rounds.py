@@ -8,6 +8,9 @@
 3. :func:`tell_drafter` and :func:`learn` — the drafter hears what was kept, the γ controller (or
    the verify-cost curve) what the round cost and accepted.
 
+Beside them: :func:`check_proposal` (a user's drafter broke the Draft contract: one clear error) and
+:func:`proposed_for_alpha` (what the round counts as proposed in α).
+
 Kept apart from the engine so the loop itself reads in one screen (gpt-fast's ``generate.py``).
 """
 
@@ -23,6 +26,7 @@ from specdec.alternatives import chain_nodes_in, measured_wins
 from specdec.backends.base import Backend, SequenceState
 from specdec.calls import ModelCall, one, waited
 from specdec.drafters.base import Draft, Drafter
+from specdec.errors import SpecdecError
 from specdec.penalties import Penalties
 from specdec.sampling import SamplingParams
 from specdec.stats import Stats
@@ -191,3 +195,27 @@ def learn(gamma: GammaController | None, verify_costs: VerifyCosts, drafter: Dra
         gamma.update(fitted.drafted, verified.drafter_accepted, draft_s, verify_s)
     else:
         gamma.update_free_round(fitted.drafted, verify_s)
+
+
+def check_proposal(drafter: Drafter, draft: object, vocab_size: int) -> None:
+    """A drafter's proposal is a :class:`Draft` whose q rows span the vocabulary: a user's drafter returning a list,
+    or q of another width, failed deep in the verifier (AttributeError, IndexError) — now one SpecdecError naming it.
+    (Token ids outside the vocabulary are no error: ``Draft.clipped`` cuts them.)"""
+    if not isinstance(draft, Draft):
+        raise SpecdecError(f"drafter {drafter.name!r}: propose() returned a {type(draft).__name__}, not a "
+                           "specdec.drafters.base.Draft")
+    if draft.probs is None:
+        return
+    shape = tuple(draft.probs.shape)
+    width = shape[-1] if shape else 0
+    if len(shape) != 2 or shape[0] != len(draft.tokens) or any(width <= t < vocab_size for t in draft.tokens):
+        raise SpecdecError(f"drafter {drafter.name!r}: Draft.probs is {shape}; it must be [{len(draft.tokens)} tokens, "
+                           f"the vocabulary] with a column for every proposed token id")
+
+
+def proposed_for_alpha(drafted: int, verified: Verified, consumed: int) -> int:
+    """The round's proposed tokens as α counts them: a tree as the chain of its first choices (every node counted,
+    a perfect drafter read α 0.5 beside its chain's 1.0; the tree's size is Stats.tree_nodes), and nothing
+    drafted past the token that ended the request (a stop string lowered α by drafts the target had accepted)."""
+    proposed = drafted if verified.first_choices is None else max(verified.first_choices[0], verified.drafter_accepted)
+    return min(proposed, consumed) if consumed < len(verified.new_tokens) else proposed

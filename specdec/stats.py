@@ -5,7 +5,6 @@ The engine records; the CLI, the benchmark and the server only format. Times are
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -76,7 +75,9 @@ class Stats:
     committed_tokens: int = 0
     proposed_tokens: int = 0  # draft tokens sent to verification
     accepted_tokens: int = 0  # of those, accepted
-    accepted_len_histogram: Counter = field(default_factory=Counter)  # draft tokens accepted per step
+    #: draft tokens accepted per step → steps (a dict, not a Counter: dataclasses.asdict rebuilt a Counter from
+    #: its items and counted the (key, count) pairs)
+    accepted_len_histogram: dict[int, int] = field(default_factory=dict)
     prefill_time_s: float = 0.0
     ttft_s: float = 0.0
     decode_time_s: float = 0.0
@@ -93,7 +94,7 @@ class Stats:
     #: same forward (always accepted; not counted in proposed/accepted, so α stays the drafter's)
     grammar_forced_tokens: int = 0
     #: every decode round in order (a few ints each; :mod:`specdec.acceptance_view` draws them)
-    rounds: list[Round] = field(default_factory=list)
+    rounds: list[Round] = field(default_factory=list, repr=False)  # (a repr of 10 tokens was 3 KB of rounds)
     #: token trees (specdec/tree.py): rounds that verified a tree, their nodes in all, and the
     #: rounds whose accepted path went through a node that was not its parent's first child (the
     #: rounds a chain of the first choices would have lost); the path lengths are accepted_len_histogram
@@ -125,7 +126,7 @@ class Stats:
         self.committed_tokens += committed
         self.proposed_tokens += proposed
         self.accepted_tokens += accepted
-        self.accepted_len_histogram[accepted] += 1
+        self.accepted_len_histogram[accepted] = self.accepted_len_histogram.get(accepted, 0) + 1
         self.draft_time_s += draft_s
         self.verify_time_s += verify_s
         self.gamma_history.append(proposed)
@@ -193,6 +194,7 @@ class Stats:
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "generated_tokens": self.generated_tokens,
             "target_forwards": self.target_forwards,
+            "committed_tokens": self.committed_tokens,
             "proposed_tokens": self.proposed_tokens,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": round(self.acceptance_rate, 4),
@@ -210,6 +212,9 @@ class Stats:
             "draft_cost_ratio": round(self.draft_cost_ratio, 4),
             "total_time_s": round(self.total_time_s, 4),
             "grammar_forced_tokens": self.grammar_forced_tokens,
+            "weight_bytes": self.weight_bytes,
+            "draft_weight_bytes": self.draft_weight_bytes,
+            "gamma_history": list(self.gamma_history),
             # draft-model forwards where the drafter counts them: draft_suffix drafts some tokens from its
             # suffix table for free, which a mode choice must not price as draft steps (specdec.tune)
             **({"draft_forwards": self.draft_forwards} if self.draft_forwards is not None else {}),
@@ -272,7 +277,8 @@ def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
         total.committed_tokens += s.committed_tokens
         total.proposed_tokens += s.proposed_tokens
         total.accepted_tokens += s.accepted_tokens
-        total.accepted_len_histogram.update(s.accepted_len_histogram)
+        for accepted, steps in s.accepted_len_histogram.items():
+            total.accepted_len_histogram[accepted] = total.accepted_len_histogram.get(accepted, 0) + steps
         total.decode_time_s += s.decode_time_s
         total.draft_time_s += s.draft_time_s
         total.verify_time_s += s.verify_time_s

@@ -91,6 +91,19 @@ def _read_stamp(cache: Path) -> dict[str, Any] | None:
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
+def text_content(parts: list[Any], index: int) -> str:
+    """OpenAI's list form of a message's content (``[{"type": "text", "text": ...}, ...]``) as the text the chat
+    template reads — the server took it and the library passed the list to templates that concatenate strings.
+    A part that is not text (an image, audio) is refused by name: nothing here would read it."""
+    texts = []
+    for part in parts:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise SpecdecError(f"chat message {index}: a content part of type {kind!r}; text parts only (no images or audio)")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
 class Tokenizer:
     """A thin, typed wrapper over a transformers fast tokenizer (public as ``.hf``)."""
 
@@ -192,6 +205,8 @@ class Tokenizer:
                 raise SpecdecError("each chat message needs 'role' and 'content'")
             if message["role"] not in CHAT_ROLES:  # a template renders any role it is given, as if it were plain text
                 raise SpecdecError(f"chat message {index}: role {message['role']!r} is not one of {', '.join(CHAT_ROLES)}")
+        messages = [{**message, "content": text_content(message["content"], index)} if isinstance(message["content"], list)
+                    else message for index, message in enumerate(messages)]
         try:
             return self.hf.apply_chat_template(
                 messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=False,

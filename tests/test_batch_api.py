@@ -416,3 +416,19 @@ def test_a_stream_added_on_the_model_thread_joins_the_next_forward():
     stop.set()
     assert finished.acquire(timeout=10)
     assert sorted(batches[before]) == [1, 7]  # the very next forward carries the new prompt
+
+
+def test_bad_batch_input_names_the_prompt_before_any_work(tiny_target):
+    """A model name passed as the model was an AttributeError; an empty or too long prompt failed the whole batch
+    without saying which."""
+    from specdec.errors import ContextLengthError, SpecdecError
+
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    with pytest.raises(TypeError, match="target must be a LoadedModel"):
+        specdec.generate_batch("smollm2-135m", ["hi"], params)
+    with pytest.raises(SpecdecError, match="prompt 1: the prompt is empty"):
+        specdec.generate_batch(tiny_target, ["hi", ""], params)
+    with pytest.raises(ContextLengthError, match="prompt 2: prompt"):
+        specdec.generate_batch(tiny_target, ["hi", "x", "hi " * 600], params)
+    with pytest.raises(TypeError, match="params must be SamplingParams"):
+        specdec.generate_batch(tiny_target, ["hi"], [{"max_tokens": 2}])

@@ -467,3 +467,99 @@ def test_corrupt_weights_are_an_error_not_empty_text(tmp_path):
     model = specdec.load_model(folder, dtype="float32", quantize="none")
     with pytest.raises(WeightsError, match="NaN/inf logits"):
         specdec.generate(model, "def f(x):", SamplingParams(temperature=0.0, max_tokens=4))
+
+
+def test_alpha_of_a_perfect_drafter_is_one_with_trees_and_stop_strings(tiny_target):
+    """The target drafting for itself is always right: α read ~0.5 with token trees (every node counted as
+    proposed) and below 1 when a stop string cut an accepted block (drafts past it counted as rejected)."""
+    prompt = "def f(x): return x"
+    for tree in ("off", 8):
+        result = specdec.generate(tiny_target, prompt, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+                                  draft=tiny_target, spec=SpecConfig(method="draft_model", num_speculative_tokens=4, spec_tree=tree))
+        assert result.stats.acceptance_rate == 1.0, (tree, result.stats.proposed_tokens, result.stats.accepted_tokens)
+        assert (result.stats.tree_rounds > 0) == (tree == 8)
+    plain = specdec.generate(tiny_target, prompt, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    stop = plain.text[len(plain.text) // 2:][:3]
+    assert stop.strip()
+    cut = specdec.generate(tiny_target, prompt, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=[stop]),
+                           draft=tiny_target, spec=SpecConfig(method="draft_model", num_speculative_tokens=4, spec_tree="off"))
+    assert cut.finish_reason == "stop" and cut.stats.acceptance_rate == 1.0
+
+
+def test_a_users_drafter_is_named_by_its_method_and_its_broken_proposals_are_clear(tiny_target):
+    """The documented extension point: a drafter registered as "mine" reported Stats.method "drafter"; a list
+    instead of a Draft, or q without a column for its token, failed deep in the verifier."""
+    import json
+
+    import torch
+
+    from specdec.drafters.base import Draft, MethodInfo
+    from specdec.drafters.registry import _METHODS, register_method
+
+    class Repeat(Drafter):
+        def propose(self, context_ids, k):  # noqa: ANN001, ANN202
+            return Draft([context_ids[-1]] * k)
+
+    class Listed(Drafter):
+        def propose(self, context_ids, k):  # noqa: ANN001, ANN202
+            return [context_ids[-1]] * k
+
+    class Narrow(Drafter):
+        def propose(self, context_ids, k):  # noqa: ANN001, ANN202
+            return Draft([context_ids[-1]], torch.full((1, 2), 0.5))
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, seed=1)
+    try:
+        for name, drafter in (("mine", Repeat), ("listed", Listed), ("narrow", Narrow)):
+            register_method(MethodInfo(name, lambda res, drafter=drafter: drafter(), f"test drafter {name}"))
+        result = specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method="mine", num_speculative_tokens=2))
+        assert result.stats.method == "mine"
+        assert result.token_ids == specdec.generate(tiny_target, "def f(x):", greedy).token_ids
+        json.dumps(result.to_dict())  # JSON-ready, stats included
+        with pytest.raises(SpecdecError, match="drafter 'listed': propose.. returned a list, not a"):
+            specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method="listed"))
+        with pytest.raises(SpecdecError, match=r"drafter 'narrow': Draft.probs is \(1, 2\)"):
+            specdec.generate(tiny_target, "def f(x):", sampled, spec=SpecConfig(method="narrow"))
+    finally:
+        for name in ("mine", "listed", "narrow"):
+            _METHODS.pop(name, None)
+
+
+def test_plain_names_and_aliases_work_in_the_library_and_results_serialise(tiny_target):
+    """SpecConfig(method="ar") — what Stats.method says for plain decoding — was an unknown method in the library."""
+    import dataclasses
+    import json
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    plain = specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method="ar"))
+    assert plain.stats.method == "ar" and plain.stats.proposed_tokens == 0
+    assert specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method="prompt-lookup")).token_ids == plain.token_ids
+    histogram = dataclasses.asdict(specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method="ngram")).stats)
+    assert all(isinstance(k, int) for k in histogram["accepted_len_histogram"])  # a Counter became {(k, n): 1}
+    chunks = list(specdec.stream(tiny_target, "def f(x):", greedy))
+    assert json.loads(json.dumps(chunks[-1].to_dict()))["stats"]["generated_tokens"] == 6
+    assert len(repr(plain)) < 2000
+
+
+def test_reset_suffix_cache_forgets_earlier_answers(tiny_target):
+    """A second run of the same prompt drafts from the first's output; the library had no public way to forget it."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    spec = SpecConfig(method="suffix", num_speculative_tokens=4)
+    specdec.reset_suffix_cache()
+    first = specdec.generate(tiny_target, "def g(y):", greedy, spec=spec).stats.accepted_tokens
+    again = specdec.generate(tiny_target, "def g(y):", greedy, spec=spec).stats.accepted_tokens
+    specdec.reset_suffix_cache()
+    fresh = specdec.generate(tiny_target, "def g(y):", greedy, spec=spec).stats.accepted_tokens
+    assert again > first and fresh == first
+
+
+def test_fields_changed_after_construction_are_checked_at_generate(tiny_target):
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    params.temperature = -1.0
+    with pytest.raises(SpecdecError, match="temperature must be a finite number >= 0"):
+        specdec.generate(tiny_target, "def f(x):", params)
+    spec = SpecConfig(method="ngram")
+    spec.num_speculative_tokens = 0
+    with pytest.raises(SpecdecError, match="num_speculative_tokens"):
+        specdec.generate(tiny_target, "def f(x):", SamplingParams(max_tokens=4), spec=spec)

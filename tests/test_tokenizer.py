@@ -88,6 +88,11 @@ def test_chat_template(tok):
     ids = tok.apply_chat_template(messages)
     assert ids[0] == 1 and ids.count(2) == 1
     assert tok.decode(ids, skip_special_tokens=False) == text
+    # OpenAI's list of text parts, as the server takes it (the library handed the list to the template)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]}]
+    assert tok.render_chat(parts) == text
+    with pytest.raises(SpecdecError, match="chat message 0: a content part of type 'image_url'; text parts only"):
+        tok.render_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
 
 
 def test_chat_errors_are_clear(tmp_path, tok):
