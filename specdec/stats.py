@@ -239,7 +239,7 @@ class Stats:
             f"prompt_tokens={self.prompt_tokens}",
             f"generated={self.generated_tokens}",
             f"ttft={self.ttft_s:.3f}s",
-            f"{self.tokens_per_s:.2f} tok/s",
+            f"{self.tokens_per_s:.2f} tok/s decode",
             f"{self.achieved_gb_per_s:.1f} GB/s",
         ]
         if self.threads is not None:

@@ -186,7 +186,10 @@ def config_file(method: str | None, gamma: int | str | None, default_gamma: int 
 
 
 def read_settings(path: Path) -> dict[str, Any]:
-    """The ``settings`` of a file ``specdec tune`` wrote (for ``--config``)."""
+    """The ``settings`` of a file ``specdec tune`` wrote (for ``--config``); a folder means its ``tune.json`` (tune's
+    --out: "cannot read tune-out: Is a directory" answered the natural first try)."""
+    if Path(path).is_dir() and (Path(path) / "tune.json").is_file():
+        path = Path(path) / "tune.json"
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:

@@ -89,3 +89,20 @@ def test_cli_writes_the_command(tmp_path, capsys):
     assert "--speculative-algorithm STANDALONE" in out.read_text()
     assert main(["export", "--engine", "vllm"]) == 1
     assert "nothing to export" in capsys.readouterr().err
+
+
+def test_export_reads_a_tune_result_its_folder_too(tmp_path, capsys):
+    """`export --config tune-out/tune.json` was "unrecognized arguments"; tune's other settings (execution modes)
+    are not export's business and are skipped, flags typed win."""
+    import json
+
+    out = tmp_path / "tune-out"
+    out.mkdir()
+    (out / "tune.json").write_text(json.dumps({"settings": {
+        "model": "qwen2.5-coder-1.5b", "draft_model": None, "method": "ngram", "num_speculative_tokens": 3,
+        "quantize": "int4", "draft_quantize": "int4", "spec_tree": "off"}}))
+    assert main(["export", "--engine", "vllm", "--config", str(out)]) == 0
+    command = capsys.readouterr().out
+    assert '"num_speculative_tokens": 3' in command and '"method": "ngram"' in command
+    assert main(["export", "--engine", "vllm", "--config", str(out / "tune.json"), "--num-speculative-tokens", "5"]) == 0
+    assert '"num_speculative_tokens": 5' in capsys.readouterr().out

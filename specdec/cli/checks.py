@@ -45,6 +45,8 @@ def apply_config(args: argparse.Namespace, typed: set[str], parser: argparse.Arg
 
     actions = {action.dest: action for action in parser._actions if action.option_strings}
     for key, value in read_settings(args.config).items():
+        if key not in actions and getattr(args, "config_reads_some", False):
+            continue  # export: the engine flags it has, not the execution modes tune also chose
         if key not in actions or not hasattr(args, key):
             raise SpecdecError(f"--config {args.config}: {key!r} is not a setting of `specdec {args.command}`")
         if key not in typed:

@@ -28,8 +28,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     export.add_argument("--draft-confidence-threshold", type=float, default=0.3,
                         help="end a round below this draft probability (llama.cpp --draft-p-min; default: 0.3)")
     export.add_argument("--out", type=Path, default=None, help="write the command to this file (default: stdout)")
+    export.add_argument("--config", default=None, metavar="FILE",
+                        help="take the model, draft, method and γ from a file `specdec tune` wrote (or its --out folder); "
+                             "flags typed on the command line win")
     add_debug_flag(export)
-    export.set_defaults(func=run)
+    export.set_defaults(func=run, config_reads_some=True)
     return export
 
 
