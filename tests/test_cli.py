@@ -365,3 +365,41 @@ def test_a_draft_model_the_method_does_not_read_is_not_loaded(tiny_dirs, capsys)
     err = capsys.readouterr().err
     assert "warning: --method ngram does not read --draft-model (read by: draft_model, draft_suffix); not loaded" in err
     assert "loading draft" not in err
+
+
+def test_flags_that_change_nothing_here_say_so(capsys):
+    """Each was silently ignored: γ without a method, the confidence threshold for a table drafter, top-p/seed under
+    greedy decoding."""
+    from specdec.cli import build_parser
+    from specdec.cli.common import sampling_from_args
+
+    parse_spec("--num-speculative-tokens", "3")
+    assert "plain decoding (no --method) drafts nothing: --num-speculative-tokens is not read" in capsys.readouterr().err
+    parse_spec("--method", "ngram", "--draft-confidence-threshold", "0.5")
+    assert "--method ngram does not read --draft-confidence-threshold (read by: " in capsys.readouterr().err
+    parse_spec("--method", "draft", "--draft-model", "d", "--draft-confidence-threshold", "0.5")
+    assert capsys.readouterr().err == ""
+    sampling_from_args(build_parser().parse_args(["generate", "x", "--top-p", "0.5", "--seed", "3"]))
+    assert "warning: --top-p, --seed not read under greedy decoding" in capsys.readouterr().err
+    sampling_from_args(build_parser().parse_args(["generate", "x", "--top-p", "0.5", "--temperature", "0.7"]))
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--ray-cpus-per-replica", "2"], "--ray-cpus-per-replica needs --ray"),
+    (["--prefix-cache-gb", "-1"], "--prefix-cache-gb must be > 0, got -1"),
+    (["--metrics-require-key"], "--metrics-require-key needs an API key"),
+    (["--no-enable-prefix-caching", "--prefix-cache-gb", "2", "--host", "999.1.1.1"], "warning: --prefix-cache-gb / --block-size"),
+    (["--host", "999.1.1.1"], "error: cannot listen on 999.1.1.1:"),
+])
+def test_serve_flag_combinations_are_checked_before_loading(argv, message):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}
+    proc = run_cli("serve", "--model", "/nope/never-loaded.gguf", *argv, env=env)
+    assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_train_drafter_refuses_another_kinds_flag_typed_at_its_default():
+    proc = run_cli("train-drafter", "--out", "/tmp/never-written", "--kind", "medusa", "--divergence", "kl")
+    assert proc.returncode == 1 and "--divergence is read by --kind distill only, not medusa" in proc.stderr

@@ -95,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
     if args.config and args.method and args.methods == DEFAULT_METHODS:  # bench what `specdec tune` chose
         methods = ["ar", args.method]
     checked_methods(args, [m for m in methods if not is_peer(m)], "--methods")  # before any model loads
+    typed = getattr(args, "typed_flags", set())
+    if "disable_speculation_above" in typed and args.concurrency == 1:
+        print("warning: --disable-speculation-above is not read without --concurrency (one request at a time)", file=sys.stderr)
     peers_wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in peers_wanted:
         if peer not in PEER_METHODS:

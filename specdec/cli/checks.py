@@ -159,3 +159,13 @@ def warn_unread_flags(args: argparse.Namespace, method: str | None) -> None:
     chosen = f"--method {method}" if method is not None else "plain decoding (no --method)"
     for flag, readers in unread_flags(args, method):
         print(f"warning: {chosen} does not read {flag} (read by: {', '.join(readers) or 'no method'})", file=sys.stderr)
+    # (a server's requests may name a method that reads them: only generate's single run is sure)
+    if getattr(args, "command", None) == "generate" and method is None and args.num_speculative_tokens is not None:
+        print(f"warning: {chosen} drafts nothing: --num-speculative-tokens is not read (add --method or --draft-model)",
+              file=sys.stderr)
+    if getattr(args, "command", None) == "generate" and args.draft_confidence_threshold is not None:
+        from specdec.drafters.registry import all_methods, method_info
+
+        if method is None or "draft_confidence_threshold" not in method_info(method).options:
+            readers = ", ".join(info.name for info in all_methods() if "draft_confidence_threshold" in info.options)
+            print(f"warning: {chosen} does not read --draft-confidence-threshold (read by: {readers})", file=sys.stderr)

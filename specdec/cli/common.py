@@ -8,6 +8,7 @@ Method facts (names, aliases, which need a draft model, which options each reads
 from __future__ import annotations
 
 import argparse
+import sys
 
 from specdec.cli.checks import METHOD_FLAGS, check_required_options, warn_unread_execution_flags, warn_unread_flags
 from specdec.config import DEFAULT_DRAFT_CONTEXT_WINDOW, DEFAULT_DRAFT_VOCAB_SIZE, DEFAULT_SPEC_TREE, QUANTIZE_MODES, SPEC_TREE_WORDS
@@ -297,6 +298,12 @@ def structured_from_args(args: argparse.Namespace):  # noqa: ANN201 - Structured
 
 def sampling_from_args(args: argparse.Namespace):  # noqa: ANN201
     from specdec.sampling import SamplingParams
+
+    if args.temperature == 0:  # greedy: the sampling flags change nothing (they were ignored without a word)
+        unread = [flag for flag, value, off in (("--top-p", args.top_p, 1.0), ("--top-k", args.top_k, 0), ("--min-p", args.min_p, 0.0),
+                                                ("--seed", args.seed, None)) if value != off]
+        if unread:
+            print(f"warning: {', '.join(unread)} not read under greedy decoding (--temperature 0, the default)", file=sys.stderr)
 
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,

@@ -18,7 +18,7 @@ from specdec.cli.common import (add_debug_flag, add_model_args, bounded_int, cou
                                 positive_int, spec_from_args, speculation_limit_value)
 from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
 from specdec.errors import SpecdecError
-from specdec.server.security import DEFAULT_MAX_BODY_BYTES
+from specdec.server.security import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 
 if TYPE_CHECKING:
     from specdec.server.state import ServerState
@@ -238,6 +238,7 @@ def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_flag_combinations(args)
     if args.ray:
         return run_on_ray(args)
     if args.replicas != 1 or args.ray_address is not None:
@@ -274,6 +275,22 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[listening])
     return 0
+
+
+def check_flag_combinations(args: argparse.Namespace) -> None:
+    """Flags that only mean something beside another, refused or warned about before anything loads (each was
+    silently ignored, or failed after the models had loaded)."""
+    typed = getattr(args, "typed_flags", set())
+    if "ray_cpus_per_replica" in typed and not args.ray:
+        raise SpecdecError("--ray-cpus-per-replica needs --ray (one process serves without it: its threads are the "
+                           "process's own)")
+    if not args.prefix_cache_gb > 0:
+        raise SpecdecError(f"--prefix-cache-gb must be > 0, got {args.prefix_cache_gb:g}")
+    if args.enable_prefix_caching is False and {"prefix_cache_gb", "block_size"} & typed:
+        print("warning: --prefix-cache-gb / --block-size are not read with --no-enable-prefix-caching", file=sys.stderr)
+    if args.metrics_require_key and not (args.api_key or args.api_key_file or os.environ.get(API_KEY_ENV)):
+        raise SpecdecError("--metrics-require-key needs an API key (--api-key, --api-key-file or $SPECDEC_API_KEY): "
+                           "without one /metrics would stay open")
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

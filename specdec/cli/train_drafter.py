@@ -161,8 +161,9 @@ def kind_flags(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.Acti
 def refuse_other_kinds_flags(args: argparse.Namespace) -> None:
     """A kind's flag set away from its default for another --kind is an error: ``--kind eagle --divergence
     tvd`` trained an EAGLE head and said nothing of the divergence it never used."""
+    typed = getattr(args, "typed_flags", set())  # typed at its default too: `--kind medusa --divergence kl` said nothing
     for flag, (action, kinds) in args.kind_flags.items():
-        if args.kind not in kinds and getattr(args, action.dest) != action.default:
+        if args.kind not in kinds and (getattr(args, action.dest) != action.default or action.dest in typed):
             raise SpecdecError(f"{flag} is read by --kind {' or '.join(kinds)} only, not {args.kind}")
 
 
