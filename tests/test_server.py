@@ -493,21 +493,20 @@ def test_openai_and_vllm_fields_once_ignored_are_honoured_or_refused(server, tin
     assert 'specdec_requests_total{endpoint="completions",status="400"}' in metrics and 'endpoint="any"' not in metrics
 
 
-#: `specdec serve` with a fault injected on the model thread: a request with ``max_tokens`` 13 fails after
-#: its first ten chunks (an exception the engine did not expect), as a bug or a device error would
-FAULTY_SERVER = """
+#: `specdec serve` whose model thread calls ``on_chunk(params, chunks_so_far)`` before each streamed chunk (the
+#: steps as they are otherwise: they are sent each forward's results); ``step_hook_server`` adds the hook
+STEP_HOOK_SERVER = """
 import sys
+import time
 import specdec.server.jobs as jobs
 from specdec.cli import main
 from specdec.engine import StreamChunk
 
 real = jobs.generate_steps
 
-def failing_steps(**kwargs):
+def hooked_steps(**kwargs):
     steps = real(**kwargs)
-    if kwargs["params"].max_tokens != 13:
-        return steps
-    def fail():  # the steps as they are (they are sent each forward's results), until ten chunks are out
+    def hooked():
         chunks, sent = 0, None
         while True:
             try:
@@ -515,15 +514,27 @@ def failing_steps(**kwargs):
             except StopIteration:
                 return
             if isinstance(item, StreamChunk):
-                if chunks == 10:
-                    raise RuntimeError("injected fault")
+                on_chunk(kwargs["params"], chunks)
                 chunks += 1
             sent = yield item
-    return fail()
+    return hooked()
 
-jobs.generate_steps = failing_steps
-sys.exit(main(sys.argv[1:]))
+jobs.generate_steps = hooked_steps
 """
+
+
+def step_hook_server(on_chunk: str) -> str:
+    """The runner script of a server with ``on_chunk`` (Python source defining ``on_chunk(params, chunks)``)."""
+    return STEP_HOOK_SERVER + on_chunk + "\nsys.exit(main(sys.argv[1:]))\n"
+
+
+#: a request with ``max_tokens`` 13 fails after its first ten chunks (an exception the engine did not expect), as a
+#: bug or a device error would
+FAULTY_SERVER = step_hook_server("""
+def on_chunk(params, chunks):
+    if params.max_tokens == 13 and chunks == 10:
+        raise RuntimeError("injected fault")
+""")
 
 
 def test_a_failure_mid_generation_is_an_error_object_streamed_or_not_and_the_server_stays_up(tiny_dirs, tiny_target):

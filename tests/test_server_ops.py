@@ -11,35 +11,13 @@ import time
 import httpx
 import pytest
 
-from tests.test_server import error, launch, serving
+from tests.test_server import error, launch, serving, step_hook_server
 
 #: `specdec serve` whose model thread sleeps 20 ms per streamed chunk, so one request holds the only slot for seconds
-SLOW_SERVER = """
-import sys
-import time
-import specdec.server.jobs as jobs
-from specdec.cli import main
-from specdec.engine import StreamChunk
-
-real = jobs.generate_steps
-
-def slow_steps(**kwargs):
-    steps = real(**kwargs)
-    def slow():
-        sent = None
-        while True:
-            try:
-                item = steps.send(sent)
-            except StopIteration:
-                return
-            if isinstance(item, StreamChunk):
-                time.sleep(0.02)
-            sent = yield item
-    return slow()
-
-jobs.generate_steps = slow_steps
-sys.exit(main(sys.argv[1:]))
-"""
+SLOW_SERVER = step_hook_server("""
+def on_chunk(params, chunks):
+    time.sleep(0.02)
+""")
 
 
 @pytest.fixture(scope="module")
