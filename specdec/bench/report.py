@@ -62,7 +62,7 @@ def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None
     lines = [f"# specdec {meta.get('tool', 'bench')} — {meta.get('dataset')}", "",
              f"Command: `{meta.get('command', '')}`", "",
              f"Machine: {meta.get('machine', '')}; target {meta.get('model')} ({meta.get('execution')}), "
-             f"draft {meta.get('draft_model')}, γ={meta.get('num_speculative_tokens')}, temperature {meta.get('temperature')}, "
+             f"{'draft ' + str(meta['draft_model']) if meta.get('draft_model') else 'no draft model'}, γ={meta.get('num_speculative_tokens')}, temperature {meta.get('temperature')}, "
              + (f"{meta['penalties']}, " if meta.get("penalties") else "")
              + f"max {meta.get('max_tokens')} tokens, {repeats_text(meta.get('repeats'))}, " + (
                  f"{meta['concurrency']} requests in flight (continuous batching): tokens/s is total throughput."

@@ -60,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
 
     if Path(args.output).exists() and not Path(args.output).is_dir():
         raise SpecdecError(f"--output {args.output}: is a file; give a folder for the datastore")
+    existing = Path(args.output) / "meta.json"
+    if existing.is_file():  # a 100-document store was replaced by a 12-token one without a word
+        print(f"note: replacing the datastore in {args.output}", file=sys.stderr)
     tokenizer = Tokenizer.load(resolve_model(args.tokenizer, auto_pull=not args.no_pull))
     meta = build_datastore(tokenizer, read_corpus(args.input), Path(args.output), window=args.window, progress=True)
     documents = meta["documents"]
