@@ -26,6 +26,9 @@ class OutputTracker:
     def __init__(self, params: SamplingParams, stop_ids: frozenset[int], tokenizer) -> None:  # noqa: ANN001
         self.params = params
         self.stop_ids = stop_ids
+        #: vLLM's ``stop_token_ids`` stay in the output ("unless the stop tokens are special tokens": then in the ids
+        #: only, as the text skips special tokens); the model's own end of sequence does not (it was dropped too)
+        self.kept_stop_ids = frozenset(params.stop_token_ids) - (tokenizer.stop_token_ids if tokenizer is not None else frozenset())
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.detok = None
@@ -49,6 +52,11 @@ class OutputTracker:
             self.consumed += 1
             if token in self.stop_ids:
                 self.finish_reason = "stop"
+                if token in self.kept_stop_ids:
+                    self.token_ids.append(token)
+                    taken.append(token)
+                    if self.detok is not None:
+                        self.text += self.detok.push(token)
                 break
             self.token_ids.append(token)
             taken.append(token)

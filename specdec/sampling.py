@@ -78,6 +78,8 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 128
     stop: list[str] = field(default_factory=list)  # stop strings (handled by the engine)
+    #: token ids that end the output, kept in it as vLLM keeps them (text too, unless special); the model's own
+    #: end-of-sequence ids end it without being output
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     #: None: no log-probabilities; N (0..MAX_LOGPROBS): each emitted token's log-probability under
