@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Union
@@ -24,7 +25,7 @@ from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
 from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
-from specdec.drafters.registry import method_info, needs_draft_model, resolve_method
+from specdec.drafters.registry import all_methods, method_info, needs_draft_model, resolve_method
 from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
 from specdec.errors import SpecdecError
 from specdec.kernels.layers import use_for_prompt_passes
@@ -323,6 +324,7 @@ def stream(
     chat: bool = False,
 ) -> Iterator[StreamChunk]:
     """Yield :class:`StreamChunk` s as tokens are committed; the last one carries ``stats``."""
+    warn_unread(draft, spec)
     return generate_stream(**prepare(target, prompt, params, draft, spec, chat))
 
 
@@ -337,7 +339,26 @@ def generate(
 ) -> GenerationResult:
     """Generate a completion; speculative when ``draft`` or ``spec.method`` is given. Always exact:
     greedy output equals plain decoding's, sampled output has the target's distribution."""
+    warn_unread(draft, spec)
     return generate_ids(**prepare(target, prompt, params, draft, spec, chat))
+
+
+def warn_unread(draft: LoadedModel | None, spec: SpecConfig | None) -> None:
+    """A ``draft=`` or SpecConfig options the chosen method does not read: a UserWarning each (the CLI warns about
+    the same flags; the library ignored them without a word). Not an error: the output is the method's."""
+    if not isinstance(spec, SpecConfig) and spec is not None:
+        return  # prepare's TypeError says what is wrong
+    spec = resolve_spec(spec, draft)
+    method = spec.method
+    if draft is not None and not needs_draft_model(method):
+        warnings.warn(f"draft= is not used by {method or 'plain decoding'} (methods that draft with a model: "
+                      f"{', '.join(info.name for info in all_methods() if info.needs_draft_model)})", UserWarning, stacklevel=3)
+    read = set(method_info(method).options) if method is not None else set()
+    defaults = SpecConfig()
+    options = sorted({option for info in all_methods() for option in info.options} - read)
+    unread = [option for option in options if getattr(spec, option, None) != getattr(defaults, option, None)]
+    if unread:
+        warnings.warn(f"{method or 'plain decoding'} does not read SpecConfig {', '.join(unread)}", UserWarning, stacklevel=3)
 
 
 #: prompt tokens per target call when a prefill is chunked (see :func:`default_prefill_chunk`)

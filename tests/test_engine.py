@@ -564,3 +564,18 @@ def test_fields_changed_after_construction_are_checked_at_generate(tiny_target):
     spec.num_speculative_tokens = 0
     with pytest.raises(SpecdecError, match="num_speculative_tokens"):
         specdec.generate(tiny_target, "def f(x):", SamplingParams(max_tokens=4), spec=spec)
+
+
+def test_the_library_warns_about_a_draft_or_options_the_method_does_not_read(tiny_target):
+    import warnings
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=3)
+    with pytest.warns(UserWarning, match="draft= is not used by ngram"):
+        specdec.generate(tiny_target, "def f(x):", greedy, draft=tiny_target, spec=SpecConfig(method="ngram"))
+    with pytest.warns(UserWarning, match="ngram does not read SpecConfig exit_layer"):
+        specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method="ngram", exit_layer=3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to say: each read by its method
+        specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method="ngram", prompt_lookup_max=3))
+        specdec.generate(tiny_target, "def f(x):", greedy, draft=tiny_target)
+        list(specdec.stream(tiny_target, "def f(x):", greedy))
