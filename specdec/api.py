@@ -26,7 +26,7 @@ from specdec.compat import check_draft_context, check_pair
 from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
 from specdec.drafters.registry import all_methods, method_info, needs_draft_model, resolve_method
-from specdec.engine import GenerationResult, StreamChunk, generate_ids, generate_stream
+from specdec.engine import GenerationResult, StreamChunk, check_context, generate_ids, generate_stream
 from specdec.errors import SpecdecError
 from specdec.kernels.layers import use_for_prompt_passes
 from specdec.models.registry import resolve_model
@@ -302,6 +302,9 @@ def prepare(target: LoadedModel, prompt: Prompt, params: SamplingParams | None, 
     params = dataclasses.replace(params) if params is not None else SamplingParams()
     spec = resolve_spec(dataclasses.replace(spec) if spec is not None else None, draft)
     prompt_ids = encode_prompt(target, prompt, chat)
+    # here, not only in the engine's generator: stream() returns a generator, and its errors surfaced at the first
+    # next() — a try around the stream(...) call caught nothing
+    check_context(len(prompt_ids), params.max_tokens, target.config.max_position_embeddings)
     generator = make_generator(params.seed, target.backend.device)
     max_seq_len = len(prompt_ids) + params.max_tokens + spec.max_speculative_tokens + 1
     for field, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):

@@ -579,3 +579,8 @@ def test_the_library_warns_about_a_draft_or_options_the_method_does_not_read(tin
         specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method="ngram", prompt_lookup_max=3))
         specdec.generate(tiny_target, "def f(x):", greedy, draft=tiny_target)
         list(specdec.stream(tiny_target, "def f(x):", greedy))
+
+
+def test_stream_refuses_a_request_at_the_call_not_the_first_next(tiny_target):
+    with pytest.raises(ContextLengthError):
+        specdec.stream(tiny_target, "hi " * 600, SamplingParams(max_tokens=4))  # no next(): the call itself raises
