@@ -403,3 +403,11 @@ def test_serve_flag_combinations_are_checked_before_loading(argv, message):
 def test_train_drafter_refuses_another_kinds_flag_typed_at_its_default():
     proc = run_cli("train-drafter", "--out", "/tmp/never-written", "--kind", "medusa", "--divergence", "kl")
     assert proc.returncode == 1 and "--divergence is read by --kind distill only, not medusa" in proc.stderr
+
+
+def test_debug_before_the_command_shows_the_traceback():
+    """`specdec --debug COMMAND` did nothing: the command's own --debug default overwrote it."""
+    for argv in (["--debug", "generate", "hi"], ["generate", "hi", "--debug"]):
+        proc = run_cli(*argv, "--model", "/nope/m.gguf")
+        assert proc.returncode != 0 and "Traceback" in proc.stderr, argv
+    assert "Traceback" not in run_cli("generate", "hi", "--model", "/nope/m.gguf").stderr

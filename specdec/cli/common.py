@@ -105,7 +105,9 @@ def gamma_list(text: str) -> list[int | str]:
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """``--debug`` after the command too (``specdec generate … --debug``); shown once, at the top."""
-    parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    # default SUPPRESS: not given after the command, it leaves `specdec --debug COMMAND`'s value (a False default here
+    # overwrote it, and the top-level --debug did nothing)
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def methods_help() -> str:
@@ -162,7 +164,8 @@ def add_model_args(parser: argparse.ArgumentParser, unused: dict[str, str] | tup
              "choices, several continuations a table saw) verified in one target pass with tree attention; "
              "'auto' = up to 2×γ nodes (max 16), the unlikely ones cut where the measured verify cost says they "
              "do not pay; N = at most N nodes per step; 'greedy' = 'auto' for greedy requests on a target whose "
-             "measured verification is flat (one more row <= 5%% of a step: int8 on AMX yes, int4 no), chains "
+             "measured verification is flat (one more row, from 1 to 4, <= 5%% of a step: measured on this machine; "
+             "int8 on AMX tiles is, int4 was not on the machines first measured), chains "
              "otherwise and for sampled requests (their tree alternatives measured break-even on CPU); "
              "'off' = chains; output "
              f"unchanged (default: {DEFAULT_SPEC_TREE})")

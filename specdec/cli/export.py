@@ -16,7 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "export", help="write a speculative configuration as vLLM / SGLang / llama.cpp flags",
         description="Write the speculative configuration (target, method, draft model, γ) as the command line of "
                     "another engine: vLLM's --speculative-config JSON, SGLang's --speculative-* flags or llama-server's "
-                    "-md/--draft-* flags. Where the engine lacks the method, a note says so and names the nearest one.")
+                    "-md/--spec-draft-* flags. Where the engine lacks the method, a note says so and names the nearest one.")
     export.add_argument("--engine", required=True, choices=("vllm", "sglang", "llamacpp"), help="the engine to write for")
     export.add_argument("--model", default="qwen2.5-coder-1.5b", help="target: a built-in name or a path (default: qwen2.5-coder-1.5b)")
     export.add_argument("--draft-model", default=None, help="draft model: a built-in name or a path")
@@ -26,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     export.add_argument("--prompt-lookup-min", type=positive_int, default=1, help="n-gram: shortest match (default: 1)")
     export.add_argument("--prompt-lookup-max", type=positive_int, default=4, help="n-gram: longest match (default: 4)")
     export.add_argument("--draft-confidence-threshold", type=float, default=0.3,
-                        help="end a round below this draft probability (llama.cpp --draft-p-min; default: 0.3)")
+                        help="end a round below this draft probability (llama.cpp --spec-draft-p-min; default: 0.3)")
     export.add_argument("--out", type=Path, default=None, help="write the command to this file (default: stdout)")
     export.add_argument("--config", default=None, metavar="FILE",
                         help="take the model, draft, method and γ from a file `specdec tune` wrote (or its --out folder); "

@@ -23,8 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
     gen.add_argument("--prediction", metavar="FILE_OR_TEXT", default=None,
                      help="the output expected, largely (OpenAI's Predicted Outputs): a file being edited, an earlier answer "
-                          "being revised — a file, or the text itself. The draft_suffix, suffix and ngram methods draft from it; "
-                          "the output is the same with or without it, only faster where it is right")
+                          "being revised — a file, or the text itself. The " + ", ".join(prediction_readers()) + " methods draft "
+                          "from it; the output is the same with or without it, only faster where it is right")
     gen.add_argument("--suffix", metavar="FILE_OR_TEXT", default=None,
                      help="fill in the middle: the prompt is the code before the insertion point, this the code after it "
                           "(a file, or the text itself); needs a code model with FIM tokens (Qwen2.5-Coder's)")
@@ -42,6 +42,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return gen
 
 
+def prediction_readers() -> list[str]:
+    """The registered methods that draft from a predicted output (MethodInfo.reads_prediction)."""
+    from specdec.drafters.registry import all_methods
+
+    return [info.name for info in all_methods() if info.reads_prediction]
+
+
 def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec.drafters.registry import all_methods, method_info
@@ -53,9 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if args.prediction is not None:
         params = dataclasses.replace(params, prediction=file_or_text(args.prediction, "--prediction"))
         if spec.method is None or not method_info(spec.method).reads_prediction:
-            readers = ", ".join(info.name for info in all_methods() if info.reads_prediction)
             print(f"warning: --prediction is not used by {spec.method or 'plain decoding'} (methods that draft from it: "
-                  f"{readers})", file=sys.stderr)
+                  f"{', '.join(prediction_readers())})", file=sys.stderr)
     target_mode, draft_mode, plan = execution_modes(args, spec.method)
     if plan is not None and args.explain:
         print(plan.explain(), file=sys.stderr)

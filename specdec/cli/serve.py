@@ -135,8 +135,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     scale = serve.add_argument_group("scale-out on Ray Serve (needs `pip install 'specdec[ray]'`)")
     scale.add_argument("--ray", action="store_true",
                        help="serve the same app as a Ray Serve deployment: --replicas processes, each with its own models "
-                            "and model thread, behind Ray's HTTP proxy on --host:--port (which routes each request to the "
-                            "least busy replica)")
+                            "and model thread, behind Ray's HTTP proxy on --host:--port (which sends each request to the "
+                            "less busy of two sampled replicas)")
     scale.add_argument("--replicas", type=positive_int, default=1, metavar="N", help="with --ray: replicas (default: 1)")
     scale.add_argument("--ray-address", default=None, metavar="ADDR",
                        help="with --ray: join this Ray cluster ('auto' = the one `ray start --head` started on this machine; "

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"tune: {len(rows)} prompts{chat_note} × (plain + {len(methods)} method{'s' if len(methods) != 1 else ''} × {len(gammas)} γ"
           f"{f' × {len(trees)} tree settings' if len(trees) > 1 else ''}), {args.max_tokens} tokens each, "
           f"budget {args.budget_minutes:g} min; target {target.backend.dtype_name}"
-          f"{f', draft {draft.backend.dtype_name}' if draft else ''}; CPU {cpu_description()}", file=sys.stderr)
+          f"{f', draft {draft.backend.mode}' if draft else ''}; CPU {cpu_description()}", file=sys.stderr)
     from tqdm import tqdm
 
     start = time.perf_counter()
