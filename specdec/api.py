@@ -25,7 +25,7 @@ from specdec.backends.torch_backend import TorchBackend
 from specdec.compat import check_draft_context, check_pair
 from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
-from specdec.drafters.registry import all_methods, method_info, needs_draft_model, resolve_method
+from specdec.drafters.registry import all_methods, method_info, needs_draft_model, resolve_method, unread_options
 from specdec.engine import GenerationResult, StreamChunk, check_context, generate_ids, generate_stream
 from specdec.errors import SpecdecError
 from specdec.kernels.layers import use_for_prompt_passes
@@ -356,10 +356,8 @@ def warn_unread(draft: LoadedModel | None, spec: SpecConfig | None) -> None:
     if draft is not None and not needs_draft_model(method):
         warnings.warn(f"draft= is not used by {method or 'plain decoding'} (methods that draft with a model: "
                       f"{', '.join(info.name for info in all_methods() if info.needs_draft_model)})", UserWarning, stacklevel=3)
-    read = set(method_info(method).options) if method is not None else set()
-    defaults = SpecConfig()
-    options = sorted({option for info in all_methods() for option in info.options} - read)
-    unread = [option for option in options if getattr(spec, option, None) != getattr(defaults, option, None)]
+    options = sorted({option for info in all_methods() for option in info.options})
+    unread = [option for option, _ in unread_options(method, {option: getattr(spec, option) for option in options})]
     if unread:
         warnings.warn(f"{method or 'plain decoding'} does not read SpecConfig {', '.join(unread)}", UserWarning, stacklevel=3)
 

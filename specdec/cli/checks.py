@@ -6,7 +6,6 @@ reads them, a warning when only this method does not), and ``--config`` files' v
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 from specdec.errors import SpecdecError
@@ -141,17 +140,12 @@ def checked_methods(args: argparse.Namespace, names: list[str], flag: str) -> li
 
 def unread_flags(args: argparse.Namespace, method: str | None) -> list[tuple[str, list[str]]]:
     """Method-specific flags set away from their default that ``method`` (a registered name, or None
-    for plain decoding) does not read, each with the methods that do (from ``MethodInfo.options``)."""
-    from specdec.config import SpecConfig
-    from specdec.drafters.registry import all_methods, method_info
+    for plain decoding) does not read, each with the methods that do (``registry.unread_options``)."""
+    from specdec.drafters.registry import unread_options
 
-    defaults = {f.name: f.default for f in dataclasses.fields(SpecConfig)}
-    read = set(method_info(method).options) if method is not None else set()
-    found = []
-    for flag, option in METHOD_FLAGS.items():
-        if getattr(args, option) != defaults[option] and option not in read:
-            found.append((flag, [info.name for info in all_methods() if option in info.options]))
-    return found
+    flags = {option: flag for flag, option in METHOD_FLAGS.items()}
+    return [(flags[option], readers)
+            for option, readers in unread_options(method, {option: getattr(args, option) for option in flags})]
 
 
 def warn_unread_flags(args: argparse.Namespace, method: str | None) -> None:
@@ -164,8 +158,8 @@ def warn_unread_flags(args: argparse.Namespace, method: str | None) -> None:
         print(f"warning: {chosen} drafts nothing: --num-speculative-tokens is not read (add --method or --draft-model)",
               file=sys.stderr)
     if getattr(args, "command", None) == "generate" and args.draft_confidence_threshold is not None:
-        from specdec.drafters.registry import all_methods, method_info
+        from specdec.drafters.registry import method_info, readers_of
 
         if method is None or "draft_confidence_threshold" not in method_info(method).options:
-            readers = ", ".join(info.name for info in all_methods() if "draft_confidence_threshold" in info.options)
+            readers = ", ".join(readers_of("draft_confidence_threshold"))
             print(f"warning: {chosen} does not read --draft-confidence-threshold (read by: {readers})", file=sys.stderr)

@@ -8,6 +8,7 @@ listed explicitly below (no import side effects); :func:`register_method` adds a
 
 from __future__ import annotations
 
+from specdec.config import SpecConfig
 from specdec.drafters import draft_model, draft_suffix, eagle, layer_skip, medusa, prompt_lookup, retrieval, suffix
 from specdec.drafters.base import MethodInfo
 from specdec.errors import SpecdecError
@@ -76,6 +77,21 @@ def all_methods() -> list[MethodInfo]:
 
 def needs_draft_model(method: str | None) -> bool:
     return method is not None and method_info(method).needs_draft_model
+
+
+def readers_of(option: str) -> list[str]:
+    """The registered methods that read the SpecConfig field ``option`` (``MethodInfo.options``)."""
+    return [info.name for info in all_methods() if option in info.options]
+
+
+def unread_options(method: str | None, values: dict[str, object]) -> list[tuple[str, list[str]]]:
+    """Of ``values`` (SpecConfig field → value), those set away from SpecConfig's default that ``method`` (a registered
+    name; None: plain decoding) does not read, each with the methods that do. One rule for the CLI's warnings about
+    flags and the library's about options."""
+    defaults = SpecConfig()
+    read = set(method_info(method).options) if method is not None else set()
+    return [(option, readers_of(option)) for option, value in values.items()
+            if option not in read and value != getattr(defaults, option)]
 
 
 for _module in (draft_model, draft_suffix, prompt_lookup, suffix, retrieval, layer_skip, eagle, medusa):
