@@ -226,3 +226,28 @@ def test_gamma_plot_draws_auto_and_compare_names_methods_one_run_lacks(tmp_path)
     text = compare_runs(tmp_path / "a", tmp_path / "b")
     assert "note: the runs differ in repeats: 2 vs 1" in text
     assert "note: only run 1 ran ngram: not in the table" in text and "note: only run 2 ran ngram@auto" in text
+
+
+def test_every_variant_is_warmed_before_it_is_timed(tiny_target, dataset):
+    """Only plain decoding was warmed: each method's first timed run paid its one-time costs (0.03-0.27 s)."""
+    from specdec.sampling import SamplingParams
+
+    calls: list[tuple[str, int]] = []  # (variant, max_tokens) in call order
+
+    def recording(target, draft, method, config, gamma=4, tree="off"):  # noqa: ANN001, ANN202
+        plain = runner.ours(target, draft, "ar", config)
+
+        def generate_one(ids):  # noqa: ANN001, ANN202
+            calls.append((f"{method}@{gamma}", config.params.max_tokens))
+            return plain(ids)
+
+        return generate_one
+
+    rows = load_prompts(str(dataset))[:1]
+    config = runner.BenchConfig(methods=["ar", "ngram", "suffix"], params=SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+                                gammas=[2, 3], repeats=1)
+    runner.run_benchmark(tiny_target, None, rows, config, progress=False, method_runner=recording)
+    variants = {"ngram@2", "ngram@3", "suffix@2", "suffix@3"}
+    first_timed = next(index for index, (_, tokens) in enumerate(calls) if tokens == 20)
+    assert {name for name, tokens in calls[:first_timed] if tokens == 8} == variants  # each warmed, short, first
+    assert {name for name, tokens in calls[first_timed:]} == variants and all(t == 20 for _, t in calls[first_timed:])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -166,6 +167,7 @@ def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method, r
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "identical text: yes" in captured.err
+    assert re.search(r"decode \d+\.\d\dx \(tokens after the first\), end to end \d+\.\d\dx", captured.err)
     # the tiny draft is as large as its target, so where step costs are measured (the quantized modes)
     # γ=auto sees drafting cannot pay back the draft's prompt pass, and says so instead of drafting
     assert "acceptance_rate=" in captured.err or "not drafting: the draft's pass over the prompt" in captured.err
@@ -176,8 +178,6 @@ def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method, r
     assert f"method={method[1] if method else DEFAULT_DRAFT_METHOD}" in captured.err
     if method:  # the execution line names the modes and the kernels' instruction set
         from specdec.kernels.build import kernel_path
-
-        import re
 
         # (", prompts in target int8 …" where --prompt-quantize auto measured another mode cheaper for prompts;
         # ", weights on 2 MiB pages (… GB)" where the models were moved onto huge pages, or why they were not)
