@@ -316,3 +316,27 @@ def test_datastore_and_train_drafter_read_the_same_jsonl_fields_and_dataset_name
     for read in (lambda: list(read_corpus([str(corpus)])), lambda: load_documents(str(corpus))):
         with pytest.raises(SpecdecError, match=r"corpus.jsonl:1: .*'question' \(\+ 'answer'\)"):
             read()
+
+
+def test_a_json_array_corpus_is_read_as_rows_not_as_raw_text(tmp_path):
+    """A .json corpus (ShareGPT-style sets ship as one array) was indexed and trained on as raw text,
+    brackets and keys included: its rows are read as a .jsonl file's, ShareGPT 'conversations' and
+    OpenAI 'messages' included; anything else in a .json file is a clear error."""
+    from specdec.cli.datastore import read_corpus
+    from specdec.errors import SpecdecError
+    from specdec.train.data import load_documents
+
+    rows = [{"text": "t"}, {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+    corpus = tmp_path / "share.json"
+    corpus.write_text(json.dumps(rows, indent=1))
+    expected = ["t", "hi\nhello", "q\na"]
+    assert list(read_corpus([str(corpus)])) == expected
+    assert [doc.text for doc in load_documents(str(corpus))] == expected
+    corpus.write_text('{"text": "one object"}')
+    for read in (lambda: list(read_corpus([str(corpus)])), lambda: load_documents(str(corpus))):
+        with pytest.raises(SpecdecError, match=r"share.json: a .json file must hold one array of objects"):
+            read()
+    corpus.write_text('[{"text": 1,}]')
+    with pytest.raises(SpecdecError, match=r"share.json: malformed JSON at line 1"):
+        list(read_corpus([str(corpus)]))

@@ -51,12 +51,19 @@ def default_data_dir() -> Path:
     return candidates[0]
 
 
+#: file endings read as rows of JSON objects (a .json file: one array of them, as ShareGPT-style sets ship)
+ROW_FILE_SUFFIXES = (".jsonl", ".json")
+
+
 def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file, each with its line number under ``_line``; errors name file and line."""
+    """Rows of a JSONL file, each with its line number under ``_line``; errors name file and line. A
+    ``.json`` file holding one array of objects is read as its rows (``_line``: the row's number)."""
     if path.is_dir():
         raise SpecdecError(f"dataset {path}: is a folder; give a JSONL file or a dataset name (humaneval, gsm8k, spec_bench)")
     if not path.is_file():
         raise SpecdecError(f"dataset file not found: {path}")
+    if path.suffix == ".json":
+        return _json_array_rows(path)
     rows = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -72,13 +79,28 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def _json_array_rows(path: Path) -> list[dict]:
+    """A .json file's array of objects (it was read as one raw-text document, brackets and keys included)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise SpecdecError(f"{path}: malformed JSON at line {exc.lineno} ({exc.msg})") from None
+    except UnicodeDecodeError:
+        raise SpecdecError(f"{path}: not UTF-8 text") from None
+    if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+        raise SpecdecError(f"{path}: a .json file must hold one array of objects (one row each, as a .jsonl file's "
+                           "lines); give other text as .txt")
+    return [row | {"_line": number} for number, row in enumerate(data, start=1)]
+
+
 def dataset_path(name: str) -> Path:
     """A dataset name (``humaneval``, ``gsm8k``, ``spec_bench``: its file in the data folder) or a path."""
     return default_data_dir() / DATASET_FILES[name] if name in DATASET_FILES else Path(name).expanduser()
 
 
 #: the JSONL fields :func:`document_text` reads, for error messages and --help
-DOCUMENT_FIELDS = "'text', 'prompt' (+ 'completion' or 'canonical_solution'), 'question' (+ 'answer') or 'turns'"
+DOCUMENT_FIELDS = ("'text', 'prompt' (+ 'completion' or 'canonical_solution'), 'question' (+ 'answer'), 'turns', "
+                   "'conversations' (ShareGPT) or 'messages'")
 
 
 def document_text(row: dict) -> str | None:
@@ -93,6 +115,12 @@ def document_text(row: dict) -> str | None:
     turns = row.get("turns")
     if isinstance(turns, list) and turns:
         return "\n".join(map(str, turns))
+    for field, key in (("conversations", "value"), ("messages", "content")):  # ShareGPT's and OpenAI's shapes
+        parts = row.get(field)
+        if isinstance(parts, list) and parts:
+            texts = [part.get(key) for part in parts if isinstance(part, dict)]
+            if any(isinstance(text, str) and text for text in texts):
+                return "\n".join(text for text in texts if isinstance(text, str) and text)
     return None
 
 

@@ -17,11 +17,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     store = subparsers.add_parser("datastore", help="build a retrieval datastore (for --method retrieval)",
                                   description="Tokenize a corpus with a model's tokenizer and build a suffix-array datastore "
                                               "for retrieval drafting (REST). Inputs: .txt files (one document each), .jsonl "
-                                              f"(per row: {DOCUMENT_FIELDS}) or a dataset (humaneval, gsm8k, spec_bench).")
+                                              f"or .json arrays (per row: {DOCUMENT_FIELDS}) or a dataset (humaneval, gsm8k, spec_bench).")
     store.add_argument("action", choices=["build"], help="build: tokenize the --input files and write the datastore to --output (the only action)")
     store.add_argument("--tokenizer", default=DEFAULT_TARGET,
                        help=f"model whose tokenizer to use: the target's, which --method retrieval will run with (default: {DEFAULT_TARGET})")
-    store.add_argument("--input", nargs="+", required=True, metavar="FILE", help="corpus files (.txt or .jsonl) or dataset names")
+    store.add_argument("--input", nargs="+", required=True, metavar="FILE", help="corpus files (.txt, .jsonl, or .json holding an array of rows) or dataset names")
     store.add_argument("--output", required=True, metavar="DIR", help="datastore directory to write")
     store.add_argument("--window", type=positive_int, default=16, help="longest match length indexed, in tokens (default: 16)")
     store.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model")
@@ -33,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def read_corpus(files: list[str]) -> Iterator[str]:
     """The documents of ``files``, one string each (a .txt file is one document, a .jsonl row another;
     a dataset name reads its JSONL file)."""
-    from specdec.bench.datasets import dataset_path, document_text, read_jsonl
+    from specdec.bench.datasets import ROW_FILE_SUFFIXES, dataset_path, document_text, read_jsonl
 
     for name in files:
         path = dataset_path(name)
@@ -41,7 +41,7 @@ def read_corpus(files: list[str]) -> Iterator[str]:
             raise SpecdecError(f"--input {path} is a folder: give its files (e.g. {path}/*.py)")
         if not path.is_file():
             raise SpecdecError(f"corpus file not found: {path}")
-        if path.suffix != ".jsonl":
+        if path.suffix not in ROW_FILE_SUFFIXES:
             yield path.read_text(encoding="utf-8", errors="replace")
             continue
         for row in read_jsonl(path):

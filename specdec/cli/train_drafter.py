@@ -41,8 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmd.add_argument("--model", default=DEFAULT_TARGET, help=f"target model: built-in name, .gguf or HF directory (default: {DEFAULT_TARGET})")
     cmd.add_argument("--data", default="stdlib", metavar="stdlib|DATASET|FILE|DIR",
                      help="training text: 'stdlib' (the Python standard library's sources: real code on every machine), "
-                          "a dataset (humaneval, gsm8k, spec_bench), a .txt file, a .jsonl file (per row: "
-                          f"{DOCUMENT_FIELDS}), or a directory of .py/.txt/.md/.rst files; 1 document in 20 is held out "
+                          "a dataset (humaneval, gsm8k, spec_bench), a .txt file, a .jsonl file or a .json array "
+                          f"(per row: {DOCUMENT_FIELDS}), or a directory of .py/.txt/.md/.rst files; 1 document in 20 is held out "
                           "for evaluation (default: stdlib)")
     cmd.add_argument("--out", required=True, metavar="DIR", help="the trained drafter's directory (config.json, model.safetensors, report)")
     cmd.add_argument("--resume", action="store_true", help="continue a run in --out: keep its feature shards and its checkpoint; with a larger "

@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from specdec.bench.datasets import DOCUMENT_FIELDS, dataset_path, document_text, read_jsonl
+from specdec.bench.datasets import DOCUMENT_FIELDS, ROW_FILE_SUFFIXES, dataset_path, document_text, read_jsonl
 from specdec.errors import SpecdecError
 from specdec.paths import write_safetensors
 
@@ -76,7 +76,7 @@ def file_documents(path: Path) -> list[Document]:
         return [Document(str(p.relative_to(path)), p.read_text(encoding="utf-8", errors="replace")) for p in files]
     if not path.is_file():
         raise SpecdecError(f"training data not found: {path} (give a file, a directory, or 'stdlib')")
-    if path.suffix == ".jsonl":
+    if path.suffix in ROW_FILE_SUFFIXES:
         docs = []
         for row in read_jsonl(path):  # errors name the file and line
             text = document_text(row)
