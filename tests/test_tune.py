@@ -186,3 +186,16 @@ def test_tune_writes_the_acceptance_view_of_its_choice(tiny_dirs, tiny_target, t
     _acceptance_views(args, tiny_target, None, rows, settings, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
     page = (tmp_path / "acceptance" / "humaneval_1.html").read_text()
     assert "<html" in page and "def add" in page
+
+
+def test_the_target_mode_check_is_in_the_report():
+    """tune's second pass (the chosen configuration timed in another target mode, beside plain decoding)
+    was only in tune.json and one printed line: report.md shows both modes' figures."""
+    from specdec.cli.tune import modes_section
+
+    modes = {"measured_in": "int4", "expected_tok_s": {"int4": 24.0, "int8": 27.5}, "chosen": "int8",
+             "measured_tok_s": {"int4": 25.1, "int8": 31.1}, "plain_tok_s": 19.0}
+    section = modes_section(modes)
+    assert "| int8 (chosen) | 27.5 | 31.1 | 1.64× |" in section
+    assert "| int4 | 24.0 | 25.1 | 1.32× |" in section
+    assert "plain decoding in int4: 19.0 tok/s" in section

@@ -145,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
     chosen = config_file(method, gamma, gammas[0], settings, figures, summary, measured, tree)
     if modes is not None:
         chosen["measured"]["execution_modes"] = modes
+    if modes is not None and len(modes["measured_tok_s"]) > 1:  # the second pass's figures: in the report too
+        with open(args.out / "report.md", "a") as report:
+            report.write(modes_section(modes))
     if args.html_prompts > 0:
         _acceptance_views(args, target, draft, rows[:min(args.html_prompts, measured["prompts"])], chosen["settings"], params)
     (args.out / "tune.json").write_text(json.dumps(chosen, indent=1))
@@ -210,6 +213,24 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
         record["chosen"] = other
         return record, other_target
     return record, target
+
+
+def modes_section(modes: dict) -> str:
+    """report.md's account of the target-mode check: the chosen configuration timed in each target mode
+    and the measured mode's plain decoding, interleaved per prompt in one pass (tune.json's
+    measured.execution_modes)."""
+    lines = ["", "## Target execution modes", "",
+             "The chosen configuration timed again in each target mode, interleaved per prompt with plain decoding "
+             f"in {modes['measured_in']} (tokens/s, end to end):", "",
+             "| target mode | expected tok/s | measured tok/s | × plain |", "|---|---|---|---|"]
+    plain = modes.get("plain_tok_s") or 0.0
+    for mode, tok_s in modes["measured_tok_s"].items():
+        expected = modes["expected_tok_s"].get(mode)
+        lines.append(f"| {mode}{' (chosen)' if mode == modes['chosen'] else ''} | "
+                     f"{'–' if expected is None else f'{expected:.1f}'} | {tok_s:.1f} | "
+                     f"{f'{tok_s / plain:.2f}×' if plain else '–'} |")
+    lines.append(f"\nplain decoding in {modes['measured_in']}: {plain:.1f} tok/s (same pass)\n")
+    return "\n".join(lines)
 
 
 def _acceptance_views(args: argparse.Namespace, target, draft, rows, settings: dict, params) -> None:  # noqa: ANN001
