@@ -58,7 +58,8 @@ def test_bench_with_penalties_names_them_and_refuses_the_peers(tiny_dirs, datase
     args = ["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
             "--gammas", "3", "--repeats", "1", "--max-tokens", "10", "--dtype", "float32", "--ignore-eos", "--out", str(out),
             "--repetition-penalty", "1.2", "--presence-penalty", "0.5"]
-    assert main([*args, "--methods", "ar,draft"]) == 0, capsys.readouterr().err
+    assert main([*args, "--methods", "ar,draft", "--llama-bin", str(tmp_path)]) == 0
+    assert "warning: --llama-bin is read only by the llama.cpp peers" in capsys.readouterr().err
     report = (out / "report.md").read_text()
     assert "repetition penalty 1.2, presence penalty 0.5," in report
     assert all(m["mismatches"] == 0 for m in json.loads((out / "results.json").read_text())["summary"]["overall"].values())

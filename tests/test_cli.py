@@ -31,6 +31,7 @@ def test_help_lists_every_generate_flag():
         (["generate", "hi", "--model", "/nope/model.gguf"], "no such file"),
         (["generate", "hi", "--num-speculative-tokens", "0"], "must be >= 1"),
         (["generate", "hi", "--max-tokens", "-3"], "must be >= 1"),
+        (["generate", "hi", "--seed", "-1"], "--seed: must be in 0..9223372036854775807, got -1"),
         (["generate", "hi", "--num-speculative-tokens", "lots"], "positive integer"),
         (["serve", "--disable-speculation-above", "soon"], "'auto', 'never' or a number of requests"),
         (["serve", "--max-num-partial-prefills", "0"], "'auto' or a number of prompts >= 1"),

@@ -103,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
         if peer not in PEER_METHODS:
             raise SpecdecError(f"unknown peer {peer!r}; available: {', '.join(PEER_METHODS)}")
         methods += PEER_METHODS[peer]
+    if "llama_bin" in typed and not any(m in PEER_METHODS["llamacpp"] for m in methods):
+        print("warning: --llama-bin is read only by the llama.cpp peers: add --peers llamacpp (or llamacpp, "
+              "llamacpp-draft in --methods)", file=sys.stderr)
     gammas = gamma_list(args.gammas) if args.gammas else [gamma_from_args(args)]
     spec_trees = tree_values(args.spec_trees) if args.spec_trees else [args.spec_tree]
     params = sampling_from_args(args)

@@ -72,6 +72,12 @@ def non_negative_int(text: str) -> int:
     return bounded_int(text, 0, "an integer >= 0")
 
 
+def seed_value(text: str) -> int:
+    """A sampling seed: what torch.Generator.manual_seed takes without wrapping (SamplingParams' own
+    message also names None, which a command line cannot type)."""
+    return bounded_int(text, 0, "an integer >= 0", 2**63 - 1)
+
+
 def number(text: str) -> float:
     """A number flag's value, or argparse's one-line error (callers check its range)."""
     try:
@@ -217,7 +223,7 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off (default: 0)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off (default: 1.0)")
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p × top probability; 0 = off (default: 0)")
-    parser.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: random)")
+    parser.add_argument("--seed", type=seed_value, default=None, help="random seed for sampling, 0 .. 2**63-1 (default: random)")
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop generating when this text appears (repeatable; default: none)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     parser.add_argument("--min-tokens", type=int, default=0,
