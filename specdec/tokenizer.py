@@ -195,9 +195,10 @@ class Tokenizer:
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None) -> str:
+                    tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False) -> str:
         """The prompt text the model's own chat template produces for ``messages`` (and ``tools``:
-        OpenAI-shaped function tools, which templates that know tools describe to the model)."""
+        OpenAI-shaped function tools, which templates that know tools describe to the model);
+        ``continue_final_message``: the last message left open, for the model to continue."""
         if not self.chat_template:
             raise SpecdecError("this model has no chat template; pass a plain prompt (without --chat; the library: chat=False)")
         for index, message in enumerate(messages):
@@ -207,10 +208,12 @@ class Tokenizer:
                 raise SpecdecError(f"chat message {index}: role {message['role']!r} is not one of {', '.join(CHAT_ROLES)}")
         messages = [{**message, "content": text_content(message["content"], index)} if isinstance(message["content"], list)
                     else message for index, message in enumerate(messages)]
+        if "developer" not in self.chat_template:  # OpenAI's newer name for the system turn; such templates drop it
+            messages = [{**message, "role": "system"} if message["role"] == "developer" else message for message in messages]
         try:
             return self.hf.apply_chat_template(
                 messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=False,
-                tools=tools)
+                tools=tools, continue_final_message=continue_final_message)
         except Exception as exc:  # jinja2 errors, including raise_exception() inside templates
             raise SpecdecError(f"the chat template rejected these messages: {_one_line(exc)}") from exc
 

@@ -594,6 +594,11 @@ def test_model_retrieve_and_the_default_lengths(server, client):
     from openai import NotFoundError
 
     assert client.models.retrieve("tiny").id == "tiny"
+    card = httpx.get(f"{server}/v1/models/tiny", timeout=10).json()
+    assert card["max_model_len"] == 512  # vLLM's field: the tiny model's context
+    from specdec import __version__
+
+    assert httpx.get(f"{server}/version", timeout=10).json() == {"version": __version__}  # vLLM's route
     with pytest.raises(NotFoundError, match="this server serves 'tiny'"):
         client.models.retrieve("gpt-4")
     body = {"model": "tiny", "temperature": 0, "ignore_eos": True, "speculative": None}

@@ -117,7 +117,10 @@ def test_token_and_list_limits_answer_400_with_the_numbers(keyed):
     error = assert_error(post(base, "/v1/completions", {**COMPLETION, "prompt": list(range(65))}, key=KEY), 400)
     assert "65" in error["message"] and "64" in error["message"]
     error = assert_error(post(base, "/v1/completions", {**COMPLETION, "max_tokens": 33}, key=KEY), 400)
-    assert "33" in error["message"] and "32" in error["message"]
+    assert "33" in error["message"] and "32" in error["message"] and error["param"] == "max_tokens"
+    chat_limit = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 40}
+    error = assert_error(post(base, "/v1/chat/completions", chat_limit, key=KEY), 400)
+    assert error["param"] == "max_completion_tokens" and error["message"].startswith("max_completion_tokens 40 exceeds")
     assert_error(post(base, "/v1/completions", {**COMPLETION, "stop": [str(i) for i in range(100)]}, key=KEY), 400)
     assert_error(post(base, "/v1/completions", {**COMPLETION, "stop": ["x" * 5000]}, key=KEY), 400)
     assert_error(post(base, "/v1/completions", {**COMPLETION, "logit_bias": {str(i): 1 for i in range(5000)}}, key=KEY), 400)

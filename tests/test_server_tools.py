@@ -92,6 +92,34 @@ def test_a_bare_json_call_counts_only_when_it_names_a_tool():
     assert prose.push(" ") == "" and prose.push("Hi") == " Hi"
 
 
+def test_a_call_cut_off_by_max_tokens_is_not_content_and_the_answer_ends_by_length():
+    """A second call cut by max_tokens left '<tool_call>\n{"name": …' in content and finish_reason said
+    tool_calls; the complete calls are kept, the open one dropped (vLLM's parsers), and the reason is length."""
+    from specdec.server.tools import RequestTools
+
+    text = 'Sure.\n<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>\n<tool_call>\n{"name": "g", "argu'
+    content, calls = parse_tool_calls(text)
+    assert content == "Sure." and [c["function"]["name"] for c in calls] == ["f"]
+    assert parse_tool_calls('<tool_call>{"name": "g", "argu')[0] == '<tool_call>{"name": "g", "argu'  # no call: all content
+    tools, named = RequestTools(frozenset({"f"})), RequestTools(frozenset({"f"}), named=True)
+    assert tools.finish_reason("length", True) == "length" and tools.finish_reason("stop", True) == "tool_calls"
+    assert named.finish_reason("stop", True) == "stop" and tools.finish_reason("stop", False) == "stop"
+    assert tools.finish_reason(None, False) is None  # a chunk before the last
+
+
+def test_a_code_answer_streams_though_tools_were_sent():
+    """Every answer opening with a code fence was held to its end when tools were sent (a coder model's usual
+    answer): only a ```json or bare fence can still be a tagless call."""
+    from specdec.server.tools import may_be_bare_call
+
+    for held in ("", "`", "```", "```js", "```json", "```json\n", "```json\n{", "```\n[", "{", " [", "```{"):
+        assert may_be_bare_call(held.lstrip()), held
+    for free in ("```python", "```py\n", "```json\ndef", "```\nimport os", "Sure", "```jsonl"):
+        assert not may_be_bare_call(free), free
+    code = ToolTextFilter(frozenset({"get_weather"}))
+    assert code.push("```") == "" and code.push("python\n") == "```python\n" and code.push("def f") == "def f"
+
+
 def test_the_stream_filter_holds_back_what_may_be_a_call():
     held = ToolTextFilter()
     assert held.push("Sure <tool") == "Sure "  # "<tool" may open a call: it waits
@@ -196,9 +224,12 @@ def test_tool_choice_required_or_named_constrains_the_answer_to_a_call(tool_serv
     answers = []
     for speculative in ({}, None):
         # (bounded arguments: the tiny model's context is 512 tokens, the tools take ~300 of them)
-        answer = chat(tool_server, tools=[DAY, TIME], tool_choice=choice, speculative=speculative, max_tokens=120).json()
+        # (one call: under "required" the random model would go on calling until max_tokens cut it: "length")
+        answer = chat(tool_server, tools=[DAY, TIME], tool_choice=choice, speculative=speculative, max_tokens=120,
+                      parallel_tool_calls=False).json()
         choice_ = answer["choices"][0]
-        assert choice_["finish_reason"] == "tool_calls", answer
+        # OpenAI: a call the request named ends with "stop"; "required" lets the model choose: "tool_calls"
+        assert choice_["finish_reason"] == ("stop" if isinstance(choice, dict) else "tool_calls"), answer
         [call] = choice_["message"]["tool_calls"]
         arguments = json.loads(call["function"]["arguments"])
         if isinstance(choice, dict):
@@ -263,3 +294,32 @@ def test_tokenize_counts_what_the_chat_endpoint_reads_and_detokenize_inverts(too
                                  ("/detokenize", {"tokens": "abc"}, "tokens")):
         response = httpx.post(f"{tool_server}{path}", json=body)
         assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text
+
+
+def test_developer_messages_are_system_messages_and_a_final_message_can_be_continued(tool_server):
+    """OpenAI's 'developer' role is the system turn (Qwen's template dropped it: the instruction was lost);
+    vLLM's continue_final_message prefills the answer instead of opening a new turn."""
+    def ids(**body):  # noqa: ANN003
+        answer = chat(tool_server, max_tokens=1, logprobs=False, **body)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["usage"]["prompt_tokens"]
+
+    as_system = ids(messages=[{"role": "system", "content": "Be terse"}, *ASK])
+    assert ids(messages=[{"role": "developer", "content": "Be terse"}, *ASK]) == as_system
+    opened = [*ASK, {"role": "assistant", "content": "It is"}]
+    continued = ids(messages=opened, continue_final_message=True, add_generation_prompt=False)
+    new_turn = ids(messages=opened)
+    assert continued < new_turn  # no end of the assistant turn, no new assistant header
+    for body, fragment in (({"messages": opened, "continue_final_message": True}, "add_generation_prompt false"),
+                           ({"continue_final_message": True, "add_generation_prompt": False}, "assistant message last")):
+        response = chat(tool_server, **body)
+        assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text
+
+
+def test_vllm_guided_fields_constrain_like_structured_outputs(tool_server):
+    """vLLM's older guided_choice/guided_regex/… were accepted and ignored: the answer is now constrained."""
+    pytest.importorskip("xgrammar")
+    answer = chat(tool_server, guided_choice=["yes", "no"], max_tokens=8).json()
+    assert answer["choices"][0]["message"]["content"] in ("yes", "no"), answer
+    both = chat(tool_server, guided_choice=["yes"], structured_outputs={"choice": ["no"]})
+    assert both.status_code == 400 and "not both" in both.json()["error"]["message"]

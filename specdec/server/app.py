@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -37,6 +38,8 @@ from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, De
 from specdec.server.request_log import ResponseHeaders
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
+
+logger = logging.getLogger("specdec.server")
 
 
 def _request_spec(state: ServerState, req: CompletionRequest | ChatCompletionRequest, raw: dict) -> SpecConfig:
@@ -137,7 +140,16 @@ def create_app(state: ServerState) -> FastAPI:
         return JSONResponse({"object": "suffix_cache.reset"})
 
     def model_card() -> dict[str, Any]:
-        return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdec"}
+        """OpenAI's model object, with vLLM's ``max_model_len`` (the context window: prompt + output)."""
+        return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdec",
+                "max_model_len": state.target.config.max_position_embeddings}
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        """vLLM's route: the server's version."""
+        from specdec import __version__
+
+        return {"version": __version__}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -197,6 +209,10 @@ def create_app(state: ServerState) -> FastAPI:
             errors = getattr(exc, "errors", lambda: [])()
             message, where = validation_message(errors) if errors else (f"invalid request: {exc}", None)
             raise APIError(400, message, param=where) from None
+        known = {field.alias or name for name, field in schema.model_fields.items()} | set(schema.model_fields)
+        ignored = sorted(set(raw) - known)
+        if ignored:  # as vLLM does: accepted (clients send other servers' extensions) but said
+            logger.warning("request fields not read by this server, ignored: %s", ", ".join(ignored))
         if req.model is not None and req.model != state.model_name:
             raise APIError(404, f"model {req.model!r} not found; this server serves {state.model_name!r}", code="model_not_found", param="model")
         return req, raw
@@ -362,7 +378,7 @@ def create_app(state: ServerState) -> FastAPI:
                 delta: Any = {"content": chunk.text} if chat else echo + chunk.text
                 if filters is not None:
                     delta = streamed_delta(filters[index], chunk.text, job.text if finish_reason else None)
-                    finish_reason = "tool_calls" if finish_reason and "tool_calls" in delta else finish_reason
+                    finish_reason = calls.finish_reason(finish_reason, "tool_calls" in delta)
                 held_back = filters is not None and delta == {"content": ""}  # text that may be a call: nothing to send
                 if echo or (chunk.text and not held_back) or chunk.finish_reason or chunk.logprobs:
                     body = chunk_body(job, chat, delta, finish_reason, index, jobs[0].id)

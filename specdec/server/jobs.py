@@ -78,8 +78,8 @@ def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: RequestTools |
         if chat:
             choice["message"], called = answered_message(job.text, calls)
             choice["logprobs"] = logprobs
-            if called:
-                choice["finish_reason"] = "tool_calls"
+            if calls is not None:
+                choice["finish_reason"] = calls.finish_reason(job.finish_reason, called)
         else:
             choice.update(text=echo + job.text, logprobs=logprobs)
             if job.prompt_logprobs_asked is not None:  # vLLM's field, each choice its own prompt's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specdec.errors import SpecdecError
 from specdec.sampling import MAX_LOGPROBS, SamplingParams
-from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, error_body, joined_text
+from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, StructuredOutputs, error_body, joined_text
 from specdec.structured import StructuredOutput, schema_text
 
 #: at most this many stop strings per request, each at most MAX_STOP_CHARS long: every step checks
@@ -62,15 +62,15 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
     # the context's end; a CPU answer that long takes minutes, so a cap), never past the context or the limit
     cap = CHAT_DEFAULT_MAX_TOKENS if isinstance(req, ChatCompletionRequest) else COMPLETIONS_DEFAULT_MAX_TOKENS
     default = min(cap, max(1, context_len - prompt_len), max_tokens_limit or cap)
-    asked = req.max_completion_tokens if getattr(req, "max_completion_tokens", None) is not None else req.max_tokens
+    field = max_tokens_field(req)
+    asked = req.max_completion_tokens if field == "max_completion_tokens" else req.max_tokens
     if asked is not None and asked < 1:  # 0 is an answer of nothing, not "unset" (it fell back to the default)
-        field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
         hint = " (to score a prompt, send echo with logprobs and max_tokens 1)" if getattr(req, "echo", False) else ""
         raise APIError(400, f"{field} must be an integer >= 1, got {asked}{hint}", param=field)
     max_tokens = asked if asked is not None else default
     if max_tokens_limit is not None and max_tokens > max_tokens_limit:
-        raise APIError(400, f"max_tokens {max_tokens} exceeds this server's limit of {max_tokens_limit} (--max-tokens-limit)",
-                       param="max_tokens")
+        raise APIError(400, f"{field} {max_tokens} exceeds this server's limit of {max_tokens_limit} (--max-tokens-limit)",
+                       param=field)
     try:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                               seed=req.seed, max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos, logprobs=logprobs,
@@ -83,6 +83,12 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
                               prompt_logprobs=_prompt_logprobs_asked(req, logprobs))
     except SpecdecError as exc:
         raise APIError(400, str(exc), param=field_named(str(exc))) from None
+
+
+def max_tokens_field(req: CompletionRequest | ChatCompletionRequest) -> str:
+    """Which field a request's token limit came from (chat's max_completion_tokens wins over max_tokens):
+    the ``param`` of an error about it."""
+    return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -109,6 +115,12 @@ def field_named(message: str) -> str | None:
 def _structured(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutput | None:
     """The request's output constraint: OpenAI's ``response_format`` or vLLM's ``structured_outputs``."""
     fmt, extension = req.response_format, req.structured_outputs
+    guided = {name: getattr(req, f"guided_{name}") for name in ("json", "regex", "choice", "grammar")
+              if getattr(req, f"guided_{name}") is not None}
+    if guided:  # vLLM's older fields: the same constraint under structured_outputs' names
+        if extension is not None:
+            raise APIError(400, "give structured_outputs or guided_*, not both", param="structured_outputs")
+        extension = StructuredOutputs.model_validate(guided)
     if fmt is not None and fmt.type != "text" and extension is not None:
         raise APIError(400, "give response_format or structured_outputs, not both", param="response_format")
     if fmt is not None and fmt.type == "json_object":

@@ -125,6 +125,11 @@ class _SamplingFields(BaseModel):
     logit_bias: Optional[dict[str, float]] = None
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None
+    #: vLLM's older names for structured_outputs' fields (guided_json …), still in clients' code
+    guided_json: Optional[Union[dict[str, Any], str]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
     #: OpenAI's Predicted Outputs: drafted from, so faster where right; the output is the same
     prediction: Optional[Prediction] = None
     #: vLLM's: each prompt token's log-probability (and this many alternatives), non-streamed only
@@ -202,6 +207,10 @@ class ChatCompletionRequest(_SamplingFields):
     tools: Optional[list[ToolSpec]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = None
+    #: vLLM's: end the prompt with the assistant turn's header (true), or continue the last (assistant)
+    #: message as it stands (continue_final_message true, add_generation_prompt false): prefilling an answer
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class TokenizeRequest(BaseModel):

@@ -41,6 +41,16 @@ class RequestTools:
 
     names: frozenset[str]
     parallel: bool = True
+    #: tool_choice named one function: OpenAI ends such an answer with finish_reason "stop", not "tool_calls"
+    named: bool = False
+
+    def finish_reason(self, generated: str | None, called: bool) -> str | None:
+        """The choice's finish_reason: ``tool_calls`` where the answer made calls — unless a named
+        tool_choice forced them (OpenAI: ``stop``) or max_tokens cut the answer (``length``, as
+        OpenAI says whatever was cut)."""
+        if not called or generated in (None, "length"):
+            return generated
+        return "stop" if self.named else "tool_calls"
 
 
 def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
@@ -157,6 +167,8 @@ def parse_tool_calls(text: str, names: frozenset[str] = frozenset(), parallel: b
 
     content = _CALL.sub(take, text).strip()
     if calls:
+        # a call cut off by max_tokens after complete ones: its markup is not content (vLLM's parsers drop it too)
+        content = content.split(CALL_OPEN, 1)[0].strip() if CALL_OPEN in content and CALL_CLOSE not in content else content
         return content or None, calls if parallel else calls[:1]
     bare = _BARE.fullmatch(text.strip())
     if bare is not None and names:
@@ -172,6 +184,25 @@ def parse_tool_calls(text: str, names: frozenset[str] = frozenset(), parallel: b
 
 #: an output that is only JSON (an object or a list), bare or in a ```json fence
 _BARE = re.compile(r"(?:```(?:json)?\s*)?(\{.*\}|\[.*\])(?:\s*```)?", re.DOTALL)
+
+
+def may_be_bare_call(start: str) -> bool:
+    """Can an output beginning with ``start`` still be one tagless call — JSON, bare or in a ```json (or
+    bare ```) fence (:data:`_BARE`)? A fence of another language (```python, a coder model's usual
+    answer) or a fence whose first text is not JSON cannot: such answers stream from there."""
+    if not start or start.startswith(("{", "[")):
+        return True
+    if not start.startswith("```"):
+        return "```".startswith(start)
+    body = start[3:]
+    if not body.startswith("json"):
+        if "json".startswith(body):
+            return True  # ``` or ```js…: the tag is not known yet
+        body = body if body[:1].isspace() or body[:1] in "{[" else "x"  # another language's tag
+    else:
+        body = body[4:]
+    body = body.lstrip()
+    return not body or body.startswith(("{", "["))
 
 
 def _call(found: Any) -> dict[str, Any] | None:
@@ -201,8 +232,7 @@ class ToolTextFilter:
         if self.in_call:
             return ""
         if self.at_start:
-            start = self.held.lstrip()
-            if not start or start.startswith(("{", "[", "```")) or "```json".startswith(start):
+            if may_be_bare_call(self.held.lstrip()):
                 return ""
             self.at_start = False
         opened = self.held.find(CALL_OPEN)
@@ -233,16 +263,26 @@ def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[lis
         raise APIError(400, "messages must not be empty", param="messages")
     messages = template_messages(req.messages)
     tools = template_tools(req)
-    if tools is None:
-        return messages, None
+    continued = req.continue_final_message
+    if continued and req.add_generation_prompt:
+        raise APIError(400, "continue_final_message continues the last message: send add_generation_prompt false "
+                            "with it (vLLM's rule)", param="continue_final_message")
+    if continued and req.messages[-1].role != "assistant":
+        raise APIError(400, "continue_final_message needs an assistant message last (the answer to continue)",
+                       param="continue_final_message")
+    rendering = {"add_generation_prompt": req.add_generation_prompt, "continue_final_message": continued}
     try:
-        with_tools = tokenizer.render_chat(messages, tools=tools)
-        if with_tools == tokenizer.render_chat(messages):
+        if tools is None:
+            return (messages if req.add_generation_prompt and not continued else
+                    tokenizer.encode(tokenizer.render_chat(messages, **rendering), add_special_tokens=False)), None
+        with_tools = tokenizer.render_chat(messages, tools=tools, **rendering)
+        if with_tools == tokenizer.render_chat(messages, **rendering):
             raise APIError(400, "this model's chat template does not describe tools to the model", param="tools")
     except SpecdecError as exc:
         raise APIError(400, str(exc), param="messages") from None
     names = frozenset(tool["function"]["name"] for tool in tools)
-    return tokenizer.encode(with_tools, add_special_tokens=False), RequestTools(names, req.parallel_tool_calls is not False)
+    return tokenizer.encode(with_tools, add_special_tokens=False), RequestTools(names, req.parallel_tool_calls is not False,
+                                                                            isinstance(req.tool_choice, NamedToolChoice))
 
 
 def streamed_delta(held: ToolTextFilter, text: str, output: str | None) -> dict[str, Any]:
