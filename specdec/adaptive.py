@@ -139,7 +139,7 @@ class GammaController:
                       draft_seconds: float | None, alpha: float | None = None) -> "GammaController":
         """A controller that starts from this machine's measured costs (specdec.step_costs:
         ``verify_seconds`` maps a chunk of T tokens to its forward seconds, ``draft_seconds`` is one
-        draft token) instead of from nothing. Unseeded, the first rounds draft ``max_k`` tokens and
+        draft token) instead of from nothing. Without them, the first rounds draft ``max_k`` tokens and
         take every unmeasured chunk as costing what the longest one did — on a CPU, where a 9-token
         chunk costs ~3 single steps, the first dozen rounds of a request paid for that. The
         running averages replace the prior as rounds are measured."""
@@ -209,8 +209,8 @@ class GammaController:
 
     def choose(self) -> int:
         if self.draft_s_per_token is None:
-            # nothing measured yet: draft fully once — or, when verification costs are known
-            # (seeded), draft one token: the cheapest round that measures the draft's step
+            # nothing measured yet: draft fully once — or, when verification costs are known,
+            # draft one token: the cheapest round that measures the draft's step
             return min(1, self.max_k) if self.verify.seconds else self.max_k
         best_k = max(range(self.max_k + 1), key=self.expected_rate)
         if best_k == 0:

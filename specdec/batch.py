@@ -101,8 +101,8 @@ def generate_batch(
                 index = waiting.pop(0)
                 # the drafter (a draft KV cache) exists only while its request runs
                 jobs[index] = prepare(target, prompts[index], per_prompt[index], draft, spec, chat)
-                gate = RequestGate.unless_seeded(jobs[index]["params"], lambda: policy.cap(len(batcher.streams)),
-                                                 batcher.prompt_pending if pause_speculation_for_prompts else None)
+                gate = RequestGate(lambda: policy.cap(len(batcher.streams)),
+                                   batcher.prompt_pending if pause_speculation_for_prompts else None)
                 steps = generate_steps(**jobs[index], prefill_chunk=chunk, speculate=gate,
                                        alpha_prior=policy.measured_alpha(),
                                        saving_under_load=lambda: policy.saving(len(batcher.streams)))

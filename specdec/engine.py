@@ -193,10 +193,7 @@ def generate_steps(
         weight_bytes=target.weight_bytes,
         draft_weight_bytes=drafter.weight_bytes if drafter is not None else 0,
     )
-    # a seeded sampled request plans its draft lengths from the cached priors and its own acceptance
-    # only, never from this process's wall-clock timings (SamplingParams.is_seeded_sampling)
-    learn_timings = not params.is_seeded_sampling
-    target_seconds = planning_curve(target, seeded=not learn_timings)
+    target_seconds = planning_curve(target)
     gamma = None
     if spec.adaptive and drafter is not None:
         gamma = GammaController.from_measured(max_k, target_seconds, drafter.step_seconds, alpha_prior)
@@ -218,7 +215,7 @@ def generate_steps(
     scored = constraint.mask_rows(logits, 0) if constraint is not None else logits
     if penalties is not None:
         scored = penalties.apply(scored, [])
-    _, first = verify([], None, scored, params, generator)
+    _, first = verify([], None, scored, params, generator, position=len(prompt_ids))
     context = list(prompt_ids) + [first]
     committed = commit_tokens(out, constraint, [first])
     stats.prefill_time_s = stats.ttft_s = time.perf_counter() - start
@@ -276,7 +273,7 @@ def generate_steps(
             stats.grammar_forced_tokens += verified.accepted - verified.drafter_accepted
             stats.rounds.append(Round(verified.verified_as, verified.drafter_accepted,
                                       verified.accepted - verified.drafter_accepted, new_tokens, verified.first_choices))
-            learn(gamma, verify_costs, drafter, fitted, verified, *((t1 - t0, t2 - t1) if learn_timings else (None, None)))
+            learn(gamma, verify_costs, drafter, fitted, verified, t1 - t0, t2 - t1)
             stats.generated_tokens = len(out.token_ids)
             stats.decode_time_s = time.perf_counter() - decode_start
             if out.finish_reason is not None:

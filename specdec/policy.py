@@ -32,7 +32,6 @@ from specdec.forward_costs import ForwardCosts, at_most_larger
 if TYPE_CHECKING:
     from specdec.api import LoadedModel
     from specdec.config import SpecConfig
-    from specdec.sampling import SamplingParams
     from specdec.stats import Round, Stats
 
 #: seconds over which the load average forgets (a few requests' length on a CPU)
@@ -121,14 +120,6 @@ class RequestGate:
         self.cap = cap
         self.prompt_pending = prompt_pending
         self.speculating = True
-
-    @classmethod
-    def unless_seeded(cls, params: SamplingParams, cap: Callable[[], int | None],
-                      prompt_pending: Callable[[], bool] | None = None) -> "RequestGate | None":
-        """The gate for a request, or None (no cap) for seeded sampling: how much a round drafts
-        decides how many random numbers rejection sampling draws, so a seeded request drafts as it
-        would alone, whatever the load — the same seed, the same tokens."""
-        return None if params.is_seeded_sampling else cls(cap, prompt_pending)
 
     def __call__(self) -> int | None:
         if not self.speculating:

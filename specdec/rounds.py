@@ -130,7 +130,7 @@ def verify_round(target: Backend, state: SequenceState, context: list[int], fitt
         scored = constraint.mask_rows(logits, fitted.grammatical) if constraint is not None else logits
         if penalties is not None:  # row i after the output so far and the first i drafted tokens
             scored = penalties.apply(scored, penalties.output_of(context), draft.tokens)
-        accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator)
+        accepted, next_token = verify(draft.tokens, draft.probs, scored, params, generator, position=len(context))
         state.truncate(len(context) + accepted)
         drafter_accepted = min(accepted, fitted.drafted)  # grammar-forced tokens after it are the engine's
         return Verified([*draft.tokens[:accepted], next_token], logits, accepted, drafter_accepted, drafter_accepted,
@@ -141,7 +141,8 @@ def verify_round(target: Backend, state: SequenceState, context: list[int], fitt
         target, state, [context[-1], *draft.tokens], tree=TreeLayout(len(context) - 1, [-1, *(p + 1 for p in draft.parents)]))))
     scored = logits if penalties is None else penalties.apply_tree(logits, penalties.output_of(context), draft.tokens,
                                                                    draft.parents)  # each node after its own path
-    path, next_token = verify_tree(draft.tokens, draft.parents, scored, params, generator, draft.node_probs)
+    path, next_token = verify_tree(draft.tokens, draft.parents, scored, params, generator, draft.node_probs,
+                                   position=len(context))
     rows = [0, *(node + 1 for node in path)]  # the last committed token, then the accepted nodes
     state.keep(rows, len(context) - 1)
     new_tokens = [*(draft.tokens[node] for node in path), next_token]
@@ -184,8 +185,7 @@ def learn(gamma: GammaController | None, verify_costs: VerifyCosts, drafter: Dra
           verified: Verified, draft_s: float | None, verify_s: float | None) -> None:
     """Feed the round to the γ controller — a model-drafted tree as its depth and first-choice chain,
     a model-drafted chain as drafted/accepted, a free draft (its tokens cost no model step) as a
-    verification only — or, without one, to the verify-cost curve. ``None`` seconds: not timed
-    (seeded sampling plans from cached costs only)."""
+    verification only — or, without one, to the verify-cost curve. ``None`` seconds: not timed."""
     draft = fitted.draft
     if gamma is None:
         verify_costs.update(len(draft), verify_s)

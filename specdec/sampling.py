@@ -174,8 +174,8 @@ class SamplingParams:
 
     @property
     def is_seeded_sampling(self) -> bool:
-        """Sampling whose text must be the same on every run: nothing that changes how many random
-        draws a round makes (draft lengths) may depend on wall-clock timings or on other requests."""
+        """Sampling whose text must be the same on every run — plain decoding's with that seed, whatever
+        drafts: each position's token is chosen from its own seeded clocks (:mod:`specdec.seeded`)."""
         return not self.is_greedy and self.seed is not None
 
 

@@ -16,9 +16,8 @@ context, the minimum of a few repeats: ~0.7 s for a 1.5B int4 target, ~0.3 s for
 keeps real ÷ probe per size (``Backend.step_ratios``). The probe still gives the curve's shape where
 it was not timed (larger chunks, a draft's cut head); the real model gives its level.
 
-Seeded sampled requests never read the rescaled curve: their draft lengths must not depend on
-this process's timings (:attr:`specdec.sampling.SamplingParams.is_seeded_sampling`), so they plan
-from the cached curve alone, the same in every process on this machine.
+Every request plans with the rescaled curve, seeded sampled ones too: their draft lengths never
+change their text (:mod:`specdec.seeded`).
 """
 
 from __future__ import annotations
@@ -69,10 +68,9 @@ def rescaled(curve: dict[int, float] | None, ratios: dict[int, float]) -> dict[i
             for size, seconds in curve.items()}
 
 
-def planning_curve(backend: Backend, seeded: bool) -> dict[int, float] | None:
-    """The step costs a request plans with: the probe's curve rescaled to the loaded model, or the
-    cached curve alone for a seeded sampled request (reproducible across processes)."""
-    return backend.step_seconds if seeded else rescaled(backend.step_seconds, backend.step_ratios)
+def planning_curve(backend: Backend) -> dict[int, float] | None:
+    """The step costs a request plans with: the probe's curve rescaled to the loaded model."""
+    return rescaled(backend.step_seconds, backend.step_ratios)
 
 
 def batch_curve(backend: Backend) -> dict[int, float] | None:

@@ -110,8 +110,8 @@ def measured_seconds(cfg: ModelConfig, mode: str, max_tokens: int = 9) -> dict[i
     """Forward seconds for T = 1 .. ``max_tokens`` tokens of ``cfg``'s shape in ``mode`` from this CPU's
     cached curve, timing the probe first where this CPU has no curve for ``cfg``'s shape in
     ``mode`` (once per machine: 17 s for the 1.5B int8 shape on 2 cores; cached unless the machine was busy). What loading a
-    model in an explicit CPU mode (``--quantize int8``) does: without a curve, γ=auto's seeded
-    requests would plan on flat costs and a server's ``--disable-speculation-above auto`` would have
+    model in an explicit CPU mode (``--quantize int8``) does: without a curve, γ=auto's first
+    rounds would plan on flat costs and a server's ``--disable-speculation-above auto`` would have
     no γ per load — speculation and trees at full size however many requests share a forward (0.72×
     plain at 8 concurrent requests on an AMX Xeon, session 41)."""
     curve = curves_for(cfg, (mode,))[mode]

@@ -31,6 +31,9 @@ The batched form (``[B, k]``) is the reference implementation; the single-sequen
 with B = 1, and the χ² tests run it on tens of thousands of trials at once. On a CPU the engine's path,
 :func:`rejection_sample_rows`, transforms only the rows it reaches, with the same draws and decisions
 (tested seed by seed against the batched form), so the χ² tests certify it too.
+* **seeded sampling** (a request with a seed, given its position): the token at each position is the
+  one plain decoding takes with that seed, whatever was drafted (:mod:`specdec.seeded`).
+
 Randomness per sequence: one ``torch.rand(k)`` for the k accept tests (drawn even for positions after
 the first rejection, so the stream consumed depends only on k), then one uniform for the emitted token.
 """
@@ -42,6 +45,7 @@ from typing import Sequence
 import torch
 
 from specdec.sampling import SamplingParams, greedy_ids, logits_to_probs, sample_rows
+from specdec.seeded import seeded_tree_walk, seeded_verify
 from specdec.tree import check_parents, children
 
 
@@ -141,16 +145,21 @@ def verify(
     target_logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator,
+    position: int | None = None,
 ) -> tuple[int, int]:
     """The engine's entry point: target logits ``[k+1, V]`` → ``(n_accepted, next_token)``.
 
     Applies :func:`logits_to_probs` to the target rows and dispatches: greedy → exact argmax match
-    (``draft_probs`` ignored); otherwise rejection sampling. ``draft_probs`` must already have been
-    produced by ``logits_to_probs`` with the *same* params (or be None for a deterministic
-    proposal) — verifying against an untransformed q silently changes the output distribution.
+    (``draft_probs`` ignored); seeded sampling with ``position`` (where row 0's token goes in the
+    sequence) → the seeded choices plain decoding makes (:mod:`specdec.seeded`); otherwise rejection
+    sampling. ``draft_probs`` must already have been produced by ``logits_to_probs`` with the *same*
+    params (or be None for a deterministic proposal) — verifying against an untransformed q silently
+    changes the output distribution.
     """
     if params.is_greedy:
         return greedy_verify(draft_tokens, greedy_ids(target_logits))
+    if params.is_seeded_sampling and position is not None:
+        return seeded_verify(torch.as_tensor(draft_tokens, dtype=torch.long).reshape(-1).tolist(), target_logits, params, position)
     if target_logits.device.type != "cpu":  # an accelerator transforms all rows at once for less than a sync per row
         return rejection_sample(draft_tokens, draft_probs, logits_to_probs(target_logits, params), generator)
     return rejection_sample_rows(draft_tokens, draft_probs, target_logits, params, generator)
@@ -199,6 +208,7 @@ def verify_tree(
     params: SamplingParams,
     generator: torch.Generator,
     node_probs: Sequence[torch.Tensor | None] | None = None,
+    position: int | None = None,
 ) -> tuple[list[int], int]:
     """Walk a token tree: ``draft_tokens [N]`` with ``parents [N]`` (-1: follows the committed
     tokens), ``target_logits [N+1, V]`` (row 0: after the last committed token; row i+1: after
@@ -217,6 +227,8 @@ def verify_tree(
         raise ValueError(f"verify_tree: {len(draft_tokens)} nodes need {len(draft_tokens) + 1} target rows, "
                          f"got {target_logits.shape[0]}")
     kids = children(parents)
+    if params.is_seeded_sampling and position is not None:  # row 0 chooses the token at position
+        return seeded_tree_walk(draft_tokens, kids, target_logits, params, position)
     path: list[int] = []
     node, row = -1, 0
     if params.is_greedy:

@@ -71,16 +71,21 @@ def test_batch_answers_equal_each_prompt_alone_and_share_forwards(int8_pair, spe
                                   specdec.SpecConfig(method="draft_model", num_speculative_tokens=3, draft_vocab_size=300)],
                          ids=["plain", "draft_model", "draft-vocab"])
 def test_sampled_batch_is_reproducible_per_seed(int8_pair, spec):
-    """Batched draft steps give each request the draft distribution q it gets alone (row-wise
-    kernels), so seeded sampling through rejection sampling draws the same tokens."""
+    """A seeded request's text is plain decoding's with its seed, batched or alone, speculating or not,
+    whatever the load lets it draft (specdec.seeded); and batched draft steps give each request the
+    draft distribution q it gets alone (row-wise kernels), so with no load limit it drafts the same."""
     target, draft = int8_pair
     draft = draft if spec is not None else None
     params = SamplingParams(temperature=0.8, max_tokens=10, seed=3, ignore_eos=True)
-    outs = specdec.generate_batch(target, PROMPTS[:4], params, draft=draft, spec=spec, max_num_seqs=4)
+    plain = [specdec.generate(target, p, params).token_ids for p in PROMPTS[:4]]
     alone = [specdec.generate(target, p, params, draft=draft, spec=spec) for p in PROMPTS[:4]]
-    assert [o.token_ids for o in outs] == [a.token_ids for a in alone]
+    for limit, pause in (("auto", True), ("never", False)):  # auto: 4 requests share forwards, the policy may stop drafting
+        outs = specdec.generate_batch(target, PROMPTS[:4], params, draft=draft, spec=spec, max_num_seqs=4,
+                                      disable_speculation_above=limit, pause_speculation_for_prompts=pause)
+        assert [o.token_ids for o in outs] == [a.token_ids for a in alone] == plain
     if spec is not None:
         assert [o.stats.proposed_tokens for o in outs] == [a.stats.proposed_tokens for a in alone]
+        assert all(a.stats.proposed_tokens > 0 for a in alone)
 
 
 def test_the_traffic_alpha_is_learned_from_rounds_while_the_first_wave_runs(int8_pair, monkeypatch):

@@ -163,9 +163,8 @@ def test_serve_auto_builds_the_table_from_the_loaded_models_curves(monkeypatch):
 
 def test_a_request_gate_latches_off_but_only_pauses_for_a_waiting_prompt():
     """RequestGate: the policy's cap, once 0 kept 0 (a draft model would otherwise catch up on all it
-    missed); a prompt waiting stops drafting for that round only; seeded sampling gets no gate."""
+    missed); a prompt waiting stops drafting for that round only."""
     from specdec.policy import RequestGate
-    from specdec.sampling import SamplingParams
 
     caps, pending = [3, 2, 0, 4], [False]
     gate = RequestGate(lambda: caps.pop(0), lambda: pending[0])
@@ -175,8 +174,6 @@ def test_a_request_gate_latches_off_but_only_pauses_for_a_waiting_prompt():
     pending[0] = False
     assert gate() == 0 and not gate.speculating  # the policy said none
     assert gate() == 0 and caps == [4]  # and it stays none without asking again
-    assert RequestGate.unless_seeded(SamplingParams(temperature=0.8, seed=1), lambda: 0) is None
-    assert isinstance(RequestGate.unless_seeded(SamplingParams(temperature=0), lambda: 0), RequestGate)
 
 
 def test_a_fixed_limit_holds_a_tree_sharing_forwards_to_a_chains_rows():

@@ -99,8 +99,7 @@ class DraftModelDrafter(Drafter):
         curve = step_costs.draft_curve(self.backend.config, self.backend.mode, self.vocab_limit) or self.backend.step_seconds
         if curve is None:
             return None
-        ratios = {} if self.params.is_seeded_sampling else self.backend.step_ratios  # see step_calibration
-        return Curve(self.backend.mode, rescaled(curve, ratios)).cost(1)
+        return Curve(self.backend.mode, rescaled(curve, self.backend.step_ratios)).cost(1)
 
     def catch_up_seconds(self, context_len: int) -> float:
         """The prompt pass over what the draft cache lacks (at most its context window), from the
@@ -108,7 +107,7 @@ class DraftModelDrafter(Drafter):
         pending = context_len - self.offset - self.state.seq_len
         if self.context_window:
             pending = min(pending, self.context_window)
-        measured = planning_curve(self._runner(pending), seeded=self.params.is_seeded_sampling)
+        measured = planning_curve(self._runner(pending))
         if not measured or len(measured) < 2:
             return 0.0
         return Curve("draft", dict(measured)).cost(pending) if pending > 1 else 0.0
@@ -134,7 +133,7 @@ class DraftModelDrafter(Drafter):
             self.cached = self.cached[:common]
         # the first pass over a prompt starts from earlier prompts' blocks where the draft keeps them;
         # it runs where a cold pass of that length would (the prompt backend), so cached and computed
-        # rows are the same bits and a seeded request drafts the same tokens either way
+        # rows are the same bits and a request drafts the same tokens either way
         prefix_cache = self.backend.prefix_cache
         runner = self._runner(len(context_ids) - common)
         first_prompt_pass = prefix_cache is not None and not self.cached and runner is self.backend.prompt_backend
@@ -179,7 +178,8 @@ class DraftModelDrafter(Drafter):
             return (yield from self._forward([token]))
 
         return (yield from draft_steps(logits, step, k, self.params, self.generator, self.confidence_threshold,
-                                       self.take_over, self.constraint, shape=penalty_shape(self.penalties, context_ids)))
+                                       self.take_over, self.constraint, shape=penalty_shape(self.penalties, context_ids),
+                                       position=len(context_ids)))
 
     def _propose_tree(self, logits: torch.Tensor, depth: int,
                       shape: Callable[[torch.Tensor, list[int]], torch.Tensor] | None) -> Generator[ModelCall, torch.Tensor, Draft]:

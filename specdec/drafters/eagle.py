@@ -127,7 +127,7 @@ class EagleDrafter(FeatureDrafter):
 
         return run_now(draft_steps(self._scores(predicted), step, k, self.params, self.generator,
                                    self.confidence_threshold, None, self.constraint, self.vocab,
-                                   penalty_shape(self.penalties, context_ids)))
+                                   penalty_shape(self.penalties, context_ids), len(context_ids)))
 
     def _propose_tree(self, predicted: torch.Tensor, depth: int) -> Generator[ModelCall, torch.Tensor, Draft]:
         """A token tree up to ``depth`` deep (:func:`~specdec.drafters.model_steps.grow_tree`): each

@@ -129,7 +129,8 @@ class LayerSkipDrafter(Drafter):
         def proposal() -> Generator[ModelCall, torch.Tensor, Draft]:
             logits = yield from step(context_ids[-1])
             return (yield from draft_steps(logits, step, k, self.params, self.generator, self.confidence_threshold,
-                                           constraint=self.constraint, shape=penalty_shape(self.penalties, context_ids)))
+                                           constraint=self.constraint, shape=penalty_shape(self.penalties, context_ids),
+                                           position=len(context_ids)))
 
         try:  # in the target's own cache, so never batched with other requests: run at once
             return run_now(proposal())

@@ -91,7 +91,7 @@ class MedusaDrafter(FeatureDrafter):
             yield  # the rows are computed already: a generator that yields nothing  # noqa: unreachable
 
         return run_now(draft_steps(rows[0], step, k, self.params, self.generator, 0.0, None, self.constraint, self.vocab,
-                                   penalty_shape(self.penalties, context_ids)))
+                                   penalty_shape(self.penalties, context_ids), len(context_ids)))
 
 
 def head_tree(level_probs: list[torch.Tensor], depth: int, vocab: DraftVocab | None = None) -> Generator[ModelCall, torch.Tensor, Draft]:

@@ -16,6 +16,7 @@ from specdec.calls import ModelCall
 from specdec.drafters.base import Draft
 from specdec.drafters.vocab import DraftVocab, full_vocab
 from specdec.sampling import SamplingParams, greedy_ids, logits_to_probs, sample_from_probs, top_candidates
+from specdec.seeded import seeded_choice
 from specdec.structured import GrammarConstraint
 
 #: a draft-model tree: children per branching node (its top choices) …
@@ -106,6 +107,7 @@ def draft_steps(
     constraint: GrammarConstraint | None = None,
     vocab: DraftVocab | None = None,
     shape: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
+    position: int | None = None,
 ) -> Generator[ModelCall, torch.Tensor, Draft]:
     """Up to ``k`` tokens, one model step each: ``logits`` follow the context, ``step(token)`` feeds a
     drafted token and returns the next logits (steps: the forward is yielded to whoever drives
@@ -126,6 +128,9 @@ def draft_steps(
     see the rows over the whole vocabulary (:class:`~specdec.drafters.vocab.DraftVocab`).
     ``shape(logits, drafted)``: the request's logit bias and penalties after the tokens drafted so
     far (:meth:`specdec.penalties.Penalties.for_context`), as the target's row gets them.
+    ``position``: where the first drafted token goes in the sequence — a seeded sampled request drafts
+    the seeded choice of q at each position, with the clocks the target's choice there reads
+    (:mod:`specdec.seeded`), not a draw of its own.
     """
     tokens: list[int] = []
     probs: list[torch.Tensor] = []
@@ -149,7 +154,11 @@ def draft_steps(
             q = None
         else:
             q = logits_to_probs(logits, params)
-            token = sample_from_probs(q, generator)
+            if params.is_seeded_sampling and position is not None:
+                assert params.seed is not None
+                token = seeded_choice(q, params.seed, position + i)
+            else:
+                token = sample_from_probs(q, generator)
             top_prob = float(q.max())
         tokens.append(token)
         if q is not None:

@@ -331,11 +331,9 @@ def clear_global_caches() -> None:
 
 def make_suffix_drafter(res: DrafterResources) -> SuffixDrafter:
     """The shared cache is chosen by vocabulary: the tokenizer's fingerprint, else the target's vocab size.
-    A seeded sampled request gets a cache of its own instead: what the shared one proposes depends on
-    the requests before it, and the random draws a round makes on its draft, so the same seed would
-    not give the same text twice in one process (greedy output never depends on the draft)."""
-    cache = (GlobalSuffixCache() if res.params.is_seeded_sampling
-             else global_cache_for(vocabulary_key(res.tokenizer, res.target_backend.config.vocab_size)))
+    Every request reads it, seeded ones too: what it proposes never changes a seeded request's text
+    (:mod:`specdec.seeded`), nor greedy output."""
+    cache = global_cache_for(vocabulary_key(res.tokenizer, res.target_backend.config.vocab_size))
     return SuffixDrafter(cache=cache, tree_nodes=tree_nodes_for(res, reads_prediction=True), prediction=res.prediction_ids,
                          max_tokens=res.spec.max_draft_tokens(bool(res.prediction_ids)))
 

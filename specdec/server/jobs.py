@@ -181,8 +181,8 @@ class Job:
         self.prompt_ids, self.params, self.spec = prompt_ids, params, spec
         self._cancel = threading.Event()
         #: asked before each round how much it may draft (policy.py)
-        self._gate = RequestGate.unless_seeded(params, state.speculation_cap,
-                                               state.executor.prompt_pending if state.pause_speculation_for_prompts else None)
+        self._gate = RequestGate(state.speculation_cap,
+                                 state.executor.prompt_pending if state.pause_speculation_for_prompts else None)
         #: what the model thread delivers for this request: chunks, an exception, then END (open)
         self._chunks: asyncio.Queue | None = None
         #: set when the first of those arrives: the prompt pass is over (or failed)
