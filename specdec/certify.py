@@ -12,6 +12,8 @@ Two checks for every registered drafter:
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 import time
 from pathlib import Path
 from dataclasses import dataclass
@@ -53,6 +55,9 @@ DISTRIBUTION_CONFIGS: dict[str, SamplingParams] = {
     # a predicted output (token ids): the suffix drafters draft from it (its first token follows the
     # prompt's tail), the others ignore it — the target's distribution either way
     "T=1,prediction": SamplingParams(temperature=1.0, prediction=[3, 1, 2, 0, 3, 1]),
+    # seeded requests (sample i seeded seed + i): each token the target's own seeded choice at its
+    # position, drafts accepted when they are that choice (specdec.seeded), not rejection sampling
+    "T=1,seeded": SamplingParams(temperature=1.0, seed=0),
 }
 #: the tiny model's vocabulary as text, for grammars (see the "regex" configuration)
 TINY_VOCAB = list("abcdefgh")
@@ -133,8 +138,6 @@ def distribution_check(method: str, config_name: str, params: SamplingParams, sa
     """χ² of the joint distribution of the first ``length`` tokens, speculative vs exact. Runs on
     one thread: the tiny model's ops are too small to share, and a second OpenMP thread only spins.
     What a method needs on disk (an untrained head, a datastore) lives in a directory removed after."""
-    import tempfile
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -163,8 +166,10 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     generator = make_generator(seed, device)
     counts: dict[tuple[int, ...], int] = {}
     proposed = accepted = 0
-    for _ in range(samples):
+    for sample in range(samples):
         drafter, constraint = None, new_constraint()
+        if params.seed is not None:  # a seeded configuration: every sample a request of its own seed
+            run_params = dataclasses.replace(run_params, seed=params.seed + sample)
         if spec.method is not None:
             info = method_info(spec.method)
             drafter = info.factory(DrafterResources(
@@ -200,7 +205,8 @@ def _tiny_head(target: TorchBackend, kind: str, seed: int, scratch: Path) -> str
     return str(save_head(head, scratch / f"tiny-{kind}"))
 
 
-def greedy_identity_check(method: str, run_plain: Callable, run_spec: Callable, prompts: Iterable[tuple[str, list[int]]], dtype: str) -> CheckResult:
+def greedy_identity_check(method: str, run_plain: Callable, run_spec: Callable, prompts: Iterable[tuple[str, list[int]]], dtype: str,
+                          config: str = "") -> CheckResult:
     """Token identity of speculative vs plain greedy decoding on real prompts (``run_plain`` may
     return a cached result: plain decoding does not depend on the method)."""
     start = time.perf_counter()
@@ -218,7 +224,8 @@ def greedy_identity_check(method: str, run_plain: Callable, run_spec: Callable, 
                 first_bad = f"; first mismatch: prompt {prompt_id} at token {at}"
     alpha = accepted / proposed if proposed else 0.0
     detail = f"{total - mismatches}/{total} prompts identical ({dtype}), acceptance {alpha:.2f}{first_bad}"
-    return CheckResult("greedy-identity", method, f"greedy {dtype}", mismatches == 0, detail, time.perf_counter() - start)
+    return CheckResult("greedy-identity", method, f"greedy {dtype}{f', {config}' if config else ''}", mismatches == 0, detail,
+                       time.perf_counter() - start)
 
 
 def registered_methods() -> list[str]:
@@ -233,14 +240,13 @@ def format_table(results: list[CheckResult]) -> str:
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row[:4], widths)), row[4]]) for row in rows)
 
 
-def _humaneval_datastore(target) -> str:  # noqa: ANN001 - LoadedModel
-    """Retrieval needs a corpus: HumanEval prompts with their reference solutions."""
-    import tempfile
-
+def _humaneval_datastore(target, scratch: str) -> str:  # noqa: ANN001 - LoadedModel
+    """Retrieval needs a corpus: HumanEval prompts with their reference solutions (in ``scratch``,
+    removed when the certificate ends: each run left one behind in /tmp)."""
     from specdec.bench.datasets import load_prompts
     from specdec.drafters.retrieval import build_datastore
 
-    path = tempfile.mkdtemp(prefix="specdec-humaneval-datastore-")
+    path = str(Path(scratch) / "humaneval-datastore")
     texts = [row.meta["prompt"] + row.meta["canonical_solution"] for row in load_prompts("humaneval")]
     build_datastore(target.tokenizer, texts, Path(path))
     return path
@@ -260,15 +266,18 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
                     alpha: float = 1e-3, gamma: int = 4, greedy: bool = True, distribution: bool = True,
                     progress: Callable[[str], None] | None = None,
                     configs: Iterable[str] = tuple(DISTRIBUTION_CONFIGS), spec_tree: str | int = DEFAULT_SPEC_TREE,
-                    drafter_path: str | None = None) -> list[CheckResult]:
+                    drafter_path: str | None = None, options: dict | None = None) -> list[CheckResult]:
     """Run both checks for every method; ``target``/``draft`` are LoadedModels (draft may be None).
     ``progress(message)`` is called before each check; ``configs`` names the distribution test's
     sampling configurations (keys of :data:`DISTRIBUTION_CONFIGS`); ``spec_tree`` certifies token
     trees for the methods that branch (``--spec-tree``; the default's: trees under greedy, chains under
     sampling). ``drafter_path``: the trained head
     certified for ``eagle``/``medusa`` (of that kind) on the real pair (without one their greedy check is skipped, said through
-    ``progress``; its distribution check uses an untrained head on the tiny model)."""
+    ``progress``; its distribution check uses an untrained head on the tiny model). ``options``: SpecConfig
+    settings the greedy check runs each method with (a datastore, a skip set …: the configuration a user
+    deploys; the tiny model's distribution check keeps its own)."""
     from specdec.api import make_drafter
+    from specdec.drafters.suffix import clear_global_caches
 
     results: list[CheckResult] = []
     say = progress or (lambda _msg: None)
@@ -282,34 +291,43 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
         if skipped:
             say(f"skipping {', '.join(skipped)}: {INSTALL_HINT}")
     head_kind = read_head_config(drafter_path).kind if drafter_path else None  # a clear error for a folder without one
-    for method in methods:
-        if greedy and method in TRAINED_HEADS and method != head_kind:
-            why = (f"needs --drafter-path (a trained {method} head)" if head_kind is None
-                   else f"--drafter-path holds {head_kind_phrase(head_kind)}, not a {method} one")
-            say(f"skipping {method}'s greedy identity on the real pair: {why}")
-            results.append(CheckResult("greedy-identity", method, "greedy", True, f"skipped: {why}", skipped=True))
-        elif greedy:
-            say(f"greedy identity: {method} on {len(prompt_ids)} prompts")
-            spec = SpecConfig(method=method, num_speculative_tokens=gamma, spec_tree=spec_tree,
-                              datastore=_humaneval_datastore(target) if method == "retrieval" else None,
-                              drafter_path=drafter_path if method in TRAINED_HEADS else None)
+    with tempfile.TemporaryDirectory(prefix="specdec-verify-") as scratch:  # retrieval's datastore, removed at the end
+        for method in methods:
+            if greedy and method in TRAINED_HEADS and method != head_kind:
+                why = (f"needs --drafter-path (a trained {method} head)" if head_kind is None
+                       else f"--drafter-path holds {head_kind_phrase(head_kind)}, not {head_kind_phrase(method)}")
+                say(f"skipping {method}'s greedy identity on the real pair: {why}")
+                results.append(CheckResult("greedy-identity", method, "greedy", True, f"skipped: {why}", skipped=True))
+            elif greedy:
+                say(f"greedy identity: {method} on {len(prompt_ids)} prompts")
+                given = {key: value for key, value in (options or {}).items() if key in method_info(method).options}
+                if method == "retrieval" and not given.get("datastore"):
+                    given["datastore"] = _humaneval_datastore(target, scratch)
+                spec = SpecConfig(method=method, num_speculative_tokens=gamma, spec_tree=spec_tree,
+                                  drafter_path=drafter_path if method in TRAINED_HEADS else None,
+                                  **{key: value for key, value in given.items() if key != "drafter_path"})
+                defaults = SpecConfig()
+                config = ", ".join([f"γ={gamma}", f"tree={spec_tree}"] + [
+                    f"{key}={Path(value).name if key == 'datastore' else value}" for key, value in given.items()
+                    if key != "drafter_path" and value != getattr(defaults, key)])
 
-            def run_spec(ids: list[int], spec: SpecConfig = spec) -> object:
-                generator = make_generator(0)
-                drafter = make_drafter(target, spec, params, generator, len(ids) + max_tokens + gamma + 1, draft)
-                return generate_ids(target.backend, ids, params, drafter, spec, target.tokenizer, generator)
+                def run_spec(ids: list[int], spec: SpecConfig = spec) -> object:
+                    clear_global_caches()  # suffix drafting from earlier methods' answers to this prompt accepted ~all
+                    generator = make_generator(0)
+                    drafter = make_drafter(target, spec, params, generator, len(ids) + max_tokens + gamma + 1, draft)
+                    return generate_ids(target.backend, ids, params, drafter, spec, target.tokenizer, generator)
 
-            def run_plain(ids: list[int]) -> object:
-                key = tuple(ids)
-                if key not in plain_results:
-                    plain_results[key] = generate_ids(target.backend, ids, params, None, SpecConfig(), target.tokenizer,
-                                                      make_generator(0))
-                return plain_results[key]
+                def run_plain(ids: list[int]) -> object:
+                    key = tuple(ids)
+                    if key not in plain_results:
+                        plain_results[key] = generate_ids(target.backend, ids, params, None, SpecConfig(), target.tokenizer,
+                                                          make_generator(0))
+                    return plain_results[key]
 
-            results.append(greedy_identity_check(method, run_plain, run_spec, prompt_ids, target.backend.dtype_name))
-        if distribution:
-            for name in configs:
-                say(f"distribution: {method} {name}, {samples} samples")
-                results.append(distribution_check(method, name, DISTRIBUTION_CONFIGS[name], samples, alpha=alpha,
-                                                  spec_options={"spec_tree": spec_tree}))
+                results.append(greedy_identity_check(method, run_plain, run_spec, prompt_ids, target.backend.dtype_name, config))
+            if distribution:
+                for name in configs:
+                    say(f"distribution: {method} {name}, {samples} samples")
+                    results.append(distribution_check(method, name, DISTRIBUTION_CONFIGS[name], samples, alpha=alpha,
+                                                      spec_options={"spec_tree": spec_tree}))
     return results

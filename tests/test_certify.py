@@ -81,3 +81,18 @@ def test_a_trained_heads_method_without_its_head_is_a_skipped_row_not_a_silent_g
                                                  samples=10, distribution=False, drafter_path=str(head))}
     assert rows["eagle"].passed and not rows["eagle"].skipped
     assert rows["medusa"].skipped and "holds an eagle head" in rows["medusa"].detail
+    assert "holds an eagle head, not a medusa head" in rows["medusa"].detail
+
+
+def test_verify_certifies_the_configuration_given_and_names_it(tiny_target):
+    """`verify --skip-layers 4,5` was refused (and --datastore, --prompt-lookup-*, --draft-vocab-size …): the
+    greedy check ran each method's defaults only and its row said neither γ nor the options. Now the method
+    flags reach the methods that read them, and the CONFIG column names them."""
+    from specdec.certify import run_certificate
+
+    results = run_certificate(tiny_target, None, ["layer_skip", "ngram"], prompts=1, max_tokens=6, samples=10, gamma=3,
+                              distribution=False, options={"skip_layers": [1], "prompt_lookup_max": 2})
+    rows = {r.method: r for r in results}
+    assert rows["layer_skip"].config == "greedy float32, γ=3, tree=greedy, skip_layers=[1]", rows["layer_skip"].config
+    assert rows["ngram"].config == "greedy float32, γ=3, tree=greedy, prompt_lookup_max=2"
+    assert all(r.passed for r in results)

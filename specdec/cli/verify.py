@@ -20,9 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                             "speculative sampling (T=0.7 with top-k; --thorough adds T=1, top-p, a regex grammar and penalties with a logit bias) "
                                             "equals the exact target distribution "
                                             "(chi-square test, false-alarm rate --alpha per row). Exits 1 on any FAIL.")
-    flags = add_model_args(ver, unused=("--method", "--skip-layers", "--exit-layer", "--draft-vocab-size", "--draft-context-window",
-                                        "--datastore", "--prompt-lookup-min", "--prompt-lookup-max",
-                                        "--draft-confidence-threshold"))
+    # the method flags (--skip-layers, --datastore …) set the configuration the greedy check certifies on the real pair
+    flags = add_model_args(ver, unused=("--method", "--draft-confidence-threshold"))
     ver.set_defaults(draft_model="qwen2.5-coder-0.5b", dtype="float32", quantize="auto")
     flags["--draft-model"].help = ("the pair's draft model, for the methods that need one (built-in name, .gguf or HF dir; "
                                    "default: qwen2.5-coder-0.5b)")
@@ -77,7 +76,7 @@ def verified_methods(text: str, known: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec import certify
-    from specdec.cli.common import execution_modes
+    from specdec.cli.common import execution_modes, method_options
     from specdec.drafters.registry import method_info
 
     if args.skip_greedy and args.skip_distribution:
@@ -119,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         results = certify.run_certificate(
             target, draft, methods, prompts, max_tokens, samples, args.alpha, gamma,
             greedy=not args.skip_greedy, distribution=not args.skip_distribution, configs=configs, progress=progress,
-            spec_tree=args.spec_tree, drafter_path=args.drafter_path)
+            spec_tree=args.spec_tree, drafter_path=args.drafter_path, options=method_options(args))
         bar.update(checks - bar.n)
     print(certify.format_table(results))
     failed = [r for r in results if not r.passed]
