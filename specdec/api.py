@@ -346,6 +346,11 @@ def generate(
     return generate_ids(**prepare(target, prompt, params, draft, spec, chat))
 
 
+class UnreadOptionWarning(UserWarning):
+    """A ``draft=`` or SpecConfig option the chosen method does not read (the CLI, which says so in its
+    own words before loading, filters these out)."""
+
+
 def warn_unread(draft: LoadedModel | None, spec: SpecConfig | None) -> None:
     """A ``draft=`` or SpecConfig options the chosen method does not read: a UserWarning each (the CLI warns about
     the same flags; the library ignored them without a word). Not an error: the output is the method's."""
@@ -355,11 +360,13 @@ def warn_unread(draft: LoadedModel | None, spec: SpecConfig | None) -> None:
     method = spec.method
     if draft is not None and not needs_draft_model(method):
         warnings.warn(f"draft= is not used by {method or 'plain decoding'} (methods that draft with a model: "
-                      f"{', '.join(info.name for info in all_methods() if info.needs_draft_model)})", UserWarning, stacklevel=3)
+                      f"{', '.join(info.name for info in all_methods() if info.needs_draft_model)})", UnreadOptionWarning,
+                      stacklevel=3)
     options = sorted({option for info in all_methods() for option in info.options})
     unread = [option for option, _ in unread_options(method, {option: getattr(spec, option) for option in options})]
     if unread:
-        warnings.warn(f"{method or 'plain decoding'} does not read SpecConfig {', '.join(unread)}", UserWarning, stacklevel=3)
+        warnings.warn(f"{method or 'plain decoding'} does not read SpecConfig {', '.join(unread)}", UnreadOptionWarning,
+                      stacklevel=3)
 
 
 #: prompt tokens per target call when a prefill is chunked (see :func:`default_prefill_chunk`)

@@ -25,6 +25,7 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 from typing import Callable
 
 from specdec import __version__
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.debug:  # a first run on a machine pauses while step costs are timed (seconds): say so
         logging.getLogger("specdec.step_costs").setLevel(logging.INFO)
     func: Callable[[argparse.Namespace], int] = args.func
+    # the library's UnreadOptionWarning repeats, as a Python warning with a source line, what the CLI's own
+    # flag checks said before loading (cli/checks.py)
+    warnings.filterwarnings("ignore", message=r"(draft= is not used by|.* does not read SpecConfig) ", category=UserWarning)
     try:
         typed = typed_flags(argv)
         args.typed_flags = typed  # what a command reads to tell a typed flag from a default (bench --compare)

@@ -18,6 +18,10 @@ from specdec.stats import position_counts
 from specdec.train.loop import History
 
 
+#: what the held-out top-1 per step is, by kind: EAGLE drafts each step on its own predicted features
+STEP_WORDS = {"eagle": "by draft step (on its own predictions)", "medusa": "by head (token +1, +2, …)"}
+
+
 @dataclass
 class SpeculationResult:
     prompts: int
@@ -25,7 +29,7 @@ class SpeculationResult:
     gamma: int
     acceptance_rate: float
     mean_accepted_len: float
-    position_accept: list[float]  # P(first j drafted tokens all accepted), j = 1..γ
+    position_accept: list[float]  # per draft position j: of the rounds that drafted it, the share accepted
     speedup_median: float  # per prompt: speculative tokens/s ÷ plain tokens/s, median
     draft_cost_ratio: float  # one draft token's time ÷ one target step's, median over prompts
     identical: bool  # greedy output equal to plain decoding on every prompt
@@ -33,7 +37,8 @@ class SpeculationResult:
     def line(self) -> str:
         positions = ", ".join(f"{p:.2f}" for p in self.position_accept)
         return (f"{self.prompts} held-out prompts × {self.new_tokens} tokens, γ={self.gamma}: α {self.acceptance_rate:.3f}, "
-                f"τ {self.mean_accepted_len:.2f}, accepted through position 1..{self.gamma}: [{positions}], "
+                f"τ {self.mean_accepted_len:.2f}, acceptance at draft positions 1..{len(self.position_accept)} (of the "
+                f"rounds that drafted each): [{positions}], "
                 f"draft cost {self.draft_cost_ratio:.3f} of a target step, {self.speedup_median:.2f}× plain decoding "
                 f"(median), outputs identical to plain: {'yes' if self.identical else 'NO'}")
 
@@ -89,14 +94,14 @@ def plot_history(history: History, path: Path, loss_rows: int = 0) -> Path:
     if history.loss:
         window = max(1, len(history.loss) // 50)
         smooth = [statistics.fmean(history.loss[max(0, i - window + 1): i + 1]) for i in range(len(history.loss))]
-        sampled = f"; sampled softmax, {loss_rows} drawn rows: not comparable with held-out" if loss_rows else ""
-        loss_ax.plot(history.tokens, smooth, label=f"training (mean of {window} steps{sampled})")
+        sampled = f"\nsampled softmax over {loss_rows} rows:\nreads lower than held-out" if loss_rows else ""
+        loss_ax.plot(history.tokens, smooth, label=f"training{f' (mean of {window} steps)' if window > 1 else ''}{sampled}")
     token_at = dict(zip(history.steps, history.tokens))
     eval_tokens = [token_at.get(step, 0) for step in history.eval_steps]
     loss_ax.plot(eval_tokens, history.eval_loss, "o-", label="held-out")
     loss_ax.set_xlabel("training tokens")
     loss_ax.set_ylabel("loss")
-    loss_ax.legend()
+    loss_ax.legend(fontsize="small")  # a long entry ran past the figure's edge over the axis label
     # evaluations before per-step numbers were kept (older checkpoints) have only step 1
     offset = len(history.eval_top1) - len(history.eval_top1_steps)
     by_step = [history.eval_top1_steps[i - offset] if i >= offset else [top1] for i, top1 in enumerate(history.eval_top1)]
@@ -140,8 +145,9 @@ def write_report(out_dir: Path, history: History, result: SpeculationResult | No
              (f"- held-out before training: loss {history.eval_loss[0]:.3f}, teacher-forced top-1 {history.eval_top1[0]:.3f}\n"
               if history.eval_steps and history.eval_steps[0] == 0 and len(history.eval_steps) > 1 else "")
              + f"- held-out: loss {history.eval_loss[-1]:.3f}, teacher-forced top-1 {history.eval_top1[-1]:.3f}"
-             + (f"; top-1 by draft step (on its own predictions): "
-                f"{', '.join(f'{v:.3f}' for v in history.eval_top1_steps[-1])}" if history.eval_top1_steps else "")
+             + (f"; top-1 {STEP_WORDS.get(kind, 'by draft step')}: "
+                f"{', '.join(f'{v:.3f}' for v in history.eval_top1_steps[-1])}"
+                if history.eval_top1_steps and len(history.eval_top1_steps[-1]) > 1 else "")
              if history.eval_loss else "- held-out: not evaluated",
              f"- {'draft' if kind == 'distill' else 'head'}: {made}",
              "", "## Speculating on held-out prompts", "",
