@@ -83,20 +83,28 @@ AUTO_MAX_TREE_NODES = 16
 #: chain's alternatives ran 0.93–1.03× (sessions 38, 40): break-even at best on a CPU, so sampled
 #: requests keep chains unless asked.
 DEFAULT_SPEC_TREE = "greedy"
-#: ``greedy`` grows trees only where one more verified row costs at most this share of a single step
-#: (the target's measured curve from 1 to 4 rows): an AMX int8 target's 3 % per row paid for its
-#: trees; an int4 target's ~10 % did not — 0.96–0.97× the chain paired per prompt, its cost model
-#: cutting the siblings to τ 1.00–1.03× (session 42). Unmeasured (float weights, CUDA): trees.
+#: ``greedy`` grows trees only where one more verified row costs at most this share of a single step,
+#: on average over the target's measured curve from 1 row to the largest tree's rows: an AMX int8
+#: target's 1–3 % per row paid for its trees; an int4 target's ~10 % did not — 0.96–0.97× the chain
+#: paired per prompt, its cost model cutting the siblings to τ 1.00–1.03× (session 42). Read to 4 rows
+#: only, an AMX Xeon's int4 curve (2 % a row to 4, 7–10 % beyond) let trees grow that ran 0.94× the
+#: chain on HumanEval (session 61). Unmeasured (float weights, CUDA): trees.
 FLAT_VERIFY_ROW_SHARE = 0.05
 #: the words ``spec_tree`` takes besides a node count
 SPEC_TREE_WORDS = ("off", "auto", DEFAULT_SPEC_TREE)
 
 
-def verify_is_flat(seconds: dict[int, float] | None) -> bool:
-    """Does one more verified row cost at most :data:`FLAT_VERIFY_ROW_SHARE` of a single step?"""
-    if not seconds or 1 not in seconds or 4 not in seconds:
+def verify_is_flat(seconds: dict[int, float] | None, rows: int = 4) -> bool:
+    """Does each verified row up to ``rows`` (a tree's nodes + 1) cost at most :data:`FLAT_VERIFY_ROW_SHARE`
+    of a single step, on average over the measured curve (read linearly between its sizes, at most to the
+    largest measured)?"""
+    if not seconds or 1 not in seconds or len(seconds) < 2:
         return True
-    return (seconds[4] - seconds[1]) / 3 <= FLAT_VERIFY_ROW_SHARE * seconds[1]
+    rows = min(max(rows, 2), max(seconds))
+    below, above = max(t for t in seconds if t <= rows), min(t for t in seconds if t >= rows)
+    at_rows = seconds[below] if above == below else (
+        seconds[below] + (seconds[above] - seconds[below]) * (rows - below) / (above - below))
+    return (at_rows - seconds[1]) / (rows - 1) <= FLAT_VERIFY_ROW_SHARE * seconds[1]
 
 
 @dataclass
@@ -205,7 +213,7 @@ class SpecConfig:
         """The most nodes a tree round verifies for a greedy (or sampled) request on a target whose
         step costs are ``verify_seconds`` (T rows → seconds; None: unmeasured); 0 = chains. A drafter
         that reads a predicted output may grow its trees as deep as its chains (:meth:`max_draft_tokens`)."""
-        if self.spec_tree == DEFAULT_SPEC_TREE and not (greedy and verify_is_flat(verify_seconds)):
+        if self.spec_tree == DEFAULT_SPEC_TREE and not (greedy and verify_is_flat(verify_seconds, self.max_tree_nodes + 1)):
             return 0
         nodes = self.max_tree_nodes
         return max(nodes, self.max_draft_tokens(True)) if nodes and reads_prediction else nodes
