@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -95,7 +96,7 @@ def test_bad_layer_settings_are_clear_errors(tiny_target):
         SpecConfig(method="early_exit", exit_layer=0)
 
 
-def test_calibrate_then_skip_layers_auto(tiny_dirs, tiny_target, tmp_path, monkeypatch, capsys):
+def test_calibrate_then_skip_layers_auto(tiny_dirs, tiny_target, tmp_path, monkeypatch, capsys, caplog):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     from specdec.cli import main
 
@@ -135,6 +136,11 @@ def test_calibrate_then_skip_layers_auto(tiny_dirs, tiny_target, tmp_path, monke
     assert drafter.backend.skipped == result["skip_layers"]
     plain = specdec.generate(tiny_target, PROMPTS[0], GREEDY)
     assert specdec.generate(tiny_target, PROMPTS[0], GREEDY, spec=spec).token_ids == plain.token_ids
+    # a saved set that ran slower than plain decoding: calibrate-skip said so, and now each use says it again
+    saved[0].write_text(json.dumps({**result, "speedup": 0.8}))
+    with caplog.at_level(logging.WARNING, logger="specdec.drafters.layer_skip"):
+        make_drafter(tiny_target, spec, GREEDY, make_generator(0), 64)
+    assert "ran 0.80x plain decoding" in caplog.text
 
 
 def test_cli_generate_with_layer_skip(tiny_dirs, capsys):

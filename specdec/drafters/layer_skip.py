@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Generator, Sequence
 
@@ -42,6 +43,8 @@ from specdec.penalties import Penalties, penalty_shape
 from specdec.sampling import SamplingParams
 from specdec.structured import GrammarConstraint
 from specdec.tree import TreeLayout
+
+log = logging.getLogger(__name__)
 
 
 def _module_bytes(module: torch.nn.Module) -> int:
@@ -184,6 +187,10 @@ def resolve_skip_layers(value: str | Sequence[int] | None, backend: TorchBackend
     if value is None or value == "auto":
         saved = load_calibration(model_path, backend.dtype_name) if model_path is not None else None
         if saved is not None:
+            speedup = saved.get("speedup")
+            if isinstance(speedup, (int, float)) and 0 < speedup < 1:  # calibrate-skip said so once; generate did not
+                log.warning("the saved skip set %s ran %.2fx plain decoding when calibrate-skip measured it "
+                            "(layer_skip does not pay for this model here)", saved["skip_layers"], speedup)
             return [int(i) for i in saved["skip_layers"]]
         if value == "auto":
             where = calibration_path(model_path, backend.dtype_name) if model_path is not None else "(no model path)"
