@@ -1,7 +1,8 @@
 """specdec: lossless speculative decoding for LLMs.
 
 Public API: :func:`load_model`, :func:`generate`, :func:`generate_batch`, :func:`stream`, :class:`SamplingParams`,
-:class:`SpecConfig`, :class:`Stats`, :class:`StructuredOutput`, :func:`enable_prefix_caching`, :func:`reset_suffix_cache`.
+:class:`SpecConfig`, :class:`Stats`, :class:`StructuredOutput`, :func:`enable_prefix_caching`, :func:`reset_suffix_cache`;
+for a drafter of your own :class:`Drafter`, :class:`Draft`, :class:`DrafterResources`, :class:`MethodInfo`, :func:`register_method`.
 Imported lazily so ``import specdec.errors`` (and the CLI's
 ``--help``) does not pay for torch and transformers.
 """
@@ -25,6 +26,12 @@ _EXPORTS = {
     "SamplingParams": "specdec.sampling",
     "Stats": "specdec.stats",
     "StructuredOutput": "specdec.structured",
+    # your own drafter (README "Custom drafters")
+    "Draft": "specdec.drafters.base",
+    "Drafter": "specdec.drafters.base",
+    "DrafterResources": "specdec.drafters.base",
+    "MethodInfo": "specdec.drafters.base",
+    "register_method": "specdec.drafters.registry",
 }
 __all__ = [*_EXPORTS, "__version__"]
 
