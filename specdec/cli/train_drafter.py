@@ -52,8 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="training time budget in minutes, over all resumed runs (default: 60)")
     cmd.add_argument("--extract-minutes", type=float, default=40.0, metavar="M",
                      help="time for extracting target features by teacher forcing over --data's text (after the "
-                          "--generate-minutes continuations, whose features are already recorded), in minutes; shards "
-                          "already written are kept (default: 40)")
+                          "--generate-minutes continuations, whose features are already recorded), in minutes; no new shard "
+                          "of 32 sequences starts after it, and one started is finished (on 2 cores a shard of 256-token "
+                          "sequences takes 1-2 min with the 1.5B target); shards already written are kept (default: 40)")
     cmd.add_argument("--generate-minutes", type=float, default=0.0, metavar="M",
                      help="self-distillation: first spend up to M minutes having the target continue prompts drawn "
                           "from --data (each Python function with a docstring: its module's imports, signature and "
