@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -176,6 +177,20 @@ def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method, r
         assert main(["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
                      "--max-tokens", "12", "--dtype", "float32", "--ignore-eos", "--num-speculative-tokens", "3"]) == 0
         assert "acceptance_rate=" in capsys.readouterr().err
+        # seeded sampling is plain decoding's text too (specdec/seeded.py): checked and said, as under greedy;
+        # --stop-token-id (vLLM's stop_token_ids) ends the output on that id and keeps it
+        base = ["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
+                "--max-tokens", "12", "--dtype", "float32", "--temperature", "0.9", "--seed", "4", "--json"]
+        assert main([*base, "--compare-plain"]) == 0
+        err = capsys.readouterr().err
+        assert "identical text: yes" in err
+        import specdec
+
+        model = specdec.load_model(tiny_dirs["target"], dtype="float32")
+        ids = specdec.generate(model, "def f(x):", specdec.SamplingParams(temperature=0.9, seed=4, max_tokens=12)).token_ids
+        assert main([*base, "--stop-token-id", str(ids[4]), "--stop-token-id", str(ids[2])]) == 0
+        stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])["stats"]
+        assert stats["generated_tokens"] == min(ids.index(ids[2]), ids.index(ids[4])) + 1  # the seeded text, cut at an id (kept)
     assert f"method={method[1] if method else DEFAULT_DRAFT_METHOD}" in captured.err
     if method:  # the execution line names the modes and the kernels' instruction set
         from specdec.kernels.build import kernel_path

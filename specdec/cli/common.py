@@ -225,6 +225,9 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p × top probability; 0 = off (default: 0)")
     parser.add_argument("--seed", type=seed_value, default=None, help="random seed for sampling, 0 .. 2**63-1 (default: random)")
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop generating when this text appears (repeatable; default: none)")
+    parser.add_argument("--stop-token-id", dest="stop_token_ids", type=non_negative_int, action="append", default=[],
+                        metavar="ID", help="stop when this token id is generated, kept in the output (repeatable; vLLM's "
+                                           "stop_token_ids; default: none)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     parser.add_argument("--min-tokens", type=int, default=0,
                         help="generate at least this many tokens before an end-of-sequence token or a stop string may end "
@@ -318,7 +321,7 @@ def sampling_from_args(args: argparse.Namespace):  # noqa: ANN201
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
         max_tokens=args.max_tokens, stop=list(args.stop), ignore_eos=args.ignore_eos, structured=structured_from_args(args),
         repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
-        presence_penalty=args.presence_penalty, min_tokens=args.min_tokens,
+        presence_penalty=args.presence_penalty, min_tokens=args.min_tokens, stop_token_ids=list(args.stop_token_ids),
     )
 
 

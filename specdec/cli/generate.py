@@ -29,7 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="fill in the middle: the prompt is the code before the insertion point, this the code after it "
                           "(a file, or the text itself); needs a code model with FIM tokens (Qwen2.5-Coder's)")
     gen.add_argument("--compare-plain", action="store_true",
-                     help="also run plain decoding on the same prompt and report the speedup (and, under greedy, whether the texts are identical)")
+                     help="also run plain decoding on the same prompt and report the speedup (and, under greedy or with --seed, "
+                          "whether the texts are identical: they must be)")
     gen.add_argument("--json", action="store_true", help="print the statistics as one JSON object on stderr")
     gen.add_argument("--html", metavar="FILE", default=None,
                      help="write the acceptance view: a self-contained page with every token colored as accepted draft / "
@@ -122,17 +123,20 @@ def run(args: argparse.Namespace) -> int:
         # end to end too (prompt passes included, as a user waits): a draft model's own prompt pass can make a
         # decode speedup an end-to-end slowdown, and the decode figure alone was printed as "the" speedup
         end_to_end = plain.stats.total_time_s / stats.total_time_s if stats.total_time_s else 0.0
-        line = (f"speedup vs plain ({plain_target.backend.dtype_name}): decode {speedup:.2f}x (tokens after the first), "
+        decode = f"{speedup:.2f}x" if speedup else "n/a (one token: nothing after the first)"
+        line = (f"speedup vs plain ({plain_target.backend.dtype_name}): decode {decode} (tokens after the first), "
                 f"end to end {end_to_end:.2f}x (prompt passes included)")
-        if params.is_greedy and identical is None:
+        # greedy and seeded output is plain decoding's token for token (specdec/seeded.py): both are checked
+        checkable = params.is_greedy or params.is_seeded_sampling
+        if checkable and identical is None:
             check = specdec.generate(target, prompt, params, chat=args.chat)  # same mode, for the identity check
             identical = check.text == "".join(text_parts)
-        if params.is_greedy:
+        if checkable:
             line += f" | identical text: {'yes' if identical else 'NO — this is a bug, please report it'}"
         print(line, file=sys.stderr)
         report.update(plain=plain.stats.to_dict(), speedup=round(speedup, 3), end_to_end_speedup=round(end_to_end, 3),
                       identical=identical)
-        if params.is_greedy and not identical:
+        if checkable and not identical:
             return 3
     if args.json:
         print(json.dumps(report), file=sys.stderr)
