@@ -159,7 +159,7 @@ MAKE_RUN_FLAGS = ["--method", "draft_suffix", "--quantize", "int4", "--draft-qua
 
 
 @pytest.mark.parametrize("method", [[], MAKE_RUN_FLAGS])
-def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method, request):
+def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method, request, monkeypatch):
     """The default draft-model run and the `make run` flags (draft_suffix on an int4 target, int4-all
     draft with a reduced vocabulary)."""
     if "int4" in method:
@@ -181,9 +181,15 @@ def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method, r
         # --stop-token-id (vLLM's stop_token_ids) ends the output on that id and keeps it
         base = ["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
                 "--max-tokens", "12", "--dtype", "float32", "--temperature", "0.9", "--seed", "4", "--json"]
+        warmed = []
+        import specdec.cli.generate as generate_cli
+
+        original = generate_cli.warm_up
+        monkeypatch.setattr(generate_cli, "warm_up", lambda *args: (warmed.append(args[2]), original(*args)))
         assert main([*base, "--compare-plain"]) == 0
         err = capsys.readouterr().err
         assert "identical text: yes" in err
+        assert [spec.method for spec in warmed] == [DEFAULT_DRAFT_METHOD]  # both runs warmed before they are timed
         import specdec
 
         model = specdec.load_model(tiny_dirs["target"], dtype="float32")
