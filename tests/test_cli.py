@@ -33,6 +33,9 @@ def test_help_lists_every_generate_flag():
         (["generate", "hi", "--num-speculative-tokens", "0"], "must be >= 1"),
         (["generate", "hi", "--max-tokens", "-3"], "must be >= 1"),
         (["generate", "hi", "--seed", "-1"], "--seed: must be in 0..9223372036854775807, got -1"),
+        # checked before the model loads (it failed ~40 s later, after the 1.5B target had loaded)
+        (["generate", "hi", "--regex", "(abc", "--model", "/nope/model.gguf"], "invalid regex: Regex parsing error"),
+        (["generate", "hi", "--grammar", "root ::= foo", "--model", "/nope/model.gguf"], 'Rule "foo" is not defined'),
         (["generate", "hi", "--num-speculative-tokens", "lots"], "positive integer"),
         (["serve", "--disable-speculation-above", "soon"], "'auto', 'never' or a number of requests"),
         (["serve", "--max-num-partial-prefills", "0"], "'auto' or a number of prompts >= 1"),

@@ -297,15 +297,19 @@ def file_or_text(value: str, flag: str) -> str:
 
 
 def structured_from_args(args: argparse.Namespace):  # noqa: ANN201 - StructuredOutput | None
-    from specdec.structured import StructuredOutput
+    """The output constraint the flags ask for, its syntax checked before any model loads."""
+    from specdec.structured import StructuredOutput, check_syntax
 
     if args.json_schema is not None:
-        return StructuredOutput(json_schema=file_or_text(args.json_schema, "--json-schema"))
-    if args.json_object or args.regex is not None or args.choice or args.grammar is not None:
-        return StructuredOutput(json_object=args.json_object, regex=args.regex,
+        spec = StructuredOutput(json_schema=file_or_text(args.json_schema, "--json-schema"))
+    elif args.json_object or args.regex is not None or args.choice or args.grammar is not None:
+        spec = StructuredOutput(json_object=args.json_object, regex=args.regex,
                                 choice=tuple(args.choice) if args.choice else None,
                                 grammar=None if args.grammar is None else file_or_text(args.grammar, "--grammar"))
-    return None
+    else:
+        return None
+    check_syntax(spec)
+    return spec
 
 
 def sampling_from_args(args: argparse.Namespace):  # noqa: ANN201
