@@ -65,6 +65,9 @@ def test_bench_with_penalties_names_them_and_refuses_the_peers(tiny_dirs, datase
     assert all(m["mismatches"] == 0 for m in json.loads((out / "results.json").read_text())["summary"]["overall"].values())
     assert main([*args, "--methods", "ar,hf"]) != 0
     assert "the peers (hf) define them differently" in capsys.readouterr().err
+    stop = [a for a in args if a not in ("--repetition-penalty", "1.2", "--presence-penalty", "0.5")] + ["--stop-token-id", "3"]
+    assert main([*stop, "--methods", "ar,hf"]) != 0
+    assert "--stop-token-id: the peers (hf) do not read it" in capsys.readouterr().err
 
 
 def test_bench_runs_chains_and_trees_side_by_side(tiny_dirs, dataset, tmp_path, capsys):

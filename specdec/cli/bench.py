@@ -128,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError(f"--repetition-penalty / --frequency-penalty / --presence-penalty / --min-tokens: the peers "
                            f"({', '.join(peer_methods)}) define them differently or not at all, so their text would differ; "
                            "bench them without")
+    if peer_methods and params.stop_token_ids:  # the peers stop on their own end-of-sequence ids only
+        raise SpecdecError(f"--stop-token-id: the peers ({', '.join(peer_methods)}) do not read it, so their text would "
+                           "run on past it; bench them without")
     peers: dict = {}
     close_peers = None
     peer_gamma = gammas[0] if isinstance(gammas[0], int) else 4
