@@ -27,7 +27,7 @@ from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_BLOCK_SIZE, DEFA
 from specdec.drafters.base import Drafter, DrafterResources
 from specdec.drafters.registry import all_methods, method_info, needs_draft_model, resolve_method, unread_options
 from specdec.engine import GenerationResult, StreamChunk, check_context, generate_ids, generate_stream
-from specdec.errors import SpecdecError
+from specdec.errors import SpecdecError, UnreadOptionWarning
 from specdec.kernels.layers import use_for_prompt_passes
 from specdec.models.registry import resolve_model
 from specdec.models.transformer import Decoder
@@ -344,11 +344,6 @@ def generate(
     greedy output equals plain decoding's, sampled output has the target's distribution."""
     warn_unread(draft, spec)
     return generate_ids(**prepare(target, prompt, params, draft, spec, chat))
-
-
-class UnreadOptionWarning(UserWarning):
-    """A ``draft=`` or SpecConfig option the chosen method does not read (the CLI, which says so in its
-    own words before loading, filters these out)."""
 
 
 def warn_unread(draft: LoadedModel | None, spec: SpecConfig | None) -> None:

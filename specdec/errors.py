@@ -25,5 +25,11 @@ class ContextLengthError(SpecdecError):
     """The prompt plus requested tokens do not fit the model's context window."""
 
 
+class UnreadOptionWarning(UserWarning):
+    """A ``draft=`` or SpecConfig option the chosen method does not read (:func:`specdec.api.warn_unread`; the
+    CLI, which says so in its own words before loading, filters these out). Here, not in api.py, so the CLI
+    names the category without importing torch."""
+
+
 class IncompatibleModelsError(SpecdecError):
     """Draft and target cannot be paired without breaking exactness (vocabulary, special ids …)."""

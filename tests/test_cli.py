@@ -390,6 +390,11 @@ def test_a_draft_model_the_method_does_not_read_is_not_loaded(tiny_dirs, capsys)
     err = capsys.readouterr().err
     assert "warning: --method ngram does not read --draft-model (read by: draft_model, draft_suffix); not loaded" in err
     assert "loading draft" not in err
+    # the library's UnreadOptionWarning for the same option is not printed again as a Python warning
+    proc = run_cli("generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--method", "ngram", "--draft-vocab-size",
+                   "100", "--max-tokens", "2", "--dtype", "float32", "--quantize", "none")
+    assert proc.returncode == 0 and "does not read --draft-vocab-size" in proc.stderr, proc.stderr
+    assert "UserWarning" not in proc.stderr and "SpecConfig draft_vocab_size" not in proc.stderr
 
 
 def test_flags_that_change_nothing_here_say_so(capsys):

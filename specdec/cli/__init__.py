@@ -31,7 +31,7 @@ from typing import Callable
 from specdec import __version__
 from specdec.cli import bench, calibrate, datastore, export, generate, methods, models, serve, train_drafter, tune, verify
 from specdec.cli.checks import apply_config, refuse_unused_flags
-from specdec.errors import SpecdecError
+from specdec.errors import SpecdecError, UnreadOptionWarning
 
 #: in the order ``specdec --help`` lists them
 COMMANDS = (generate, verify, bench, serve, tune, train_drafter, datastore, calibrate, models, methods, export)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     # the library's UnreadOptionWarning repeats, as a Python warning with a source line, what the CLI's own
     # flag checks said before loading (cli/checks.py)
-    warnings.filterwarnings("ignore", message=r"(draft= is not used by|.* does not read SpecConfig) ", category=UserWarning)
+    warnings.filterwarnings("ignore", category=UnreadOptionWarning)
     try:
         typed = typed_flags(argv)
         args.typed_flags = typed  # what a command reads to tell a typed flag from a default (bench --compare)
