@@ -16,8 +16,8 @@ the same clocks, and verification accepts a drafted token iff it is the target's
 position: the longest matching prefix, then the target's choice — greedy verification over noisy
 scores, exact because every committed token *is* the plain decoding's token. The shared clocks couple
 draft and target: they agree with probability close to Σ min(p, q), rejection sampling's acceptance —
-teacher-forced on the real pair at t=0.7, 0.6–2.5 points below it, where a draft sampling on its own
-would be 3–15 points below (benchmarks/results/2026-12-06/session-61/).
+teacher-forced on the real pair at t=0.7, 0.4–2.5 points below it, where a draft sampling on its own
+would be 3–16 points below (benchmarks/results/2026-12-06/session-61/).
 
 Unseeded requests keep rejection sampling: nothing asks their text to repeat, and it accepts a little
 more. The clocks are drawn on the CPU for every device, so a seed picks the same token wherever the
@@ -88,11 +88,8 @@ def seeded_verify(draft_tokens: Sequence[int], target_logits: torch.Tensor, para
     tokens = list(draft_tokens)
     if target_logits.shape[0] != len(tokens) + 1:
         raise ValueError(f"verify: {len(tokens)} draft tokens need {len(tokens) + 1} target rows, got {target_logits.shape[0]}")
-    for index in range(len(tokens) + 1):
-        token = target_choice(target_logits, index, params, position + index)
-        if index == len(tokens) or tokens[index] != token:
-            return index, token
-    raise AssertionError("unreachable")
+    path, token = seeded_tree_walk(tokens, {node - 1: [node] for node in range(len(tokens))}, target_logits, params, position)
+    return len(path), token  # a chain is the tree whose node i follows node i - 1
 
 
 def seeded_tree_walk(draft_tokens: Sequence[int], kids: dict[int, list[int]], target_logits: torch.Tensor,
