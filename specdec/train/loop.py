@@ -288,7 +288,7 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
             save()
             last_save = time.perf_counter()
     bar.close()
-    if step >= last_step and seconds < budget and last_step < (config.max_steps or last_step + 1):
+    if step >= last_step and seconds < budget and not (config.max_steps and last_step == config.max_steps):
         # a resumed run with a larger budget stopped here without a word: say why
         log(f"stopped at step {step} with {(budget - seconds) / 60:.1f} min of the budget left: {config.max_epochs:g} "
             f"passes over the {rows} training rows (more rows train further: --max-sequences, --extract-minutes, "
