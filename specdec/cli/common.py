@@ -170,8 +170,8 @@ def add_model_args(parser: argparse.ArgumentParser, unused: dict[str, str] | tup
              "choices, several continuations a table saw) verified in one target pass with tree attention; "
              "'auto' = up to 2×γ nodes (max 16), the unlikely ones cut where the measured verify cost says they "
              "do not pay; N = at most N nodes per step; 'greedy' = 'auto' for greedy requests on a target whose "
-             "measured verification is flat (one more row, from 1 to 4, <= 5%% of a step: measured on this machine; "
-             "int8 on AMX tiles is, int4 was not on the machines first measured), chains "
+             "measured verification is flat up to the largest tree's rows (each row <= 5%% of a step on average, "
+             "measured on this machine: int8 on AMX tiles is, int4 was not), chains "
              "otherwise and for sampled requests (their tree alternatives measured break-even on CPU); "
              "'off' = chains; output "
              f"unchanged (default: {DEFAULT_SPEC_TREE})")
