@@ -90,11 +90,11 @@ def cpu_ticks() -> tuple[int, int, int] | None:
     return user + nice + system + irq + softirq + steal, sum(fields), int(own[11]) + int(own[12])
 
 
-def other_cpu_share(since: tuple[int, int, int] | None) -> float:
+def other_cpu_share(since: tuple[int, int, int] | None, now: tuple[int, int, int] | None = None) -> float:
     """The share of the machine's CPU time that other processes (or other guests, by steal) used
-    since the :func:`cpu_ticks` reading ``since`` — 0.0 when unknown. A timing taken while it is high
-    measured contention, not this machine."""
-    now = cpu_ticks()
+    between the :func:`cpu_ticks` readings ``since`` and ``now`` (default: read now) — 0.0 when unknown.
+    A timing taken while it is high measured contention, not this machine."""
+    now = now or cpu_ticks()
     if since is None or now is None or now[1] <= since[1]:
         return 0.0
     others = (now[0] - since[0]) - (now[2] - since[2])

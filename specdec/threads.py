@@ -24,6 +24,13 @@ from specdec.cpu import cpu_ticks, other_cpu_share
 
 #: seconds between two looks at /proc/stat (a look costs ~20 µs; a decode step, milliseconds)
 CHECK_EVERY_S = 0.5
+#: a window longer than this since the last look, in which the process ran less than half a core, spans time
+#: it spent idle (between requests): what others did then is not what they do now, so the governor starts a
+#: fresh window of :data:`FRESH_LOOK_S` (a long window of its own work — a long prompt's pass — still counts)
+STALE_AFTER_S = 2 * CHECK_EVERY_S
+#: the first window after an idle spell: short, so a neighbour that is really there costs at most this long on
+#: too many threads (/proc/stat counts in 10 ms ticks: 20 of them on 2 cores, a 5 % resolution)
+FRESH_LOOK_S = 0.1
 
 
 class ThreadGovernor:
@@ -36,7 +43,8 @@ class ThreadGovernor:
         self.most: int | None = None
         self._set: int | None = None  # the count this governor last set
         self._since = cpu_ticks()
-        self._next = time.monotonic() + CHECK_EVERY_S
+        self._looked = time.monotonic()  # when _since was read
+        self._next = self._looked + CHECK_EVERY_S
 
     def wanted(self, other_share: float) -> int:
         """Threads for the cores others left: a neighbour using half a core or more takes one away."""
@@ -44,17 +52,28 @@ class ThreadGovernor:
         free = self.cores * (1.0 - other_share)
         return max(1, min(self.most, int(free + 0.5)))
 
+    def idle_between(self, since: tuple[int, int, int] | None, now: tuple[int, int, int] | None) -> bool:
+        """Did this process run less than half a core between two :func:`cpu_ticks` readings?"""
+        if since is None or now is None or now[1] <= since[1]:
+            return True
+        return (now[2] - since[2]) < 0.5 * (now[1] - since[1]) / self.cores
+
     def adjust(self) -> None:
         now = time.monotonic()
         if now < self._next:
             return
-        self._next = now + CHECK_EVERY_S
         current = torch.get_num_threads()
         if current != self._set:  # the first look, or the process set its own count since
             self.most = current
-        share = other_cpu_share(self._since)
-        self._since = cpu_ticks()
-        threads = self.wanted(share)
+        ticks = cpu_ticks()
+        if now - self._looked > STALE_AFTER_S and self.idle_between(self._since, ticks):
+            # the window spans an idle spell: a peer benchmarked between two of our requests (or a batch job that
+            # has since finished) read as a neighbour taking a core now, and the next request's prompt pass ran
+            # on one thread — 2x its time to first token (`specdec bench` beside llama.cpp). Look again shortly.
+            threads, self._next = self.most, now + FRESH_LOOK_S
+        else:
+            threads, self._next = self.wanted(other_cpu_share(self._since, ticks)), now + CHECK_EVERY_S
+        self._since, self._looked = ticks, now
         if threads != current:
             torch.set_num_threads(threads)
         self._set = threads

@@ -23,7 +23,7 @@ def test_adjust_reads_proc_at_most_every_half_second_and_sets_the_count(monkeypa
     import specdec.threads as threads
 
     shares = iter([0.6, 0.0])
-    monkeypatch.setattr(threads, "other_cpu_share", lambda since: next(shares))
+    monkeypatch.setattr(threads, "other_cpu_share", lambda since, now=None: next(shares))
     clock = [100.0]
     monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
     before = torch.get_num_threads()
@@ -40,9 +40,50 @@ def test_adjust_reads_proc_at_most_every_half_second_and_sets_the_count(monkeypa
         assert torch.get_num_threads() == 2
         torch.set_num_threads(1)  # the process's own choice (a fixture, a user) is the new most
         clock[0] += threads.CHECK_EVERY_S
-        monkeypatch.setattr(threads, "other_cpu_share", lambda since: 0.0)
+        monkeypatch.setattr(threads, "other_cpu_share", lambda since, now=None: 0.0)
         governor.adjust()
         assert torch.get_num_threads() == 1 and governor.most == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_window_the_process_spent_idle_does_not_take_threads_away(monkeypatch):
+    """Between two requests the process is idle while others may run (a peer in `specdec bench`, a finished
+    batch job): that window's share said a neighbour held a core, and the next request's prompt pass ran on one
+    thread (2x its time to first token). An idle window starts a fresh short one; a long window of the process's
+    own work (a long prompt's pass) still counts."""
+    import specdec.threads as threads
+
+    clock = [100.0]
+    ticks = [(0, 0, 0)]  # (busy ticks of all CPUs, all ticks, this process's ticks)
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(threads, "cpu_ticks", lambda: ticks[0])
+
+    def elapse(seconds: float, others: float, own: float) -> None:  # shares of the machine's 2 cores
+        busy, total, mine = ticks[0]
+        all_ticks = int(seconds * 200)
+        ticks[0] = (busy + int(all_ticks * (others + own)), total + all_ticks, mine + int(all_ticks * own))
+        clock[0] += seconds
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        governor = ThreadGovernor(cores=2)
+        elapse(5.0, others=1.0, own=0.0)  # idle, while a peer used both cores
+        governor.adjust()
+        assert torch.get_num_threads() == 2
+        elapse(threads.FRESH_LOOK_S, others=0.0, own=1.0)  # the peer has gone; the next look comes soon
+        governor.adjust()
+        assert torch.get_num_threads() == 2
+        elapse(5.0, others=0.6, own=0.4)  # one long forward of ours beside a real neighbour
+        governor.adjust()
+        assert torch.get_num_threads() == 1
+        elapse(5.0, others=1.0, own=0.0)  # idle again: no evidence about now, back to the process's count
+        governor.adjust()
+        assert torch.get_num_threads() == 2
+        elapse(threads.FRESH_LOOK_S, others=0.6, own=0.4)  # the neighbour is still there: found within the short look
+        governor.adjust()
+        assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
 
