@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -108,6 +109,52 @@ def test_a_wrong_method_is_flagged_as_mismatch(tiny_target, dataset):
     summary = runner.summarize(results)
     assert summary["overall"]["broken"]["mismatches"] == 4  # 2 single-turn rows + 2 turns of the chat row
     assert summary["overall"]["ar"]["mismatches"] == 0
+
+
+def test_a_method_on_another_target_mode_is_checked_against_that_modes_plain_row(tiny_dirs, tiny_target, dataset):
+    """``--quantize auto`` may run a method on the target in another mode (int8 verifies more tokens per step
+    where int4 decodes one faster): its greedy output is then plain decoding's in that mode, a row of its own
+    (``ar[int8]``), not the float target's — and a method that changes a token is still caught there."""
+    import specdec
+    from specdec.sampling import SamplingParams
+
+    int8 = specdec.load_model(tiny_dirs["target"], dtype="float32", device="cpu", quantize="int8")
+    rows = load_prompts(str(dataset))
+    config = runner.BenchConfig(methods=["ngram", "suffix"], params=SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+                                gammas=[3], repeats=1)
+    results = runner.run_benchmark(tiny_target, None, rows, config, progress=False, method_targets={"ngram": int8})
+    by = {(r.method, r.prompt_id, r.turn): r.tokens for r in results}
+    assert {r.method for r in results} == {"ar", "ar[int8]", "ngram", "suffix"}
+    assert not any(r.mismatch for r in results)
+    for (method, prompt, turn), tokens in by.items():
+        if method == "ngram":
+            assert tokens == by[("ar[int8]", prompt, turn)]
+    assert runner.summarize(results)["overall"]["ngram"]["speedup"] > 0  # against "ar", the target's plain decoding
+    broken = runner.run_benchmark(tiny_target, None, rows, dataclasses.replace(config, methods=["broken"]), progress=False,
+                                  method_runner=AlteringDrafterRunner(), method_targets={"broken": int8})
+    assert sum(r.mismatch for r in broken if r.method == "broken") == 4
+
+
+def test_bench_runs_each_method_in_the_mode_auto_picks_for_it(tiny_dirs, dataset, tmp_path, monkeypatch, capsys):
+    """The CLI loads the target once per mode ``--quantize auto`` picks (as ``specdec generate`` would run
+    each method) and says so in the report's execution line."""
+    import types
+
+    import specdec.api
+
+    def plan(model, draft_model=None, method=None, **_):
+        return types.SimpleNamespace(target_mode="int8" if method == "ngram" else "none", plain_mode="none")
+
+    monkeypatch.setattr(specdec.api, "plan_execution", plan)
+    out = tmp_path / "modes"
+    code = main(["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--methods", "ar,ngram,suffix",
+                 "--gammas", "3", "--repeats", "1", "--max-tokens", "10", "--dtype", "float32", "--ignore-eos",
+                 "--device", "cpu", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    payload = json.loads((out / "results.json").read_text())
+    assert set(payload["summary"]["overall"]) == {"ar", "ar[int8]", "ngram", "suffix"}
+    assert all(m["mismatches"] == 0 for m in payload["summary"]["overall"].values())
+    assert payload["meta"]["execution"].startswith("float32; ngram on the target in int8")
 
 
 def test_bad_dataset_inputs_are_clear(tmp_path):

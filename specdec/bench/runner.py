@@ -100,6 +100,8 @@ def method_needs_draft(method: str) -> bool:
 
 
 def spec_for(method: str, config: BenchConfig, gamma: int | str, tree: str | int = DEFAULT_SPEC_TREE) -> SpecConfig:
+    if is_plain(method):  # plain decoding reads none of the method options (they would warn as unread)
+        return SpecConfig()
     return SpecConfig(method=resolve_method(method), num_speculative_tokens=gamma, spec_tree=tree, **config.options)
 
 
@@ -137,33 +139,49 @@ def short_config(config: BenchConfig, tokens: int = 8) -> BenchConfig:
     return dataclasses.replace(config, params=dataclasses.replace(config.params, max_tokens=min(tokens, config.params.max_tokens)))
 
 
+def plain_name(model: LoadedModel, target: LoadedModel) -> str:
+    """The plain-decoding row of ``model``: ``ar`` for the benchmark's target, ``ar[int8]`` for a method's
+    target in another execution mode (its identity check and its own speed beside the others)."""
+    return "ar" if model is target else f"ar[{model.backend.mode}]"
+
+
 def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRow], config: BenchConfig,
                   peers: dict[str, Callable] | None = None, progress: bool = True,
-                  method_runner: Callable | None = None, warm_up: bool = True) -> list[RequestResult]:
+                  method_runner: Callable | None = None, warm_up: bool = True,
+                  method_targets: dict[str, LoadedModel] | None = None) -> list[RequestResult]:
     """All methods × rows × repeats, interleaved per prompt. ``method_runner`` (tests) overrides ``ours``;
-    ``warm_up=False`` when the caller already warmed up (``specdec tune`` runs one row at a time)."""
-    def make_runners(config: BenchConfig, with_peers: bool = True) -> dict[str, Callable]:
+    ``warm_up=False`` when the caller already warmed up (``specdec tune`` runs one row at a time).
+    ``method_targets``: methods that run on another copy of the target (``--quantize auto`` picks each
+    method's execution mode as ``specdec generate`` does: int8 can verify faster where int4 decodes
+    faster); each such copy gets its own plain row (:func:`plain_name`), which its methods' greedy
+    outputs are checked against — quantization modes agree only up to rounding. Speedups stay against
+    ``ar``, the target's plain decoding."""
+    def make_runners(config: BenchConfig, with_peers: bool = True) -> tuple[dict[str, Callable], dict[str, str]]:
+        """(runners in running order, each speculative run's plain row): plain rows first, so that every
+        method's identity check has its plain tokens for the prompt."""
+        plain_runners: dict[str, Callable] = {"ar": ours(target, draft, "ar", config)}
         runners: dict[str, Callable] = {}
+        checked_against: dict[str, str] = {}
         for method in config.methods:
             if peers and method in peers:
                 if with_peers:
                     runners[method] = peers[method]
-            elif is_plain(method):
-                runners[method] = ours(target, draft, method, config)
-            else:
+            elif not is_plain(method):
+                model = (method_targets or {}).get(method, target)
+                plain = plain_name(model, target)
+                plain_runners.setdefault(plain, ours(model, draft, "ar", config))
                 for name, gamma, tree in runs_of(method, config):
-                    runners[name] = (method_runner or ours)(target, draft, method, config, gamma, tree)
-        if "ar" not in runners:  # speedups and the identity check need the plain run of the same prompts
-            runners = {"ar": ours(target, draft, "ar", config), **runners}
-        return runners
+                    runners[name] = (method_runner or ours)(model, draft, method, config, gamma, tree)
+                    checked_against[name] = plain
+        return {**plain_runners, **runners}, checked_against
 
-    runners = make_runners(config)
+    runners, checked_against = make_runners(config)
     if rows and warm_up:
         # every variant's first call pays one-time costs (allocator, kernels, a drafter's tables) that are not the
         # method's: warming plain decoding alone charged them to each method's first measured run (0.03-0.27 s,
         # enough to flip a tree choice in tune)
         warm_ids = encode_prompt(target, rows[0].turns[0], chat=rows[0].chat)[:32]
-        for runner in make_runners(short_config(config), with_peers=False).values():
+        for runner in make_runners(short_config(config), with_peers=False)[0].values():
             runner(warm_ids)
         clear_global_caches()
     results: list[RequestResult] = []
@@ -174,15 +192,15 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
         bar = tqdm(total=len(rows) * config.repeats * len(runners), desc="bench", unit="gen")
     for row in rows:
         for repeat in range(config.repeats):
-            plain_tokens: list[list[int]] | None = None
+            plain_tokens: dict[str, list[list[int]]] = {}
             for method, runner in runners.items():
                 clear_global_caches()  # no run may draft from an earlier run of the same prompt
                 turns = run_turns(runner, target, row)
-                if method == "ar":
-                    plain_tokens = [t for t, _, _ in turns]
+                if method not in checked_against and not (peers and method in peers):
+                    plain_tokens[method] = [t for t, _, _ in turns]
+                against = plain_tokens.get(checked_against.get(method, ""))
                 for turn, (tokens, stats, wall) in enumerate(turns):
-                    mismatch = bool(config.params.is_greedy and method != "ar" and not is_peer(method)
-                                    and plain_tokens is not None and tokens != plain_tokens[turn])
+                    mismatch = bool(config.params.is_greedy and against is not None and tokens != against[turn])
                     results.append(RequestResult(row.id, row.category, method, repeat, turn, tokens, stats, wall, mismatch))
                 if bar is not None:
                     bar.update(1)

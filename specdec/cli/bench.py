@@ -69,6 +69,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return bench
 
 
+def target_modes(args: argparse.Namespace, methods: list[str]) -> tuple[str, dict[str, str]]:
+    """(the target's mode for plain decoding, each speculative method's mode) as ``specdec generate``
+    runs them: with ``--quantize auto`` on the CPU, one request at a time, each method gets the mode measured
+    fastest here for it (the int8 target verifies more tokens per step where int4 decodes one faster; a
+    single target made bench report a slower speculation than generate ran); otherwise every method runs
+    ``--quantize``'s mode."""
+    from specdec.api import plan_execution, resolve_device
+    from specdec.drafters.registry import needs_draft_model, resolve_method
+
+    if args.quantize != "auto" or args.concurrency > 1 or resolve_device(args.device) != "cpu":
+        return args.quantize, {}
+    modes = {}
+    plain_mode = None
+    for method in methods:
+        resolved = resolve_method(method)
+        plan = plan_execution(args.model, args.draft_model if needs_draft_model(resolved) else None, resolved,
+                              auto_pull=not args.no_pull, draft_vocab_size=args.draft_vocab_size)
+        modes[method], plain_mode = plan.target_mode, plain_mode or plan.plain_mode
+    if plain_mode is None:
+        plain_mode = plan_execution(args.model, auto_pull=not args.no_pull).target_mode
+    return plain_mode, modes
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -85,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench.datasets import load_prompts
     from specdec.bench.report import machine_description, penalties_description, write_results
     from specdec.bench.runner import PEER_METHODS, BenchConfig, is_peer, method_needs_draft, run_benchmark, run_concurrent
+    from specdec.drafters.registry import is_plain
 
     make_output_folder(args.out, "--out")
     rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
@@ -109,8 +133,13 @@ def run(args: argparse.Namespace) -> int:
     gammas = gamma_list(args.gammas) if args.gammas else [gamma_from_args(args)]
     spec_trees = tree_values(args.spec_trees) if args.spec_trees else [args.spec_tree]
     params = sampling_from_args(args)
-    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize,
+    plain_mode, method_modes = target_modes(args, [m for m in methods if not is_peer(m) and not is_plain(m)])
+    target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=plain_mode,
                                 prompt_quantize=args.prompt_quantize)
+    copies = {mode: specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,
+                                       quantize=mode, prompt_quantize=args.prompt_quantize)
+              for mode in dict.fromkeys(method_modes.values()) if mode != plain_mode}
+    method_targets = {method: copies[mode] for method, mode in method_modes.items() if mode != plain_mode}
     needs_draft = any(method_needs_draft(m) for m in methods)
     draft = None
     if needs_draft:
@@ -151,12 +180,16 @@ def run(args: argparse.Namespace) -> int:
         if args.concurrency > 1:
             results = run_concurrent(target, draft, rows, config, args.concurrency)
         else:
-            results = run_benchmark(target, draft, rows, config, peers=peers)
+            results = run_benchmark(target, draft, rows, config, peers=peers, method_targets=method_targets)
     finally:
         if close_peers is not None:
             close_peers()
     # which instruction sets ran, and on which pages
-    execution = target.backend.dtype_name + kernels_in_use(target, draft) + pages_in_use(target, draft)
+    execution = (target.backend.dtype_name
+                 + "".join(f"; {', '.join(m for m in method_targets if method_targets[m] is copy)} on the target in {mode} "
+                           f"(--quantize auto's choice for speculation here; plain decoding in {mode}: row ar[{mode}])"
+                           for mode, copy in copies.items())
+                 + kernels_in_use(target, *copies.values(), draft) + pages_in_use(target, *copies.values(), draft))
     meta = {"dataset": args.dataset, "command": "specdec " + " ".join(sys.argv[1:]),
             "machine": machine_description(), "model": args.model,
             "draft_model": args.draft_model if draft else None, "execution": execution,
