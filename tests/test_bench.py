@@ -142,8 +142,11 @@ def test_bench_runs_each_method_in_the_mode_auto_picks_for_it(tiny_dirs, dataset
 
     import specdec.api
 
-    def plan(model, draft_model=None, method=None, **_):
-        return types.SimpleNamespace(target_mode="int8" if method == "ngram" else "none", plain_mode="none")
+    loads = []
+
+    def plan(model, draft_model=None, method=None, concurrency=1, **_):
+        loads.append(concurrency)
+        return types.SimpleNamespace(target_mode="int8" if method == "ngram" else "none")
 
     monkeypatch.setattr(specdec.api, "plan_execution", plan)
     out = tmp_path / "modes"
@@ -155,6 +158,14 @@ def test_bench_runs_each_method_in_the_mode_auto_picks_for_it(tiny_dirs, dataset
     assert set(payload["summary"]["overall"]) == {"ar", "ar[int8]", "ngram", "suffix"}
     assert all(m["mismatches"] == 0 for m in payload["summary"]["overall"].values())
     assert payload["meta"]["execution"].startswith("float32; ngram on the target in int8")
+    # throughput mode: the modes a server with --max-num-seqs 2 would pick, the same rows
+    code = main(["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--methods", "ar,ngram,suffix",
+                 "--gammas", "3", "--repeats", "1", "--max-tokens", "10", "--dtype", "float32", "--ignore-eos",
+                 "--device", "cpu", "--concurrency", "2", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    overall = json.loads((out / "results.json").read_text())["summary"]["overall"]
+    assert set(overall) == {"ar", "ar[int8]", "ngram", "suffix"} and loads[-1] == 2
+    assert all(m["mismatches"] == 0 for m in overall.values())
 
 
 def test_bad_dataset_inputs_are_clear(tmp_path):

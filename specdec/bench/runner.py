@@ -210,39 +210,49 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
 
 
 def run_concurrent(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRow], config: BenchConfig,
-                   concurrency: int, progress: bool = True) -> list[RequestResult]:
+                   concurrency: int, progress: bool = True,
+                   method_targets: dict[str, LoadedModel] | None = None) -> list[RequestResult]:
     """Throughput: every method runs all the rows' first turns through :func:`specdec.generate_batch`
     with ``concurrency`` requests in flight (continuous batching), methods interleaved per repeat.
     Each request's ``wall_s`` is its share of the batch's wall time (the batch's / requests), so the
-    report's tokens/s is the total throughput and its speedup the throughput ratio to plain."""
-    variants = [("ar", "ar", 4, "off")]
+    report's tokens/s is the total throughput and its speedup the throughput ratio to plain.
+    ``method_targets``: as for :func:`run_benchmark` (a server's ``--quantize auto`` picks the mode per
+    method for its ``--max-num-seqs``)."""
+    # (name, method, γ, tree, model, the plain row its outputs are checked against); plain rows first
+    variants = [("ar", "ar", 4, "off", target, "")]
+    checked = []
     for method in config.methods:
         if is_peer(method):
             raise SpecdecError(f"peer {method!r} cannot run with --concurrency (peers are timed one request at a time)")
         if is_plain(method):
             continue
-        variants += [(name, method, gamma, tree) for name, gamma, tree in runs_of(method, config)]
+        model = (method_targets or {}).get(method, target)
+        plain = plain_name(model, target)
+        if all(plain != variant[0] for variant in variants):
+            variants.append((plain, "ar", 4, "off", model, ""))
+        checked += [(name, method, gamma, tree, model, plain) for name, gamma, tree in runs_of(method, config)]
+    variants += checked
     prompts = [encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
-    for name, method, gamma, tree in variants:  # a warm-up per variant: plain decoding's first batch paid 1.5 s cold
-        spec = spec_for(method, config, gamma, tree) if name != "ar" else SpecConfig()
-        specdec.generate_batch(target, prompts[:concurrency], short_config(config).params, spec=spec, max_num_seqs=concurrency,
+    for _, method, gamma, tree, model, _ in variants:  # a warm-up per variant: plain decoding's first batch paid 1.5 s cold
+        spec = spec_for(method, config, gamma, tree)
+        specdec.generate_batch(model, prompts[:concurrency], short_config(config).params, spec=spec, max_num_seqs=concurrency,
                                draft=draft if needs_draft_model(spec.method) else None)
     clear_global_caches()
     results: list[RequestResult] = []
     for repeat in range(config.repeats):
-        plain: list[list[int]] = []
-        for name, method, gamma, tree in variants:
+        plain_tokens: dict[str, list[list[int]]] = {}
+        for name, method, gamma, tree, model, against in variants:
             clear_global_caches()
-            spec = spec_for(method, config, gamma, tree) if name != "ar" else SpecConfig()
+            spec = spec_for(method, config, gamma, tree)
             start = time.perf_counter()
-            outs = specdec.generate_batch(target, prompts, config.params, spec=spec, max_num_seqs=concurrency,
+            outs = specdec.generate_batch(model, prompts, config.params, spec=spec, max_num_seqs=concurrency,
                                           draft=draft if needs_draft_model(spec.method) else None, progress=progress,
                                           disable_speculation_above=config.disable_speculation_above)
             share = (time.perf_counter() - start) / max(len(outs), 1)
-            if name == "ar":
-                plain = [out.token_ids for out in outs]
-            for row, out, plain_tokens in zip(rows, outs, plain):
-                mismatch = config.params.is_greedy and name != "ar" and out.token_ids != plain_tokens
+            if not against:
+                plain_tokens[name] = [out.token_ids for out in outs]
+            for index, (row, out) in enumerate(zip(rows, outs)):
+                mismatch = bool(config.params.is_greedy and against and out.token_ids != plain_tokens[against][index])
                 results.append(RequestResult(row.id, row.category, name, repeat, 0, out.token_ids, out.stats.to_dict(),
                                              share, mismatch))
     return results

@@ -70,26 +70,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def target_modes(args: argparse.Namespace, methods: list[str]) -> tuple[str, dict[str, str]]:
-    """(the target's mode for plain decoding, each speculative method's mode) as ``specdec generate``
-    runs them: with ``--quantize auto`` on the CPU, one request at a time, each method gets the mode measured
-    fastest here for it (the int8 target verifies more tokens per step where int4 decodes one faster; a
-    single target made bench report a slower speculation than generate ran); otherwise every method runs
-    ``--quantize``'s mode."""
+    """(the target's mode for plain decoding, each speculative method's mode) as ``specdec generate`` (or, with
+    ``--concurrency N``, ``specdec serve --max-num-seqs N``) runs them: with ``--quantize auto`` on the CPU each
+    method gets the mode measured fastest here for it (the int8 target verifies more tokens per step where int4
+    decodes one faster; a single target made bench report a slower speculation than generate ran); otherwise
+    every method runs ``--quantize``'s mode."""
     from specdec.api import plan_execution, resolve_device
     from specdec.drafters.registry import needs_draft_model, resolve_method
 
-    if args.quantize != "auto" or args.concurrency > 1 or resolve_device(args.device) != "cpu":
+    if args.quantize != "auto" or resolve_device(args.device) != "cpu":
         return args.quantize, {}
     modes = {}
-    plain_mode = None
     for method in methods:
         resolved = resolve_method(method)
-        plan = plan_execution(args.model, args.draft_model if needs_draft_model(resolved) else None, resolved,
-                              auto_pull=not args.no_pull, draft_vocab_size=args.draft_vocab_size)
-        modes[method], plain_mode = plan.target_mode, plain_mode or plan.plain_mode
-    if plain_mode is None:
-        plain_mode = plan_execution(args.model, auto_pull=not args.no_pull).target_mode
-    return plain_mode, modes
+        modes[method] = plan_execution(args.model, args.draft_model if needs_draft_model(resolved) else None, resolved,
+                                       auto_pull=not args.no_pull, draft_vocab_size=args.draft_vocab_size,
+                                       concurrency=args.concurrency).target_mode
+    return plan_execution(args.model, auto_pull=not args.no_pull, concurrency=args.concurrency).target_mode, modes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -178,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
                          spec_trees=spec_trees, disable_speculation_above=args.disable_speculation_above)
     try:
         if args.concurrency > 1:
-            results = run_concurrent(target, draft, rows, config, args.concurrency)
+            results = run_concurrent(target, draft, rows, config, args.concurrency, method_targets=method_targets)
         else:
             results = run_benchmark(target, draft, rows, config, peers=peers, method_targets=method_targets)
     finally:
