@@ -33,6 +33,7 @@ import torch
 from specdec.bench.datasets import DOCUMENT_FIELDS, ROW_FILE_SUFFIXES, dataset_path, document_text, read_jsonl
 from specdec.errors import SpecdecError
 from specdec.paths import write_safetensors
+from specdec.threads import adapt_threads
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
 #: one document in this many is held out (by a hash of its name)
@@ -114,6 +115,7 @@ def teacher_forced(backend, tokens: list[int], layers: tuple[int, ...] = ()) -> 
     """One prefill of ``tokens [T]``: the target's hidden states at ``layers`` (default: the final
     one, before the final norm) ``[T, hidden × layers]`` and its greedy next token after each
     position ``[T]``."""
+    adapt_threads(backend.device)  # each sequence a prefill: on the cores other processes leave, as decoding does
     state = backend.new_state(len(tokens))
     state.record_features(backend.config.hidden_size, layers)
     logits = backend.forward(state, tokens)
