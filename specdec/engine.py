@@ -32,6 +32,7 @@ from specdec.penalties import Penalties
 from specdec.prefix_cache import PrefixCache
 from specdec.rounds import check_proposal, fit_draft, learn, proposed_for_alpha, tell_drafter, verify_round
 from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
+from specdec.seeded import chain_clocks
 from specdec.step_calibration import planning_curve
 from specdec.stats import Round, Stats
 from specdec.structured import GrammarConstraint
@@ -255,7 +256,8 @@ def generate_steps(
                 fitted.draft = with_alternatives(  # trees under sampling (specdec.alternatives)
                     fitted.draft, min(nodes, state.max_seq_len - len(context) - 1),
                     gamma.planning_alpha if gamma is not None else running_alpha(stats.accepted_tokens, stats.proposed_tokens),
-                    verify_costs, alternative_scale(stats.alternative_wins, stats.alternative_promised))
+                    verify_costs, alternative_scale(stats.alternative_wins, stats.alternative_promised),
+                    chain_clocks(params, len(context), fitted.draft.probs))
             t1 = time.perf_counter()
             verified = yield from verify_round(target, state, context, fitted, params, generator, constraint, penalties, stats)
             if drafter is not None:

@@ -73,6 +73,16 @@ def seeded_choice(probs: torch.Tensor, seed: int, position: int) -> int:
     return int(greedy_ids(row / race_times(seed, position, row.shape[0], row.device)))
 
 
+def chain_clocks(params: SamplingParams, position: int, probs: torch.Tensor) -> torch.Tensor | None:
+    """A seeded request's clocks ``[k, V]`` at the positions of a drafted chain whose first token is at
+    ``position`` (``probs [k, V]``: its draft distributions), for ranking alternatives by noisy score
+    (:func:`specdec.alternatives.with_alternatives`); None for an unseeded request."""
+    if not params.is_seeded_sampling:
+        return None
+    assert params.seed is not None
+    return torch.stack([race_times(params.seed, position + i, probs.shape[-1], probs.device) for i in range(probs.shape[0])])
+
+
 def target_choice(target_logits: torch.Tensor, row: int, params: SamplingParams, position: int) -> int:
     """The target's seeded token after ``target_logits[row]``, at ``position``."""
     assert params.seed is not None

@@ -73,6 +73,18 @@ def test_alternatives_hang_on_the_whole_chain_as_leaves():
     assert chain_nodes_in([0, 1, 7], 3) == 2
 
 
+def test_a_seeded_chains_alternatives_are_the_drafts_runners_up_under_the_same_clocks():
+    """A seeded chain's token is the draft's argmax q/E, and the target commits its argmax p/E with the same
+    clocks E: the siblings worth verifying are the draft's next noisy choices, which need not be q's likeliest."""
+    q = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0, 0.0, 0.0, 0.0]])
+    clocks = torch.tensor([[1.0, 5.0, 1.0, 0.01, 1.0, 1.0, 1.0, 1.0]])  # q/E: token 3, then 0, then 2 (1 far behind)
+    chain = Draft(tokens=[3], probs=q)
+    by_q = with_alternatives(chain, max_nodes=3, alpha=0.5, verify_costs=VerifyCosts())
+    by_noise = with_alternatives(chain, max_nodes=3, alpha=0.5, verify_costs=VerifyCosts(), clocks=clocks)
+    assert sorted(by_q.tokens[1:]) == [0, 1] and sorted(by_noise.tokens[1:]) == [0, 2]
+    assert by_noise.parents == [-1, -1, -1] and by_noise.node_probs[1:] == [None, None]
+
+
 def test_alternatives_respect_the_budget_and_the_verify_cost_but_never_cut_the_chain():
     chain = _chain()
     assert len(with_alternatives(chain, max_nodes=5, alpha=0.7, verify_costs=VerifyCosts()).tokens) == 5
