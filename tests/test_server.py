@@ -247,6 +247,17 @@ def test_errors_name_their_field_and_every_route_answers_openai_errors(server):
                       (f"{server}/tokenize", b'{"prompt": "\\ud800"}')):
         broken = error(httpx.post(url, content=body, headers={"content-type": "application/json"}), 400)
         assert "lone surrogate" in broken["message"]
+    # a prompt that fills the context names the field that holds it and no max_tokens the client never sent
+    full = error(httpx.post(chat, json={"model": "tiny", "messages": [{"role": "user", "content": "a b " * 600}]}), 400)
+    assert full["param"] == "messages" and full["code"] == "context_length_exceeded"
+    assert "no room for a completion" in full["message"] and "max_tokens" not in full["message"]
+    long = error(httpx.post(chat, json={"model": "tiny", "messages": user, "max_tokens": 100000}), 400)
+    assert long["param"] == "messages" and "context window" in long["message"]
+    ids = error(httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": [5] * 512}), 400)
+    assert ids["param"] == "prompt" and "no room for a completion" in ids["message"]
+    # /tokenize reads a completion request's own body (its other fields logged and ignored, as on /v1)
+    counted = httpx.post(f"{server}/tokenize", json={"model": "tiny", "messages": user, "max_tokens": 5, "temperature": 0})
+    assert counted.status_code == 200 and counted.json()["count"] > 0
     empty = error(httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": ""}), 400)
     assert empty["code"] != "context_length_exceeded" and "empty" in empty["message"]
     assert "GET" in error(httpx.get(f"{server}/v1/completions"), 405)["message"]

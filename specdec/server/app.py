@@ -277,21 +277,25 @@ def create_app(state: ServerState) -> FastAPI:
     def checked_prompt(req: CompletionRequest | ChatCompletionRequest, prompt: Any) -> tuple[list[int], SamplingParams]:
         """One prompt's token ids and sampling parameters (its length sets the default max_tokens), or
         the 400 that says what is wrong with it."""
+        where = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"  # the field that holds the prompt
         try:
             prompt_ids = encode_prompt(state.target, prompt, chat=False)
         except SpecdecError as exc:
-            raise APIError(400, str(exc), param="messages" if isinstance(req, ChatCompletionRequest) else "prompt") from None
+            raise APIError(400, str(exc), param=where) from None
         if state.max_prompt_tokens is not None and len(prompt_ids) > state.max_prompt_tokens:
             raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server's limit is {state.max_prompt_tokens} "
-                                "(--max-prompt-tokens)", param="prompt", code="context_length_exceeded")
+                                "(--max-prompt-tokens)", param=where, code="context_length_exceeded")
         context_len = state.target.config.max_position_embeddings
+        if len(prompt_ids) >= context_len:  # said as such: "+ max_tokens (1)" named a field the client never sent
+            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens and the model's context window holds {context_len}: "
+                                "no room for a completion; shorten the prompt", param=where, code="context_length_exceeded")
         params = sampling_params(req, context_len, len(prompt_ids), state.max_tokens_limit)
         try:
             check_context(len(prompt_ids), params.max_tokens, context_len)
         except ContextLengthError as exc:
-            raise APIError(400, str(exc), param="prompt", code="context_length_exceeded") from None
+            raise APIError(400, str(exc), param=where, code="context_length_exceeded") from None
         except SpecdecError as exc:  # an empty prompt
-            raise APIError(400, str(exc), param="prompt") from None
+            raise APIError(400, str(exc), param=where) from None
         return prompt_ids, params
 
     def echo_text(prompt: str | list[int], prompt_ids: list[int]) -> str:

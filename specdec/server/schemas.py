@@ -215,9 +215,10 @@ class ChatCompletionRequest(_SamplingFields):
 
 class TokenizeRequest(BaseModel):
     """vLLM's ``/tokenize``: a ``prompt`` (text) or chat ``messages`` (with ``tools``, as the chat
-    endpoint renders them: generation prompt included)."""
+    endpoint renders them: generation prompt included). Other fields are logged and ignored, as on the
+    /v1 endpoints: counting a completion request's tokens by posting its own body (max_tokens and all) is common."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
     prompt: Optional[str] = None
     add_special_tokens: bool = True
@@ -226,9 +227,9 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    """vLLM's ``/detokenize``: token ids → text."""
+    """vLLM's ``/detokenize``: token ids → text (other fields logged and ignored, as /tokenize's)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
     tokens: list[int]
 
