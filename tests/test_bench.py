@@ -30,7 +30,7 @@ def test_bench_writes_results_report_and_plots(tiny_dirs, dataset, tmp_path, cap
     out = tmp_path / "out"
     code = main(["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
                  "--methods", "ar,draft,ngram,suffix", "--gammas", "2,4", "--repeats", "2", "--max-tokens", "12",
-                 "--dtype", "float32", "--ignore-eos", "--out", str(out)])
+                 "--dtype", "float32", "--quantize", "none", "--ignore-eos", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     payload = json.loads((out / "results.json").read_text())
     overall = payload["summary"]["overall"]
@@ -57,7 +57,7 @@ def test_bench_writes_results_report_and_plots(tiny_dirs, dataset, tmp_path, cap
 def test_bench_with_penalties_names_them_and_refuses_the_peers(tiny_dirs, dataset, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
-            "--gammas", "3", "--repeats", "1", "--max-tokens", "10", "--dtype", "float32", "--ignore-eos", "--out", str(out),
+            "--gammas", "3", "--repeats", "1", "--max-tokens", "10", "--dtype", "float32", "--quantize", "none", "--ignore-eos", "--out", str(out),
             "--repetition-penalty", "1.2", "--presence-penalty", "0.5"]
     assert main([*args, "--methods", "ar,draft", "--llama-bin", str(tmp_path)]) == 0
     assert "warning: --llama-bin is read only by the llama.cpp peers" in capsys.readouterr().err
@@ -74,7 +74,7 @@ def test_bench_with_penalties_names_them_and_refuses_the_peers(tiny_dirs, datase
 def test_bench_runs_chains_and_trees_side_by_side(tiny_dirs, dataset, tmp_path, capsys):
     out = tmp_path / "trees"
     code = main(["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--methods", "ar,ngram,suffix",
-                 "--spec-trees", "off,auto", "--repeats", "1", "--max-tokens", "12", "--dtype", "float32",
+                 "--spec-trees", "off,auto", "--repeats", "1", "--max-tokens", "12", "--dtype", "float32", "--quantize", "none",
                  "--ignore-eos", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     overall = json.loads((out / "results.json").read_text())["summary"]["overall"]
@@ -168,6 +168,32 @@ def test_bench_runs_each_method_in_the_mode_auto_picks_for_it(tiny_dirs, dataset
     assert all(m["mismatches"] == 0 for m in overall.values())
 
 
+def test_a_peer_without_speculation_figures_shows_dashes_not_invented_ones(tiny_target, dataset):
+    """transformers' runs report only their tokens: the report showed α 0.00, τ 1.00 and 0 mismatches for
+    them (hf-assisted does speculate, and a peer's output is never checked)."""
+    from specdec.bench.report import markdown_report
+    from specdec.sampling import SamplingParams
+
+    rows = load_prompts(str(dataset))[:1]
+    config = runner.BenchConfig(methods=["ar", "hf-assisted"], params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                                repeats=1)
+    plain = runner.ours(tiny_target, None, "ar", config)
+
+    def peer(ids):
+        tokens, _, text = plain(ids)
+        return tokens, {"generated_tokens": len(tokens)}, text
+
+    summary = runner.summarize(runner.run_benchmark(tiny_target, None, rows, config, peers={"hf-assisted": peer},
+                                                    progress=False))
+    report = markdown_report(summary, {"model": "tiny"})
+    assert "| code | hf-assisted |" in report
+    peer_line = next(line for line in report.splitlines() if line.startswith("| code | hf-assisted |"))
+    cells = [cell.strip() for cell in peer_line.split("|")]  # "", category, method, tok/s, speedup, decode, α, τ, …
+    assert cells[6] == "–" and cells[7] == "–" and cells[10] == "–"  # α, τ not reported; mismatches not checked
+    ours = [cell.strip() for cell in next(line for line in report.splitlines() if line.startswith("| code | ar |")).split("|")]
+    assert ours[6] == "0.00" and ours[10] == "0"
+
+
 def test_bad_dataset_inputs_are_clear(tmp_path):
     with pytest.raises(SpecdecError, match="dataset file not found"):
         load_prompts(str(tmp_path / "missing.jsonl"))
@@ -180,6 +206,9 @@ def test_bad_dataset_inputs_are_clear(tmp_path):
         load_prompts(str(bad))
     with pytest.raises(SpecdecError, match="unknown categories"):
         load_prompts("spec_bench", categories=["poetry"])
+    # a named dataset where the data folder is not: how to point at it (a clone elsewhere than beside ../shared)
+    with pytest.raises(SpecdecError, match=r"dataset humaneval: .* not found; give the folder .* with --data-dir"):
+        load_prompts("humaneval", data_dir=tmp_path)
 
 
 def test_an_mt_bench_category_is_reported_under_its_own_name():

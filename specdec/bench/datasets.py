@@ -144,6 +144,9 @@ def load_prompts(
     so a small run still covers every group.
     """
     path = data_dir / DATASET_FILES[dataset] if data_dir is not None and dataset in DATASET_FILES else dataset_path(dataset)
+    if dataset in DATASET_FILES and not path.is_file():  # a clone elsewhere than beside ../shared: say how to point at it
+        raise SpecdecError(f"dataset {dataset}: {path} not found; give the folder that holds the datasets with --data-dir "
+                           "or $SPECDEC_DATA_DIR (default: ../shared/data beside the project, or shared/data here)")
     raw = read_jsonl(path)
     rows: list[PromptRow] = []
     for row in raw:

@@ -80,13 +80,15 @@ def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None
 
     for category, methods in summary.items():
         for method, m in methods.items():
+            reported = m.get("speculation_reported", True)  # (older results.json files lack the key)
+            alpha, tau = (f"{m['acceptance_rate']:.2f}", f"{m['mean_accepted_len']:.2f}") if reported else ("–", "–")
             lines.append(f"| {category} | {method} | {m['tokens_per_s']:.2f} | {m['speedup']:.2f}× | "
-                         f"{cell(m.get('decode_speedup', 0.0), '.2f', '×')} | {m['acceptance_rate']:.2f} | "
-                         f"{m['mean_accepted_len']:.2f} | {cell(m['ttft_s'], '.3f')} | "
-                         f"{cell(m['tpot_s'], '.4f')} | {m['mismatches']} |")
+                         f"{cell(m.get('decode_speedup', 0.0), '.2f', '×')} | {alpha} | {tau} | {cell(m['ttft_s'], '.3f')} | "
+                         f"{cell(m['tpot_s'], '.4f')} | {m['mismatches'] if m.get('identity_checked', True) else '–'} |")
     lines += ["", "tokens/s and speedup are end to end (prefill included, as a user waits): all tokens over all wall time "
               "of the category's requests; decode speedup compares time per output token after the first (prefill "
-              "excluded). α, τ, TTFT and TPOT are medians of the requests' own figures."]
+              "excluded). α, τ, TTFT and TPOT are medians of the requests' own figures; – where not reported (a peer's), and a peer's "
+              "mismatches are not checked (its kernels round differently)."]
     if notes:
         lines += ["", "Not drafting (γ=auto):", *(f"- {note}" for note in notes)]
     lines += ["", "Plots: `speedup.png` (speedup per category and method), `accepted_len.png` (accepted-length "

@@ -283,6 +283,9 @@ def summarize(results: list[RequestResult]) -> dict[str, dict[str, dict[str, flo
                 # decode only (prefill excluded): what speculation changes; long prompts dilute end-to-end speedup
                 "decode_speedup": plain_tpot / tpot if plain_tpot and tpot else 0.0,
                 "mismatches": sum(r.mismatch for r in rs),
+                # a peer's outputs are never checked, and transformers' runs report no α or τ: the report shows "–"
+                "identity_checked": not is_peer(method),
+                "speculation_reported": any("acceptance_rate" in r.stats for r in rs),
                 "requests": len(rs),
                 **_draft_forwards_per_token(rs),
             }
