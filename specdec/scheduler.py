@@ -97,6 +97,11 @@ class Batcher:
         is committed."""
         return any(stream.prefilling for stream in self.streams)
 
+    def decoding(self) -> bool:
+        """Whether a request is past its prompt pass (decoding or drafting): a prompt chunk in the same forward
+        delays its next token by the chunk's cost."""
+        return any(not stream.prefilling for stream in self.streams)
+
     def step(self) -> None:
         """Advance every stream to its next model call (finished ones leave); serve the draft models'
         calls and move those streams on until every stream waits on the target (a draft of γ steps is

@@ -53,6 +53,10 @@ class ModelExecutor:
         the model thread, by the streams."""
         return self._batcher is not None and self._batcher.prompt_pending()
 
+    def decoding(self) -> bool:
+        """Whether a stream is past its prompt pass (:meth:`Batcher.decoding`); asked on the model thread."""
+        return self._batcher is not None and self._batcher.decoding()
+
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the model thread and return its result (raises what it raised)."""
         return self._submit(fn).result()

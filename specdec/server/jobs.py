@@ -216,7 +216,7 @@ class Job:
         # this traffic's α, once measured (before that the request's controller plans optimistically)
         alpha = state.policy.measured_alpha() if self.spec.method == state.spec.method else None
         return generate_steps(**prepare(state.target, self.prompt_ids, self.params, draft, self.spec, chat=False),
-                              speculate=self._gate, prefill_chunk=state.prefill_chunk, alpha_prior=alpha,
+                              speculate=self._gate, prefill_chunk=state.next_prefill_chunk, alpha_prior=alpha,
                               saving_under_load=state.speculation_saving)
 
     def cancel(self) -> None:

@@ -28,8 +28,10 @@ class ServerState:
     max_queue: int = 64
     #: how much requests may draft at the server's load (policy.py: --disable-speculation-above)
     policy: BatchPolicy = field(default_factory=BatchPolicy)
-    #: chunked prefill: prompt tokens per target call (0: whole prompts; engine.generate_steps)
+    #: chunked prefill: prompt tokens per target call (0: whole prompts; engine.generate_steps) …
     prefill_chunk: int = 0
+    #: … and while other requests decode, when smaller (0: always prefill_chunk; api.SHARED_PREFILL_CHUNK)
+    shared_prefill_chunk: int = 0
     #: running requests draft nothing while a new one waits for its prompt pass (Batcher.prompt_pending)
     pause_speculation_for_prompts: bool = True
     #: request limits (None: only the context window bounds them): prompt tokens, max_tokens
@@ -54,6 +56,13 @@ class ServerState:
     log_requests: bool = False
     #: when the model was loaded (Unix seconds): /v1/models' ``created``
     created: int = field(default_factory=lambda: int(time.time()))
+
+    def next_prefill_chunk(self) -> int:
+        """A request's next prompt chunk: smaller while other requests decode, whose every token waits for the
+        forward that carries it (asked on the model thread, before each chunk: engine.prompt_pass)."""
+        if self.shared_prefill_chunk and self.executor.decoding():
+            return min(self.prefill_chunk, self.shared_prefill_chunk)
+        return self.prefill_chunk
 
     def speculation_cap(self) -> int | None:
         """The most tokens a request may draft now (0: none; None: no cap): policy.py, read against
