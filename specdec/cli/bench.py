@@ -51,7 +51,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             "where drafting would cost throughput), N (none above N requests), never (every request "
                             "at its own γ, as if alone)")
     bench.add_argument("--repeats", type=positive_int, default=3, help="repeats per prompt and method; medians are reported (default: 3)")
-    bench.add_argument("--peers", default="", help="comma-separated peers to run in the same run: hf (= transformers plain, assisted, prompt lookup), "
+    bench.add_argument("--peers", default="", help="comma-separated peers to run in the same run: hf (= transformers plain, assisted, prompt lookup; it loads "
+                            "the target and draft again in float32: ~16 GB peak with the default pair), "
                             "llamacpp (= llama.cpp's llama-server plain and with the draft model; needs --llama-bin); "
                             "or name some of them in --methods: hf, hf-assisted, hf-pld, llamacpp, llamacpp-draft (default: none)")
     bench.add_argument("--llama-bin", default="/tmp/llamacpp-build/bin", metavar="DIR",

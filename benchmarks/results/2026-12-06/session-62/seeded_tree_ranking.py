@@ -6,6 +6,7 @@ Usage: python seeded_tree_ranking.py [GROUP ...] — humaneval, mt_bench (defaul
 draft). Every output is checked identical to seeded plain decoding.
 """
 import statistics, sys, torch, specdec
+import specdec.api
 import specdec.engine as engine
 from specdec.bench.datasets import load_prompts
 from specdec.cpu import cpu_description
