@@ -464,6 +464,13 @@ def test_a_non_streamed_request_stops_when_its_client_leaves(server):
     body = json.dumps({"model": "tiny", "prompt": "long", "max_tokens": 480, "temperature": 0, "ignore_eos": True,
                        "n": 4, "speculative": None}).encode()
     url = urlparse(server)
+
+    def generated() -> float:
+        line = next(line for line in httpx.get(f"{server}/metrics").text.splitlines()
+                    if line.startswith("specdec_generation_tokens_total "))
+        return float(line.split()[1])
+
+    before = generated()
     started = time.time()
     with socket.create_connection((url.hostname, url.port)) as conn:
         conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -475,6 +482,7 @@ def test_a_non_streamed_request_stops_when_its_client_leaves(server):
         time.sleep(0.05)
     assert httpx.get(f"{server}/health").json()["active"] == 0
     assert 'status="499"' in httpx.get(f"{server}/metrics").text  # stopped, not run to the end
+    assert generated() > before  # the tokens it generated before it was cut still count
 
 
 def test_openai_and_vllm_fields_once_ignored_are_honoured_or_refused(server, tiny_target):

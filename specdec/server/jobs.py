@@ -255,6 +255,8 @@ class Job:
                 yield item
         finally:
             self._cancel.set()  # nobody reads on (done, client gone, task cancelled): stop stepping it
+            if self.stats is None and self.token_ids:  # cut short (client gone): its tokens were still generated
+                self.state.metrics.observe_cut(len(self.prompt_ids), len(self.token_ids))
 
     async def run_to_end(self) -> None:
         async for _ in self.chunks():

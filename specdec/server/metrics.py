@@ -51,6 +51,13 @@ class Metrics:
             self.batch_requests.observe(forward.requests)
             self.batch_tokens.observe(forward.rows)
 
+    def observe_cut(self, prompt_tokens: int, generated_tokens: int) -> None:
+        """A request stopped before its end (its client left): the tokens it did process and generate, which
+        the model spent time on though no final stats came (a token counter that missed them read as an idle
+        server while it was busy with hung-up streams)."""
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(generated_tokens)
+
     def observe(self, stats) -> None:  # noqa: ANN001 - specdec.stats.Stats
         self.ttft.observe(stats.ttft_s)
         if stats.generated_tokens > 1:
