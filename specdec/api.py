@@ -366,11 +366,15 @@ def warn_unread(draft: LoadedModel | None, spec: SpecConfig | None) -> None:
 
 #: prompt tokens per target call when a prefill is chunked (see :func:`default_prefill_chunk`)
 PREFILL_CHUNK = 256
-#: … while other requests decode (the server with --prefill-chunk auto): each of their tokens waits for a forward
-#: carrying a chunk, which on a CPU costs its rows. Measured (Zen 4, int8 target, a 3300-token prompt then a
-#: 16-token completion 1.5 s later): 256-token chunks, the short request took 15.9 s (1 token/s); 64, 4.9 s,
-#: and the long prompt's first token came 8 % later (18.5 vs 17.1 s).
+#: … for a long prompt while other requests decode (the server with --prefill-chunk auto): each of their tokens
+#: waits for a forward carrying a chunk, which on a CPU costs its rows. Measured (Zen 4, int8 target, a 3300-token
+#: prompt then a 16-token completion 1.5 s later): 256-token chunks, the short request took 15.9 s (1 token/s); 64,
+#: 4.9 s, and the long prompt's first token came 8 % later (18.5 vs 17.1 s) …
 SHARED_PREFILL_CHUNK = 64
+#: … where more than this many prompt tokens are still to feed. A short prompt keeps whole chunks: split under
+#: steady load (8 concurrent MT-Bench requests) it took more forwards to its first token — median TTFT 1.21 s
+#: against 0.69 s, total tokens/s 0.97× — for a stall of one chunk it costs the others anyway.
+LONG_PROMPT_TOKENS = 4 * PREFILL_CHUNK
 
 
 def rows_independent(model: LoadedModel) -> bool:

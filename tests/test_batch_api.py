@@ -206,9 +206,9 @@ def test_chunked_prefill_is_bit_identical_and_shares_forwards(int8_pair):
 
 
 def test_a_prompt_chunks_as_the_server_says_before_each_call_and_the_logits_do_not_change(int8_pair):
-    """The server shrinks a prompt's chunks while other requests decode (each of their tokens waits for the forward
-    that carries a chunk: a 16-token completion behind a 3300-token prompt took 15.9 s with 256-token chunks, 4.9 s
-    with 64): the engine asks before every call, and any chunking gives the whole pass's logits."""
+    """The server shrinks a long prompt's chunks while other requests decode (each of their tokens waits for the
+    forward that carries a chunk: a 16-token completion behind a 3300-token prompt took 15.9 s with 256-token chunks,
+    4.9 s with 64): the engine asks before every call, and any chunking gives the whole pass's logits."""
     from specdec.engine import prompt_pass
     from specdec.server.state import ServerState
 
@@ -228,9 +228,10 @@ def test_a_prompt_chunks_as_the_server_says_before_each_call_and_the_logits_do_n
                 return done.value[0], sizes
 
     whole, whole_sizes = run(0)
-    asked = iter([8, 3, 5, 100])
-    chunked, sizes = run(lambda: next(asked))
-    assert whole_sizes == [len(ids)] and sizes == [8, 3, 5, len(ids) - 16]
+    asked, told = iter([8, 3, 5, 100]), []
+    chunked, sizes = run(lambda remaining: told.append(remaining) or next(asked))
+    assert whole_sizes == [len(ids)] and sizes == [8, 3, 5, len(ids) - 16] and told == [len(ids), len(ids) - 8,
+                                                                                        len(ids) - 11, len(ids) - 16]
     assert torch.equal(whole, chunked)
 
     class Executor:
@@ -240,11 +241,13 @@ def test_a_prompt_chunks_as_the_server_says_before_each_call_and_the_logits_do_n
             return self.busy
 
     executor = Executor()
-    state = ServerState(target=target, model_name="tiny", prefill_chunk=256, shared_prefill_chunk=64, executor=executor)
-    assert state.next_prefill_chunk() == 256  # alone: the efficient chunk
+    state = ServerState(target=target, model_name="tiny", prefill_chunk=256, shared_prefill_chunk=64, long_prompt_tokens=1024,
+                        executor=executor)
+    assert state.next_prefill_chunk(3000) == 256  # alone: the efficient chunk
     executor.busy = True
-    assert state.next_prefill_chunk() == 64  # others decoding: their next tokens wait for a smaller forward
-    assert dataclasses.replace(state, shared_prefill_chunk=0).next_prefill_chunk() == 256  # an explicit --prefill-chunk
+    assert state.next_prefill_chunk(3000) == 64  # a long prompt, others decoding: their tokens wait for a smaller forward
+    assert state.next_prefill_chunk(1000) == 256  # a short one (or a long one's end) keeps whole chunks: its TTFT
+    assert dataclasses.replace(state, shared_prefill_chunk=0).next_prefill_chunk(3000) == 256  # an explicit --prefill-chunk
 
 
 def test_the_default_forward_holds_about_one_prompt_chunk_besides_every_verification(int8_pair):

@@ -80,8 +80,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     serve.add_argument("--prefill-chunk", type=prefill_chunk_value, default="auto", metavar="N|auto",
                        help="chunked prefill: feed a long prompt N tokens per batched forward, so it shares forwards with "
                             "the other requests' decode steps instead of stalling them; auto (default): 256 where the "
-                            "target's layers batch bit-identically (int8/int4 on CPU), 64 while other requests decode "
-                            "(each of their tokens waits for a forward carrying a chunk), else 0 = whole prompts")
+                            "target's layers batch bit-identically (int8/int4 on CPU) — 64 for a prompt of over 1024 tokens while other "
+                            "requests decode (each of their tokens waits for a forward carrying a chunk) —, else 0 = whole prompts")
     serve.add_argument("--max-num-partial-prefills", type=partial_prefills_value, default="auto", metavar="N|auto",
                        help="prompt passes (or chunks) one batched forward carries (vLLM's name). auto (default): 1 where "
                             "prompts are chunked (CPU: a prompt pass is compute-bound, two in one forward cost their sum "
@@ -156,8 +156,8 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     ``threads``: torch intra-op threads for this process (a Ray Serve replica sets it to the CPUs it
     was given, so replicas sharing a machine do not oversubscribe its cores)."""
     import specdec
-    from specdec.api import (SHARED_PREFILL_CHUNK, default_max_num_batched_tokens, default_prefill_chunk, enable_prefix_caching,
-                             prompts_per_forward, rows_independent)
+    from specdec.api import (LONG_PROMPT_TOKENS, SHARED_PREFILL_CHUNK, default_max_num_batched_tokens, default_prefill_chunk,
+                             enable_prefix_caching, prompts_per_forward, rows_independent)
     from specdec.policy import BatchPolicy
     from specdec.server.state import ServerState
     from specdec.server.executor import ModelExecutor
@@ -210,7 +210,8 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
                        audit_fraction=args.audit_fraction, log_requests=args.enable_log_requests,
                        prefill_chunk=prefill_chunk, pause_speculation_for_prompts=args.pause_speculation_for_prompts,
-                       shared_prefill_chunk=SHARED_PREFILL_CHUNK if args.prefill_chunk == "auto" and prefill_chunk else 0)
+                       shared_prefill_chunk=SHARED_PREFILL_CHUNK if args.prefill_chunk == "auto" and prefill_chunk else 0,
+                       long_prompt_tokens=LONG_PROMPT_TOKENS)
 
 
 def check_serving_method(target: Any, draft: Any, spec: Any) -> None:

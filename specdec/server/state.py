@@ -30,8 +30,10 @@ class ServerState:
     policy: BatchPolicy = field(default_factory=BatchPolicy)
     #: chunked prefill: prompt tokens per target call (0: whole prompts; engine.generate_steps) …
     prefill_chunk: int = 0
-    #: … and while other requests decode, when smaller (0: always prefill_chunk; api.SHARED_PREFILL_CHUNK)
+    #: … and for a long prompt while other requests decode, when smaller (0: always prefill_chunk;
+    #: api.SHARED_PREFILL_CHUNK), where more than long_prompt_tokens are still to feed
     shared_prefill_chunk: int = 0
+    long_prompt_tokens: int = 1024
     #: running requests draft nothing while a new one waits for its prompt pass (Batcher.prompt_pending)
     pause_speculation_for_prompts: bool = True
     #: request limits (None: only the context window bounds them): prompt tokens, max_tokens
@@ -57,10 +59,11 @@ class ServerState:
     #: when the model was loaded (Unix seconds): /v1/models' ``created``
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def next_prefill_chunk(self) -> int:
-        """A request's next prompt chunk: smaller while other requests decode, whose every token waits for the
-        forward that carries it (asked on the model thread, before each chunk: engine.prompt_pass)."""
-        if self.shared_prefill_chunk and self.executor.decoding():
+    def next_prefill_chunk(self, remaining: int) -> int:
+        """A request's next prompt chunk, ``remaining`` prompt tokens still to feed: smaller for a long prompt while
+        other requests decode, whose every token waits for the forward that carries it (asked on the model
+        thread, before each chunk: engine.prompt_pass)."""
+        if self.shared_prefill_chunk and remaining > self.long_prompt_tokens and self.executor.decoding():
             return min(self.prefill_chunk, self.shared_prefill_chunk)
         return self.prefill_chunk
 
