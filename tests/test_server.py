@@ -581,12 +581,15 @@ def test_a_failure_mid_generation_is_an_error_object_streamed_or_not_and_the_ser
         assert "injected fault" in plain["message"]
 
         client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        # one token per chunk and no early end, so the fault (at the 10th chunk) is reached: a drafting round's
+        # several tokens, or an end of sequence, had made it flaky
+        one_by_one = {"speculative": None, "ignore_eos": True}
         with pytest.raises(APIError, match="injected fault"):
             for _ in client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                    max_tokens=13, stream=True):
+                                                    max_tokens=13, stream=True, extra_body=one_by_one):
                 pass
         with pytest.raises(InternalServerError):
-            client.completions.create(model="tiny", prompt="x", max_tokens=13)
+            client.completions.create(model="tiny", prompt="x", max_tokens=13, extra_body=one_by_one)
         # the server is up and answers the next request as the library does
         ok = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=12, temperature=0)
         expected = specdec.generate(tiny_target, "def f(x):", SamplingParams(temperature=0.0, max_tokens=12))
