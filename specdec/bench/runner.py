@@ -139,10 +139,12 @@ def short_config(config: BenchConfig, tokens: int = 8) -> BenchConfig:
     return dataclasses.replace(config, params=dataclasses.replace(config.params, max_tokens=min(tokens, config.params.max_tokens)))
 
 
-def plain_name(model: LoadedModel, target: LoadedModel) -> str:
-    """The plain-decoding row of ``model``: ``ar`` for the benchmark's target, ``ar[int8]`` for a method's
-    target in another execution mode (its identity check and its own speed beside the others)."""
-    return "ar" if model is target else f"ar[{model.backend.mode}]"
+def method_target(method: str, target: LoadedModel, method_targets: dict[str, LoadedModel] | None) -> tuple[LoadedModel, str]:
+    """The model ``method`` runs on and the plain-decoding row its outputs are checked against: ``ar`` for the
+    benchmark's target, ``ar[int8]`` for a method's target in another execution mode (that mode's identity check
+    and its own speed beside the others)."""
+    model = (method_targets or {}).get(method, target)
+    return model, "ar" if model is target else f"ar[{model.backend.mode}]"
 
 
 def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRow], config: BenchConfig,
@@ -153,7 +155,7 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
     ``warm_up=False`` when the caller already warmed up (``specdec tune`` runs one row at a time).
     ``method_targets``: methods that run on another copy of the target (``--quantize auto`` picks each
     method's execution mode as ``specdec generate`` does: int8 can verify faster where int4 decodes
-    faster); each such copy gets its own plain row (:func:`plain_name`), which its methods' greedy
+    faster); each such copy gets its own plain row (:func:`method_target`), which its methods' greedy
     outputs are checked against — quantization modes agree only up to rounding. Speedups stay against
     ``ar``, the target's plain decoding."""
     def make_runners(config: BenchConfig, with_peers: bool = True) -> tuple[dict[str, Callable], dict[str, str]]:
@@ -167,8 +169,7 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
                 if with_peers:
                     runners[method] = peers[method]
             elif not is_plain(method):
-                model = (method_targets or {}).get(method, target)
-                plain = plain_name(model, target)
+                model, plain = method_target(method, target, method_targets)
                 plain_runners.setdefault(plain, ours(model, draft, "ar", config))
                 for name, gamma, tree in runs_of(method, config):
                     runners[name] = (method_runner or ours)(model, draft, method, config, gamma, tree)
@@ -226,8 +227,7 @@ def run_concurrent(target: LoadedModel, draft: LoadedModel | None, rows: list[Pr
             raise SpecdecError(f"peer {method!r} cannot run with --concurrency (peers are timed one request at a time)")
         if is_plain(method):
             continue
-        model = (method_targets or {}).get(method, target)
-        plain = plain_name(model, target)
+        model, plain = method_target(method, target, method_targets)
         if all(plain != variant[0] for variant in variants):
             variants.append((plain, "ar", 4, "off", model, ""))
         checked += [(name, method, gamma, tree, model, plain) for name, gamma, tree in runs_of(method, config)]
