@@ -79,6 +79,7 @@ class StructuredOutput:
                 raise SpecdecError(f"json_schema is not valid JSON: {exc}") from None
             if not isinstance(schema, (dict, bool)):
                 raise SpecdecError("json_schema must be a JSON object (a JSON Schema)")
+            refuse_unenforced("json_schema", schema)
         if self.choice is not None and (not self.choice or any(not isinstance(c, str) or not c for c in self.choice)):
             raise SpecdecError("choice must be a non-empty list of non-empty strings")
         for name in ("regex", "grammar"):
@@ -95,6 +96,51 @@ class StructuredOutput:
         """The one field that is set (for logs and metrics)."""
         return "json_object" if self.json_object else next(
             name for name in ("json_schema", "regex", "choice", "grammar") if getattr(self, name) is not None)
+
+
+#: assertions xgrammar (0.2) compiles but does not enforce — its grammar accepts outputs that break them
+#: (checked string by string: ``[1, 1]`` under uniqueItems, ``{"a": 1}`` under dependentRequired a→b …)
+_UNENFORCED = ("uniqueItems", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
+               "dependencies", "if", "then", "else", "not")
+#: where a schema holds further schemas: one schema, a list of them, or a name → schema map
+_SUBSCHEMA = ("items", "additionalItems", "additionalProperties", "unevaluatedItems", "unevaluatedProperties",
+              "propertyNames", "contains", "not", "if", "then", "else")
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def unenforced_keywords(schema: Any, path: str = "") -> list[str]:
+    """Where ``schema`` asks for what the grammar cannot enforce, as dotted paths (``properties.tags.uniqueItems``).
+
+    A constraint that compiles but is not enforced would let the output silently break the schema the
+    user gave; a property *named* like a keyword is not one (only schema positions are read)."""
+    if not isinstance(schema, dict):
+        return []
+    found = [f"{path}{key}" for key in _UNENFORCED if key in schema and not (key == "uniqueItems" and schema[key] is False)]
+    if schema.get("type") == "number" or isinstance(schema.get("type"), list) and "number" in schema["type"]:
+        found += [f"{path}multipleOf"] if "multipleOf" in schema else []  # xgrammar: "ignoring multipleOf"
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:  # xgrammar: "allOf with multiple options"
+        found.append(f"{path}allOf")
+    for key in _SUBSCHEMA:
+        found += unenforced_keywords(schema.get(key), f"{path}{key}.")
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for index, item in enumerate(schema[key]):
+                found += unenforced_keywords(item, f"{path}{key}[{index}].")
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, item in schema[key].items():
+                found += unenforced_keywords(item, f"{path}{key}.{name}.")
+    return found
+
+
+def refuse_unenforced(what: str, schema: Any) -> None:
+    """Refuse a schema the grammar would enforce only in part (OpenAI's strict mode refuses them too)."""
+    found = list(dict.fromkeys(unenforced_keywords(schema)))
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise SpecdecError(f"{what} uses {shown}, which the grammar engine (xgrammar) cannot enforce: the output "
+                           "could break it. Remove the keyword (and check that property of the output yourself)")
 
 
 def _xgrammar() -> Any:

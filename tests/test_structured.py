@@ -127,6 +127,46 @@ def test_bad_constraints_are_clear_errors(tiny_target):
         run(tiny_target, None, "x", None, StructuredOutput(grammar="root ::= undefined_rule"))
 
 
+#: each refused keyword, a schema using it, and an output that breaks it
+UNENFORCED_CASES = [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]"),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}}, "[2]"),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}, "maxContains": 1}, "[1, 1]"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "dependentRequired": {"a": ["b"]}},
+     '{"a": 1}'),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "dependentSchemas": {"a": {"required": ["b"]}}}, '{"a": 1}'),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "if": {"properties": {"a": {"const": 1}}, "required": ["a"]}, "then": {"required": ["b"]}}, '{"a": 1}'),
+    ({"type": "integer", "not": {"const": 1}}, "1"),
+    ({"type": "number", "multipleOf": 0.5}, "0.3"),
+    ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "1"),
+]
+
+
+@pytest.mark.parametrize("schema,breaking", UNENFORCED_CASES)
+def test_a_schema_the_grammar_cannot_enforce_is_refused(schema, breaking):
+    """The grammar really accepts the breaking output (so refusing is needed), and the schema is refused by name."""
+    xgrammar = pytest.importorskip("xgrammar")
+    from xgrammar.testing import _is_grammar_accept_string
+
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    assert _is_grammar_accept_string(grammar, breaking), "xgrammar now enforces this: drop it from _UNENFORCED"
+    with pytest.raises(SpecdecError, match="cannot enforce"):
+        StructuredOutput.from_schema({"type": "object", "properties": {"field": schema}})
+
+
+def test_keywords_it_enforces_and_property_names_like_keywords_pass():
+    from specdec.structured import unenforced_keywords
+
+    schema = {"type": "object", "properties": {"if": {"type": "string", "format": "email"}, "not": {"type": "integer", "multipleOf": 3},
+                                               "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": False}},
+              "$defs": {"p": {"type": "array", "items": {"$ref": "#"}, "uniqueItems": True}}, "allOf": [{"$ref": "#/$defs/p"}]}
+    assert unenforced_keywords(schema) == ["$defs.p.uniqueItems"]
+    del schema["$defs"]["p"]["uniqueItems"]
+    StructuredOutput.from_schema(schema)
+
+
 def test_missing_grammar_engine_is_a_clear_error(tiny_target, monkeypatch):
     import builtins
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from specdec.errors import SpecdecError
 from specdec.server.params import APIError
 from specdec.server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice, joined_text
-from specdec.structured import INSTALL_HINT, StructuredOutput
+from specdec.structured import INSTALL_HINT, StructuredOutput, refuse_unenforced
 from specdec.structured import available as structured_available
 
 if TYPE_CHECKING:
@@ -96,6 +96,10 @@ def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
     calls = []
     for tool in tools:
         schema = tool.function.parameters or {"type": "object"}
+        try:
+            refuse_unenforced(f"tools: the parameters of {tool.function.name!r}", schema)
+        except SpecdecError as exc:
+            raise APIError(400, str(exc), param="tools") from None
         try:
             arguments = xgrammar.Grammar.from_json_schema(json.dumps(schema))
         except Exception as exc:  # noqa: BLE001 - xgrammar's errors for schemas it cannot compile
