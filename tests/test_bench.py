@@ -146,7 +146,7 @@ def test_bench_runs_each_method_in_the_mode_auto_picks_for_it(tiny_dirs, dataset
 
     def plan(model, draft_model=None, method=None, concurrency=1, **_):
         loads.append(concurrency)
-        return types.SimpleNamespace(target_mode="int8" if method == "ngram" else "none")
+        return types.SimpleNamespace(target_mode="int8" if method == "ngram" else "none", draft_mode=None)
 
     monkeypatch.setattr(specdec.api, "plan_execution", plan)
     out = tmp_path / "modes"

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from specdec.cli.checks import checked_methods
-from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes, planned_modes,
                                 gamma_from_args, gamma_list, kernels_in_use, make_output_folder, method_options, pages_in_use,
                                 positive_int, sampling_from_args, speculation_limit_value, tree_values)
 from specdec.errors import SpecdecError
@@ -76,18 +76,13 @@ def target_modes(args: argparse.Namespace, methods: list[str]) -> tuple[str, dic
     method gets the mode measured fastest here for it (the int8 target verifies more tokens per step where int4
     decodes one faster; a single target made bench report a slower speculation than generate ran); otherwise
     every method runs ``--quantize``'s mode."""
-    from specdec.api import plan_execution, resolve_device
-    from specdec.drafters.registry import needs_draft_model, resolve_method
+    from specdec.api import resolve_device
+    from specdec.drafters.registry import resolve_method
 
     if args.quantize != "auto" or resolve_device(args.device) != "cpu":
         return args.quantize, {}
-    modes = {}
-    for method in methods:
-        resolved = resolve_method(method)
-        modes[method] = plan_execution(args.model, args.draft_model if needs_draft_model(resolved) else None, resolved,
-                                       auto_pull=not args.no_pull, draft_vocab_size=args.draft_vocab_size,
-                                       concurrency=args.concurrency).target_mode
-    return plan_execution(args.model, auto_pull=not args.no_pull, concurrency=args.concurrency).target_mode, modes
+    modes = {method: planned_modes(args, resolve_method(method), args.concurrency)[0] for method in methods}
+    return planned_modes(args, None, args.concurrency)[0], modes
 
 
 def run(args: argparse.Namespace) -> int:

@@ -334,6 +334,14 @@ def draft_quantize(args: argparse.Namespace) -> str:
 
 
 def execution_modes(args: argparse.Namespace, method: str | None, concurrency: int = 1):  # noqa: ANN201 - (str, str, ExecutionPlan | None)
+    """(target mode, draft mode, plan) a command runs: :func:`planned_modes`, and a warning about execution
+    flags the chosen target mode does not read."""
+    target_mode, draft_mode, plan = planned_modes(args, method, concurrency)
+    warn_unread_execution_flags(args, target_mode)
+    return target_mode, draft_mode, plan
+
+
+def planned_modes(args: argparse.Namespace, method: str | None, concurrency: int = 1):  # noqa: ANN201 - (str, str, ExecutionPlan | None)
     """(target mode, draft mode, plan): ``auto`` resolved by step costs measured on this CPU for this
     target, draft and method (:func:`specdec.api.plan_execution`), for ``concurrency`` requests at
     once (a server's --max-num-seqs); explicit modes pass through."""
@@ -348,7 +356,6 @@ def execution_modes(args: argparse.Namespace, method: str | None, concurrency: i
                               draft_vocab_size=args.draft_vocab_size, concurrency=concurrency)
         target_mode = plan.target_mode if target_mode == "auto" else target_mode
         draft_mode = (plan.draft_mode or target_mode) if draft_mode == "auto" else draft_mode
-    warn_unread_execution_flags(args, target_mode)
     return target_mode, draft_mode, plan
 
 
