@@ -36,6 +36,29 @@ def test_sglang_standalone_chain_and_llamacpp_gguf_flags():
     given = flags(llama.command)
     assert given["-m"].endswith("qwen2.5-coder-1.5b.gguf") and given["-md"].endswith("qwen2.5-coder-0.5b.gguf")
     assert given["--spec-draft-n-max"] == "3" and given["--spec-draft-p-min"] == "0.3"
+    assert given["--spec-type"] == "draft-simple"  # without it some llama-server builds load the draft and never draft
+
+
+def test_settings_an_engine_lacks_are_said():
+    """The draft-confidence cut, n-gram lookup bounds and SGLang's tree are notes; vLLM's suffix decoding sizes its own
+    drafts (a fixed γ=4 would cap its default 24)."""
+    draft = export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="draft_model"), "qwen2.5-coder-0.5b")
+    assert any("--draft-confidence-threshold 0.3" in note and "no counterpart" in note for note in draft.notes)
+    none = export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="draft_model", draft_confidence_threshold=0.0), "qwen2.5-coder-0.5b")
+    assert not any("confidence" in note for note in none.notes)
+    suffix = export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="suffix", num_speculative_tokens="auto"))
+    assert json.loads(flags(suffix.command)["--speculative-config"]) == {"method": "suffix"}
+    assert any("num_speculative_tokens left out" in note for note in suffix.notes)
+    fixed = export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="suffix", num_speculative_tokens=6))
+    assert json.loads(flags(fixed.command)["--speculative-config"])["num_speculative_tokens"] == 6
+    ngram = export("llamacpp", "qwen2.5-coder-1.5b", SpecConfig(method="ngram", prompt_lookup_min=2, prompt_lookup_max=5))
+    assert flags(ngram.command)["--spec-ngram-simple-size-n"] == "5"
+    assert any("prompt_lookup_min 2" in note for note in ngram.notes)
+    sglang = export("sglang", "qwen2.5-coder-1.5b", SpecConfig(method="ngram", num_speculative_tokens=3))
+    assert flags(sglang.command)["--speculative-num-draft-tokens"] == "4"
+    assert any("tree of 4 tokens" in note for note in sglang.notes)
+    mtp = export("vllm", "qwen2.5-coder-1.5b", SpecConfig(method="mtp"))
+    assert any("built-in prediction layers" in note for note in mtp.notes)
 
 
 def test_missing_methods_and_auto_gamma_are_said_not_hidden():
@@ -46,7 +69,7 @@ def test_missing_methods_and_auto_gamma_are_said_not_hidden():
     assert json.loads(flags(hybrid.command)["--speculative-config"])["method"] == "draft_model"
     assert any("hybrid" in note for note in hybrid.notes)
     text = hybrid.render()
-    assert text.splitlines()[-1] == shlex.join(hybrid.command) and text.count("# note:") == 1
+    assert text.splitlines()[-1] == shlex.join(hybrid.command) and text.count("# note:") == 2  # + the confidence cut
     assert text.startswith("# vLLM: the speculative configuration given to specdec, in vLLM's terms")
     # vLLM and SGLang do serve EAGLE heads (in their formats): the note said they had no such method
     head = export("sglang", "qwen2.5-coder-1.5b", SpecConfig(method="eagle"))
