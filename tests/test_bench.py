@@ -342,3 +342,31 @@ def test_every_variant_is_warmed_before_it_is_timed(tiny_target, dataset):
     first_timed = next(index for index, (_, tokens) in enumerate(calls) if tokens == 20)
     assert {name for name, tokens in calls[:first_timed] if tokens == 8} == variants  # each warmed, short, first
     assert {name for name, tokens in calls[first_timed:]} == variants and all(t == 20 for _, t in calls[first_timed:])
+
+
+def test_every_method_answers_the_same_second_turn(tiny_target, dataset, monkeypatch):
+    """A chat row's second turn sees plain decoding's first answer in every run: a method whose own first answer
+    differed (an int8 target's rounding) was timed on another second-turn prompt than ``ar``."""
+    from specdec.sampling import SamplingParams
+
+    real_ours = runner.ours
+    seen: dict[str, list[list[int]]] = {}
+
+    def recording(target, draft, method, config, gamma=4, tree="off"):  # noqa: ANN001, ANN202
+        inner = real_ours(target, draft, method, config, gamma, tree)
+
+        def generate_one(ids):  # noqa: ANN001, ANN202
+            tokens, stats, text = inner(ids)
+            if config.params.max_tokens == 12:  # timed runs only (warm-ups generate 8)
+                seen.setdefault(method, []).append(list(ids))
+            return tokens, stats, text if method == "ar" else "a different first answer"
+
+        return generate_one
+
+    monkeypatch.setattr(runner, "ours", recording)
+    rows = [row for row in load_prompts(str(dataset)) if len(row.turns) == 2]
+    config = runner.BenchConfig(methods=["ar", "ngram"], params=SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                                gammas=[2], repeats=1)
+    results = runner.run_benchmark(tiny_target, None, rows, config, progress=False)
+    assert seen["ar"] == seen["ngram"] and len(seen["ar"]) == 2
+    assert not any(r.mismatch for r in results)

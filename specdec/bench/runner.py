@@ -105,11 +105,15 @@ def spec_for(method: str, config: BenchConfig, gamma: int | str, tree: str | int
     return SpecConfig(method=resolve_method(method), num_speculative_tokens=gamma, spec_tree=tree, **config.options)
 
 
-def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], target: LoadedModel, row: PromptRow) -> list[tuple[list[int], dict, float]]:
-    """Run every turn of a row; returns (tokens, stats, wall seconds) per turn."""
+def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], target: LoadedModel, row: PromptRow,
+              answers: list[str] | None = None) -> tuple[list[tuple[list[int], dict, float]], list[str]]:
+    """Run every turn of a row; returns ((tokens, stats, wall seconds) per turn, the answers' texts). A chat row's
+    later turns see ``answers`` (plain decoding's) as the earlier turns' replies where given, else this run's
+    own: every method and peer then answers the same second-turn prompt (an int8 method's own first answer,
+    rounded differently from the int4 plain row's, made its second turn a different prompt)."""
     messages: list[dict[str, str]] = []
-    results = []
-    for turn in row.turns:
+    results, texts = [], []
+    for index, turn in enumerate(row.turns):
         if row.chat:
             messages.append({"role": "user", "content": turn})
             ids = encode_prompt(target, messages)
@@ -118,9 +122,10 @@ def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], 
         start = time.perf_counter()
         tokens, stats, text = generate_one(ids)
         results.append((tokens, stats, time.perf_counter() - start))
+        texts.append(text)
         if row.chat:
-            messages.append({"role": "assistant", "content": text})
-    return results
+            messages.append({"role": "assistant", "content": answers[index] if answers is not None else text})
+    return results, texts
 
 
 def ours(target: LoadedModel, draft: LoadedModel | None, method: str, config: BenchConfig, gamma: int | str = 4,
@@ -194,9 +199,12 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
     for row in rows:
         for repeat in range(config.repeats):
             plain_tokens: dict[str, list[list[int]]] = {}
+            plain_answers: list[str] | None = None  # "ar" runs first: every later run's chat history
             for method, runner in runners.items():
                 clear_global_caches()  # no run may draft from an earlier run of the same prompt
-                turns = run_turns(runner, target, row)
+                turns, texts = run_turns(runner, target, row, plain_answers)
+                if method == "ar":
+                    plain_answers = texts
                 if method not in checked_against and not (peers and method in peers):
                     plain_tokens[method] = [t for t, _, _ in turns]
                 against = plain_tokens.get(checked_against.get(method, ""))
