@@ -3,7 +3,7 @@
 Fairness rules (Spec-Bench): one warm-up generation first; for each prompt every method runs in
 turn, ``repeats`` times; greedy runs compare each method's tokens with plain decoding's and flag a
 difference loudly (a difference is a bug, not a result). Multi-turn MT-Bench rows run both turns
-with the chat template, the second turn seeing the first answer.
+with the chat template, every run's second turn seeing plain decoding's first answer (one prompt for all).
 """
 
 from __future__ import annotations
