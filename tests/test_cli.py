@@ -225,11 +225,14 @@ def test_the_library_defaults_are_the_clis(tiny_dirs, tmp_path, monkeypatch, int
     """`load_model` without `quantize` chooses as `--quantize auto` does (it once ran float weights: the
     README's Python example decoded 5× slower than `specdec generate`); a float dtype asks for float."""
     import specdec
-    from specdec.api import plan_execution
+    from specdec import step_costs
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
-    chosen = specdec.load_model(tiny_dirs["target"]).backend
-    assert chosen.dtype_name == plan_execution(tiny_dirs["target"]).target_mode != "float32"
+    # the measured choice itself is step_costs' (tests/test_step_costs.py); on the tiny model int8 and int4 run
+    # within noise of each other, and a busy machine's probes are not cached, so two measurements could differ
+    for mode in ("int8", "int4"):
+        monkeypatch.setattr(step_costs, "plan_execution", lambda cfg, *args, mode=mode, **kwargs: step_costs.ExecutionPlan(mode))
+        assert specdec.load_model(tiny_dirs["target"]).backend.dtype_name == mode
     assert specdec.load_model(tiny_dirs["target"], dtype="float32").backend.dtype_name == "float32"
 
 
