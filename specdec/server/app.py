@@ -22,17 +22,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from specdec.api import encode_prompt
 from specdec.config import SpecConfig
 from specdec.drafters.registry import method_info, resolve_method
-from specdec.engine import check_context
-from specdec.errors import ContextLengthError, SpecdecError
+from specdec.errors import SpecdecError
 from specdec.forward_costs import Forward
 from specdec.server.audit import Auditor, auditable
 from specdec.sampling import SamplingParams
 from specdec.server.errors import generation_failure, install_error_handlers
-from specdec.server.jobs import (Job, choice_params, chunk_body, combined_usage, completion_prompts, full_response,
-                                 merged_chunks)
+from specdec.server.jobs import Job, chunk_body, combined_usage, full_response, merged_chunks
 from specdec.server.state import ServerState
-from specdec.server.params import APIError, field_named, sampling_params
-from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, forced_call, streamed_delta
+from specdec.server.params import APIError, field_named
+from specdec.server.prompts import request_choices
+from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, streamed_delta
 from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                     document_request_bodies, error_body, lone_surrogate_at, validation_message)
 from specdec.server.request_log import ResponseHeaders
@@ -220,7 +219,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def handle(request: Request, chat: bool) -> Response:
         req, raw = await parse(request, ChatCompletionRequest if chat else CompletionRequest)
         # tokenizing off the event loop: a 3 MB prompt held it for 2 s (health checks and other streams waited)
-        choices, calls, params = await asyncio.to_thread(prepare, req, chat)
+        choices, calls, params = await asyncio.to_thread(request_choices, state, req, chat)
         spec = _request_spec(state, req, raw)
         audit = req.speculative is not None and req.speculative.audit
         if audit and not auditable(params):
@@ -252,55 +251,6 @@ def create_app(state: ServerState) -> FastAPI:
             close_jobs(jobs)
         state.metrics.requests.labels(endpoint, "200").inc()
         return JSONResponse(full_response(jobs, chat, req.n, calls))
-
-    def prepare(req: CompletionRequest | ChatCompletionRequest, chat: bool) -> tuple[list, RequestTools | None, SamplingParams]:
-        """The request's choices (prompt ids, sampling parameters, echo text; OpenAI's order: by prompt, then n),
-        its tools and the last prompt's sampling parameters, or the 400 that says what is wrong."""
-        calls = None  # the tools outputs are parsed for (server/tools.py); None: no tools
-        forced = None  # tool_choice "required" / a named function: the output's constraint
-        if chat:
-            prompt, calls = chat_prompt(state.target.tokenizer, req)
-            prompts, forced = [prompt], forced_call(req)
-        else:
-            if req.suffix is not None and req.echo:
-                raise APIError(400, "echo cannot be combined with suffix", param="suffix")
-            prompts = completion_prompts(req.prompt, req.suffix, state.target.tokenizer)
-        choices = []
-        for prompt in prompts:
-            prompt_ids, params = checked_prompt(req, prompt)
-            if forced is not None:
-                params = dataclasses.replace(params, structured=forced)
-            echo = echo_text(prompt, prompt_ids) if not chat and req.echo else None
-            choices += [(prompt_ids, choice_params(params, i), echo) for i in range(req.n)]
-        return choices, calls, params
-
-    def checked_prompt(req: CompletionRequest | ChatCompletionRequest, prompt: Any) -> tuple[list[int], SamplingParams]:
-        """One prompt's token ids and sampling parameters (its length sets the default max_tokens), or
-        the 400 that says what is wrong with it."""
-        where = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"  # the field that holds the prompt
-        try:
-            prompt_ids = encode_prompt(state.target, prompt, chat=False)
-        except SpecdecError as exc:
-            raise APIError(400, str(exc), param=where) from None
-        if state.max_prompt_tokens is not None and len(prompt_ids) > state.max_prompt_tokens:
-            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server's limit is {state.max_prompt_tokens} "
-                                "(--max-prompt-tokens)", param=where, code="context_length_exceeded")
-        context_len = state.target.config.max_position_embeddings
-        if len(prompt_ids) >= context_len:  # said as such: "+ max_tokens (1)" named a field the client never sent
-            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens and the model's context window holds {context_len}: "
-                                "no room for a completion; shorten the prompt", param=where, code="context_length_exceeded")
-        params = sampling_params(req, context_len, len(prompt_ids), state.max_tokens_limit)
-        try:
-            check_context(len(prompt_ids), params.max_tokens, context_len)
-        except ContextLengthError as exc:
-            raise APIError(400, str(exc), param=where, code="context_length_exceeded") from None
-        except SpecdecError as exc:  # an empty prompt
-            raise APIError(400, str(exc), param=where) from None
-        return prompt_ids, params
-
-    def echo_text(prompt: str | list[int], prompt_ids: list[int]) -> str:
-        """What ``echo`` puts before the output: the prompt as sent, or its token ids' text."""
-        return prompt if isinstance(prompt, str) else state.target.tokenizer.decode(prompt_ids)
 
     async def open_jobs(choices: list[tuple[list[int], SamplingParams, str | None]], spec: SpecConfig,
                         audit: bool, prompt_logprobs: int | None = None) -> list[Job]:
