@@ -444,3 +444,19 @@ def test_debug_before_the_command_shows_the_traceback():
         proc = run_cli(*argv, "--model", "/nope/m.gguf")
         assert proc.returncode != 0 and "Traceback" in proc.stderr, argv
     assert "Traceback" not in run_cli("generate", "hi", "--model", "/nope/m.gguf").stderr
+
+
+def test_the_prompt_set_and_its_size_have_one_name_across_commands():
+    """bench, tune and calibrate-skip all take --dataset and --limit (tune's --prompts FILE and calibrate-skip's
+    --prompts N were the same flag name for two different things)."""
+    from specdec.cli import build_parser
+
+    parser = build_parser()
+    tune = parser.parse_args(["tune", "--dataset", "gsm8k", "--limit", "3"])
+    assert (tune.prompts, tune.limit) == ("gsm8k", 3)
+    assert parser.parse_args(["tune", "--prompts", "mine.jsonl"]).prompts == "mine.jsonl"
+    calibrate = parser.parse_args(["calibrate-skip", "--dataset", "gsm8k", "--limit", "3"])
+    assert (calibrate.dataset, calibrate.prompts) == ("gsm8k", 3)
+    assert parser.parse_args(["calibrate-skip", "--prompts", "4"]).prompts == 4
+    bench = parser.parse_args(["bench", "--dataset", "gsm8k", "--limit", "3"])
+    assert (bench.dataset, bench.limit) == ("gsm8k", 3)

@@ -106,7 +106,7 @@ def test_calibrate_then_skip_layers_auto(tiny_dirs, tiny_target, tmp_path, monke
     data = tmp_path / "cal.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS) + "\n")
     args = ["calibrate-skip", "--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none", "--dataset", str(data),
-            "--prompts", "2", "--max-tokens", "12", "--budget", "3"]
+            "--limit", "2", "--max-tokens", "12", "--budget", "3"]
     assert main(args) == 0
     out = capsys.readouterr()
     assert "best skip" in out.out and "[3/3]" in out.err

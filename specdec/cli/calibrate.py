@@ -21,7 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags["--num-speculative-tokens"].help = "γ of every trial (default: auto, measured as 4, as any 'auto')"
     cal.add_argument("--dataset", default="humaneval", help="calibration prompts: spec_bench, humaneval, gsm8k or a JSONL (default: humaneval)")
     cal.add_argument("--categories", default=None, help="comma-separated categories of the dataset (e.g. mt_bench; default: all)")
-    cal.add_argument("--prompts", type=positive_int, default=2, help="calibration prompts (default: 2)")
+    cal.add_argument("--limit", "--prompts", dest="prompts", type=positive_int, default=2,
+                     help="calibration prompts: the first N of --dataset, as bench's and tune's --limit (default: 2)")
     cal.add_argument("--max-tokens", type=positive_int, default=48, help="tokens generated per prompt and trial (default: 48)")
     cal.add_argument("--budget", type=positive_int, default=16, help="skip sets to measure (default: 16)")
     cal.add_argument("--seed", type=int, default=0, help="seed of the local search (default: 0)")
