@@ -413,6 +413,11 @@ def enable_prefix_caching(model: LoadedModel, gb: float = DEFAULT_PREFIX_CACHE_G
                            f"{model.backend.device} may round a shorter prompt pass differently")
     if gb < 0:
         raise SpecdecError(f"the prefix cache's size must be >= 0 GB, got {gb}")
+    probe = model.backend.new_state(block_size)
+    block_bytes = 2 * probe.k.numel() * probe.k.element_size()
+    if gb * 1e9 < block_bytes:  # it held nothing, and every response said cached_tokens 0
+        raise SpecdecError(f"a prefix cache of {gb:g} GB holds no block of {model.name} (one block of {block_size} tokens: "
+                           f"{block_bytes / 1e6:.2f} MB of keys/values); give more, or switch it off")
     model.backend.prefix_cache = PrefixCache(int(gb * 1e9), block_size)
     return model.backend.prefix_cache
 

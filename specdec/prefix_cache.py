@@ -69,6 +69,7 @@ class PrefixCache:
         #: prompt tokens looked up / found cached since start (Prometheus-style counters)
         self.queried_tokens = 0
         self.hit_tokens = 0
+        self.evicted_blocks = 0  # dropped to stay within max_bytes, since start
 
     def _keys(self, tokens: Sequence[int], limit: int) -> list[tuple[BlockKey, Block]]:
         """The cached blocks that start ``tokens``, in order, covering at most ``limit`` tokens."""
@@ -141,6 +142,7 @@ class PrefixCache:
         while self.nbytes > self.max_bytes and self.blocks:
             _, block = self.blocks.popitem(last=False)
             self.nbytes -= block.nbytes
+            self.evicted_blocks += 1
 
     def __len__(self) -> int:
         return len(self.blocks)

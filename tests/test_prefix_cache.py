@@ -170,6 +170,22 @@ def test_batched_requests_with_the_prefix_cache_equal_each_alone(quantized_pair)
     assert all(o.stats.cached_prompt_tokens >= 8 for o in outs)
 
 
+def test_a_budget_under_one_block_is_refused_and_eviction_is_counted(quantized_pair):
+    """A budget that holds no block cached nothing, silently (every response said cached_tokens 0)."""
+    target, _ = quantized_pair
+    with pytest.raises(SpecdecError, match="holds no block"):
+        specdec.enable_prefix_caching(target, gb=1e-9, block_size=8)
+    state = target.backend.new_state(8)
+    cache = specdec.enable_prefix_caching(target, gb=2 * 2 * state.k.numel() * state.k.element_size() / 1e9, block_size=8)
+    try:
+        for start in range(3):  # three different 17-token prompts, two blocks each, into a budget of two blocks
+            prompt = list(range(100 + 20 * start, 117 + 20 * start))
+            specdec.generate(target, prompt, specdec.SamplingParams(temperature=0, max_tokens=1))
+        assert len(cache) == 2 and cache.evicted_blocks == 4
+    finally:
+        target.backend.prefix_cache = None
+
+
 def test_float_modes_refuse_prefix_caching(tiny_target):
     with pytest.raises(SpecdecError, match="exact only where"):
         specdec.enable_prefix_caching(tiny_target)
@@ -240,6 +256,16 @@ def test_server_reuses_a_conversations_earlier_turns(tiny_dirs, int4_kernel):
         hits = float(next(line.split()[-1] for line in metrics.splitlines()
                           if line.startswith("specdec_prefix_cache_hit_tokens_total")))
         assert hits == cached[1]
+        # what the caches hold, per model: with the hit counter alone eviction showed only as falling cached_tokens
+        gauges = {line.split()[0]: float(line.split()[-1]) for line in metrics.splitlines()
+                  if line.startswith("specdec_prefix_cache_") and "{" in line}
+        if caches:
+            assert gauges['specdec_prefix_cache_usage_bytes{model="target"}'] > 0
+            assert 'specdec_prefix_cache_usage_bytes{model="draft"}' in gauges  # (it drafts only where γ=auto says it pays)
+            assert gauges['specdec_prefix_cache_capacity_bytes{model="target"}'] > gauges['specdec_prefix_cache_usage_bytes{model="target"}']
+            assert gauges['specdec_prefix_cache_evicted_blocks_total{model="target"}'] == 0
+        else:
+            assert not gauges
     with pytest.raises(RuntimeError, match="exact only where"):
         launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none", "--enable-prefix-caching")
 

@@ -99,7 +99,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             "neighbours), off elsewhere; asking for it on a float mode is an error")
     serve.add_argument("--prefix-cache-gb", type=float, default=DEFAULT_PREFIX_CACHE_GB, metavar="GB",
                        help=f"memory for cached prefixes per model, least recently used dropped first "
-                            f"(default: {DEFAULT_PREFIX_CACHE_GB:g}; 1.5B target in float32: ~57 KB per token)")
+                            f"(default: {DEFAULT_PREFIX_CACHE_GB:g}; keys/values are kept in float32 in every mode: ~57 KB "
+                            f"per token for the 1.5B target, ~25 KB for the 0.5B draft)")
     serve.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE, metavar="N",
                        help=f"prefix caching's granularity: prompts share cached keys/values in whole blocks of N tokens "
                             f"(default: {DEFAULT_BLOCK_SIZE})")
@@ -273,8 +274,14 @@ def run(args: argparse.Namespace) -> int:
     # bound first, so the address printed is the one that serves (--port 0: the port the OS picked)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
     port = listening.getsockname()[1]
-    print(f"serving {state.model_name} ({state.target.backend.mode}, speculative: {speculative}, {keys}) "
-          f"on http://{args.host}:{port}",
+    cache = state.target.backend.prefix_cache
+    prefixes = (f"prefix cache {cache.max_bytes / 1e9:g} GB per model in blocks of {cache.block_size} tokens"
+                if cache is not None else "no prefix cache")
+    hint = "" if state.spec.method is not None else (
+        " (speculative decoding needs a drafter: --draft-model D — qwen2.5-coder-0.5b for the default target — or a "
+        "draft-free --method suffix)")
+    print(f"serving {state.model_name} ({state.target.backend.mode}, speculative: {speculative}, {prefixes}, {keys}) "
+          f"on http://{args.host}:{port}{hint}",
           file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[listening])
     return 0
@@ -288,7 +295,8 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
         raise SpecdecError("--ray-cpus-per-replica needs --ray (one process serves without it: its threads are the "
                            "process's own)")
     if not args.prefix_cache_gb > 0:
-        raise SpecdecError(f"--prefix-cache-gb must be > 0, got {args.prefix_cache_gb:g}")
+        raise SpecdecError(f"--prefix-cache-gb must be > 0, got {args.prefix_cache_gb:g} (--no-enable-prefix-caching "
+                           "switches the cache off)")
     if args.enable_prefix_caching is False and {"prefix_cache_gb", "block_size"} & typed:
         print("warning: --prefix-cache-gb / --block-size are not read with --no-enable-prefix-caching", file=sys.stderr)
     if args.metrics_require_key and not (args.api_key or args.api_key_file or os.environ.get(API_KEY_ENV)):

@@ -105,6 +105,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     state.executor.enable_batching(on_forward=heard)
     state.metrics.traffic_acceptance.set_function(lambda: state.policy.acceptance.alpha)
+    state.metrics.watch_prefix_caches({role: model.backend.prefix_cache for role, model in (("target", state.target), ("draft", state.draft))
+                                       if model is not None and model.backend.prefix_cache is not None})
     state.auditor = Auditor(state.target, state.executor, state.metrics, state.audit_fraction,
                             busy=lambda: state.active > 0 or state.waiting > 0)
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from specdec.forward_costs import Forward
+
+if TYPE_CHECKING:
+    from specdec.prefix_cache import PrefixCache
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60, 120)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -44,6 +50,13 @@ class Metrics:
         self.batch_tokens = Histogram("specdec_batch_tokens", "Tokens (rows) of one target forward",
                                       buckets=(1, 4, 16, 64, 256, 1024, 4096), registry=r)
 
+    def watch_prefix_caches(self, caches: dict[str, PrefixCache]) -> None:
+        """Export the prefix caches' fill, budget and evictions per model ("target", "draft"), read at each scrape:
+        with only the hit counter, eviction showed only as falling ``cached_tokens`` (the hit rate is
+        ``specdec_prefix_cache_hit_tokens_total / specdec_prompt_tokens_total``)."""
+        if caches:
+            self.registry.register(_PrefixCacheCollector(caches))
+
     def observe_forward(self, forward: Forward) -> None:
         """One batched forward; the target's are counted (called on the model thread; the client is
         thread-safe)."""
@@ -72,3 +85,22 @@ class Metrics:
             proposed, accepted = proposed + stats.proposed_tokens, accepted + stats.accepted_tokens
             self._drafted[stats.method] = (proposed, accepted)
             self.acceptance_rate.labels(stats.method).set(accepted / proposed)  # the last request's alone read 0.0
+
+
+class _PrefixCacheCollector:
+    """Reads the caches' plain-int counters when /metrics is scraped (they are written on the model thread)."""
+
+    def __init__(self, caches: dict[str, PrefixCache]) -> None:
+        self.caches = caches
+
+    def collect(self) -> Iterator[Metric]:
+        usage = GaugeMetricFamily("specdec_prefix_cache_usage_bytes", "Bytes of keys/values the prefix cache holds", labels=["model"])
+        capacity = GaugeMetricFamily("specdec_prefix_cache_capacity_bytes", "The prefix cache's budget (--prefix-cache-gb)",
+                                     labels=["model"])
+        evicted = CounterMetricFamily("specdec_prefix_cache_evicted_blocks", "Blocks dropped to stay within the budget, least "
+                                      "recently used first", labels=["model"])
+        for model, cache in self.caches.items():
+            usage.add_metric([model], cache.nbytes)
+            capacity.add_metric([model], cache.max_bytes)
+            evicted.add_metric([model], cache.evicted_blocks)
+        yield from (usage, capacity, evicted)
