@@ -151,3 +151,41 @@ def test_openapi_describes_the_request_bodies(slow_server):
         assert body == {"$ref": f"#/components/schemas/{model}"}
     assert "temperature" in document["components"]["schemas"]["CompletionRequest"]["properties"]
     assert "ChatMessage" in document["components"]["schemas"]
+
+
+def test_the_request_log_says_499_for_a_stream_its_client_cut(caplog):
+    """A streamed response sends its 200 status line first; the log line said 200 for a stream the client cut,
+    while /metrics counted it as 499."""
+    import asyncio
+    import logging
+
+    from specdec.server.request_log import ResponseHeaders
+
+    async def streaming_app(scope, receive, send, cut: bool):  # noqa: ANN001, ANN202
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        if cut:
+            assert (await receive())["type"] == "http.disconnect"
+            return
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    async def run(cut: bool) -> None:
+        messages = [{"type": "http.request", "body": b"", "more_body": False}, {"type": "http.disconnect"}]
+
+        async def receive():  # noqa: ANN202
+            return messages.pop(0) if len(messages) > 1 else messages[0]
+
+        async def send(message):  # noqa: ANN001, ANN202
+            pass
+
+        app = ResponseHeaders(lambda scope, rcv, snd: streaming_app(scope, rcv, snd, cut), "test", log_requests=True)
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "client": ("127.0.0.1", 1)}
+        if cut:
+            await receive()  # the request body was read before the stream started
+        await app(scope, receive, send)
+
+    with caplog.at_level(logging.INFO, logger="specdec.server.requests"):
+        asyncio.run(run(cut=True))
+        asyncio.run(run(cut=False))
+    lines = [record.getMessage() for record in caplog.records]
+    assert '"POST /v1/completions" 499' in lines[0] and '"POST /v1/completions" 200' in lines[1]

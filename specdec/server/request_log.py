@@ -4,7 +4,9 @@ Every response names the process that answered (``x-specdec-instance``: replicas
 apart, errors and ``/health`` included — only successful generations carried it) and echoes the client's
 ``x-request-id`` (a trace id, as vLLM and most proxies pass it through). With ``--enable-log-requests``
 (vLLM's flag) each request is one INFO line on the ``specdec.server.requests`` logger: client, method,
-path, status, seconds and the request id — the only way to match a client's error to the server's log.
+path, status, seconds and the request id — the only way to match a client's error to the server's log; a
+request whose client left before its response ended (a cut stream too, whose 200 status line had gone out)
+is logged 499, as ``/metrics`` counts it.
 A pure ASGI middleware, so streamed responses pass through untouched.
 """
 
@@ -17,6 +19,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("specdec.server.requests")
+#: the status logged for a request whose client left before its response ended (nginx's; /metrics counts it so)
+CLIENT_GONE = 499
 
 
 class ResponseHeaders:
@@ -32,22 +36,33 @@ class ResponseHeaders:
             return
         request_id = next((value for name, value in scope.get("headers", []) if name.lower() == b"x-request-id"), None)
         start, status = time.perf_counter(), 0
+        completed = cut = False  # the response's last byte went out / the client left before it
 
         async def send_with_headers(message: Message) -> None:
-            nonlocal status
+            nonlocal status, completed
             if message["type"] == "http.response.start":
                 status = message["status"]
                 extra = [(b"x-specdec-instance", self.instance)]
                 if request_id is not None:
                     extra.append((b"x-request-id", request_id[:200]))
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True
             await send(message)
 
+        async def watched_receive() -> Message:
+            nonlocal cut
+            message = await receive()
+            cut = cut or (message["type"] == "http.disconnect" and not completed)
+            return message
+
         try:
-            await self.app(scope, receive, send_with_headers)
+            await self.app(scope, receive if not self.log_requests else watched_receive, send_with_headers)
         finally:
             if self.log_requests:
-                log.info("%s", access_line(scope, status, time.perf_counter() - start, request_id))
+                # a stream its client cut had sent its 200 status line: logged 499, as /metrics counts it
+                shown = CLIENT_GONE if cut and not completed else status
+                log.info("%s", access_line(scope, shown, time.perf_counter() - start, request_id))
 
 
 def access_line(scope: Scope, status: int, seconds: float, request_id: bytes | None) -> str:
