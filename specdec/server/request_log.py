@@ -12,10 +12,12 @@ A pure ASGI middleware, so streamed responses pass through untouched.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("specdec.server.requests")
@@ -58,6 +60,9 @@ class ResponseHeaders:
 
         try:
             await self.app(scope, receive if not self.log_requests else watched_receive, send_with_headers)
+        except (ClientDisconnect, asyncio.CancelledError):  # (ASGI 2.4 servers: a failed send, not a disconnect message)
+            cut = True
+            raise
         finally:
             if self.log_requests:
                 # a stream its client cut had sent its 200 status line: logged 499, as /metrics counts it
