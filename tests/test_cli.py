@@ -221,6 +221,29 @@ def test_quantize_auto_measures_and_explains_its_choice(tiny_dirs, capsys, tmp_p
     assert "chosen by --quantize auto" in captured.err and "identical text: yes" in captured.err
 
 
+def test_speculation_and_plain_decoding_in_two_modes_are_said_and_compared_fairly(tiny_dirs, capsys, monkeypatch, int4_kernel):
+    """Where auto runs speculation on int8 and plain decoding on int4, the same command with and without a drafter
+    gives two quantizations' texts (a walkthrough read that as speculation changing the output): generate says so,
+    --compare-plain checks identity in speculation's mode and says which, and its end-to-end figure is a tokens/s
+    ratio (a ratio of total times read 4.55x where one mode's text stopped at EOS after 28 tokens, the other's at 128)."""
+    from specdec import step_costs
+
+    class TwoModes(step_costs.ExecutionPlan):
+        plain_mode = "int4"  # (a property on the real class: the curves' choice for plain decoding)
+
+    monkeypatch.setattr(step_costs, "plan_execution", lambda *args, **kwargs: TwoModes("int8", "int8"))
+    code = main(["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
+                 "--max-tokens", "8", "--compare-plain", "--ignore-eos", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "note: plain decoding runs this target in int4 here" in captured.err
+    assert "identical text: yes (against plain decoding in int8, this run's mode" in captured.err
+    report = json.loads(captured.err.strip().splitlines()[-1])
+    rate = report["stats"]["generated_tokens"] / report["stats"]["total_time_s"]
+    plain_rate = report["plain"]["generated_tokens"] / report["plain"]["total_time_s"]
+    assert report["end_to_end_speedup"] == pytest.approx(rate / plain_rate, rel=0.05)  # (times rounded in the report)
+
+
 def test_the_library_defaults_are_the_clis(tiny_dirs, tmp_path, monkeypatch, int4_kernel):
     """`load_model` without `quantize` chooses as `--quantize auto` does (it once ran float weights: the
     README's Python example decoded 5× slower than `specdec generate`); a float dtype asks for float."""
