@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 
 import specdec
@@ -277,6 +278,55 @@ def test_empty_documents_are_not_indexed(tiny_dirs, tiny_target, tmp_path, capsy
     assert main([*base, "--input", str(empty), str(text)]) == 0
     tokens = len(tiny_target.tokenizer.encode(text.read_text(), add_special_tokens=False))  # no separator counted
     assert f": 1 document, {tokens} tokens" in capsys.readouterr().err
+
+
+def test_binary_files_and_empty_rows_are_skipped_and_said_and_missing_files_found_first(tiny_dirs, tmp_path, capsys):
+    """A walkthrough: /bin/ls was indexed (118k tokens of replacement characters), random bytes as .jsonl ended in a
+    UnicodeDecodeError traceback, one {"text": ""} row (an empty __init__.py) stopped a whole build, and a missing
+    file was found only after the files before it were tokenized."""
+    from specdec.cli import main
+    from specdec.cli.datastore import read_corpus
+    from specdec.errors import SpecdecError
+
+    binary, rows, text = tmp_path / "ls.txt", tmp_path / "rows.jsonl", tmp_path / "a.txt"
+    binary.write_bytes(b"\x7fELF\x02\x01\x00\x00" + bytes(range(256)))
+    rows.write_text('{"text": ""}\n{"text": "def g():\\n    pass\\n"}\n')
+    text.write_text("def f(x):\n    return x\n")
+    base = ["datastore", "build", "--tokenizer", str(tiny_dirs["target"]), "--output", str(tmp_path / "store")]
+    assert main([*base, "--input", str(binary), str(rows), str(text)]) == 0
+    assert ": 2 documents," in (err := capsys.readouterr().err) and "(skipped 1 binary file, 1 empty document)" in err
+    garbage = tmp_path / "random.jsonl"
+    garbage.write_bytes(b'{"text": "x"}\n\xf2\x80\x00\xff\n')
+    with pytest.raises(SpecdecError, match=r"random.jsonl:2: not UTF-8 text"):
+        list(read_corpus([str(garbage)]))
+    with pytest.raises(SpecdecError, match="corpus file not found"):
+        next(read_corpus([str(text), str(tmp_path / "missing.txt")]))  # before the first document
+
+
+def test_a_corrupt_datastore_is_one_clear_error(tiny_dirs, tiny_target, tmp_path):
+    """An emptied suffix array (EOFError) and a meta.json of {} (KeyError) ended in tracebacks; a suffix array of
+    the wrong length was taken silently; a path to meta.json itself was "not a datastore (no meta.json)"."""
+    import shutil
+
+    from specdec.cli.datastore import read_corpus
+    from specdec.drafters.retrieval import Datastore, build_datastore
+    from specdec.errors import SpecdecError
+
+    text = tmp_path / "a.txt"
+    text.write_text("def f(x):\n    return x + 1\n" * 4)
+    good = tmp_path / "good"
+    build_datastore(tiny_target.tokenizer, read_corpus([str(text)]), good)
+    Datastore(good)
+    damages = {"meta.json": lambda p: p.write_text("{}"), "suffix_array.npy": lambda p: p.write_bytes(b""),
+               "tokens.npy": lambda p: np.save(p, np.zeros(3, dtype=np.int32))}
+    for name, damage in damages.items():
+        broken = tmp_path / f"broken-{name}"
+        shutil.copytree(good, broken)
+        damage(broken / name)
+        with pytest.raises(SpecdecError, match="is corrupt"):
+            Datastore(broken)
+    with pytest.raises(SpecdecError, match="is a file: give the datastore's folder"):
+        Datastore(good / "meta.json")
 
 
 def test_malformed_corpus_line_names_file_and_line(tmp_path):

@@ -65,8 +65,12 @@ def read_jsonl(path: Path) -> list[dict]:
     if path.suffix == ".json":
         return _json_array_rows(path)
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:  # lines decoded one by one: a binary file's error names its line, no traceback
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise SpecdecError(f"{path}:{number}: not UTF-8 text (a JSONL file is UTF-8 JSON, one object a line)") from None
             if not line.strip():
                 continue
             try:

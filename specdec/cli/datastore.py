@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Iterator
 
 from specdec.bench.datasets import DOCUMENT_FIELDS
@@ -30,22 +31,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return store
 
 
-def read_corpus(files: list[str]) -> Iterator[str]:
+def read_corpus(files: list[str], skipped: Counter[str] | None = None) -> Iterator[str]:
     """The documents of ``files``, one string each (a .txt file is one document, a .jsonl row another;
-    a dataset name reads its JSONL file)."""
+    a dataset name reads its JSONL file). Every file is checked to exist before the first is read (a missing
+    one was found after minutes of tokenizing the others). Binary files (NUL bytes) and empty documents are
+    skipped and counted in ``skipped`` ("binary", "empty"): an empty `__init__.py` row stopped a whole build."""
     from specdec.bench.datasets import ROW_FILE_SUFFIXES, dataset_path, document_text, read_jsonl
 
-    for name in files:
-        path = dataset_path(name)
+    skipped = Counter() if skipped is None else skipped
+    paths = [dataset_path(name) for name in files]
+    for path in paths:
         if path.is_dir():
             raise SpecdecError(f"--input {path} is a folder: give its files (e.g. {path}/*.py)")
         if not path.is_file():
             raise SpecdecError(f"corpus file not found: {path}")
+    for path in paths:
         if path.suffix not in ROW_FILE_SUFFIXES:
-            yield path.read_text(encoding="utf-8", errors="replace")
+            data = path.read_bytes()
+            if b"\0" in data:  # /bin/ls was indexed as 118k tokens of replacement characters
+                skipped["binary"] += 1
+                continue
+            text = data.decode("utf-8", errors="replace")  # a stray byte in a source file is no reason to refuse it
+            if text.strip():
+                yield text
+            else:
+                skipped["empty"] += 1
             continue
         for row in read_jsonl(path):
             text = document_text(row)
+            if text is None and any(field in row and not row[field] for field in ("text", "prompt", "question", "turns")):
+                skipped["empty"] += 1  # a document with nothing in it
+                continue
             if text is None:
                 raise SpecdecError(f"{path}:{row['_line']}: needs a {DOCUMENT_FIELDS} field")
             yield text
@@ -64,7 +80,11 @@ def run(args: argparse.Namespace) -> int:
     if existing.is_file():  # a 100-document store was replaced by a 12-token one without a word
         print(f"note: replacing the datastore in {args.output}", file=sys.stderr)
     tokenizer = Tokenizer.load(resolve_model(args.tokenizer, auto_pull=not args.no_pull))
-    meta = build_datastore(tokenizer, read_corpus(args.input), Path(args.output), window=args.window, progress=True)
+    skipped: Counter[str] = Counter()
+    meta = build_datastore(tokenizer, read_corpus(args.input, skipped), Path(args.output), window=args.window, progress=True)
     documents = meta["documents"]
-    print(f"datastore {args.output}: {documents} document{'s' if documents != 1 else ''}, {meta['tokens']} tokens", file=sys.stderr)
+    left_out = ", ".join(f"{count} {kind} file{'s' if count != 1 else ''}" if kind == "binary" else
+                         f"{count} empty document{'s' if count != 1 else ''}" for kind, count in sorted(skipped.items()))
+    print(f"datastore {args.output}: {documents} document{'s' if documents != 1 else ''}, {meta['tokens']} tokens"
+          + (f" (skipped {left_out})" if left_out else ""), file=sys.stderr)
     return 0

@@ -62,15 +62,21 @@ class Datastore:
     def __init__(self, path: Path) -> None:
         path = Path(path)
         meta_file = path / "meta.json"
+        if path.is_file():
+            raise SpecdecError(f"--datastore {path} is a file: give the datastore's folder (the one `specdec datastore build "
+                               "--output` wrote)")
         if not meta_file.is_file():
             raise SpecdecError(f"{path} is not a datastore (no meta.json); build one with `specdec datastore build`")
         try:
             self.meta = json.loads(meta_file.read_text())
             self.tokens = np.load(path / "tokens.npy", mmap_mode="r")
             self.suffix_array = np.load(path / "suffix_array.npy", mmap_mode="r")
-        except (OSError, ValueError, json.JSONDecodeError) as exc:
-            raise SpecdecError(f"datastore {path} is corrupt: {exc}") from exc
-        self.window = int(self.meta["window"])
+            self.window = int(self.meta["window"])
+        except (OSError, ValueError, EOFError, KeyError, TypeError) as exc:  # (an emptied .npy: EOFError; {}: KeyError)
+            raise SpecdecError(f"datastore {path} is corrupt ({type(exc).__name__}: {exc}); build it again") from exc
+        if self.tokens.ndim != 1 or self.suffix_array.shape != self.tokens.shape:
+            raise SpecdecError(f"datastore {path} is corrupt: {self.suffix_array.shape[0] if self.suffix_array.ndim else 0} "
+                               f"suffix-array entries for {self.tokens.shape[0] if self.tokens.ndim else 0} tokens; build it again")
 
     def check_tokenizer(self, tokenizer) -> None:  # noqa: ANN001
         if self.meta.get("tokenizer_fingerprint") != tokenizer.fingerprint():
