@@ -145,7 +145,7 @@ def add_model_args(parser: argparse.ArgumentParser, unused: dict[str, str] | tup
              "draft_suffix: the draft model, except where the request's suffix table already knows the text "
              "(--method draft_model: the draft model alone)")
     add("--method", default=None, help="speculative method: " + methods_help()
-        + "; omit for plain decoding unless --draft-model is given")
+        + "; ar (or plain): plain decoding, even with --draft-model; omit for plain decoding unless --draft-model is given")
     add("--skip-layers", default=None, metavar="LIST|auto",
         help="layer-skip: layers the draft skips, e.g. 14,16,18-20; 'auto' = the set saved by "
              "`specdec calibrate-skip` (default: that set if saved, else every other layer of the upper half)")
