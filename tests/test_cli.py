@@ -483,3 +483,20 @@ def test_the_prompt_set_and_its_size_have_one_name_across_commands():
     assert parser.parse_args(["calibrate-skip", "--prompts", "4"]).prompts == 4
     bench = parser.parse_args(["bench", "--dataset", "gsm8k", "--limit", "3"])
     assert (bench.dataset, bench.limit) == ("gsm8k", 3)
+
+
+def test_method_ar_with_a_draft_model_decodes_plainly(tiny_dirs, capsys):
+    """`--method ar --draft-model D` ran draft_suffix: the CLI resolved ar to no method, and a SpecConfig with a draft
+    model and no method reads as the default draft method."""
+    from specdec.cli import build_parser
+    from specdec.cli.common import spec_from_args
+
+    for plain in ("ar", "plain"):
+        args = build_parser().parse_args(["generate", "x", "--method", plain, "--draft-model", str(tiny_dirs["draft"])])
+        assert spec_from_args(args).method is None
+    assert spec_from_args(build_parser().parse_args(["generate", "x", "--draft-model", "d"])).method == "draft_suffix"
+    code = main(["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
+                 "--method", "ar", "--max-tokens", "4", "--quantize", "none", "--dtype", "float32", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0 and "plain decoding does not read --draft-model" in captured.err
+    assert json.loads(captured.err.strip().splitlines()[-1])["stats"]["method"] == "ar"

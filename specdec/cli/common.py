@@ -416,7 +416,9 @@ def spec_from_args(args: argparse.Namespace):  # noqa: ANN201
         raise SpecdecError(f"method {method!r} needs a draft model: add --draft-model NAME_OR_PATH")
     check_required_options(args, [method])
     warn_unread_flags(args, method)
-    return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=args.draft_model, spec_tree=args.spec_tree,
+    # `--method ar --draft-model D`: plain decoding as typed (SpecConfig reads a draft model without a method as draft_suffix)
+    draft_model = None if args.method and method is None else args.draft_model
+    return SpecConfig(method=method, num_speculative_tokens=gamma, draft_model=draft_model, spec_tree=args.spec_tree,
                       **method_options(args))
 
 

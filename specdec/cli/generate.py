@@ -70,9 +70,10 @@ def run(args: argparse.Namespace) -> int:
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=target_mode,
                                   prompt_quantize=args.prompt_quantize)
     draft = None
-    if args.draft_model and spec.method is not None and not method_info(spec.method).needs_draft_model:
+    if args.draft_model and (spec.method is None or not method_info(spec.method).needs_draft_model):
         readers = ", ".join(info.name for info in all_methods() if info.needs_draft_model)
-        print(f"warning: --method {spec.method} does not read --draft-model (read by: {readers}); not loaded", file=sys.stderr)
+        print(f"warning: {'--method ' + spec.method if spec.method else 'plain decoding'} does not read --draft-model "
+              f"(read by: {readers}); not loaded", file=sys.stderr)
     elif args.draft_model:
         print(f"loading draft {args.draft_model} …", file=sys.stderr)
         draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_mode,

@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     cache = state.target.backend.prefix_cache
     prefixes = (f"prefix cache {cache.max_bytes / 1e9:g} GB per model in blocks of {cache.block_size} tokens"
                 if cache is not None else "no prefix cache")
-    hint = "" if state.spec.method is not None else (
+    hint = "" if state.spec.method is not None or state.draft is not None else (
         " (speculative decoding needs a drafter: --draft-model D — qwen2.5-coder-0.5b for the default target — or a "
         "draft-free --method suffix)")
     print(f"serving {state.model_name} ({state.target.backend.mode}, speculative: {speculative}, {prefixes}, {keys}) "
