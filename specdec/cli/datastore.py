@@ -81,7 +81,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: replacing the datastore in {args.output}", file=sys.stderr)
     tokenizer = Tokenizer.load(resolve_model(args.tokenizer, auto_pull=not args.no_pull))
     skipped: Counter[str] = Counter()
-    meta = build_datastore(tokenizer, read_corpus(args.input, skipped), Path(args.output), window=args.window, progress=True)
+    from specdec.bench.datasets import ROW_FILE_SUFFIXES, dataset_path
+
+    files = [dataset_path(name) for name in args.input]  # text files are one document each: the bar's end is known
+    total = None if any(path.suffix in ROW_FILE_SUFFIXES for path in files) else len(files)
+    meta = build_datastore(tokenizer, read_corpus(args.input, skipped), Path(args.output), window=args.window, progress=True,
+                           total=total)
     documents = meta["documents"]
     left_out = ", ".join(f"{count} {kind} file{'s' if count != 1 else ''}" if kind == "binary" else
                          f"{count} empty document{'s' if count != 1 else ''}" for kind, count in sorted(skipped.items()))

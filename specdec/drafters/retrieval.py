@@ -9,6 +9,7 @@ fingerprint of the tokenizer so a datastore built with another vocabulary is ref
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Iterable
@@ -22,15 +23,17 @@ FORMAT_VERSION = 1
 SEPARATOR = -1  # between documents: never matches a real token
 
 
-def build_datastore(tokenizer, texts: Iterable[str], output: Path, window: int = 16, progress: bool = False) -> dict:  # noqa: ANN001
-    """Tokenize ``texts`` and write ``tokens.npy``, ``suffix_array.npy`` and ``meta.json`` to ``output``."""
+def build_datastore(tokenizer, texts: Iterable[str], output: Path, window: int = 16, progress: bool = False,  # noqa: ANN001
+                    total: int | None = None) -> dict:
+    """Tokenize ``texts`` and write ``tokens.npy``, ``suffix_array.npy`` and ``meta.json`` to ``output``.
+    ``total``: how many documents ``texts`` holds, where known (the progress bar's end)."""
     ids: list[int] = []
     docs = 0
     iterator = texts
     if progress:
         from tqdm import tqdm
 
-        iterator = tqdm(texts, desc="tokenizing", unit="doc")
+        iterator = tqdm(texts, desc="tokenizing", unit="doc", total=total)
     for text in iterator:
         document = tokenizer.encode(text, add_special_tokens=False)
         if document:  # an empty file is no document (it was counted as one, its separator as a token)
@@ -39,6 +42,8 @@ def build_datastore(tokenizer, texts: Iterable[str], output: Path, window: int =
             docs += 1
     if not ids:
         raise SpecdecError("the corpus is empty: nothing to index")
+    if progress:  # ~15 s for 8 M tokens, which looked like a hang after the bar
+        print(f"sorting {len(ids):,} suffixes …", file=sys.stderr, flush=True)
     return write_datastore(ids, output, tokenizer.fingerprint(), tokenizer.vocab_size, docs, window)
 
 
