@@ -264,6 +264,8 @@ def test_server_reuses_a_conversations_earlier_turns(tiny_dirs, int4_kernel):
             assert 'specdec_prefix_cache_usage_bytes{model="draft"}' in gauges  # (it drafts only where γ=auto says it pays)
             assert gauges['specdec_prefix_cache_capacity_bytes{model="target"}'] > gauges['specdec_prefix_cache_usage_bytes{model="target"}']
             assert gauges['specdec_prefix_cache_evicted_blocks_total{model="target"}'] == 0
+            assert gauges['specdec_prefix_cache_restored_tokens_total{model="target"}'] == cached[1]
+            assert gauges['specdec_prefix_cache_queried_tokens_total{model="target"}'] >= sum(cached)
         else:
             assert not gauges
     with pytest.raises(RuntimeError, match="exact only where"):

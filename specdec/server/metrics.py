@@ -51,9 +51,9 @@ class Metrics:
                                       buckets=(1, 4, 16, 64, 256, 1024, 4096), registry=r)
 
     def watch_prefix_caches(self, caches: dict[str, PrefixCache]) -> None:
-        """Export the prefix caches' fill, budget and evictions per model ("target", "draft"), read at each scrape:
-        with only the hit counter, eviction showed only as falling ``cached_tokens`` (the hit rate is
-        ``specdec_prefix_cache_hit_tokens_total / specdec_prompt_tokens_total``)."""
+        """Export the prefix caches' fill, budget, evictions and lookups per model ("target", "draft"), read at each
+        scrape: with only the target's hit counter, eviction showed only as falling ``cached_tokens`` and the draft
+        model's cache not at all (a hit rate: ``…_restored_tokens_total / …_queried_tokens_total``)."""
         if caches:
             self.registry.register(_PrefixCacheCollector(caches))
 
@@ -99,8 +99,14 @@ class _PrefixCacheCollector:
                                      labels=["model"])
         evicted = CounterMetricFamily("specdec_prefix_cache_evicted_blocks", "Blocks dropped to stay within the budget, least "
                                       "recently used first", labels=["model"])
+        queried = CounterMetricFamily("specdec_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache "
+                                      "(the draft model's too: its own prompt passes)", labels=["model"])
+        restored = CounterMetricFamily("specdec_prefix_cache_restored_tokens", "Of those, tokens whose keys/values the cache "
+                                       "held", labels=["model"])
         for model, cache in self.caches.items():
             usage.add_metric([model], cache.nbytes)
             capacity.add_metric([model], cache.max_bytes)
             evicted.add_metric([model], cache.evicted_blocks)
-        yield from (usage, capacity, evicted)
+            queried.add_metric([model], cache.queried_tokens)
+            restored.add_metric([model], cache.hit_tokens)
+        yield from (usage, capacity, evicted, queried, restored)
