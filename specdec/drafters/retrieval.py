@@ -9,7 +9,6 @@ fingerprint of the tokenizer so a datastore built with another vocabulary is ref
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Iterable
@@ -42,8 +41,6 @@ def build_datastore(tokenizer, texts: Iterable[str], output: Path, window: int =
             docs += 1
     if not ids:
         raise SpecdecError("the corpus is empty: nothing to index")
-    if progress:  # ~15 s for 8 M tokens, which looked like a hang after the bar
-        print(f"sorting {len(ids):,} suffixes …", file=sys.stderr, flush=True)
     return write_datastore(ids, output, tokenizer.fingerprint(), tokenizer.vocab_size, docs, window)
 
 
