@@ -70,6 +70,7 @@ def read_corpus(files: list[str], skipped: Counter[str] | None = None) -> Iterat
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from specdec.bench.datasets import ROW_FILE_SUFFIXES, dataset_path
     from specdec.drafters.retrieval import build_datastore
     from specdec.models.registry import resolve_model
     from specdec.tokenizer import Tokenizer
@@ -80,11 +81,9 @@ def run(args: argparse.Namespace) -> int:
     if existing.is_file():  # a 100-document store was replaced by a 12-token one without a word
         print(f"note: replacing the datastore in {args.output}", file=sys.stderr)
     tokenizer = Tokenizer.load(resolve_model(args.tokenizer, auto_pull=not args.no_pull))
+    # text files are one document each: the progress bar's end is known
+    total = None if any(dataset_path(name).suffix in ROW_FILE_SUFFIXES for name in args.input) else len(args.input)
     skipped: Counter[str] = Counter()
-    from specdec.bench.datasets import ROW_FILE_SUFFIXES, dataset_path
-
-    files = [dataset_path(name) for name in args.input]  # text files are one document each: the bar's end is known
-    total = None if any(path.suffix in ROW_FILE_SUFFIXES for path in files) else len(files)
     meta = build_datastore(tokenizer, read_corpus(args.input, skipped), Path(args.output), window=args.window, progress=True,
                            total=total)
     documents = meta["documents"]
