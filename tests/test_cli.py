@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
+import specdec
 from specdec.cli import main
+from specdec.sampling import SamplingParams
 from specdec.config import DEFAULT_DRAFT_METHOD
 
 
@@ -76,6 +78,11 @@ def test_help_lists_every_generate_flag():
         # a mistyped file name was used as the text itself
         (["generate", "hi", "--prediction", "/tmp/no-such-draft.txt"], "--prediction /tmp/no-such-draft.txt: no such file"),
         (["generate", "hi", "--json-schema", "schema-typo.json"], "--json-schema schema-typo.json: no such file"),
+        (["generate", "hi", "--model", "/nope/m.gguf", "--history", "/nope/turns.json"], "--history /nope/turns.json: no such file"),
+        (["generate", "hi", "--model", "/nope/m.gguf", "--history", "/etc/hostname"], "--history /etc/hostname: not a JSON file"),
+        (["generate", "hi", "--model", "/nope/m.gguf", "--suffix", "x", "--system", "Be brief."],
+         "--suffix fills the middle of a plain prompt"),  # before the (missing) model
+        (["generate", "hi", "--model", "/nope/m.gguf", "--suffix", "/nope/after.py"], "--suffix /nope/after.py: no such file"),
         (["bench", "--gammas", "0,2"], "--gammas 0,2: must be >= 1, got 0"),
         (["bench", "--gammas", "foo"], "--gammas foo: expected a positive integer"),
         (["datastore", "build", "--input", "/tmp", "--output", "/tmp/never-written"], "is a folder"),
@@ -500,3 +507,24 @@ def test_method_ar_with_a_draft_model_decodes_plainly(tiny_dirs, capsys):
     captured = capsys.readouterr()
     assert code == 0 and "plain decoding does not read --draft-model" in captured.err
     assert json.loads(captured.err.strip().splitlines()[-1])["stats"]["method"] == "ar"
+
+
+def test_generate_system_and_history_continue_a_conversation(tiny_dirs, capsys, tmp_path):
+    """`--system` and `--history` render [system] + earlier turns + the prompt as the next user message (a server
+    conversation's turn, reproduced from the command line); the text is the library's for the same messages."""
+    target = specdec.load_model(tiny_dirs["target"], dtype="float32", quantize="none")
+    earlier = [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "Four."}]
+    messages = [{"role": "system", "content": "Answer in one line."}, *earlier, {"role": "user", "content": "And 3+3?"}]
+    expected = specdec.generate(target, messages, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)).text
+    history = tmp_path / "turns.json"
+    history.write_text(json.dumps({"model": "m", "messages": earlier}))  # a saved chat request
+    base = ["generate", "And 3+3?", "--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
+            "--max-tokens", "6", "--ignore-eos", "--system", "Answer in one line."]
+    assert main([*base, "--history", str(history)]) == 0
+    assert capsys.readouterr().out == expected + "\n"
+    assert main(base) == 0  # no history: system + the prompt
+    alone = specdec.generate(target, [messages[0], messages[-1]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert capsys.readouterr().out == alone.text + "\n"
+    history.write_text(json.dumps([{"content": "no role"}]))
+    assert main([*base, "--history", str(history)]) == 1
+    assert 'message 0 needs a "role" and a "content"' in capsys.readouterr().err

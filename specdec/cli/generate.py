@@ -12,6 +12,7 @@ import sys
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, check_output_file, execution_modes,
                                 file_or_text, kernels_in_use, pages_in_use, sampling_from_args, spec_from_args)
 from specdec.cpu import cpu_description
+from specdec.errors import SpecdecError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -21,6 +22,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_model_args(gen)
     add_sampling_args(gen)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
+    gen.add_argument("--system", metavar="FILE_OR_TEXT", default=None,
+                     help="a system message before the prompt (a file, or the text itself); implies --chat")
+    gen.add_argument("--history", metavar="FILE", default=None,
+                     help="earlier turns of the conversation: a JSON file holding a list of OpenAI-style messages "
+                          "({\"role\": ..., \"content\": ...}), or an object with a \"messages\" list (a saved chat request); the "
+                          "prompt is the next user message (to reproduce a server conversation's turn); implies --chat")
     gen.add_argument("--prediction", metavar="FILE_OR_TEXT", default=None,
                      help="the output expected, largely (OpenAI's Predicted Outputs): a file being edited, an earlier answer "
                           "being revised — a file, or the text itself. The " + ", ".join(prediction_readers()) + " methods draft "
@@ -55,7 +62,13 @@ def run(args: argparse.Namespace) -> int:
     from specdec.drafters.registry import all_methods, method_info
 
     check_output_file(args.html, "--html")
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt: str | list[dict] = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.suffix is not None and (args.chat or args.system is not None or args.history is not None):
+        raise SpecdecError("--suffix fills the middle of a plain prompt: drop --chat/--system/--history")
+    suffix = file_or_text(args.suffix, "--suffix") if args.suffix is not None else None  # before minutes of loading
+    if args.system is not None or args.history is not None:
+        prompt = chat_messages(prompt, args.system, args.history)
+        args.chat = True
     params = sampling_from_args(args)
     spec = spec_from_args(args)
     if args.prediction is not None:
@@ -78,10 +91,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"loading draft {args.draft_model} …", file=sys.stderr)
         draft = specdec.load_model(args.draft_model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=draft_mode,
                                       prompt_quantize=args.prompt_quantize)
-    if args.suffix is not None:
-        if args.chat:
-            raise specdec.SpecdecError("--suffix fills the middle of a plain prompt: drop --chat")
-        prompt = target.tokenizer.fill_in_the_middle(prompt, file_or_text(args.suffix, "--suffix"))
+    if suffix is not None:
+        prompt = target.tokenizer.fill_in_the_middle(prompt, suffix)
     note = " (a quantized model: not the float model's exact outputs)" if target.backend.dtype_name in ("int8", "int4") else ""
     chosen = " (chosen by --quantize auto from step costs measured on this CPU)" if plan is not None and args.quantize == "auto" else ""
     draft_note = f", draft {draft.backend.mode}" if draft is not None else ""  # mode: int4-all where dtype_name says int4
@@ -165,6 +176,36 @@ def run(args: argparse.Namespace) -> int:
 WARM_UP_PROMPT = "Write a short Python function."
 
 
+def chat_messages(prompt: str, system: str | None, history: str | None) -> list[dict]:
+    """``--system`` and ``--history`` around the prompt: [system] + earlier turns + the prompt as the next user
+    message. A history file is checked here (a wrong one was otherwise found after the models loaded)."""
+    messages: list[dict] = []
+    if system is not None:
+        messages.append({"role": "system", "content": file_or_text(system, "--system")})
+    if history is not None:
+        messages += read_history(history)
+    return messages + [{"role": "user", "content": prompt}]
+
+
+def read_history(path: str) -> list[dict]:
+    """The messages of a ``--history`` file: a JSON list of messages or a chat request's ``{"messages": [...]}``."""
+    from pathlib import Path
+
+    try:
+        loaded = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecdecError(f"--history {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecdecError(f"--history {path}: not a JSON file of chat messages ({exc})") from None
+    messages = loaded.get("messages") if isinstance(loaded, dict) else loaded
+    if not isinstance(messages, list):
+        raise SpecdecError(f"--history {path}: expected a list of messages or an object with a \"messages\" list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or "content" not in message:
+            raise SpecdecError(f"--history {path}: message {index} needs a \"role\" and a \"content\"")
+    return messages
+
+
 def warm_up(target, draft, spec, params, chat: bool) -> None:  # noqa: ANN001
     """A few tokens through speculative decoding (and plain) before --compare-plain times them: a process's
     first generation pays one-time costs (weights first read, kernel paths first taken) — on the AMX Xeon the
@@ -181,14 +222,15 @@ def warm_up(target, draft, spec, params, chat: bool) -> None:  # noqa: ANN001
     clear_global_caches()
 
 
-def write_view(path: str, target, prompt: str | list[int], chat: bool, token_ids: list[int], stats) -> None:  # noqa: ANN001
+def write_view(path: str, target, prompt: str | list[int] | list[dict], chat: bool, token_ids: list[int], stats) -> None:  # noqa: ANN001
     """``--html``: the acceptance view of this generation (the prompt shown as the model saw it)."""
     from pathlib import Path
 
     from specdec.acceptance_view import render
 
     if chat:
-        shown = target.tokenizer.render_chat([{"role": "user", "content": prompt}])
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        shown = target.tokenizer.render_chat(messages)
     else:  # a fill-in-the-middle prompt is token ids, its markers shown
         shown = prompt if isinstance(prompt, str) else target.tokenizer.decode(prompt, skip_special_tokens=False)
     Path(path).write_text(render(target.tokenizer, shown, token_ids, stats, title=f"specdec · {target.name}"), encoding="utf-8")
