@@ -100,7 +100,10 @@ def test_a_call_cut_off_by_max_tokens_is_not_content_and_the_answer_ends_by_leng
     text = 'Sure.\n<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>\n<tool_call>\n{"name": "g", "argu'
     content, calls = parse_tool_calls(text)
     assert content == "Sure." and [c["function"]["name"] for c in calls] == ["f"]
-    assert parse_tool_calls('<tool_call>{"name": "g", "argu')[0] == '<tool_call>{"name": "g", "argu'  # no call: all content
+    # the only call cut: nothing of its markup (the README's promise; it was all content, as vLLM's parser leaves it)
+    assert parse_tool_calls('<tool_call>{"name": "g", "argu') == ("", [])
+    assert parse_tool_calls('Checking.\n<tool_call>\n{"name": "g"') == ("Checking.", [])
+    assert parse_tool_calls("<tool_call>oops</tool_call>") == ("<tool_call>oops</tool_call>", [])  # closed: text
     tools, named = RequestTools(frozenset({"f"})), RequestTools(frozenset({"f"}), named=True)
     assert tools.finish_reason("length", True) == "length" and tools.finish_reason("stop", True) == "tool_calls"
     assert named.finish_reason("stop", True) == "stop" and tools.finish_reason("stop", False) == "stop"
@@ -131,8 +134,11 @@ def test_the_stream_filter_holds_back_what_may_be_a_call():
     after.push('<tool_call>{"name": "f", "arguments": {}}</tool_call> done')
     assert after.flush(called=True) == "done"  # as the non-streamed answer's content
     malformed = ToolTextFilter()
-    malformed.push("<tool_call>oops")
-    assert malformed.flush(called=False) == "<tool_call>oops"  # no call: it is content after all
+    malformed.push("<tool_call>oops</tool_call>")
+    assert malformed.flush(called=False) == "<tool_call>oops</tool_call>"  # no call: it is content after all
+    cut = ToolTextFilter()
+    assert cut.push('Let me check.<tool_call>\n{"name": "') == "Let me check."
+    assert cut.flush(called=False) == ""  # a call cut by max_tokens: its markup is not content, streamed or not
 
 
 @pytest.fixture(scope="module")
@@ -248,8 +254,15 @@ def test_tool_choice_required_or_named_constrains_the_answer_to_a_call(tool_serv
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "arguments must be JSON text"),
     ({"messages": [{"role": "user", "content": None}]}, "only an assistant message with tool_calls may omit it"),
     ({"messages": []}, "messages must not be empty"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}], "tool_choice": "required"},
-     'not a usable JSON Schema: Unsupported type "bogus"'),
+    # a schema that is none, whatever tool_choice says (under auto it went into the prompt unchecked)
+    *[({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}], **choice},
+       "tools: the parameters of 'f' are not a JSON Schema: 'bogus' is not valid") for choice in
+      ({"tool_choice": "required"}, {}, {"tool_choice": "none"})],
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "city"}}}]},
+     "'city' is not of type 'array' (at required)"),
+    ({"tools": [{"type": "function", "function": {"name": "get weather!"}}]}, "tools.0.function.name"),  # OpenAI's pattern
+    ({"messages": [{"role": "user", "content": "Weather?"}, {"role": "tool", "content": "sunny"}]},
+     "messages.1.tool_call_id: a tool message needs the id of the call it answers"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}}],
       "tool_choice": "required"}, "tools: the parameters of 'f' uses properties.tags.uniqueItems, which the grammar engine"),

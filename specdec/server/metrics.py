@@ -24,10 +24,10 @@ class Metrics:
         # process_resident_memory_bytes, process_cpu_seconds_total…: what a deployment sizes replicas by
         ProcessCollector(registry=r)
         self.requests = Counter("specdec_requests_total", "Requests by endpoint and status", ["endpoint", "status"], registry=r)
-        self.latency = Histogram("specdec_request_latency_seconds", "End-to-end request latency", buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("specdec_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram("specdec_request_latency_seconds", "End-to-end latency of each sequence (a request with n choices observes n)", buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("specdec_time_to_first_token_seconds", "Time to first token of each sequence (a request with n choices observes n)", buckets=LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("specdec_time_per_output_token_seconds", "Time per output token after the first", buckets=TOKEN_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("specdec_prompt_tokens_total", "Prompt tokens processed", registry=r)
+        self.prompt_tokens = Counter("specdec_prompt_tokens_total", "Prompt tokens processed (once per sequence: a request with n choices counts its prompt n times, its usage once)", registry=r)
         self.cached_prompt_tokens = Counter("specdec_prefix_cache_hit_tokens_total",
                                             "Prompt tokens whose keys/values came from the target's prefix cache", registry=r)
         self.generation_tokens = Counter("specdec_generation_tokens_total", "Tokens generated", registry=r)

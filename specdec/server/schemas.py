@@ -151,7 +151,8 @@ class FunctionSpec(BaseModel):
     """A tool's function as OpenAI describes it (``parameters``: a JSON Schema)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=64)
+    #: OpenAI's rule for function names (a space or a dot was accepted, and a model asked to call it)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
     description: Optional[str] = None
     parameters: Optional[dict[str, Any]] = None
     strict: Optional[bool] = None

@@ -62,14 +62,35 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
             wanted = "names a tool" if isinstance(choice, NamedToolChoice) else f"is {choice!r}"
             raise APIError(400, f"tool_choice {wanted} but the request has no tools", param="tool_choice")
         return None
-    if choice == "none":
-        return None
     names = [tool.function.name for tool in req.tools]
     if len(set(names)) != len(names):
         raise APIError(400, "tools: each function needs a name of its own", param="tools")
+    for tool in req.tools:  # OpenAI refuses a schema that is none whatever tool_choice is; forced_call compiles it
+        problem = schema_problem(tool.function.parameters)
+        if problem is not None:
+            raise APIError(400, f"tools: the parameters of {tool.function.name!r} are not a JSON Schema: {problem}",
+                           param="tools")
+    if choice == "none":  # checked all the same, as OpenAI does
+        return None
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
         raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", param="tool_choice")
     return [tool.model_dump(exclude_none=True) for tool in req.tools]
+
+
+def schema_problem(schema: dict[str, Any] | None) -> str | None:
+    """What makes ``schema`` not a JSON Schema by its metaschema (the draft its ``$schema`` names, else
+    2020-12), or None. Under ``tool_choice: "auto"`` a tool's parameters were never checked: a typo such as
+    ``"type": "objekt"`` went into the prompt, and a model asked to follow it."""
+    if schema is None:
+        return None
+    from jsonschema import exceptions, validators
+
+    try:
+        validators.validator_for(schema, default=validators.Draft202012Validator).check_schema(schema)
+    except exceptions.SchemaError as exc:
+        where = "/".join(str(part) for part in exc.path)
+        return exc.message + (f" (at {where})" if where else "")
+    return None
 
 
 def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
@@ -144,6 +165,9 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                            param=f"messages.{index}.content")
         if message.tool_call_id is not None:
             item["tool_call_id"] = message.tool_call_id
+        elif message.role == "tool":  # OpenAI's 400 too: the answer must say which call it answers
+            raise APIError(400, f"messages.{index}.tool_call_id: a tool message needs the id of the call it answers",
+                           param=f"messages.{index}.tool_call_id")
         rendered.append(item)
     return rendered
 
@@ -151,7 +175,8 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 def parse_tool_calls(text: str, names: frozenset[str] = frozenset(), parallel: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
     """``(content, tool_calls)`` of an output: every well-formed ``<tool_call>`` block (a JSON object
     with a string ``name`` and object ``arguments``) becomes an OpenAI tool call, the rest of the
-    text the content (None when nothing is left). A malformed block stays in the content, as text.
+    text the content (None when nothing is left). A malformed block stays in the content, as text; an
+    unclosed one at the end (a call cut off by max_tokens) does not: its markup means nothing to a client.
     ``parallel`` false: only the first call is kept (vLLM's behaviour; the others are dropped).
 
     Small models often answer a call without the tags — the whole output one JSON object (or a list
@@ -170,10 +195,14 @@ def parse_tool_calls(text: str, names: frozenset[str] = frozenset(), parallel: b
         return ""
 
     content = _CALL.sub(take, text).strip()
+    opened = content.rfind(CALL_OPEN)
+    cut = opened >= 0 and CALL_CLOSE not in content[opened:]
+    if cut:  # a call cut off by max_tokens: its markup is not content (vLLM's parsers drop it after complete calls)
+        content = content[:opened].strip()
     if calls:
-        # a call cut off by max_tokens after complete ones: its markup is not content (vLLM's parsers drop it too)
-        content = content.split(CALL_OPEN, 1)[0].strip() if CALL_OPEN in content and CALL_CLOSE not in content else content
         return content or None, calls if parallel else calls[:1]
+    if cut:  # the answer's only call was cut: the text before it (a client reads finish_reason "length")
+        return content, []
     bare = _BARE.fullmatch(text.strip())
     if bare is not None and names:
         try:
@@ -253,10 +282,10 @@ class ToolTextFilter:
         ``tool_calls``) the text around them, else all of it (a malformed call is content, as
         :func:`parse_tool_calls` says) — the content a non-streamed answer has."""
         held, self.held = self.held, ""
-        if not called:
-            return held
-        content, _ = parse_tool_calls(held, self.names, self.parallel)
-        return (content or "") if self.in_call else ""
+        if self.in_call:  # the text from the first <tool_call> on: around the calls, a cut call's markup left out
+            content, _ = parse_tool_calls(held, self.names, self.parallel)
+            return content or ""
+        return "" if called else held
 
 
 def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | list[int], RequestTools | None]:
@@ -310,5 +339,5 @@ def answered_message(text: str, tools: RequestTools | None) -> tuple[dict[str, A
         return {"role": "assistant", "content": text}, False
     content, tool_calls = parse_tool_calls(text, tools.names, tools.parallel)
     if not tool_calls:
-        return {"role": "assistant", "content": text}, False
+        return {"role": "assistant", "content": content}, False
     return {"role": "assistant", "content": content, "tool_calls": tool_calls}, True
