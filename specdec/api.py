@@ -22,6 +22,7 @@ import torch
 
 from specdec import step_calibration, step_costs
 from specdec.backends.torch_backend import TorchBackend
+from specdec.chunking import rows_independent
 from specdec.compat import check_draft_context, check_pair
 from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
@@ -364,34 +365,6 @@ def warn_unread(draft: LoadedModel | None, spec: SpecConfig | None) -> None:
                       stacklevel=3)
 
 
-#: prompt tokens per target call when a prefill is chunked (see :func:`default_prefill_chunk`)
-PREFILL_CHUNK = 256
-#: … for a long prompt while other requests decode (the server with --prefill-chunk auto): each of their tokens
-#: waits for a forward carrying a chunk, which on a CPU costs its rows. Measured (Zen 4, int8 target, a 3300-token
-#: prompt then a 16-token completion 1.5 s later): 256-token chunks, the short request took 15.9 s (1 token/s); 64,
-#: 4.9 s, and the long prompt's first token came 8 % later (18.5 vs 17.1 s) …
-SHARED_PREFILL_CHUNK = 64
-#: … where more than this many prompt tokens are still to feed. A short prompt keeps whole chunks: split under
-#: steady load (8 concurrent MT-Bench requests) it took more forwards to its first token — median TTFT 1.21 s
-#: against 0.69 s, total tokens/s 0.97× — for a stall of one chunk it costs the others anyway.
-LONG_PROMPT_TOKENS = 4 * PREFILL_CHUNK
-
-
-def rows_independent(model: LoadedModel) -> bool:
-    """Do this model's forwards compute every row on its own, prompt passes included (the int8/int4
-    CPU paths)? Then a row's keys, values and logits do not depend on which rows share its forward:
-    chunked prefill and prefix caching are bit-exact. Float GEMMs may round a chunk differently."""
-    backend = model.backend
-    return backend.decoder.ragged_layer_runner is not None and backend.prompt_backend.decoder.ragged_layer_runner is not None
-
-
-def default_prefill_chunk(target: LoadedModel) -> int:
-    """Chunked prefill's chunk for this target: PREFILL_CHUNK where its rows are computed
-    independently (:func:`rows_independent`: a chunked prompt's logits are bit-identical to one
-    pass), else 0 — the whole prompt in one call."""
-    return PREFILL_CHUNK if rows_independent(target) else 0
-
-
 def reset_suffix_cache() -> None:
     """Forget the outputs the ``suffix`` and ``draft_suffix`` methods remember across requests in this process (the
     server's ``POST /reset_suffix_cache``). Call it between timed runs of the same prompts: a second run drafts from
@@ -420,29 +393,3 @@ def enable_prefix_caching(model: LoadedModel, gb: float = DEFAULT_PREFIX_CACHE_G
                            f"{block_bytes / 1e6:.2f} MB of keys/values); give more, or switch it off")
     model.backend.prefix_cache = PrefixCache(int(gb * 1e9), block_size)
     return model.backend.prefix_cache
-
-
-#: rows of one batched forward where prompts are not chunked (float weights, CUDA): it must hold them
-WHOLE_PROMPT_BATCH_TOKENS = 2048
-
-
-def default_max_num_batched_tokens(prefill_chunk: int, max_num_seqs: int, spec: SpecConfig | None = None) -> int:
-    """Rows of one batched target forward: with chunked prefill, one prompt chunk plus every running
-    request's largest verification (γ + 1 rows, or a tree's nodes + 1), so each forward carries all
-    decode steps and at most ~one chunk of prompt. Why not more: a CPU forward is compute-bound from
-    a few dozen rows, so a forward of several prompts at once only delays everyone's next token —
-    measured on a VNNI EPYC with 8 concurrent 64-token completions, 320 rows instead of 2048 gave
-    median TTFT 2.47 s instead of 3.24 s and 1.08× the total tokens/s. Without chunking (0):
-    :data:`WHOLE_PROMPT_BATCH_TOKENS`."""
-    if prefill_chunk <= 0:
-        return WHOLE_PROMPT_BATCH_TOKENS
-    spec = spec or SpecConfig()
-    return prefill_chunk + max_num_seqs * (max(spec.max_speculative_tokens, spec.max_tree_nodes) + 1)
-
-
-def prompts_per_forward(prefill_chunk: int) -> int | None:
-    """Prompt passes one batched forward may carry (:class:`specdec.scheduler.Batcher`): one where
-    prompts are chunked (the CPU modes, where a prompt pass is compute-bound: two together cost their
-    sum, and both first tokens would wait for it), else None (as many as the rows allow: on a GPU a
-    forward of several prompts costs little more than one)."""
-    return 1 if prefill_chunk > 0 else None

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from specdec.api import (LoadedModel, Prompt, check_target, default_max_num_batched_tokens, default_prefill_chunk, encode_prompt,
-                         prepare, prompts_per_forward, resolve_spec)
+from specdec.api import LoadedModel, Prompt, check_target, encode_prompt, prepare, resolve_spec
+from specdec.chunking import default_max_num_batched_tokens, default_prefill_chunk, prompts_per_forward, shared_prefill_chunk
 from specdec.config import SpecConfig
 from specdec.engine import GenerationResult, StreamChunk, check_context, collect, generate_steps
 from specdec.errors import SpecdecError
@@ -40,8 +40,9 @@ def generate_batch(
     (:class:`specdec.scheduler.Batcher`; None: :func:`default_max_num_batched_tokens`), on this thread. Each result equals :func:`generate` of that
     prompt alone: bit-identical logits per request where the target batches (int8/int4 on CPU), the
     same forwards one by one elsewhere. ``params``: one for all prompts, or one per prompt.
-    ``prefill_chunk``: prompt tokens per call (None: :func:`default_prefill_chunk`; 0: whole
-    prompts). How much requests draft while they share forwards is the server's policy
+    ``prefill_chunk``: prompt tokens per call (None: :func:`default_prefill_chunk`, and a prompt of over
+    LONG_PROMPT_TOKENS in SHARED_PREFILL_CHUNK pieces while others decode, as the server's ``--prefill-chunk auto``:
+    :func:`specdec.chunking.shared_prefill_chunk`; N: always N; 0: whole prompts). How much requests draft while they share forwards is the server's policy
     (:mod:`specdec.policy`): ``disable_speculation_above`` ``"auto"`` — γ per number of requests in
     flight from the measured step costs and the batch's α so far (0 where speculating would cost
     throughput) —, N (no drafts with more than N requests in flight) or ``"never"``;
@@ -53,6 +54,8 @@ def generate_batch(
         raise TypeError(f"prompts must be a list of prompts (one prompt: specdec.generate), got {type(prompts).__name__}")
     if max_num_seqs < 1 or (max_num_batched_tokens is not None and max_num_batched_tokens < 1):
         raise SpecdecError("max_num_seqs and max_num_batched_tokens must be >= 1")
+    if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or isinstance(prefill_chunk, bool) or prefill_chunk < 0):
+        raise SpecdecError(f"prefill_chunk must be an integer >= 0 (0: whole prompts; None: the default), got {prefill_chunk!r}")
     per_prompt = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
     if len(per_prompt) != len(prompts):
         raise SpecdecError(f"{len(per_prompt)} SamplingParams for {len(prompts)} prompts: give one, or one per prompt")
@@ -74,6 +77,9 @@ def generate_batch(
     # against the exact number of requests in flight, its curves corrected by the forwards' costs)
     policy = BatchPolicy.from_setting(disable_speculation_above, resolve_spec(spec, draft), target, draft, max_num_seqs)
     batcher = Batcher(max_num_batched_tokens, policy.costs.observe, prompts_per_forward(chunk))
+    # a long prompt's chunks shrink while others decode (a short request's 40 tokens waited 34 s on a 2787-token
+    # prompt in 256-token chunks); a chunk the caller gave is used as given, as the server's --prefill-chunk N
+    next_chunk = shared_prefill_chunk(chunk, batcher.others_in_flight) if prefill_chunk is None else chunk
     bar = None
     if progress:
         from tqdm import tqdm
@@ -103,7 +109,7 @@ def generate_batch(
                 jobs[index] = prepare(target, prompts[index], per_prompt[index], draft, spec, chat)
                 gate = RequestGate(lambda: policy.cap(len(batcher.streams)),
                                    batcher.prompt_pending if pause_speculation_for_prompts else None)
-                steps = generate_steps(**jobs[index], prefill_chunk=chunk, speculate=gate,
+                steps = generate_steps(**jobs[index], prefill_chunk=next_chunk, speculate=gate,
                                        alpha_prior=policy.measured_alpha(),
                                        saving_under_load=lambda: policy.saving(len(batcher.streams)))
                 batcher.add(Stream(steps, deliver_to(index), lambda: False))

@@ -141,7 +141,7 @@ def generate_steps(
     generator: torch.Generator | None = None,
     speculate: Callable[[], int | None] | None = None,
     constraint: GrammarConstraint | None = None,
-    prefill_chunk: int | Callable[[int], int] = 0,
+    prefill_chunk: int | Callable[[int, int], int] = 0,
     alpha_prior: float | None = None,
     saving_under_load: Callable[[], float | None] | None = None,
 ) -> Generator[StreamChunk | ModelCall, torch.Tensor | None, None]:
@@ -163,8 +163,9 @@ def generate_steps(
     :mod:`specdec.structured`). ``prefill_chunk`` > 0 feeds a longer prompt in calls of that many
     tokens (chunked prefill: under continuous batching a long prompt then shares forwards with
     other requests' decode steps instead of stalling them; bit-identical where the target's layers
-    are row by row, :func:`specdec.api.default_prefill_chunk`); a callable is asked before each call with the
-    prompt tokens still to feed (a server shrinks a long prompt's chunks while other requests decode). ``alpha_prior``: the acceptance rate
+    are row by row, :func:`specdec.chunking.default_prefill_chunk`); a callable is asked before each call with the
+    prompt tokens still to feed and the prompt pass's total (a server shrinks a long prompt's chunks while other
+    requests decode: :func:`specdec.chunking.shared_prefill_chunk`). ``alpha_prior``: the acceptance rate
     γ=auto starts from (a server's measured on its traffic; None: the controller's 0.7)."""
     spec = spec or SpecConfig()
     context_len = target.config.max_position_embeddings
@@ -302,11 +303,11 @@ def generate_steps(
 
 
 def prompt_pass(target: Backend, state: SequenceState, prompt_ids: list[int], params: SamplingParams,
-                prefix_cache: PrefixCache | None, prefill_chunk: int | Callable[[int], int],
+                prefix_cache: PrefixCache | None, prefill_chunk: int | Callable[[int, int], int],
                 ) -> Generator[ModelCall, torch.Tensor, tuple[torch.Tensor, list[TokenLogprob | None] | None, int]]:
     """Feed the prompt to the target (its cheaper-for-prompts twin where it has one): the part the
     prefix cache does not hold, ``prefill_chunk`` tokens a call when > 0 (a callable: asked before each
-    call with the tokens still to feed; any chunking gives the same logits where chunking is on at all). Returns the last row's
+    call with the tokens still to feed and this pass's total; any chunking gives the same logits where chunking is on at all). Returns the last row's
     logits ``[1, vocab]``, the prompt's logprobs when asked (every row scored, in calls of at most
     PROMPT_LOGPROBS_CHUNK rows: a row of logits is 0.6 MB at 152k ids) and the tokens restored from
     the prefix cache. The prompt's keys/values then go to the prefix cache."""
@@ -315,7 +316,7 @@ def prompt_pass(target: Backend, state: SequenceState, prompt_ids: list[int], pa
     cached = fed = prefix_cache.restore(state, prompt_ids) if prefix_cache is not None else 0
     runner = target.prompt_backend  # the target itself, or its cheaper-for-prompts twin
     while True:
-        chunk = prefill_chunk(len(prompt_ids) - fed) if callable(prefill_chunk) else prefill_chunk
+        chunk = prefill_chunk(len(prompt_ids) - fed, len(prompt_ids) - cached) if callable(prefill_chunk) else prefill_chunk
         if scores is not None:
             chunk = min(chunk or PROMPT_LOGPROBS_CHUNK, PROMPT_LOGPROBS_CHUNK)
         end = fed + chunk if 0 < chunk < len(prompt_ids) - fed else len(prompt_ids)

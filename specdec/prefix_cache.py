@@ -15,7 +15,7 @@ runs its prompt pass over the rest only (at least the last prompt token, whose l
 
 Exactness: the copied keys/values must be the bits the request's own prompt pass would have
 written. That holds where the prompt pass computes each row independently of the rows beside it
-(the int8/int4 CPU paths: :func:`specdec.api.default_prefill_chunk`'s condition, checked by
+(the int8/int4 CPU paths: :func:`specdec.chunking.default_prefill_chunk`'s condition, checked by
 ``tests/test_prefix_cache.py`` with ``torch.equal``), and only for rows computed by the kernels a
 prompt pass runs: where decoding runs them too (int8; int4 without a prompt twin) a finished
 request's answer is stored with its prompt — the next turn of a conversation starts after it — and

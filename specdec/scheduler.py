@@ -97,10 +97,13 @@ class Batcher:
         is committed."""
         return any(stream.prefilling for stream in self.streams)
 
-    def decoding(self) -> bool:
-        """Whether a request is past its prompt pass (decoding or drafting): a prompt chunk in the same forward
-        delays its next token by the chunk's cost."""
-        return any(not stream.prefilling for stream in self.streams)
+    def others_in_flight(self) -> bool:
+        """Whether the asking request (a stream's generator, run inside this batcher) has company: a prompt chunk
+        asked now shares its forward with their decode steps, delaying each one's next token by the chunk's cost.
+        Those still in their prompt count too: with one prompt per forward theirs runs first, and they decode by
+        the time this chunk's forward runs (asking "is one decoding?" gave every prompt of a batch its first
+        chunk whole: all were in their prompt when the first chunks were asked)."""
+        return len(self.streams) > 1
 
     def step(self) -> None:
         """Advance every stream to its next model call (finished ones leave); serve the draft models'

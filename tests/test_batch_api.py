@@ -195,7 +195,7 @@ def test_chunked_prefill_is_bit_identical_and_shares_forwards(int8_pair):
     """A prompt fed 4 tokens per call (chunked prefill) gives the answer of one whole-prompt pass —
     the int8 layers are row by row — while its chunks ride in the same forwards as the others."""
     target, draft = int8_pair
-    assert specdec.api.default_prefill_chunk(target) == specdec.api.PREFILL_CHUNK
+    assert specdec.chunking.default_prefill_chunk(target) == specdec.chunking.PREFILL_CHUNK
     long_prompts = [" ".join(f"word{j}" for j in range(i, i + 12)) for i in range(5)]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3, spec_tree=4)
@@ -203,6 +203,30 @@ def test_chunked_prefill_is_bit_identical_and_shares_forwards(int8_pair):
         outs = specdec.generate_batch(target, long_prompts, params, draft=draft, spec=spec, max_num_seqs=5, prefill_chunk=4)
     assert [o.token_ids for o in outs] == [specdec.generate(target, p, params).token_ids for p in long_prompts]
     assert max(sizes) <= 5 * 4 + 5 * 5  # no whole prompt went in one call
+
+
+def test_the_batch_api_shrinks_a_long_prompts_chunks_while_others_decode(int8_pair, monkeypatch):
+    """generate_batch fed every prompt in 256-token chunks: a short request's 40 tokens waited 34 s beside a 2787-token
+    prompt. By default it now follows the server's rule (chunking.shared_prefill_chunk), for the whole long prompt; a
+    chunk the caller gives is used as given. Answers do not change."""
+    target, _ = int8_pair
+    monkeypatch.setattr(specdec.chunking, "LONG_PROMPT_TOKENS", 40)  # the tiny model's context is 512
+    monkeypatch.setattr(specdec.chunking, "SHARED_PREFILL_CHUNK", 4)
+    prompts = ["def f(x):", " ".join(f"word{j}" for j in range(60))]
+    long_tokens = len(target.tokenizer.encode(prompts[1]))
+    # the short one decodes for longer than the long prompt's pass takes in 4-token calls (alone, it gets whole ones)
+    params = [SamplingParams(temperature=0, max_tokens=long_tokens // 4 + 8, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)]
+    with forward_rows(target) as sizes:
+        outs = specdec.generate_batch(target, prompts, params, max_num_seqs=2)
+    assert [o.token_ids for o in outs] == [specdec.generate(target, p, q).token_ids for p, q in zip(prompts, params)]
+    assert max(sizes[1:]) <= 4 + 1 and sum(1 for rows in sizes if rows >= 4) >= long_tokens // 4  # 4 a call, to its end
+    with forward_rows(target) as sizes:
+        specdec.generate_batch(target, prompts, params, max_num_seqs=2, prefill_chunk=256)
+    assert max(sizes) >= 256  # as given
+    for bad in (-1, 2.5, True):
+        with pytest.raises(SpecdecError, match="prefill_chunk must be an integer >= 0"):
+            specdec.generate_batch(target, prompts, params, prefill_chunk=bad)
 
 
 def test_a_prompt_chunks_as_the_server_says_before_each_call_and_the_logits_do_not_change(int8_pair):
@@ -229,32 +253,34 @@ def test_a_prompt_chunks_as_the_server_says_before_each_call_and_the_logits_do_n
 
     whole, whole_sizes = run(0)
     asked, told = iter([8, 3, 5, 100]), []
-    chunked, sizes = run(lambda remaining: told.append(remaining) or next(asked))
-    assert whole_sizes == [len(ids)] and sizes == [8, 3, 5, len(ids) - 16] and told == [len(ids), len(ids) - 8,
-                                                                                        len(ids) - 11, len(ids) - 16]
+    chunked, sizes = run(lambda remaining, total: told.append((remaining, total)) or next(asked))
+    assert whole_sizes == [len(ids)] and sizes == [8, 3, 5, len(ids) - 16]
+    assert told == [(len(ids), len(ids)), (len(ids) - 8, len(ids)), (len(ids) - 11, len(ids)), (len(ids) - 16, len(ids))]
     assert torch.equal(whole, chunked)
 
     class Executor:
         busy = False
 
-        def decoding(self) -> bool:
+        def others_in_flight(self) -> bool:
             return self.busy
 
     executor = Executor()
     state = ServerState(target=target, model_name="tiny", prefill_chunk=256, shared_prefill_chunk=64, long_prompt_tokens=1024,
                         executor=executor)
-    assert state.next_prefill_chunk(3000) == 256  # alone: the efficient chunk
+    assert state.next_prefill_chunk(3000, 3000) == 256  # alone: the efficient chunk
     executor.busy = True
-    assert state.next_prefill_chunk(3000) == 64  # a long prompt, others decoding: their tokens wait for a smaller forward
-    assert state.next_prefill_chunk(1000) == 256  # a short one (or a long one's end) keeps whole chunks: its TTFT
-    assert dataclasses.replace(state, shared_prefill_chunk=0).next_prefill_chunk(3000) == 256  # an explicit --prefill-chunk
+    assert state.next_prefill_chunk(3000, 3000) == 64  # a long prompt, others decoding: their tokens wait for a smaller forward
+    # its last 1024 tokens too (they went in 256-token calls: ~2 s between the others' tokens on a Zen 4)
+    assert state.next_prefill_chunk(900, 3000) == 64
+    assert state.next_prefill_chunk(1000, 1000) == 256  # a short prompt keeps whole chunks: its TTFT
+    assert dataclasses.replace(state, shared_prefill_chunk=0).next_prefill_chunk(3000, 3000) == 256  # an explicit --prefill-chunk
 
 
 def test_the_default_forward_holds_about_one_prompt_chunk_besides_every_verification(int8_pair):
     """max_num_batched_tokens=None: one prefill chunk plus each running request's largest
     verification (a CPU forward is compute-bound from a few dozen rows; more prompt per forward only
     delays first tokens); 2048 when prompts are not chunked. Answers are each prompt's alone."""
-    from specdec.api import WHOLE_PROMPT_BATCH_TOKENS, default_max_num_batched_tokens
+    from specdec.chunking import WHOLE_PROMPT_BATCH_TOKENS, default_max_num_batched_tokens
 
     spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3)  # greedy trees: up to 2γ nodes
     assert default_max_num_batched_tokens(256, 8, spec) == 256 + 8 * 7
@@ -314,7 +340,7 @@ def test_one_prompt_per_forward_where_prompts_are_compute_bound():
     """prompts_per_forward=1 (chunked prefill on a CPU): two prompts arriving together go to two
     forwards, oldest first — the first one's first token waits only for its own pass — while decode
     steps ride in both; None keeps packing them by rows (a GPU). Every stream finishes."""
-    from specdec.api import prompts_per_forward
+    from specdec.chunking import prompts_per_forward
     from specdec.calls import ModelCall
     from specdec.scheduler import END, Batcher, Stream
 

@@ -157,8 +157,9 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     ``threads``: torch intra-op threads for this process (a Ray Serve replica sets it to the CPUs it
     was given, so replicas sharing a machine do not oversubscribe its cores)."""
     import specdec
-    from specdec.api import (LONG_PROMPT_TOKENS, SHARED_PREFILL_CHUNK, default_max_num_batched_tokens, default_prefill_chunk,
-                             enable_prefix_caching, prompts_per_forward, rows_independent)
+    from specdec.api import enable_prefix_caching
+    from specdec.chunking import (LONG_PROMPT_TOKENS, SHARED_PREFILL_CHUNK, default_max_num_batched_tokens, default_prefill_chunk,
+                                  prompts_per_forward, rows_independent)
     from specdec.policy import BatchPolicy
     from specdec.server.state import ServerState
     from specdec.server.executor import ModelExecutor

@@ -53,9 +53,9 @@ class ModelExecutor:
         the model thread, by the streams."""
         return self._batcher is not None and self._batcher.prompt_pending()
 
-    def decoding(self) -> bool:
-        """Whether a stream is past its prompt pass (:meth:`Batcher.decoding`); asked on the model thread."""
-        return self._batcher is not None and self._batcher.decoding()
+    def others_in_flight(self) -> bool:
+        """Whether the asking stream has company (:meth:`Batcher.others_in_flight`); asked on the model thread."""
+        return self._batcher is not None and self._batcher.others_in_flight()
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the model thread and return its result (raises what it raised)."""

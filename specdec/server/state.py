@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.api import LoadedModel
+from specdec.chunking import shared_prefill_chunk
 from specdec.config import SpecConfig
 from specdec.policy import BatchPolicy, LoadAverage, requests_now
 from specdec.server.audit import Auditor
@@ -31,7 +32,7 @@ class ServerState:
     #: chunked prefill: prompt tokens per target call (0: whole prompts; engine.generate_steps) …
     prefill_chunk: int = 0
     #: … and for a long prompt while other requests decode, when smaller (0: always prefill_chunk;
-    #: api.SHARED_PREFILL_CHUNK), where more than long_prompt_tokens are still to feed
+    #: chunking.SHARED_PREFILL_CHUNK): a prompt pass of more than long_prompt_tokens
     shared_prefill_chunk: int = 0
     long_prompt_tokens: int = 1024
     #: running requests draft nothing while a new one waits for its prompt pass (Batcher.prompt_pending)
@@ -59,13 +60,12 @@ class ServerState:
     #: when the model was loaded (Unix seconds): /v1/models' ``created``
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def next_prefill_chunk(self, remaining: int) -> int:
-        """A request's next prompt chunk, ``remaining`` prompt tokens still to feed: smaller for a long prompt while
-        other requests decode, whose every token waits for the forward that carries it (asked on the model
-        thread, before each chunk: engine.prompt_pass)."""
-        if self.shared_prefill_chunk and remaining > self.long_prompt_tokens and self.executor.decoding():
-            return min(self.prefill_chunk, self.shared_prefill_chunk)
-        return self.prefill_chunk
+    def next_prefill_chunk(self, remaining: int, total: int) -> int:
+        """A request's next prompt chunk, ``remaining`` of its prompt pass's ``total`` tokens still to feed: smaller
+        for a long prompt while other requests decode, whose every token waits for the forward that carries it
+        (asked on the model thread, before each chunk: engine.prompt_pass; the rule: chunking.shared_prefill_chunk)."""
+        rule = shared_prefill_chunk(self.prefill_chunk, self.executor.others_in_flight, self.shared_prefill_chunk, self.long_prompt_tokens)
+        return rule(remaining, total)
 
     def speculation_cap(self) -> int | None:
         """The most tokens a request may draft now (0: none; None: no cap): policy.py, read against
