@@ -344,7 +344,10 @@ def unpaid_prompt_pass(drafter: Drafter, gamma: GammaController, context_len: in
     saving = gamma.saving_per_token() if loaded is None else loaded
     if saving is None or (max_tokens - 1) * saving > catch_up:
         return None
-    return (f"not drafting: the draft's pass over the prompt (~{catch_up * 1e3:.0f} ms measured cost) would not be "
+    # a drafter with free tokens (draft_suffix's suffix table) still drafts: "not drafting" read as nothing drafted
+    # beside a τ of 4.33 (a walkthrough)
+    what = "the draft model sits out (free drafts only)" if drafter.has_free_tokens else "not drafting"
+    return (f"{what}: the draft's pass over the prompt (~{catch_up * 1e3:.0f} ms measured cost) would not be "
             f"paid back by {max_tokens - 1} more tokens" + (" at the server's load" if loaded is not None else ""))
 
 

@@ -83,6 +83,7 @@ def test_help_lists_every_generate_flag():
         (["generate", "hi", "--model", "/nope/m.gguf", "--suffix", "x", "--system", "Be brief."],
          "--suffix fills the middle of a plain prompt"),  # before the (missing) model
         (["generate", "hi", "--model", "/nope/m.gguf", "--suffix", "/nope/after.py"], "--suffix /nope/after.py: no such file"),
+        (["generate", "", "--model", "/nope/m.gguf"], "the prompt is empty"),  # it loaded the model first
         (["bench", "--gammas", "0,2"], "--gammas 0,2: must be >= 1, got 0"),
         (["bench", "--gammas", "foo"], "--gammas foo: expected a positive integer"),
         (["datastore", "build", "--input", "/tmp", "--output", "/tmp/never-written"], "is a folder"),

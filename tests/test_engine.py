@@ -396,6 +396,10 @@ def test_a_request_too_short_to_pay_back_the_drafts_prompt_pass_does_not_specula
             params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
             runs[max_tokens] = specdec.generate(tiny_target, prompt, params, draft=tiny_draft, spec=spec)
             assert runs[max_tokens].token_ids == specdec.generate(tiny_target, prompt, params).token_ids
+        # draft_suffix's table still drafts without the draft model: the note says which part sits out
+        with_table = specdec.generate(tiny_target, prompt, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+                                      draft=tiny_draft, spec=SpecConfig(method="draft_suffix", num_speculative_tokens="auto"))
+        assert with_table.stats.speculation_note.startswith("the draft model sits out (free drafts only): the draft's pass")
     finally:
         tiny_target.backend.step_seconds, tiny_draft.backend.step_seconds = saved
     assert runs[3].stats.proposed_tokens == 0 and runs[3].stats.draft_forwards == 0
@@ -541,13 +545,13 @@ def test_the_readmes_custom_drafter_runs_as_written(tiny_target, monkeypatch, ca
     monkeypatch.setattr(specdec, "load_model", lambda *args, **kwargs: tiny_target)
     try:
         exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
-        assert _METHODS["repeat_last"].summary == "repeat the last token"
-        spec = SpecConfig(method="repeat_last", num_speculative_tokens=4)
+        assert _METHODS["last_occurrence"].summary == "copy what followed the last token before"
+        spec = SpecConfig(method="last_occurrence", num_speculative_tokens=4)
         params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
         assert (specdec.generate(tiny_target, "x = [0, 0,", params, spec=spec).token_ids
                 == specdec.generate(tiny_target, "x = [0, 0,", params).token_ids)
     finally:
-        _METHODS.pop("repeat_last", None)
+        _METHODS.pop("last_occurrence", None)
     assert capsys.readouterr().out.strip()  # it printed the text and α
 
 

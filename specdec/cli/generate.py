@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if args.suffix is not None and (args.chat or args.system is not None or args.history is not None):
         raise SpecdecError("--suffix fills the middle of a plain prompt: drop --chat/--system/--history")
     suffix = file_or_text(args.suffix, "--suffix") if args.suffix is not None else None  # before minutes of loading
+    if prompt == "" and suffix is None and not (args.chat or args.system is not None or args.history is not None):
+        raise SpecdecError("the prompt is empty: give at least one token")  # the engine's words, before the model loads
     if args.system is not None or args.history is not None:
         prompt = chat_messages(prompt, args.system, args.history)
         args.chat = True
