@@ -380,7 +380,7 @@ def enable_prefix_caching(model: LoadedModel, gb: float = DEFAULT_PREFIX_CACHE_G
     leading tokens (specdec/prefix_cache.py), within ``gb`` gigabytes. Exact only where rows are
     computed independently (:func:`rows_independent`), so refused elsewhere rather than changing
     outputs. Returns the cache (its ``hit_tokens`` / ``queried_tokens`` count its use)."""
-    if not rows_independent(model):
+    if not rows_independent(model.backend):
         raise SpecdecError(f"prefix caching is exact only where prompt passes compute each row on its own "
                            f"(--quantize int8, int4 or int4-all on the CPU); {model.backend.dtype_name} on "
                            f"{model.backend.device} may round a shorter prompt pass differently")

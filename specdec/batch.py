@@ -59,7 +59,7 @@ def generate_batch(
     per_prompt = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
     if len(per_prompt) != len(prompts):
         raise SpecdecError(f"{len(per_prompt)} SamplingParams for {len(prompts)} prompts: give one, or one per prompt")
-    chunk = default_prefill_chunk(target) if prefill_chunk is None else prefill_chunk
+    chunk = default_prefill_chunk(target.backend) if prefill_chunk is None else prefill_chunk
     if max_num_batched_tokens is None:
         max_num_batched_tokens = default_max_num_batched_tokens(chunk, max_num_seqs, spec)
     for index, (prompt, prompt_params) in enumerate(zip(prompts, per_prompt)):  # a bad prompt fails before any work,

@@ -5,12 +5,10 @@ batch API (:func:`specdec.generate_batch`) read the same defaults here."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
+from specdec.backends.torch_backend import TorchBackend
 from specdec.config import SpecConfig
-
-if TYPE_CHECKING:
-    from specdec.api import LoadedModel
 
 
 #: prompt tokens per target call when a prefill is chunked (see :func:`default_prefill_chunk`)
@@ -44,16 +42,15 @@ def shared_prefill_chunk(chunk: int, others_in_flight: Callable[[], bool], share
     return next_chunk
 
 
-def rows_independent(model: "LoadedModel") -> bool:
-    """Do this model's forwards compute every row on its own, prompt passes included (the int8/int4
-    CPU paths)? Then a row's keys, values and logits do not depend on which rows share its forward:
+def rows_independent(backend: TorchBackend) -> bool:
+    """Do a model's forwards (``LoadedModel.backend``) compute every row on its own, prompt passes included (the
+    int8/int4 CPU paths)? Then a row's keys, values and logits do not depend on which rows share its forward:
     chunked prefill and prefix caching are bit-exact. Float GEMMs may round a chunk differently."""
-    backend = model.backend
     return backend.decoder.ragged_layer_runner is not None and backend.prompt_backend.decoder.ragged_layer_runner is not None
 
 
-def default_prefill_chunk(target: "LoadedModel") -> int:
-    """Chunked prefill's chunk for this target: PREFILL_CHUNK where its rows are computed
+def default_prefill_chunk(target: TorchBackend) -> int:
+    """Chunked prefill's chunk for a target (``LoadedModel.backend``): PREFILL_CHUNK where its rows are computed
     independently (:func:`rows_independent`: a chunked prompt's logits are bit-identical to one
     pass), else 0 — the whole prompt in one call."""
     return PREFILL_CHUNK if rows_independent(target) else 0

@@ -195,7 +195,7 @@ def test_chunked_prefill_is_bit_identical_and_shares_forwards(int8_pair):
     """A prompt fed 4 tokens per call (chunked prefill) gives the answer of one whole-prompt pass —
     the int8 layers are row by row — while its chunks ride in the same forwards as the others."""
     target, draft = int8_pair
-    assert specdec.chunking.default_prefill_chunk(target) == specdec.chunking.PREFILL_CHUNK
+    assert specdec.chunking.default_prefill_chunk(target.backend) == specdec.chunking.PREFILL_CHUNK
     long_prompts = [" ".join(f"word{j}" for j in range(i, i + 12)) for i in range(5)]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     spec = specdec.SpecConfig(method="draft_model", num_speculative_tokens=3, spec_tree=4)

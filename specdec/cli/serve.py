@@ -192,10 +192,10 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
         check_pair(target, draft)
     # on where exact unless switched off; asked for explicitly, a model where it is not exact refuses
     for model in [m for m in (target, draft) if m is not None and args.enable_prefix_caching is not False]:
-        if args.enable_prefix_caching or rows_independent(model):
+        if args.enable_prefix_caching or rows_independent(model.backend):
             enable_prefix_caching(model, args.prefix_cache_gb, args.block_size)
     check_serving_method(target, draft, spec)
-    prefill_chunk = default_prefill_chunk(target) if args.prefill_chunk == "auto" else args.prefill_chunk
+    prefill_chunk = default_prefill_chunk(target.backend) if args.prefill_chunk == "auto" else args.prefill_chunk
     executor.max_num_batched_tokens = (default_max_num_batched_tokens(prefill_chunk, args.max_concurrency, spec)
                                        if args.max_num_batched_tokens == "auto" else args.max_num_batched_tokens)
     executor.prompts_per_forward = (prompts_per_forward(prefill_chunk) if args.max_num_partial_prefills == "auto"
