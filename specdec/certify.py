@@ -259,7 +259,7 @@ def real_prompts(target, count: int) -> list[tuple[str, list[int]]]:  # noqa: AN
 
     code = load_prompts("humaneval", limit=(count + 1) // 2)
     chat = load_prompts("spec_bench", categories=["mt_bench"], limit=count // 2)
-    return [(row.id, encode_prompt(target, row.turns[0], chat=row.chat)) for row in code + chat]
+    return [(row.id, encode_prompt(target, row.first_prompt(), chat=row.chat)) for row in code + chat]
 
 
 def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens: int, samples: int,  # noqa: ANN001

@@ -94,7 +94,7 @@ def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRo
 def prompt_key(row: PromptRow) -> str:
     """What a stored measurement is reused for: the prompt's id *and* text (a JSONL's id is its line number, so
     a file edited or replaced under the same --out reused another prompt's measurement, without a word)."""
-    digest = hashlib.sha256(json.dumps([row.turns, row.chat]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps([row.turns, row.chat] + ([row.history] if row.history else [])).encode()).hexdigest()[:16]
     return f"{row.id}:{digest}"
 
 

@@ -211,6 +211,47 @@ def test_bad_dataset_inputs_are_clear(tmp_path):
         load_prompts("humaneval", data_dir=tmp_path)
 
 
+def test_logged_conversations_are_prompts_as_their_requests_asked(tiny_dirs, tmp_path, capsys):
+    """A user's own traffic — OpenAI chat requests (a system prompt, earlier exchanges, the logged answer) or ShareGPT
+    conversations — is a prompt set for bench/tune/verify: each row's prompt is its messages up to the last user
+    message, the logged answer left out (they needed a 'prompt' or 'turns' field: the system prompt was lost)."""
+    import specdec
+
+    system = {"role": "system", "content": "You answer in Python only."}
+    rows = [
+        {"id": "req-1", "messages": [system, {"role": "user", "content": "Reverse a list."},
+                                     {"role": "assistant", "content": "xs[::-1]"}, {"role": "user", "content": "And a string?"},
+                                     {"role": "assistant", "content": "s[::-1]"}]},  # the logged answer
+        {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Sum 1..10 in Python."}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Sort "}, {"type": "text", "text": "a dict."}]}]},
+    ]
+    path = tmp_path / "traffic.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    loaded = load_prompts(str(path))
+    assert [r.turns for r in loaded] == [["And a string?"], ["Sum 1..10 in Python."], ["Sort a dict."]]
+    assert loaded[0].first_prompt() == [system, {"role": "user", "content": "Reverse a list."},
+                                        {"role": "assistant", "content": "xs[::-1]"}, {"role": "user", "content": "And a string?"}]
+    assert loaded[1].first_prompt() == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sum 1..10 in Python."}]
+    assert loaded[2].first_prompt() == "Sort a dict." and loaded[2].chat
+
+    out = tmp_path / "out"
+    assert main(["bench", "--dataset", str(path), "--model", str(tiny_dirs["target"]), "--methods", "ar,ngram", "--gammas", "2",
+                 "--repeats", "1", "--max-tokens", "6", "--dtype", "float32", "--quantize", "none", "--ignore-eos",
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    payload = json.loads((out / "results.json").read_text())
+    target = specdec.load_model(tiny_dirs["target"], dtype="float32", quantize="none")
+    expected = len(specdec.api.encode_prompt(target, loaded[0].first_prompt()))
+    first = next(r for r in payload["requests"] if r["prompt_id"] == "req-1" and r["method"] == "ar")
+    assert first["stats"]["prompt_tokens"] == expected  # the whole logged conversation, system prompt included
+
+    for bad, message in (({"messages": [system]}, "the conversation must end with a non-empty user message"),
+                         ({"messages": [{"role": "user"}]}, "message 0 needs a 'role' and a text 'content'"),
+                         ({"conversations": [{"from": "bot", "value": "hi"}]}, "conversations\\[0\\] needs 'from'")):
+        path.write_text(json.dumps(bad) + "\n")
+        with pytest.raises(SpecdecError, match=rf"traffic.jsonl:1: {message}"):
+            load_prompts(str(path))
+
+
 def test_an_mt_bench_category_is_reported_under_its_own_name():
     """``--categories writing,rag`` picks MT-Bench's writing questions and the rag group: each reported
     under the name asked for (they were labelled ``mt_bench``), ``--limit`` per each."""

@@ -38,6 +38,45 @@ class PromptRow:
     turns: list[str]
     chat: bool = True  # render with the chat template (HumanEval is a raw completion prompt)
     meta: dict = field(default_factory=dict)
+    #: messages before the first turn (a logged request's system prompt and earlier exchanges; chat rows only)
+    history: list[dict] = field(default_factory=list)
+
+    def first_prompt(self) -> str | list[dict]:
+        """The first turn as :func:`specdec.api.encode_prompt` takes it: its text, or with a history, the messages."""
+        return [*self.history, {"role": "user", "content": self.turns[0]}] if self.history else self.turns[0]
+
+
+#: ShareGPT's speaker names as chat roles
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def logged_conversation(row: dict, where: str) -> tuple[list[dict], str] | None:
+    """A row of a user's own traffic — an OpenAI chat request (``messages``) or a ShareGPT conversation
+    (``conversations``) — as (the messages before its last user message, that message's text): the prompt that
+    request asked for. A logged answer after it is dropped (what is measured is answering it). None: neither field."""
+    if isinstance(row.get("messages"), list):
+        messages = row["messages"]
+    elif isinstance(row.get("conversations"), list):
+        messages = []
+        for index, turn in enumerate(row["conversations"]):
+            if not isinstance(turn, dict) or turn.get("from") not in SHAREGPT_ROLES:
+                raise SpecdecError(f"{where}: conversations[{index}] needs 'from' (one of {', '.join(SHAREGPT_ROLES)}) and 'value'")
+            messages.append({"role": SHAREGPT_ROLES[turn["from"]], "content": turn.get("value")})
+    else:
+        return None
+    shaped = []
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):  # OpenAI's content parts: the text ones
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(content, str):
+            raise SpecdecError(f"{where}: message {index} needs a 'role' and a text 'content'")
+        shaped.append({"role": message["role"], "content": content})
+    while shaped and shaped[-1]["role"] == "assistant":
+        shaped.pop()
+    if not shaped or shaped[-1]["role"] != "user" or not shaped[-1]["content"].strip():
+        raise SpecdecError(f"{where}: the conversation must end with a non-empty user message (a logged answer after it is dropped)")
+    return shaped[:-1], shaped[-1]["content"]
 
 
 def default_data_dir() -> Path:
@@ -163,12 +202,18 @@ def load_prompts(
             qid = int(row["question_id"])
             rows.append(PromptRow(str(qid), _spec_bench_group(qid), list(row["turns"]), meta={"category": row.get("category")}))
         else:
+            logged = logged_conversation(row, f"{path}:{line}")
+            if logged is not None:
+                history, last = logged
+                rows.append(PromptRow(str(row.get("id", line)), str(row.get("category", "default")), [last], history=history))
+                continue
             if isinstance(row.get("turns"), list) and row["turns"]:
                 turns = [str(t) for t in row["turns"]]
             elif isinstance(row.get("prompt"), str):
                 turns = [row["prompt"]]
             else:
-                raise SpecdecError(f"{path}:{line}: needs a 'prompt' string or a non-empty 'turns' list")
+                raise SpecdecError(f"{path}:{line}: needs a 'prompt' string, a non-empty 'turns' list, or a logged conversation "
+                                   "('messages' as in an OpenAI chat request, or ShareGPT's 'conversations')")
             if not all(turn.strip() for turn in turns):  # generate and the server refuse an empty prompt: so here
                 raise SpecdecError(f"{path}:{line}: an empty prompt")
             rows.append(PromptRow(str(row.get("id", line)), str(row.get("category", "default")), turns, chat=bool(row.get("chat", True))))

@@ -111,7 +111,7 @@ def run_turns(generate_one: Callable[[list[int]], tuple[list[int], dict, str]], 
     later turns see ``answers`` (plain decoding's) as the earlier turns' replies where given, else this run's
     own: every method and peer then answers the same second-turn prompt (an int8 method's own first answer,
     rounded differently from the int4 plain row's, made its second turn a different prompt)."""
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, str]] = list(row.history)  # a logged request's system prompt and earlier exchanges
     results, texts = [], []
     for index, turn in enumerate(row.turns):
         if row.chat:
@@ -186,7 +186,7 @@ def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[Pro
         # every variant's first call pays one-time costs (allocator, kernels, a drafter's tables) that are not the
         # method's: warming plain decoding alone charged them to each method's first measured run (0.03-0.27 s,
         # enough to flip a tree choice in tune)
-        warm_ids = encode_prompt(target, rows[0].turns[0], chat=rows[0].chat)[:32]
+        warm_ids = encode_prompt(target, rows[0].first_prompt(), chat=rows[0].chat)[:32]
         for runner in make_runners(short_config(config), with_peers=False)[0].values():
             runner(warm_ids)
         clear_global_caches()
@@ -240,7 +240,7 @@ def run_concurrent(target: LoadedModel, draft: LoadedModel | None, rows: list[Pr
             variants.append((plain, "ar", 4, "off", model, ""))
         checked += [(name, method, gamma, tree, model, plain) for name, gamma, tree in runs_of(method, config)]
     variants += checked
-    prompts = [encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
+    prompts = [encode_prompt(target, row.first_prompt(), chat=row.chat) for row in rows]
     for _, method, gamma, tree, model, _ in variants:  # a warm-up per variant: plain decoding's first batch paid 1.5 s cold
         spec = spec_for(method, config, gamma, tree)
         specdec.generate_batch(model, prompts[:concurrency], short_config(config).params, spec=spec, max_num_seqs=concurrency,

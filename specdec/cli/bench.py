@@ -28,7 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                               "report.md and PNG plots to --out. `specdec bench --compare DIR1 DIR2` prints the "
                                               "difference between two runs.")
     bench.add_argument("--dataset", default="humaneval", help="spec_bench, humaneval, gsm8k, or a JSONL file with 'prompt' or 'turns' per line (each through the chat "
-                            "template unless the line says \"chat\": false, for raw completion prompts; default: humaneval)")
+                            "template unless the line says \"chat\": false, for raw completion prompts) or logged conversations "
+                            "('messages' as an OpenAI chat request, ShareGPT's 'conversations': the prompt up to the last user message; "
+                            "default: humaneval)")
     bench.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data beside the project, or $SPECDEC_DATA_DIR)")
     bench.add_argument("--categories", default=None, help="comma-separated task groups / categories (e.g. summarization,rag,mt_bench; default: all)")
     bench.add_argument("--limit", type=positive_int, default=None, help="first N prompts per category (default: all)")

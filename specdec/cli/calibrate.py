@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"loading {args.model} …", file=sys.stderr)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=args.quantize,
                                 prompt_quantize=args.prompt_quantize)
-    prompts = [encode_prompt(target, row.turns[0], chat=row.chat) for row in rows]
+    prompts = [encode_prompt(target, row.first_prompt(), chat=row.chat) for row in rows]
     layers = target.config.num_layers
     print(f"{target.backend.dtype_name}, {layers} layers, {len(prompts)} prompts × {args.max_tokens} tokens, γ={gamma}, budget {args.budget}",
           file=sys.stderr)

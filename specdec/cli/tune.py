@@ -31,8 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "OUT/report.md and plots. Resumable: a second run with the same OUT reuses finished prompts.")
     tune.add_argument("--prompts", "--dataset", dest="prompts", default="humaneval", metavar="FILE_OR_DATASET",
                       help="(--dataset, as bench and calibrate-skip name it, is the same flag) a JSONL file with 'prompt' or 'turns' per line (each through the chat template unless the line says "
-                           "\"chat\": false, for raw completion prompts as HumanEval's), or humaneval, gsm8k, spec_bench "
-                           "(default: humaneval)")
+                           "\"chat\": false, for raw completion prompts as HumanEval's) or logged conversations ('messages' as an "
+                           "OpenAI chat request, ShareGPT's 'conversations': system prompt and history kept, a logged answer dropped), "
+                           "or humaneval, gsm8k, spec_bench (default: humaneval)")
     tune.add_argument("--categories", default=None, help="spec_bench task groups / categories, comma-separated (default: all)")
     tune.add_argument("--limit", type=positive_int, default=8, help="prompts per category (default: 8)")
     tune.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data or $SPECDEC_DATA_DIR)")
@@ -246,10 +247,10 @@ def _acceptance_views(args: argparse.Namespace, target, draft, rows, settings: d
     spec = SpecConfig(method=settings["method"], num_speculative_tokens=settings["num_speculative_tokens"],
                       **method_options(args))
     for row in rows:
-        ids = encode_prompt(target, row.turns[0], chat=row.chat)
+        ids = encode_prompt(target, row.first_prompt(), chat=row.chat)
         out = specdec.generate(target, ids, params, draft=draft if settings["draft_model"] else None, spec=spec)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in row.id)
-        write_view(str(folder / f"{safe}.html"), target, row.turns[0], row.chat, out.token_ids, out.stats)
+        write_view(str(folder / f"{safe}.html"), target, row.first_prompt(), row.chat, out.token_ids, out.stats)
 
 
 def _export(engine: str, args: argparse.Namespace, settings: dict) -> None:
