@@ -332,6 +332,26 @@ def test_developer_messages_are_system_messages_and_a_final_message_can_be_conti
         assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text
 
 
+def test_chat_echo_puts_the_continued_message_first_streamed_or_not(tool_server):
+    """vLLM's chat ``echo``: where the answer continues the last message, that message's text comes first in the
+    content (it was read and ignored); a new turn echoes nothing."""
+    import json
+
+    opened = [*ASK, {"role": "assistant", "content": "It is"}]
+    body = {"messages": opened, "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 6,
+            "ignore_eos": True}
+    plain = chat(tool_server, **body).json()["choices"][0]["message"]["content"]
+    echoed = chat(tool_server, echo=True, **body).json()["choices"][0]["message"]["content"]
+    assert echoed == "It is" + plain
+    with httpx.stream("POST", f"{tool_server}/v1/chat/completions", timeout=120,
+                      json={"model": "tiny", "temperature": 0, "stream": True, "echo": True, **body}) as response:
+        deltas = [json.loads(line[5:])["choices"][0]["delta"] for line in response.iter_lines()
+                  if line.startswith("data:") and "[DONE]" not in line]
+    assert "".join(d.get("content") or "" for d in deltas) == echoed
+    new_turn = chat(tool_server, echo=True, max_tokens=6, ignore_eos=True).json()["choices"][0]["message"]["content"]
+    assert new_turn == chat(tool_server, max_tokens=6, ignore_eos=True).json()["choices"][0]["message"]["content"]
+
+
 def test_vllm_guided_fields_constrain_like_structured_outputs(tool_server):
     """vLLM's older guided_choice/guided_regex/… were accepted and ignored: the answer is now constrained."""
     pytest.importorskip("xgrammar")

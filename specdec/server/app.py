@@ -331,10 +331,12 @@ def create_app(state: ServerState) -> FastAPI:
                 echo = job.echo_text if index in unechoed else ""
                 unechoed.discard(index)
                 finish_reason = chunk.finish_reason
-                delta: Any = {"content": chunk.text} if chat else echo + chunk.text
+                delta: Any = {"content": echo + chunk.text} if chat else echo + chunk.text
                 if filters is not None:
                     delta = streamed_delta(filters[index], chunk.text, job.text if finish_reason else None)
                     finish_reason = calls.finish_reason(finish_reason, "tool_calls" in delta)
+                    if echo:
+                        delta = {**delta, "content": echo + delta.get("content", "")}
                 held_back = filters is not None and delta == {"content": ""}  # text that may be a call: nothing to send
                 if echo or (chunk.text and not held_back) or chunk.finish_reason or chunk.logprobs:
                     body = chunk_body(job, chat, delta, finish_reason, index, jobs[0].id)

@@ -77,6 +77,8 @@ def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: RequestTools |
             logprobs = joined_logprobs(job.prompt_logprobs(), logprobs)
         if chat:
             choice["message"], called = answered_message(job.text, calls)
+            if echo:  # the continued message's text first (vLLM's chat echo)
+                choice["message"]["content"] = echo + (choice["message"]["content"] or "")
             choice["logprobs"] = logprobs
             if calls is not None:
                 choice["finish_reason"] = calls.finish_reason(job.finish_reason, called)

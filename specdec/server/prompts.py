@@ -13,7 +13,7 @@ from specdec.errors import ContextLengthError, SpecdecError
 from specdec.sampling import SamplingParams
 from specdec.server.jobs import choice_params, completion_prompts
 from specdec.server.params import APIError, sampling_params
-from specdec.server.schemas import ChatCompletionRequest, CompletionRequest
+from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, joined_text
 from specdec.server.state import ServerState
 from specdec.server.tools import RequestTools, chat_prompt, forced_call
 
@@ -36,7 +36,7 @@ def request_choices(state: ServerState, req: CompletionRequest | ChatCompletionR
         prompt_ids, params = checked_prompt(state, req, prompt)
         if forced is not None:
             params = dataclasses.replace(params, structured=forced)
-        echo = echo_text(state, prompt, prompt_ids) if not chat and req.echo else None
+        echo = (echo_text(state, prompt, prompt_ids) if not chat else continued_text(req)) if req.echo else None
         choices += [(prompt_ids, choice_params(params, i), echo) for i in range(req.n)]
     return choices, calls, params
 
@@ -64,6 +64,15 @@ def checked_prompt(state: ServerState, req: CompletionRequest | ChatCompletionRe
     except SpecdecError as exc:  # an empty prompt
         raise APIError(400, str(exc), param=where) from None
     return prompt_ids, params
+
+
+def continued_text(req: ChatCompletionRequest) -> str | None:
+    """A chat request's ``echo`` (vLLM's): the last message's text where the answer continues it — it ends the
+    prompt without a new turn's header (add_generation_prompt false), so the answer's role is its role; else nothing."""
+    last = req.messages[-1]
+    if req.add_generation_prompt or last.content is None:
+        return None
+    return joined_text(last.content)
 
 
 def echo_text(state: ServerState, prompt: str | list[int], prompt_ids: list[int]) -> str:

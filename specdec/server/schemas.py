@@ -212,6 +212,9 @@ class ChatCompletionRequest(_SamplingFields):
     #: message as it stands (continue_final_message true, add_generation_prompt false): prefilling an answer
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    #: vLLM's: where the answer continues the last message (its role is the answer's: add_generation_prompt false),
+    #: that message's text comes first in the answer's content
+    echo: bool = False
 
 
 class TokenizeRequest(BaseModel):
