@@ -246,7 +246,14 @@ def test_logged_conversations_are_prompts_as_their_requests_asked(tiny_dirs, tmp
 
     for bad, message in (({"messages": [system]}, "the conversation must end with a non-empty user message"),
                          ({"messages": [{"role": "user"}]}, "message 0 needs a 'role' and a text 'content'"),
-                         ({"conversations": [{"from": "bot", "value": "hi"}]}, "conversations\\[0\\] needs 'from'")):
+                         ({"conversations": [{"from": "bot", "value": "hi"}]}, "conversations\\[0\\] needs 'from'"),
+                         ({"conversations": [{"from": "human"}]}, "conversations\\[0\\] needs .* a text 'value'"),
+                         ({"messages": [{"role": "sytem", "content": "x"}, {"role": "user", "content": "hi"}]},
+                          "message 0's role 'sytem' is not one of"),  # was found after loading, unnamed
+                         ({"messages": [{"role": "user", "content": "Weather?"},
+                                        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+                                        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                                        {"role": "user", "content": "So?"}]}, "message 1 is a tool-calling turn")):
         path.write_text(json.dumps(bad) + "\n")
         with pytest.raises(SpecdecError, match=rf"traffic.jsonl:1: {message}"):
             load_prompts(str(path))

@@ -528,4 +528,8 @@ def test_generate_system_and_history_continue_a_conversation(tiny_dirs, capsys, 
     assert capsys.readouterr().out == alone.text + "\n"
     history.write_text(json.dumps([{"content": "no role"}]))
     assert main([*base, "--history", str(history)]) == 1
-    assert 'message 0 needs a "role" and a "content"' in capsys.readouterr().err
+    assert "message 0 needs a 'role' and a text 'content'" in capsys.readouterr().err
+    history.write_text(json.dumps({"conversations": [{"from": "human", "value": "What is two plus two?"},
+                                                     {"from": "gpt", "value": "Four."}]}))  # ShareGPT, as tune reads it
+    assert main([*base, "--history", str(history)]) == 0
+    assert capsys.readouterr().out == expected + "\n"

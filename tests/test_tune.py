@@ -194,8 +194,20 @@ def test_the_target_mode_check_is_in_the_report():
     from specdec.cli.tune import modes_section
 
     modes = {"measured_in": "int4", "expected_tok_s": {"int4": 24.0, "int8": 27.5}, "chosen": "int8",
-             "measured_tok_s": {"int4": 25.1, "int8": 31.1}, "plain_tok_s": 19.0}
+             "measured_tok_s": {"int4": 25.1, "int8": 31.1}, "plain_tok_s": 19.0, "plain_mode": "int4",
+             "plain_tok_s_by_mode": {"int4": 19.0, "int8": 16.4}}
     section = modes_section(modes)
     assert "| int8 (chosen) | 27.5 | 31.1 | 1.64× |" in section
     assert "| int4 | 24.0 | 25.1 | 1.32× |" in section
-    assert "plain decoding in int4: 19.0 tok/s" in section
+    assert "against plain decoding in int4" in section and "plain decoding: 19.0 tok/s in int4, 16.4 tok/s in int8" in section
+
+
+def test_the_speedup_is_against_the_plain_decoding_a_user_gets():
+    """tune timed plain decoding in the mode it speculated in (int8) and called 1.71x what int4 plain decoding, auto's
+    plain mode, put at ~1.27x; a method that beats only the slower plain mode is not chosen."""
+    from specdec.tune import MIN_SPEEDUP, against_plain
+
+    modes = {"measured_tok_s": {"int8": 25.1, "int4": 21.0}, "plain_tok_s": 20.1, "plain_mode": "int4"}
+    assert against_plain(modes, "int8") == pytest.approx(25.1 / 20.1)
+    slower = dict(modes, measured_tok_s={"int8": 20.3, "int4": 19.0})  # 1.43x int8 plain (14.2), 1.01x int4's
+    assert against_plain(slower, "int8") < MIN_SPEEDUP

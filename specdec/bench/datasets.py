@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.tokenizer import CHAT_ROLES
 
 DATASET_FILES = {
     "humaneval": "humaneval/humaneval_0_99.jsonl",
@@ -50,28 +51,43 @@ class PromptRow:
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
-def logged_conversation(row: dict, where: str) -> tuple[list[dict], str] | None:
-    """A row of a user's own traffic — an OpenAI chat request (``messages``) or a ShareGPT conversation
-    (``conversations``) — as (the messages before its last user message, that message's text): the prompt that
-    request asked for. A logged answer after it is dropped (what is measured is answering it). None: neither field."""
+def chat_messages(row: dict, where: str) -> list[dict] | None:
+    """A logged conversation's messages — an OpenAI chat request's ``messages`` or a ShareGPT row's ``conversations``
+    — as ``{"role", "content"}`` dicts with text content, each checked here (a mistyped role failed after the models
+    loaded, naming neither file nor line). None: the row has neither field. Tool-calling turns (``tool_calls``,
+    ``tool`` messages) are refused by name: the request's ``tools`` would have to be rendered as the server does."""
     if isinstance(row.get("messages"), list):
-        messages = row["messages"]
+        messages, shape = row["messages"], "message {index} needs a 'role' and a text 'content'"
     elif isinstance(row.get("conversations"), list):
-        messages = []
-        for index, turn in enumerate(row["conversations"]):
-            if not isinstance(turn, dict) or turn.get("from") not in SHAREGPT_ROLES:
-                raise SpecdecError(f"{where}: conversations[{index}] needs 'from' (one of {', '.join(SHAREGPT_ROLES)}) and 'value'")
-            messages.append({"role": SHAREGPT_ROLES[turn["from"]], "content": turn.get("value")})
+        messages, shape = [], "conversations[{index}] needs 'from' (one of " + ", ".join(SHAREGPT_ROLES) + ") and a text 'value'"
+        for turn in row["conversations"]:
+            known = isinstance(turn, dict) and turn.get("from") in SHAREGPT_ROLES
+            messages.append({"role": SHAREGPT_ROLES[turn["from"]], "content": turn.get("value")} if known else None)
     else:
         return None
     shaped = []
     for index, message in enumerate(messages):
+        if isinstance(message, dict) and (message.get("tool_calls") or message.get("role") == "tool"):
+            raise SpecdecError(f"{where}: message {index} is a tool-calling turn; conversations with tool calls are not "
+                               "read as prompts yet (measure them through the server)")
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):  # OpenAI's content parts: the text ones
             content = "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(content, str):
-            raise SpecdecError(f"{where}: message {index} needs a 'role' and a text 'content'")
+            raise SpecdecError(f"{where}: " + shape.format(index=index))
+        if message["role"] not in CHAT_ROLES:
+            raise SpecdecError(f"{where}: message {index}'s role {message['role']!r} is not one of {', '.join(CHAT_ROLES)}")
         shaped.append({"role": message["role"], "content": content})
+    return shaped
+
+
+def logged_conversation(row: dict, where: str) -> tuple[list[dict], str] | None:
+    """A row of a user's own traffic (:func:`chat_messages`) as (the messages before its last user message, that
+    message's text): the prompt that request asked for. A logged answer after it is dropped (what is measured is
+    answering it). None: not a logged conversation."""
+    shaped = chat_messages(row, where)
+    if shaped is None:
+        return None
     while shaped and shaped[-1]["role"] == "assistant":
         shaped.pop()
     if not shaped or shaped[-1]["role"] != "user" or not shaped[-1]["content"].strip():

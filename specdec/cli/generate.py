@@ -190,8 +190,12 @@ def chat_messages(prompt: str, system: str | None, history: str | None) -> list[
 
 
 def read_history(path: str) -> list[dict]:
-    """The messages of a ``--history`` file: a JSON list of messages or a chat request's ``{"messages": [...]}``."""
+    """The messages of a ``--history`` file: a JSON list of messages, a chat request's ``{"messages": [...]}`` or a
+    ShareGPT row's ``{"conversations": [...]}`` — checked as tune's logged prompts are (a null content or a mistyped
+    role failed after the model loaded, as a chat-template error)."""
     from pathlib import Path
+
+    from specdec.bench.datasets import chat_messages
 
     try:
         loaded = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
@@ -199,12 +203,11 @@ def read_history(path: str) -> list[dict]:
         raise SpecdecError(f"--history {path}: no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SpecdecError(f"--history {path}: not a JSON file of chat messages ({exc})") from None
-    messages = loaded.get("messages") if isinstance(loaded, dict) else loaded
-    if not isinstance(messages, list):
-        raise SpecdecError(f"--history {path}: expected a list of messages or an object with a \"messages\" list")
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or "content" not in message:
-            raise SpecdecError(f"--history {path}: message {index} needs a \"role\" and a \"content\"")
+    messages = chat_messages({"messages": loaded} if isinstance(loaded, list) else loaded if isinstance(loaded, dict) else {},
+                             f"--history {path}")
+    if messages is None:
+        raise SpecdecError(f"--history {path}: expected a list of messages, or an object with a \"messages\" (an OpenAI chat "
+                           "request) or \"conversations\" (ShareGPT) list")
     return messages
 
 
