@@ -62,7 +62,8 @@ def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRo
     is spent; returns the results, how many prompts were left out for lack of budget and how many were
     reused. ``setup`` identifies the measurement (models, modes, methods, γ, tokens): prompts stored in
     ``out_dir/measurements.jsonl`` under the same setup, with the same text (:func:`prompt_key`), are reused
-    instead of measured again."""
+    instead of measured again — unless other processes took cores during one of their runs (:func:`slowed`): a
+    slowed plain run lowered the baseline, and the rerun the report advised reused it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     store = out_dir / "measurements.jsonl"
     done = _stored(store, setup)
@@ -72,7 +73,7 @@ def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRo
     measured = reused = 0
     for index, row in enumerate(rows):
         key = prompt_key(row)
-        if key in done:
+        if key in done and not slowed(done[key]):
             results.extend(done[key])
             measured += 1
             reused += 1
@@ -96,6 +97,13 @@ def prompt_key(row: PromptRow) -> str:
     a file edited or replaced under the same --out reused another prompt's measurement, without a word)."""
     digest = hashlib.sha256(json.dumps([row.turns, row.chat] + ([row.history] if row.history else [])).encode()).hexdigest()[:16]
     return f"{row.id}:{digest}"
+
+
+def slowed(row_results: list[RequestResult]) -> bool:
+    """Did other processes take cores during one of a prompt's runs (it ran on fewer threads than the most any of
+    them had: the thread governor, specdec/threads.py)?"""
+    counts = [(r.stats["threads_min"], r.stats["threads_max"]) for r in row_results if "threads_min" in r.stats]
+    return bool(counts) and min(low for low, _ in counts) < max(high for _, high in counts)
 
 
 def _stored(store: Path, setup: dict[str, Any]) -> dict[str, list[RequestResult]]:

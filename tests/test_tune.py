@@ -34,7 +34,8 @@ def prompts(tmp_path):
     return path
 
 
-def test_tune_writes_a_config_that_generate_reads_and_resumes(tiny_dirs, prompts, tmp_path, capsys):
+def test_tune_writes_a_config_that_generate_reads_and_resumes(tiny_dirs, prompts, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("specdec.tune.slowed", lambda row_results: False)  # a busy CI core must not make it re-measure
     out = tmp_path / "tune"
     base = ["--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--dtype", "float32",
             "--quantize", "none", "--prompts", str(prompts), "--max-tokens", "12", "--out", str(out)]
@@ -211,3 +212,15 @@ def test_the_speedup_is_against_the_plain_decoding_a_user_gets():
     assert against_plain(modes, "int8") == pytest.approx(25.1 / 20.1)
     slower = dict(modes, measured_tok_s={"int8": 20.3, "int4": 19.0})  # 1.43x int8 plain (14.2), 1.01x int4's
     assert against_plain(slower, "int8") < MIN_SPEEDUP
+
+
+def test_a_resumed_tune_measures_again_the_prompts_other_processes_slowed():
+    """A slowed plain run lowered the baseline, and rerunning with the same --out (as the report advised) reused it."""
+    from specdec.bench.runner import RequestResult
+    from specdec.tune import slowed
+
+    def run(low: int, high: int) -> RequestResult:
+        return RequestResult("p", "code", "ar", 0, 0, [1], {"threads_min": low, "threads_max": high}, 0.1)
+
+    assert not slowed([run(2, 2), run(2, 2)]) and not slowed([])
+    assert slowed([run(1, 2), run(2, 2)]) and slowed([run(1, 1), run(2, 2)])
