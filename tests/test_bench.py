@@ -243,6 +243,8 @@ def test_logged_conversations_are_prompts_as_their_requests_asked(tiny_dirs, tmp
     expected = len(specdec.api.encode_prompt(target, loaded[0].first_prompt()))
     first = next(r for r in payload["requests"] if r["prompt_id"] == "req-1" and r["method"] == "ar")
     assert first["stats"]["prompt_tokens"] == expected  # the whole logged conversation, system prompt included
+    report = (out / "report.md").read_text()
+    assert "| default | ar |" in report and "| overall |" not in report  # one category: its rows once, not twice
 
     for bad, message in (({"messages": [system]}, "the conversation must end with a non-empty user message"),
                          ({"messages": [{"role": "user"}]}, "message 0 needs a 'role' and a text 'content'"),

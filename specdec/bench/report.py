@@ -78,7 +78,10 @@ def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None
     def cell(value: float, fmt: str, suffix: str = "") -> str:
         return f"{value:{fmt}}{suffix}" if value else "–"  # peers do not report every figure
 
+    one_category = len(summary) == 2  # that category and "overall": the same rows twice (a traffic file's "default")
     for category, methods in summary.items():
+        if one_category and category == "overall":
+            continue
         for method, m in methods.items():
             reported = m.get("speculation_reported", True)  # (older results.json files lack the key)
             alpha, tau = (f"{m['acceptance_rate']:.2f}", f"{m['mean_accepted_len']:.2f}") if reported else ("–", "–")
