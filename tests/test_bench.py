@@ -221,7 +221,7 @@ def test_logged_conversations_are_prompts_as_their_requests_asked(tiny_dirs, tmp
     rows = [
         {"id": "req-1", "messages": [system, {"role": "user", "content": "Reverse a list."},
                                      {"role": "assistant", "content": "xs[::-1]"}, {"role": "user", "content": "And a string?"},
-                                     {"role": "assistant", "content": "s[::-1]"}]},  # the logged answer
+                                     {"role": "assistant", "content": "s[::-1]"}], "temperature": 0.7},  # the logged answer
         {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Sum 1..10 in Python."}]},
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "Sort "}, {"type": "text", "text": "a dict."}]}]},
     ]
@@ -233,6 +233,7 @@ def test_logged_conversations_are_prompts_as_their_requests_asked(tiny_dirs, tmp
                                         {"role": "assistant", "content": "xs[::-1]"}, {"role": "user", "content": "And a string?"}]
     assert loaded[1].first_prompt() == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sum 1..10 in Python."}]
     assert loaded[2].first_prompt() == "Sort a dict." and loaded[2].chat
+    assert loaded[0].meta == {"temperature": 0.7} and loaded[1].meta == {}  # tune says it measures greedy
 
     out = tmp_path / "out"
     assert main(["bench", "--dataset", str(path), "--model", str(tiny_dirs["target"]), "--methods", "ar,ngram", "--gammas", "2",

@@ -221,7 +221,9 @@ def load_prompts(
             logged = logged_conversation(row, f"{path}:{line}")
             if logged is not None:
                 history, last = logged
-                rows.append(PromptRow(str(row.get("id", line)), str(row.get("category", "default")), [last], history=history))
+                logged = {"temperature": row["temperature"]} if isinstance(row.get("temperature"), (int, float)) else {}
+                rows.append(PromptRow(str(row.get("id", line)), str(row.get("category", "default")), [last], history=history,
+                                      meta=logged))
                 continue
             if isinstance(row.get("turns"), list) and row["turns"]:
                 turns = [str(t) for t in row["turns"]]

@@ -79,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
                         Path(args.data_dir) if args.data_dir else None)
     if len(rows) < 2:
         raise SpecdecError(f"tune needs at least 2 prompts; {args.prompts} gave {len(rows)}")
+    sampled = sum(1 for row in rows if (row.meta.get("temperature") or 0) > 0)
+    if sampled:  # a logged request's temperature: tune's answer is the greedy one's
+        print(f"note: {sampled} of the {len(rows)} logged requests sampled (temperature > 0); tune measures greedy "
+              "decoding, where acceptance is higher than under sampling: check the chosen configuration with `specdec "
+              "bench --temperature T` on them", file=sys.stderr)
     methods = (checked_methods(args, [m.strip() for m in args.methods.split(",") if m.strip()], "--methods") if args.methods
                else candidate_methods(args.draft_model is not None, args.datastore is not None))
     if not methods:
