@@ -41,7 +41,8 @@ def generate_batch(
     prompt alone: bit-identical logits per request where the target batches (int8/int4 on CPU), the
     same forwards one by one elsewhere. ``params``: one for all prompts, or one per prompt.
     ``prefill_chunk``: prompt tokens per call (None: :func:`default_prefill_chunk`, and a prompt of over
-    LONG_PROMPT_TOKENS in SHARED_PREFILL_CHUNK pieces while others decode, as the server's ``--prefill-chunk auto``:
+    LONG_PROMPT_TOKENS in SHARED_PREFILL_CHUNK pieces while other requests are in flight — decoding, or in their own
+    prompt pass, which runs first — as the server's ``--prefill-chunk auto``:
     :func:`specdec.chunking.shared_prefill_chunk`; N: always N; 0: whole prompts). How much requests draft while they share forwards is the server's policy
     (:mod:`specdec.policy`): ``disable_speculation_above`` ``"auto"`` — γ per number of requests in
     flight from the measured step costs and the batch's α so far (0 where speculating would cost

@@ -100,10 +100,14 @@ def test_a_call_cut_off_by_max_tokens_is_not_content_and_the_answer_ends_by_leng
     text = 'Sure.\n<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>\n<tool_call>\n{"name": "g", "argu'
     content, calls = parse_tool_calls(text)
     assert content == "Sure." and [c["function"]["name"] for c in calls] == ["f"]
-    # the only call cut: nothing of its markup (the README's promise; it was all content, as vLLM's parser leaves it)
-    assert parse_tool_calls('<tool_call>{"name": "g", "argu') == ("", [])
-    assert parse_tool_calls('Checking.\n<tool_call>\n{"name": "g"') == ("Checking.", [])
+    # the only call cut by max_tokens: nothing of its markup (the README's promise; it was all content)
+    assert parse_tool_calls('<tool_call>{"name": "g", "argu', cut=True) == ("", [])
+    assert parse_tool_calls('Checking.\n<tool_call>\n{"name": "g"', cut=True) == ("Checking.", [])
     assert parse_tool_calls("<tool_call>oops</tool_call>") == ("<tool_call>oops</tool_call>", [])  # closed: text
+    # not cut: prose naming the tag keeps all its text; a whole call without its closing tag (a stop string) is a call
+    assert parse_tool_calls("Sure: use <tool_call> tags like so") == ("Sure: use <tool_call> tags like so", [])
+    content, [call] = parse_tool_calls('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n')
+    assert content is None and call["function"]["name"] == "f"
     tools, named = RequestTools(frozenset({"f"})), RequestTools(frozenset({"f"}), named=True)
     assert tools.finish_reason("length", True) == "length" and tools.finish_reason("stop", True) == "tool_calls"
     assert named.finish_reason("stop", True) == "stop" and tools.finish_reason("stop", False) == "stop"
@@ -138,7 +142,10 @@ def test_the_stream_filter_holds_back_what_may_be_a_call():
     assert malformed.flush(called=False) == "<tool_call>oops</tool_call>"  # no call: it is content after all
     cut = ToolTextFilter()
     assert cut.push('Let me check.<tool_call>\n{"name": "') == "Let me check."
-    assert cut.flush(called=False) == ""  # a call cut by max_tokens: its markup is not content, streamed or not
+    assert cut.flush(called=False, cut=True) == ""  # a call cut by max_tokens: its markup is not content, streamed or not
+    prose = ToolTextFilter()
+    assert prose.push("Use <tool_call> tags") == "Use "
+    assert prose.flush(called=False) == "<tool_call> tags"  # not cut: the tag named in prose is text
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +268,8 @@ def test_tool_choice_required_or_named_constrains_the_answer_to_a_call(tool_serv
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "city"}}}]},
      "'city' is not of type 'array' (at required)"),
     ({"tools": [{"type": "function", "function": {"name": "get weather!"}}]}, "tools.0.function.name"),  # OpenAI's pattern
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$schema": ["x"]}}}]},
+     "$schema must be a string"),  # jsonschema's lookup raised TypeError: a 500
     ({"messages": [{"role": "user", "content": "Weather?"}, {"role": "tool", "content": "sunny"}]},
      "messages.1.tool_call_id: a tool message needs the id of the call it answers"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
@@ -350,6 +359,13 @@ def test_chat_echo_puts_the_continued_message_first_streamed_or_not(tool_server)
     assert "".join(d.get("content") or "" for d in deltas) == echoed
     new_turn = chat(tool_server, echo=True, max_tokens=6, ignore_eos=True).json()["choices"][0]["message"]["content"]
     assert new_turn == chat(tool_server, max_tokens=6, ignore_eos=True).json()["choices"][0]["message"]["content"]
+    # vLLM's rule: an assistant message last is echoed before a new assistant turn too
+    after = chat(tool_server, echo=True, messages=opened, max_tokens=6, ignore_eos=True).json()["choices"][0]["message"]
+    assert after["content"] == "It is" + chat(tool_server, messages=opened, max_tokens=6, ignore_eos=True).json()[
+        "choices"][0]["message"]["content"]
+    # with logprobs and prompt_logprobs (a completions-only merge of echoed prompt scores was a KeyError: a 500)
+    scored = chat(tool_server, echo=True, logprobs=True, prompt_logprobs=0, **body)
+    assert scored.status_code == 200 and scored.json()["choices"][0]["message"]["content"] == echoed, scored.text
 
 
 def test_vllm_guided_fields_constrain_like_structured_outputs(tool_server):

@@ -71,8 +71,11 @@ def chat_messages(row: dict, where: str) -> list[dict] | None:
             raise SpecdecError(f"{where}: message {index} is a tool-calling turn; conversations with tool calls are not "
                                "read as prompts yet (measure them through the server)")
         content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):  # OpenAI's content parts: the text ones
-            content = "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
+        if isinstance(content, list):  # OpenAI's content parts: text only (the server refuses images too)
+            texts = [part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None for part in content]
+            if not all(isinstance(text, str) for text in texts):
+                raise SpecdecError(f"{where}: message {index} has a content part that is not text (only text parts are read)")
+            content = "".join(texts)
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(content, str):
             raise SpecdecError(f"{where}: " + shape.format(index=index))
         if message["role"] not in CHAT_ROLES:

@@ -33,7 +33,8 @@ def drafting_notes(results: list[RequestResult]) -> list[str]:
         note = result.stats.get("speculation_note")
         if note:
             skipped.setdefault(result.method, []).append(note)
-    return [f"{method}: {len(notes)} of {totals[method]} requests did not draft — {notes[0]}"
+    return [f"{method}: {len(notes)} of {totals[method]} requests "
+            f"{'ran without the draft model' if notes[0].startswith('the draft model sits out') else 'did not draft'} — {notes[0]}"
             for method, notes in skipped.items()]
 
 

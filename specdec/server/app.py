@@ -333,7 +333,8 @@ def create_app(state: ServerState) -> FastAPI:
                 finish_reason = chunk.finish_reason
                 delta: Any = {"content": echo + chunk.text} if chat else echo + chunk.text
                 if filters is not None:
-                    delta = streamed_delta(filters[index], chunk.text, job.text if finish_reason else None)
+                    delta = streamed_delta(filters[index], chunk.text, job.text if finish_reason else None,
+                                           finish_reason == "length")
                     finish_reason = calls.finish_reason(finish_reason, "tool_calls" in delta)
                     if echo:
                         delta = {**delta, "content": echo + delta.get("content", "")}

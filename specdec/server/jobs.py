@@ -73,10 +73,10 @@ def full_response(jobs: list[Job], chat: bool, n: int = 1, calls: RequestTools |
         echo = job.echo_text or ""
         logprobs = None if job.logprobs is None else logprobs_body(job.logprobs, job.state.target.tokenizer, chat,
                                                                   TextOffsets(len(echo)))
-        if logprobs is not None and job.echo_text is not None and job.prompt_scores is not None:
+        if not chat and logprobs is not None and job.echo_text is not None and job.prompt_scores is not None:
             logprobs = joined_logprobs(job.prompt_logprobs(), logprobs)
         if chat:
-            choice["message"], called = answered_message(job.text, calls)
+            choice["message"], called = answered_message(job.text, calls, job.finish_reason == "length")
             if echo:  # the continued message's text first (vLLM's chat echo)
                 choice["message"]["content"] = echo + (choice["message"]["content"] or "")
             choice["logprobs"] = logprobs

@@ -67,10 +67,11 @@ def checked_prompt(state: ServerState, req: CompletionRequest | ChatCompletionRe
 
 
 def continued_text(req: ChatCompletionRequest) -> str | None:
-    """A chat request's ``echo`` (vLLM's): the last message's text where the answer continues it — it ends the
-    prompt without a new turn's header (add_generation_prompt false), so the answer's role is its role; else nothing."""
+    """A chat request's ``echo`` (vLLM's rule): the last message's text where its role is the answer's — any role when
+    the prompt ends without a new turn's header (add_generation_prompt false: the answer continues it), an assistant
+    message otherwise; else nothing."""
     last = req.messages[-1]
-    if req.add_generation_prompt or last.content is None:
+    if last.content is None or (req.add_generation_prompt and last.role != "assistant"):
         return None
     return joined_text(last.content)
 

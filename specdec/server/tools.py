@@ -83,6 +83,8 @@ def schema_problem(schema: dict[str, Any] | None) -> str | None:
     ``"type": "objekt"`` went into the prompt, and a model asked to follow it."""
     if schema is None:
         return None
+    if not isinstance(schema.get("$schema", ""), str):  # jsonschema looks it up as a key: a list was a 500
+        return "$schema must be a string (the URI of a JSON Schema draft)"
     try:
         from jsonschema import exceptions, validators
     except ImportError:  # an environment from before the serve extra named it: the grammar still checks forced calls
@@ -175,11 +177,14 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return rendered
 
 
-def parse_tool_calls(text: str, names: frozenset[str] = frozenset(), parallel: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, names: frozenset[str] = frozenset(), parallel: bool = True,
+                     cut: bool = False) -> tuple[str | None, list[dict[str, Any]]]:
     """``(content, tool_calls)`` of an output: every well-formed ``<tool_call>`` block (a JSON object
     with a string ``name`` and object ``arguments``) becomes an OpenAI tool call, the rest of the
-    text the content (None when nothing is left). A malformed block stays in the content, as text; an
-    unclosed one at the end (a call cut off by max_tokens) does not: its markup means nothing to a client.
+    text the content (None when nothing is left). A malformed block stays in the content, as text. An unclosed
+    one at the end is a call when its JSON is whole (a stop string or max_tokens before the closing tag: vLLM's
+    parsers read it too); else, where the output was cut by max_tokens (``cut``) or after complete calls, its markup
+    is dropped — it means nothing to a client — and elsewhere it is text (prose that names the tag).
     ``parallel`` false: only the first call is kept (vLLM's behaviour; the others are dropped).
 
     Small models often answer a call without the tags — the whole output one JSON object (or a list
@@ -199,12 +204,18 @@ def parse_tool_calls(text: str, names: frozenset[str] = frozenset(), parallel: b
 
     content = _CALL.sub(take, text).strip()
     opened = content.rfind(CALL_OPEN)
-    cut = opened >= 0 and CALL_CLOSE not in content[opened:]
-    if cut:  # a call cut off by max_tokens: its markup is not content (vLLM's parsers drop it after complete calls)
-        content = content[:opened].strip()
+    dropped = False
+    if opened >= 0 and CALL_CLOSE not in content[opened:]:
+        try:
+            tail = _call(json.loads(content[opened + len(CALL_OPEN):]))
+        except json.JSONDecodeError:
+            tail = None
+        if tail is not None or cut or calls:
+            calls += [tail] if tail is not None else []
+            content, dropped = content[:opened].strip(), tail is None
     if calls:
         return content or None, calls if parallel else calls[:1]
-    if cut:  # the answer's only call was cut: the text before it (a client reads finish_reason "length")
+    if dropped:  # the answer's only call was cut: the text before it (a client reads finish_reason "length")
         return content, []
     bare = _BARE.fullmatch(text.strip())
     if bare is not None and names:
@@ -280,13 +291,13 @@ class ToolTextFilter:
         out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
         return out
 
-    def flush(self, called: bool) -> str:
+    def flush(self, called: bool, cut: bool = False) -> str:
         """What was held back, at the end of the output: when it made calls (they go out as
         ``tool_calls``) the text around them, else all of it (a malformed call is content, as
-        :func:`parse_tool_calls` says) — the content a non-streamed answer has."""
+        :func:`parse_tool_calls` says; ``cut``: by max_tokens) — the content a non-streamed answer has."""
         held, self.held = self.held, ""
         if self.in_call:  # the text from the first <tool_call> on: around the calls, a cut call's markup left out
-            content, _ = parse_tool_calls(held, self.names, self.parallel)
+            content, _ = parse_tool_calls(held, self.names, self.parallel, cut)
             return content or ""
         return "" if called else held
 
@@ -321,26 +332,27 @@ def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[lis
                                                                             isinstance(req.tool_choice, NamedToolChoice))
 
 
-def streamed_delta(held: ToolTextFilter, text: str, output: str | None) -> dict[str, Any]:
+def streamed_delta(held: ToolTextFilter, text: str, output: str | None, cut: bool = False) -> dict[str, Any]:
     """A streamed chat chunk's delta when tools are on: the part of ``text`` that may go out now; at
-    the end (``output``: the whole output) also what was held back, or the calls it made."""
+    the end (``output``: the whole output; ``cut``: by max_tokens) also what was held back, or the calls it made."""
     content = held.push(text)
     if output is None:
         return {"content": content}
-    _, calls = parse_tool_calls(output, held.names, held.parallel)
-    content += held.flush(called=bool(calls))
+    _, calls = parse_tool_calls(output, held.names, held.parallel, cut)
+    content += held.flush(called=bool(calls), cut=cut)
     delta: dict[str, Any] = {"content": content} if content or not calls else {}
     if calls:
         delta["tool_calls"] = [{"index": index, **call} for index, call in enumerate(calls)]
     return delta
 
 
-def answered_message(text: str, tools: RequestTools | None) -> tuple[dict[str, Any], bool]:
+def answered_message(text: str, tools: RequestTools | None, cut: bool = False) -> tuple[dict[str, Any], bool]:
     """The assistant message of a non-streamed answer, and whether it made calls (then its
-    finish_reason is ``tool_calls``); ``tools``: the request's (None: no tools, no parsing)."""
+    finish_reason is ``tool_calls``); ``tools``: the request's (None: no tools, no parsing); ``cut``: the output
+    ended by max_tokens."""
     if tools is None:
         return {"role": "assistant", "content": text}, False
-    content, tool_calls = parse_tool_calls(text, tools.names, tools.parallel)
+    content, tool_calls = parse_tool_calls(text, tools.names, tools.parallel, cut)
     if not tool_calls:
         return {"role": "assistant", "content": content}, False
     return {"role": "assistant", "content": content, "tool_calls": tool_calls}, True
