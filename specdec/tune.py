@@ -67,13 +67,14 @@ def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRo
     out_dir.mkdir(parents=True, exist_ok=True)
     store = out_dir / "measurements.jsonl"
     done = _stored(store, setup)
+    most = max((r.stats.get("threads_max", 0) for stored in done.values() for r in stored), default=0)
     results: list[RequestResult] = []
     start = time.perf_counter()
     warmed = False
     measured = reused = 0
     for index, row in enumerate(rows):
         key = prompt_key(row)
-        if key in done and not slowed(done[key]):
+        if key in done and not slowed(done[key], most):
             results.extend(done[key])
             measured += 1
             reused += 1
@@ -99,11 +100,12 @@ def prompt_key(row: PromptRow) -> str:
     return f"{row.id}:{digest}"
 
 
-def slowed(row_results: list[RequestResult]) -> bool:
-    """Did other processes take cores during one of a prompt's runs (it ran on fewer threads than the most any of
-    them had: the thread governor, specdec/threads.py)?"""
+def slowed(row_results: list[RequestResult], most: int = 0) -> bool:
+    """Did other processes take cores during one of a prompt's runs — it ran on fewer threads than ``most`` (the
+    most any stored run had, as the report's busy note counts) or than another of its runs (the thread governor,
+    specdec/threads.py)? A neighbour that held a core through a whole prompt leaves all its runs alike."""
     counts = [(r.stats["threads_min"], r.stats["threads_max"]) for r in row_results if "threads_min" in r.stats]
-    return bool(counts) and min(low for low, _ in counts) < max(high for _, high in counts)
+    return bool(counts) and min(low for low, _ in counts) < max(most, *(high for _, high in counts))
 
 
 def _stored(store: Path, setup: dict[str, Any]) -> dict[str, list[RequestResult]]:
@@ -185,6 +187,28 @@ def against_plain(modes: dict[str, Any], chosen_mode: str) -> float:
     pass's plain run is in the speculative target's mode (int8), slower than int4 plain where int4's single step
     is cheaper, so its ratios overstate the gain (1.71x against int8 plain was ~1.27x against int4's)."""
     return modes["measured_tok_s"][chosen_mode] / modes["plain_tok_s"]
+
+
+def settle_against_plain(modes: dict[str, Any], method: str | None, gamma: int | str | None, tree: str | int,
+                         target_mode: str, figures: dict[str, Any]) -> tuple[str | None, int | str | None, str | int, str,
+                                                                              dict[str, Any], str]:
+    """The choice once the second pass timed plain decoding in auto's plain mode (``modes``: tune.json's
+    ``measured.execution_modes``): its speedup against that (:func:`against_plain`), and plain decoding when it is
+    under :data:`MIN_SPEEDUP` there — it beat only the speculative mode's slower plain run (``modes`` then says plain
+    was chosen). Returns (method, γ, tree, target mode, figures, a note for the verdict). Without that pass (the
+    budget was spent first) the first pass's figures stand, and the note says what they are against."""
+    if not modes.get("plain_tok_s"):
+        note = f" (against plain decoding in {modes['measured_in']}: {modes['note']})" if modes.get("note") else ""
+        return method, gamma, tree, target_mode, figures, note
+    plain_tok_s, plain_mode = modes["plain_tok_s"], modes["plain_mode"]
+    figures = dict(figures, speedup=against_plain(modes, target_mode))
+    if method is not None and figures["speedup"] < MIN_SPEEDUP:
+        modes["chosen"], modes["plain_chosen"] = plain_mode, True
+        note = f": {method} ran {figures['speedup']:.2f}× plain decoding in {plain_mode} ({plain_tok_s:.1f} tok/s), timed beside it"
+        return None, None, "off", plain_mode, {"speedup": 1.0, "acceptance_rate": 0.0}, note
+    note = (f" with the target in {target_mode} ({modes['measured_tok_s'][target_mode]:.1f} tok/s), against plain "
+            f"decoding in {plain_mode} ({plain_tok_s:.1f} tok/s, timed beside it)")
+    return method, gamma, tree, target_mode, figures, note
 
 
 def config_file(method: str | None, gamma: int | str | None, default_gamma: int | str, settings: dict[str, Any],

@@ -526,6 +526,9 @@ def test_generate_system_and_history_continue_a_conversation(tiny_dirs, capsys, 
     assert main(base) == 0  # no history: system + the prompt
     alone = specdec.generate(target, [messages[0], messages[-1]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert capsys.readouterr().out == alone.text + "\n"
+    history.write_text(json.dumps({"messages": [*earlier, {"role": "user", "content": "And 3+3?"}]}))
+    assert main([*base[:1], "", *base[2:], "--history", str(history)]) == 0  # "": a saved request, answered as it stands
+    assert capsys.readouterr().out == expected + "\n"
     history.write_text(json.dumps([{"content": "no role"}]))
     assert main([*base, "--history", str(history)]) == 1
     assert "message 0 needs a 'role' and a text 'content'" in capsys.readouterr().err

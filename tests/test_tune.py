@@ -35,7 +35,7 @@ def prompts(tmp_path):
 
 
 def test_tune_writes_a_config_that_generate_reads_and_resumes(tiny_dirs, prompts, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("specdec.tune.slowed", lambda row_results: False)  # a busy CI core must not make it re-measure
+    monkeypatch.setattr("specdec.tune.slowed", lambda row_results, most=0: False)  # a busy CI core must not make it re-measure
     out = tmp_path / "tune"
     base = ["--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--dtype", "float32",
             "--quantize", "none", "--prompts", str(prompts), "--max-tokens", "12", "--out", str(out)]
@@ -212,6 +212,21 @@ def test_the_speedup_is_against_the_plain_decoding_a_user_gets():
     assert against_plain(modes, "int8") == pytest.approx(25.1 / 20.1)
     slower = dict(modes, measured_tok_s={"int8": 20.3, "int4": 19.0})  # 1.43x int8 plain (14.2), 1.01x int4's
     assert against_plain(slower, "int8") < MIN_SPEEDUP
+    from specdec.cli.tune import modes_section
+    from specdec.tune import settle_against_plain
+
+    kept = settle_against_plain(dict(modes), "suffix", "auto", "off", "int8", {"speedup": 1.71, "acceptance_rate": 0.6})
+    assert kept[:4] == ("suffix", "auto", "off", "int8") and kept[4]["speedup"] == pytest.approx(25.1 / 20.1)
+    assert "against plain decoding in int4 (20.1 tok/s" in kept[5]
+    dropped = dict(slower, chosen="int8", measured_in="int8", expected_tok_s={})
+    method, gamma, tree, mode, figures, note = settle_against_plain(dropped, "suffix", "auto", "off", "int8",
+                                                                    {"speedup": 1.43, "acceptance_rate": 0.6})
+    assert (method, gamma, tree, mode, figures["speedup"]) == (None, None, "off", "int4", 1.0)
+    assert note.startswith(": suffix ran 1.01× plain decoding in int4") and dropped["chosen"] == "int4"
+    assert "(chosen)" not in modes_section(dropped)  # no speculative row is marked where plain decoding won
+    budget_spent = {"measured_in": "int8", "note": "int4 was not measured: the budget was spent first"}
+    assert settle_against_plain(budget_spent, "suffix", 4, "off", "int8", {"speedup": 1.5})[5] == (
+        " (against plain decoding in int8: int4 was not measured: the budget was spent first)")
 
 
 def test_a_resumed_tune_measures_again_the_prompts_other_processes_slowed():
@@ -224,3 +239,4 @@ def test_a_resumed_tune_measures_again_the_prompts_other_processes_slowed():
 
     assert not slowed([run(2, 2), run(2, 2)]) and not slowed([])
     assert slowed([run(1, 2), run(2, 2)]) and slowed([run(1, 1), run(2, 2)])
+    assert slowed([run(1, 1), run(1, 1)], most=2) and not slowed([run(2, 2)], most=2)  # a whole prompt on one core

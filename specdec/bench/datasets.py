@@ -224,7 +224,8 @@ def load_prompts(
             logged = logged_conversation(row, f"{path}:{line}")
             if logged is not None:
                 history, last = logged
-                logged = {"temperature": row["temperature"]} if isinstance(row.get("temperature"), (int, float)) else {}
+                temperature = row.get("temperature", 1.0 if "model" in row else None)  # a request body: OpenAI's default
+                logged = {"temperature": temperature} if isinstance(temperature, (int, float)) else {}
                 rows.append(PromptRow(str(row.get("id", line)), str(row.get("category", "default")), [last], history=history,
                                       meta=logged))
                 continue

@@ -26,8 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                      help="a system message before the prompt (a file, or the text itself); implies --chat")
     gen.add_argument("--history", metavar="FILE", default=None,
                      help="earlier turns of the conversation: a JSON file holding a list of OpenAI-style messages "
-                          "({\"role\": ..., \"content\": ...}), or an object with a \"messages\" list (a saved chat request); the "
-                          "prompt is the next user message (to reproduce a server conversation's turn); implies --chat")
+                          "({\"role\": ..., \"content\": ...}), or an object with a \"messages\" list (a saved chat request) or "
+                          "ShareGPT's \"conversations\"; the prompt is the next user message (to reproduce a server conversation's "
+                          "turn; \"\" answers a saved request that ends with its user message); implies --chat")
     gen.add_argument("--prediction", metavar="FILE_OR_TEXT", default=None,
                      help="the output expected, largely (OpenAI's Predicted Outputs): a file being edited, an earlier answer "
                           "being revised — a file, or the text itself. The " + ", ".join(prediction_readers()) + " methods draft "
@@ -186,6 +187,11 @@ def chat_messages(prompt: str, system: str | None, history: str | None) -> list[
         messages.append({"role": "system", "content": file_or_text(system, "--system")})
     if history is not None:
         messages += read_history(history)
+    if prompt == "":  # a saved request that ends with its user message: answer it as it stands
+        if not messages or messages[-1]["role"] != "user":
+            raise SpecdecError("the prompt is empty: give the next user message (an empty prompt answers a --history "
+                               "that ends with a user message)")
+        return messages
     return messages + [{"role": "user", "content": prompt}]
 
 

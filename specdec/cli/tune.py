@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.cpu import cpu_description
     from specdec.errors import SpecdecError
     from specdec.sampling import SamplingParams
-    from specdec.tune import FIRST_PASS_SHARE, MIN_SPEEDUP, against_plain, candidate_methods, choose, config_file, run_tune
+    from specdec.tune import FIRST_PASS_SHARE, candidate_methods, choose, config_file, run_tune, settle_against_plain
 
     rows = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
@@ -139,18 +139,9 @@ def run(args: argparse.Namespace) -> int:
             "num_speculative_tokens": ",".join(map(str, gammas)), "temperature": 0.0, "max_tokens": args.max_tokens,
             "repeats": 1}
     summary = write_results(args.out, results, meta)
-    if modes is not None and modes.get("plain_tok_s"):
-        # the chosen mode's speed against the plain decoding a user gets, timed in the same pass, interleaved with it
-        # (the first pass's plain run, minutes earlier, made the headline a ratio of two time windows)
-        plain_tok_s, plain_mode = modes["plain_tok_s"], modes["plain_mode"]
-        figures = dict(figures, speedup=against_plain(modes, target_mode))
-        mode_note = (f" with the target in {target_mode} ({modes['measured_tok_s'][target_mode]:.1f} tok/s), against plain "
-                     f"decoding in {plain_mode} ({plain_tok_s:.1f} tok/s, timed beside it)")
-        if method is not None and figures["speedup"] < MIN_SPEEDUP:  # it beat the measured mode's plain run only
-            mode_note = (f": {method} ran {figures['speedup']:.2f}× plain decoding in {plain_mode} ({plain_tok_s:.1f} tok/s), "
-                         "timed beside it")
-            method, gamma, tree, target_mode = None, None, "off", plain_mode
-            figures = {"speedup": 1.0, "acceptance_rate": 0.0}
+    if modes is not None:  # against the plain decoding a user gets (specdec.tune.settle_against_plain)
+        method, gamma, tree, target_mode, figures, mode_note = settle_against_plain(modes, method, gamma, tree, target_mode,
+                                                                                   figures)
     defaults = {f.name: f.default for f in dataclasses.fields(SpecConfig)}
     settings = {"model": args.model, "draft_model": args.draft_model, "quantize": target_mode,
                 "draft_quantize": draft_mode, "draft_vocab_size": args.draft_vocab_size,
@@ -261,7 +252,8 @@ def modes_section(modes: dict) -> str:
     plain = modes.get("plain_tok_s") or 0.0
     for mode, tok_s in modes["measured_tok_s"].items():
         expected = modes["expected_tok_s"].get(mode)
-        lines.append(f"| {mode}{' (chosen)' if mode == modes['chosen'] else ''} | "
+        chosen = mode == modes["chosen"] and not modes.get("plain_chosen")
+        lines.append(f"| {mode}{' (chosen)' if chosen else ''} | "
                      f"{'–' if expected is None else f'{expected:.1f}'} | {tok_s:.1f} | "
                      f"{f'{tok_s / plain:.2f}×' if plain else '–'} |")
     by_mode = modes.get("plain_tok_s_by_mode", {modes["measured_in"]: plain})
