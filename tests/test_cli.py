@@ -183,7 +183,7 @@ def test_generate_on_tiny_model_streams_and_reports(tiny_dirs, capsys, method, r
     assert re.search(r"decode \d+\.\d\dx \(tokens after the first\), end to end \d+\.\d\dx", captured.err)
     # the tiny draft is as large as its target, so where step costs are measured (the quantized modes)
     # γ=auto sees drafting cannot pay back the draft's prompt pass, and says so instead of drafting
-    assert "acceptance_rate=" in captured.err or "not drafting: the draft's pass over the prompt" in captured.err
+    assert "acceptance_rate=" in captured.err or ": the draft's pass over the prompt (~" in captured.err  # not drafting, or without the draft model
     if not method:  # a fixed γ always drafts, and the stats line reports acceptance
         assert main(["generate", "def f(x):", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]),
                      "--max-tokens", "12", "--dtype", "float32", "--ignore-eos", "--num-speculative-tokens", "3"]) == 0
