@@ -231,7 +231,8 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
 
 def chosen_section(verdict: str, target_mode: str, views: bool) -> str:
     """report.md's last section: the configuration ``tune.json`` holds, and the rule that chose it."""
-    return ("\n## Chosen\n\n" + f"{verdict} (target in {target_mode}).\n\n"
+    mode = "" if f"target in {target_mode}" in verdict else f" (target in {target_mode})"  # the verdict may name it
+    return ("\n## Chosen\n\n" + f"{verdict}{mode}.\n\n"
             "The fastest configuration whose greedy outputs were all identical to plain decoding's, end to end (prompt "
             "passes included), if it beats plain decoding by at least 3 %; plain decoding otherwise. Runs are timed once "
             "each: differences of a few percent between methods are within these machines' noise."
