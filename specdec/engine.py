@@ -331,6 +331,10 @@ def prompt_pass(target: Backend, state: SequenceState, prompt_ids: list[int], pa
     return logits[-1:], scores, cached
 
 
+#: how :func:`unpaid_prompt_pass` begins its note where a drafter still drafts without its model (bench's report reads it)
+DRAFT_MODEL_SITS_OUT = "the draft model sits out (free drafts only)"
+
+
 def unpaid_prompt_pass(drafter: Drafter, gamma: GammaController, context_len: int, max_tokens: int,
                        saving_under_load: Callable[[], float | None] | None) -> str | None:
     """Why this request should not draft (None: it should): a draft model's pass over the prompt
@@ -346,7 +350,7 @@ def unpaid_prompt_pass(drafter: Drafter, gamma: GammaController, context_len: in
         return None
     # a drafter with free tokens (draft_suffix's suffix table) still drafts: "not drafting" read as nothing drafted
     # beside a τ of 4.33 (a walkthrough)
-    what = "the draft model sits out (free drafts only)" if drafter.has_free_tokens else "not drafting"
+    what = DRAFT_MODEL_SITS_OUT if drafter.has_free_tokens else "not drafting"
     return (f"{what}: the draft's pass over the prompt (~{catch_up * 1e3:.0f} ms measured cost) would not be "
             f"paid back by {max_tokens - 1} more tokens" + (" at the server's load" if loaded is not None else ""))
 

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from specdec.api import LoadedModel
 from specdec.bench.datasets import PromptRow
+from specdec.bench.report import slowed_runs
 from specdec.bench.runner import BenchConfig, RequestResult, parse_variant, run_benchmark, summarize
 from specdec.errors import SpecdecError
 from specdec.cost_model import ModeChoice, choose_mode
@@ -104,8 +105,7 @@ def slowed(row_results: list[RequestResult], most: int = 0) -> bool:
     """Did other processes take cores during one of a prompt's runs — it ran on fewer threads than ``most`` (the
     most any stored run had, as the report's busy note counts) or than another of its runs (the thread governor,
     specdec/threads.py)? A neighbour that held a core through a whole prompt leaves all its runs alike."""
-    counts = [(r.stats["threads_min"], r.stats["threads_max"]) for r in row_results if "threads_min" in r.stats]
-    return bool(counts) and min(low for low, _ in counts) < max(most, *(high for _, high in counts))
+    return slowed_runs(row_results, most)[0] > 0
 
 
 def _stored(store: Path, setup: dict[str, Any]) -> dict[str, list[RequestResult]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.errors import SpecdecError
-from specdec.tokenizer import CHAT_ROLES
+from specdec.tokenizer import CHAT_ROLES, text_content
 
 DATASET_FILES = {
     "humaneval": "humaneval/humaneval_0_99.jsonl",
@@ -72,10 +72,10 @@ def chat_messages(row: dict, where: str) -> list[dict] | None:
                                "read as prompts yet (measure them through the server)")
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):  # OpenAI's content parts: text only (the server refuses images too)
-            texts = [part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None for part in content]
-            if not all(isinstance(text, str) for text in texts):
-                raise SpecdecError(f"{where}: message {index} has a content part that is not text (only text parts are read)")
-            content = "".join(texts)
+            try:
+                content = text_content(content, index)
+            except SpecdecError as exc:
+                raise SpecdecError(f"{where}: {exc}") from None
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(content, str):
             raise SpecdecError(f"{where}: " + shape.format(index=index))
         if message["role"] not in CHAT_ROLES:
@@ -221,13 +221,13 @@ def load_prompts(
             qid = int(row["question_id"])
             rows.append(PromptRow(str(qid), _spec_bench_group(qid), list(row["turns"]), meta={"category": row.get("category")}))
         else:
-            logged = logged_conversation(row, f"{path}:{line}")
-            if logged is not None:
-                history, last = logged
+            conversation = logged_conversation(row, f"{path}:{line}")
+            if conversation is not None:
+                history, last = conversation
                 temperature = row.get("temperature", 1.0 if "model" in row else None)  # a request body: OpenAI's default
-                logged = {"temperature": temperature} if isinstance(temperature, (int, float)) else {}
+                sampled = {"temperature": temperature} if isinstance(temperature, (int, float)) else {}
                 rows.append(PromptRow(str(row.get("id", line)), str(row.get("category", "default")), [last], history=history,
-                                      meta=logged))
+                                      meta=sampled))
                 continue
             if isinstance(row.get("turns"), list) and row["turns"]:
                 turns = [str(t) for t in row["turns"]]

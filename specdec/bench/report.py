@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.runner import RequestResult, parse_variant, summarize
+from specdec.engine import DRAFT_MODEL_SITS_OUT
 from specdec.errors import SpecdecError
 
 
@@ -34,22 +35,27 @@ def drafting_notes(results: list[RequestResult]) -> list[str]:
         if note:
             skipped.setdefault(result.method, []).append(note)
     return [f"{method}: {len(notes)} of {totals[method]} requests "
-            f"{'ran without the draft model' if notes[0].startswith('the draft model sits out') else 'did not draft'} — {notes[0]}"
+            f"{'ran without the draft model' if notes[0].startswith(DRAFT_MODEL_SITS_OUT) else 'did not draft'} — {notes[0]}"
             for method, notes in skipped.items()]
+
+
+def slowed_runs(results: list[RequestResult], most: int = 0) -> tuple[int, int, int]:
+    """(runs other processes slowed, runs that recorded their threads, the most threads any had — or ``most``, if
+    more): a run whose fewest threads (``threads_min``, the thread governor's, specdec/threads.py) fell below that
+    most lost cores to a neighbour for part of it."""
+    counts = [(r.stats["threads_min"], r.stats["threads_max"]) for r in results if "threads_min" in r.stats]
+    most = max(most, *(high for _, high in counts)) if counts else most
+    return sum(low < most for low, _ in counts), len(counts), most
 
 
 def busy_note(results: list[RequestResult]) -> str:
     """A warning when other processes took cores during the runs (the thread governor gave up threads:
     ``threads_min`` below the most any run had), or "" — on a shared machine such runs made noise look like
     speedups (a method at α 0 reported 1.6x) and nothing said so."""
-    counts = [(r.stats["threads_min"], r.stats["threads_max"]) for r in results if "threads_min" in r.stats]
-    if not counts:
-        return ""
-    most = max(high for _, high in counts)
-    slowed = sum(low < most for low, _ in counts)
+    slowed, runs, most = slowed_runs(results)
     if not slowed:
         return ""
-    return (f"**Other processes took CPU cores during {slowed} of {len(counts)} runs** (they ran on fewer than {most} "
+    return (f"**Other processes took CPU cores during {slowed} of {runs} runs** (they ran on fewer than {most} "
             "threads): their timings, and speedups against them, are noisy — rerun on a quiet machine before "
             "trusting small differences.")
 

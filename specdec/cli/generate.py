@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if prompt == "" and suffix is None and not (args.chat or args.system is not None or args.history is not None):
         raise SpecdecError("the prompt is empty: give at least one token")  # the engine's words, before the model loads
     if args.system is not None or args.history is not None:
-        prompt = chat_messages(prompt, args.system, args.history)
+        prompt = conversation(prompt, args.system, args.history)
         args.chat = True
     params = sampling_from_args(args)
     spec = spec_from_args(args)
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 WARM_UP_PROMPT = "Write a short Python function."
 
 
-def chat_messages(prompt: str, system: str | None, history: str | None) -> list[dict]:
+def conversation(prompt: str, system: str | None, history: str | None) -> list[dict]:
     """``--system`` and ``--history`` around the prompt: [system] + earlier turns + the prompt as the next user
     message. A history file is checked here (a wrong one was otherwise found after the models loaded)."""
     messages: list[dict] = []

@@ -215,11 +215,12 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
         other_results += run_benchmark(other_target, draft, [row], config, progress=False, warm_up=index == 0)
         same_results += run_benchmark(target, draft, [row], config, progress=False, warm_up=index == 0)
     chosen_name = "ar" if method is None else variant_name(method, gamma, tree, False)
-    figures, again = summarize(other_results)["overall"][chosen_name], summarize(same_results)["overall"]
+    there, again = summarize(other_results)["overall"], summarize(same_results)["overall"]
+    figures = there[chosen_name]
     record["measured_tok_s"] = {measured_mode: round(again[chosen_name]["tokens_per_s"], 2), other: round(figures["tokens_per_s"], 2)}
     # the baseline is the plain decoding a user gets (auto's plain mode, int4 where its single step is cheaper): the
     # measured mode's plain run made int8 speculation 1.71x "plain" where int4 plain put it at ~1.27x (a walkthrough)
-    plain_by_mode = {measured_mode: again["ar"]["tokens_per_s"], other: summarize(other_results)["overall"]["ar"]["tokens_per_s"]}
+    plain_by_mode = {measured_mode: again["ar"]["tokens_per_s"], other: there["ar"]["tokens_per_s"]}
     record["plain_mode"] = plan.plain_mode if plan.plain_mode in plain_by_mode else measured_mode
     record["plain_tok_s"] = round(plain_by_mode[record["plain_mode"]], 2)
     record["plain_tok_s_by_mode"] = {mode: round(tok_s, 2) for mode, tok_s in plain_by_mode.items()}
