@@ -60,6 +60,12 @@ def test_tune_writes_a_config_that_generate_reads_and_resumes(tiny_dirs, prompts
     assert main(["tune", *base, "--gammas", "auto,2"]) == 0
     assert (out / "measurements.jsonl").read_text().count("\n") == lines + 1
     assert "tune: 2 prompt(s) reused from" in capsys.readouterr().err
+    # answers stop where they end by default (tune timed text past <|im_end|>); --ignore-eos is another setup
+    assert main(["tune", *base, "--gammas", "auto,2", "--ignore-eos"]) == 0
+    assert "reused" not in capsys.readouterr().err
+    entries = [json.loads(line) for line in (out / "measurements.jsonl").read_text().splitlines()]
+    assert {entry["setup"]["ignore_eos"] for entry in entries} == {False, True}
+    assert all(len(r["tokens"]) == 12 for entry in entries if entry["setup"]["ignore_eos"] for r in entry["results"])
 
     forced = dict(settings, method="ngram", num_speculative_tokens=3, draft_model=None)
     (out / "forced.json").write_text(json.dumps({"settings": forced}))
