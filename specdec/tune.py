@@ -61,22 +61,19 @@ def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRo
              on_row: Callable[[str], None] | None = None) -> tuple[list[RequestResult], int, int]:
     """Measure ``rows`` (every method of ``config`` and plain decoding, interleaved) until the budget
     is spent; returns the results, how many prompts were left out for lack of budget and how many were
-    reused. ``setup`` identifies the measurement (models, modes, methods, γ, tokens): prompts stored in
-    ``out_dir/measurements.jsonl`` under the same setup, with the same text (:func:`prompt_key`), are reused
-    instead of measured again — unless other processes took cores during one of their runs (:func:`slowed`): a
-    slowed plain run lowered the baseline, and the rerun the report advised reused it."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    store = out_dir / "measurements.jsonl"
-    done = _stored(store, setup)
-    most = max((r.stats.get("threads_max", 0) for stored in done.values() for r in stored), default=0)
+    reused. ``setup`` identifies the measurement (:class:`MeasurementStore`): prompts stored under the same setup,
+    with the same text (:func:`prompt_key`), are reused instead of measured again — unless other processes took
+    cores during one of their runs (:func:`slowed`)."""
+    store = MeasurementStore(out_dir, setup)
+    most = store.most_threads()
     results: list[RequestResult] = []
     start = time.perf_counter()
     warmed = False
     measured = reused = 0
     for index, row in enumerate(rows):
-        key = prompt_key(row)
-        if key in done and not slowed(done[key], most):
-            results.extend(done[key])
+        stored = store.reusable(row, most)
+        if stored is not None:
+            results.extend(stored)
             measured += 1
             reused += 1
         else:
@@ -85,8 +82,7 @@ def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRo
             # the bench runner's warm-up, once for the whole run rather than once per prompt
             row_results = run_benchmark(target, draft, [row], config, progress=False, warm_up=not warmed)
             warmed = True
-            with store.open("a") as handle:
-                handle.write(json.dumps({"setup": setup, "prompt": key, "results": [asdict(r) for r in row_results]}) + "\n")
+            store.add(row, row_results)
             results.extend(row_results)
             measured += 1
         if on_row is not None:
@@ -108,18 +104,39 @@ def slowed(row_results: list[RequestResult], most: int = 0) -> bool:
     return slowed_runs(row_results, most)[0] > 0
 
 
-def _stored(store: Path, setup: dict[str, Any]) -> dict[str, list[RequestResult]]:
-    if not store.is_file():
-        return {}
-    done: dict[str, list[RequestResult]] = {}
-    for line in store.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # a line cut by an interruption: that prompt is measured again
-        if entry.get("setup") == setup:
-            done[entry["prompt"]] = [RequestResult(**r) for r in entry["results"]]
-    return done
+class MeasurementStore:
+    """Prompts measured under one ``setup`` (models, modes, methods, γ, tokens), appended to
+    ``out_dir/measurements.jsonl`` as each finishes, so an interrupted or repeated run reuses them; entries of
+    another setup in the file are ignored (tune's second pass keeps its own setup there)."""
+
+    def __init__(self, out_dir: Path, setup: dict[str, Any]) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = out_dir / "measurements.jsonl"
+        self.setup = setup
+        self.done: dict[str, list[RequestResult]] = {}
+        lines = self.path.read_text().splitlines() if self.path.is_file() else []
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line cut by an interruption: that prompt is measured again
+            if entry.get("setup") == setup:
+                self.done[entry["prompt"]] = [RequestResult(**r) for r in entry["results"]]
+
+    def most_threads(self) -> int:
+        """The most threads any stored run had (what :func:`slowed` compares a prompt's runs with)."""
+        return max((r.stats.get("threads_max", 0) for stored in self.done.values() for r in stored), default=0)
+
+    def reusable(self, row: PromptRow, most: int) -> list[RequestResult] | None:
+        """The row's stored results, unless there are none or other processes slowed one of its runs (a slowed
+        plain run lowered the baseline, and the rerun the report advised reused it)."""
+        stored = self.done.get(prompt_key(row))
+        return None if stored is None or slowed(stored, most) else stored
+
+    def add(self, row: PromptRow, results: list[RequestResult]) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps({"setup": self.setup, "prompt": prompt_key(row), "results": [asdict(r) for r in results]}) + "\n")
+        self.done[prompt_key(row)] = results
 
 
 def choose(results: list[RequestResult]) -> tuple[str | None, int | str | None, str | int, dict[str, Any]]:

@@ -246,3 +246,33 @@ def test_a_resumed_tune_measures_again_the_prompts_other_processes_slowed():
     assert not slowed([run(2, 2), run(2, 2)]) and not slowed([])
     assert slowed([run(1, 2), run(2, 2)]) and slowed([run(1, 1), run(2, 2)])
     assert slowed([run(1, 1), run(1, 1)], most=2) and not slowed([run(2, 2)], most=2)  # a whole prompt on one core
+
+
+def test_a_resumed_tune_reuses_its_second_pass_in_the_other_mode(tiny_dirs, prompts, tmp_path, capsys, monkeypatch):
+    """The second pass (the chosen configuration and plain decoding timed again, in the other target mode) was
+    measured afresh on every resumed run — 54 of a walkthrough's 90 s — and overwrote the first run's figures."""
+    from specdec.cost_model import Curve, ModeChoice
+    from specdec.step_costs import ExecutionPlan
+
+    curves = {mode: Curve(mode, {1: 0.01, 4: 0.02}) for mode in ("int8", "int4")}
+    choice = ModeChoice("int8", curves, {"int8": 30.0, "int4": 25.0}, {"int8": 3, "int4": 3})
+    monkeypatch.setattr("specdec.api.plan_execution", lambda *a, **k: ExecutionPlan("int8", "int8", choice))
+    monkeypatch.setattr("specdec.tune.mode_to_measure", lambda rates, measured, method: "int4")
+    monkeypatch.setattr("specdec.tune.slowed", lambda row_results, most=0: False)  # a busy CI core must not re-measure
+    out = tmp_path / "tune"
+    args = ["tune", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--dtype", "float32",
+            "--quantize", "auto", "--prompts", str(prompts), "--max-tokens", "8", "--out", str(out), "--methods", "suffix",
+            "--gammas", "2"]
+    assert main(args) == 0
+    assert "tune: measuring the chosen configuration with the target in int4" in capsys.readouterr().err
+    entries = [json.loads(line) for line in (out / "measurements.jsonl").read_text().splitlines()]
+    second = [entry for entry in entries if entry["setup"].get("pass") == "modes"]
+    assert sorted(entry["setup"]["mode"] for entry in second) == ["int4"] * 3 + ["int8"] * 3
+    first = json.loads((out / "tune.json").read_text())["measured"]["execution_modes"]
+    assert set(first["measured_tok_s"]) == {"int4", "int8"}
+    assert main(args) == 0  # resumed: neither pass measures anything again, and the figures are the stored ones
+    err = capsys.readouterr().err
+    assert "tune: 3 prompt(s) reused from" in err and "tune: 3 prompt(s) of the int4 pass reused from" in err
+    assert len((out / "measurements.jsonl").read_text().splitlines()) == len(entries)
+    again = json.loads((out / "tune.json").read_text())["measured"]["execution_modes"]
+    assert again["measured_tok_s"] == first["measured_tok_s"] and again["chosen"] == first["chosen"]

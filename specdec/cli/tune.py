@@ -28,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Run plain decoding and every applicable speculative method (each γ in --gammas) on your prompts, "
                     "interleaved per prompt, greedy; pick the configuration with the best end-to-end speedup (plain "
                     "decoding if none beats it by 3%); write OUT/tune.json (read by generate/serve/bench --config), "
-                    "OUT/report.md and plots. Resumable: a second run with the same OUT reuses finished prompts.")
+                    "OUT/report.md and plots. Resumable: a second run with the same OUT reuses finished prompts (of both passes).")
     tune.add_argument("--prompts", "--dataset", dest="prompts", default="humaneval", metavar="FILE_OR_DATASET",
                       help="(--dataset, as bench and calibrate-skip name it, is the same flag) a JSONL file with 'prompt' or 'turns' per line (each through the chat template unless the line says "
                            "\"chat\": false, for raw completion prompts as HumanEval's) or logged conversations ('messages' as an "
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     modes, measured_execution, mode_note = None, target.backend.dtype_name, ""
     if plan is not None:
         modes, target = _check_modes(args, plan, target, draft, rows, results, method, gamma or gammas[0], tree,
-                                     len(gammas) > 1, params, start)
+                                     len(gammas) > 1, params, start, setup)
         target_mode = modes["chosen"]
     meta = {"tool": "tune", "dataset": args.prompts, "command": "specdec " + " ".join(sys.argv[1:]), "machine": machine_description(),
             "model": args.model, "draft_model": args.draft_model,
@@ -174,16 +174,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, method, gamma, tree, several_gammas: bool,  # noqa: ANN001
-                 params, start: float):  # noqa: ANN001, ANN202
+                 params, start: float, setup: dict):  # noqa: ANN001, ANN202
     """Expected tokens/s per target mode with the measured α (:func:`specdec.tune.mode_rates`); when
     another mode is expected faster — or the choice speculates (:func:`specdec.tune.mode_to_measure`) —
     measure the chosen configuration there too, on the same prompts, and keep whichever measured
-    faster. Returns (a record for tune.json, the target to use)."""
+    faster. Returns (a record for tune.json, the target to use). Its runs are stored beside the first pass's
+    (:class:`specdec.tune.MeasurementStore`, under a setup naming both modes and the configuration), so a
+    resumed tune re-measures only prompts not measured — or slowed — before."""
     from tqdm import tqdm
 
     import specdec
     from specdec.bench.runner import BenchConfig, run_benchmark, summarize, variant_name
-    from specdec.tune import MIN_SPEEDUP, mode_rates, mode_to_measure
+    from specdec.tune import MIN_SPEEDUP, MeasurementStore, mode_rates, mode_to_measure
 
     overall = summarize(results)["overall"]
     name = "ar" if method is None else variant_name(method, gamma, tree, several_gammas)
@@ -202,18 +204,34 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
         return record, target
     print(f"tune: measuring the chosen configuration with the target in {other} on the same prompts (expected "
           f"{rates.rates[other] / rates.rates[measured_mode]:.2f}× {measured_mode} with the measured α)", file=sys.stderr)
-    other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, quantize=other,
-                                          prompt_quantize=args.prompt_quantize)
     measured_ids = {r.prompt_id for r in results}
     config = BenchConfig(methods=["ar" if method is None else method], params=params, gammas=[gamma], repeats=1,
                          options=method_options(args), spec_trees=[tree])
+    second = {**setup, "pass": "modes", "method": method, "gamma": gamma, "tree": tree}
+    stores = {mode: MeasurementStore(args.out, {**second, "mode": mode}) for mode in (other, measured_mode)}
+    most = max(store.most_threads() for store in stores.values())
+    other_target = None
     # both modes again, interleaved per prompt: the first pass's figures are from another time window, and on a
     # shared machine the load moves between them (a 2.83x headline that a bench minutes later put at 1.2x)
-    other_results: list = []
-    same_results: list = []
-    for index, row in enumerate(tqdm([row for row in rows if row.id in measured_ids], desc=f"tune {other}", unit="prompt")):
-        other_results += run_benchmark(other_target, draft, [row], config, progress=False, warm_up=index == 0)
-        same_results += run_benchmark(target, draft, [row], config, progress=False, warm_up=index == 0)
+    by_mode: dict[str, list] = {other: [], measured_mode: []}
+    reused, warmed = 0, False
+    for row in tqdm([row for row in rows if row.id in measured_ids], desc=f"tune {other}", unit="prompt"):
+        stored = {mode: store.reusable(row, most) for mode, store in stores.items()}
+        if all(runs is not None for runs in stored.values()):
+            reused += 1
+        else:
+            if other_target is None:
+                other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull,
+                                                  quantize=other, prompt_quantize=args.prompt_quantize)
+            for mode, model in ((other, other_target), (measured_mode, target)):
+                stored[mode] = run_benchmark(model, draft, [row], config, progress=False, warm_up=not warmed)
+                stores[mode].add(row, stored[mode])
+            warmed = True
+        for mode in by_mode:
+            by_mode[mode] += stored[mode]
+    if reused:
+        print(f"tune: {reused} prompt(s) of the {other} pass reused from {args.out / 'measurements.jsonl'}", file=sys.stderr)
+    other_results, same_results = by_mode[other], by_mode[measured_mode]
     chosen_name = "ar" if method is None else variant_name(method, gamma, tree, False)
     there, again = summarize(other_results)["overall"], summarize(same_results)["overall"]
     figures = there[chosen_name]
@@ -226,6 +244,9 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
     record["plain_tok_s_by_mode"] = {mode: round(tok_s, 2) for mode, tok_s in plain_by_mode.items()}
     if not figures["mismatches"] and figures["tokens_per_s"] >= MIN_SPEEDUP * again[chosen_name]["tokens_per_s"]:
         record["chosen"] = other
+        if other_target is None:  # every prompt reused: the chosen mode's model is still needed (--html-prompts)
+            other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull,
+                                              quantize=other, prompt_quantize=args.prompt_quantize)
         return record, other_target
     return record, target
 
