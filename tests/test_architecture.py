@@ -334,3 +334,22 @@ def test_layer_rules_catch_a_violation():
         "specdec.engine: models know no loop and no drafter] e.g. specdec.models.config -> specdec.engine" in added
     # the drafters reach the models through the backends: the same import breaks their rule too
     assert any("[specdec.drafters must not reach specdec.engine" in v for v in added)
+
+
+def test_every_module_is_in_the_module_map():
+    """docs/MODULES.md names every module of the package under its own package's heading (the shared
+    ARCHITECTURE.md is the design; the map is where its pieces ended up, and it went stale before: a dozen
+    modules added since were named nowhere but in their own files)."""
+    import re
+
+    text = (PACKAGE_DIR.parent / "docs" / "MODULES.md").read_text()
+    listed = {(heading, name) for heading, body in re.findall(r"^## `([^`]+)/`\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+              for name in re.findall(r"^\| `([^`]+\.py)` \|", body, re.M)}
+    present = set()
+    for path in PACKAGE_DIR.rglob("*.py"):
+        package = str(path.parent.relative_to(PACKAGE_DIR.parent))
+        if path.name in ("__init__.py", "__main__.py") and package != "specdec" and not ast.get_docstring(ast.parse(path.read_text())):
+            continue  # an empty package marker
+        present.add((package, path.name))
+    assert not present - listed, f"modules missing from docs/MODULES.md: {sorted(present - listed)}"
+    assert not listed - present, f"docs/MODULES.md lists modules that do not exist: {sorted(listed - present)}"
