@@ -22,8 +22,10 @@ from typing import Callable, Iterable
 import torch
 
 from specdec.backends.torch_backend import TorchBackend
+from specdec.bench.datasets import PromptRow
 from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 from specdec.drafters.base import DrafterResources
+from specdec.drafters.draft_suffix import SuffixAssistedDrafter
 from specdec.drafters.registry import method_info, method_names
 from specdec.engine import generate_ids
 from specdec.models.config import ModelConfig
@@ -59,6 +61,10 @@ DISTRIBUTION_CONFIGS: dict[str, SamplingParams] = {
     # position, drafts accepted when they are that choice (specdec.seeded), not rejection sampling
     "T=1,seeded": SamplingParams(temperature=1.0, seed=0),
 }
+#: draft_suffix's prompt: "1 2 x y" for even x, ending "1 2", so the suffix table's match is long enough to be
+#: trusted after about half the first tokens (even ones) and the draft model drafts after the rest — both of the
+#: method's kinds of rounds in one test (after the common prompt the table was never trusted at top-k 4)
+TABLE_PROMPT = [token for x in (0, 2, 4, 6) for token in (1, 2, x, (x + 3) % 8)] + [1, 2]
 #: the tiny model's vocabulary as text, for grammars (see the "regex" configuration)
 TINY_VOCAB = list("abcdefgh")
 #: the default (quick) run's one configuration: top-k keeps 64 outcomes of 3 tokens, so each cell
@@ -153,7 +159,7 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
                         scratch: Path) -> CheckResult:
     start = time.perf_counter()
     target, draft = tiny_model(seed=seed, device=device), tiny_model(seed=seed + 1, device=device)
-    prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so n-gram style drafters propose something too
+    prompt = TABLE_PROMPT if method == "draft_suffix" else [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive: n-gram drafters propose
     grammar = None if params.structured is None else compile_for_vocab(params.structured, TINY_VOCAB, [])
     new_constraint = (lambda: None) if grammar is None else (lambda: GrammarConstraint(grammar, len(TINY_VOCAB)))
     exact = exact_joint(target, prompt, params, length, new_constraint())
@@ -166,6 +172,7 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     generator = make_generator(seed, device)
     counts: dict[tuple[int, ...], int] = {}
     proposed = accepted = 0
+    table_rounds = model_rounds = 0  # a table-assisted draft model's rounds of each kind
     for sample in range(samples):
         drafter, constraint = None, new_constraint()
         if params.seed is not None:  # a seeded configuration: every sample a request of its own seed
@@ -177,6 +184,8 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
                 max_seq_len=len(prompt) + length + gamma + 2, draft_backend=draft if info.needs_draft_model else None,
                 constraint=constraint, prediction_ids=tuple(run_params.prediction or ())))
         out = generate_ids(target, prompt, run_params, drafter, spec, None, generator, constraint)
+        if isinstance(drafter, SuffixAssistedDrafter):
+            table_rounds, model_rounds = table_rounds + drafter.suffix_rounds, model_rounds + drafter.draft_rounds
         key = tuple(out.token_ids)
         counts[key] = counts.get(key, 0) + 1
         proposed, accepted = proposed + out.stats.proposed_tokens, accepted + out.stats.accepted_tokens
@@ -186,10 +195,15 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     # a method that drafted nothing (or had nothing accepted, or nothing refused) left the rule under test
     # unexercised: plain decoding's samples pass any χ² test
     unexercised = spec.method is not None and not 0 < accepted < proposed
-    passed = outside == 0 and p_value > alpha and not unexercised
+    # draft_suffix's rounds are the table's (point masses) or the draft model's (its q): with the first prompt
+    # only the draft model ever drafted here, and the quick certificate said PASS for a path it never ran
+    one_part = method == "draft_suffix" and not (table_rounds and model_rounds)
+    passed = outside == 0 and p_value > alpha and not unexercised and not one_part
     detail = (f"χ² p={p_value:.3g} over {len(cells)} outcomes, {samples} samples, {proposed} drafted, {accepted} accepted"
+              + (f" ({table_rounds} table rounds, {model_rounds} draft-model rounds)" if table_rounds + model_rounds else "")
               + (f", {outside} impossible outcomes" if outside else "")
-              + (": the drafts did not exercise both acceptance and rejection" if unexercised else ""))
+              + (": the drafts did not exercise both acceptance and rejection" if unexercised else "")
+              + (": the table and the draft model did not both draft" if one_part else ""))
     return CheckResult("distribution", method, config_name, passed, detail, time.perf_counter() - start)
 
 
@@ -252,22 +266,25 @@ def _humaneval_datastore(target, scratch: str) -> str:  # noqa: ANN001 - LoadedM
     return path
 
 
-def real_prompts(target, count: int) -> list[tuple[str, list[int]]]:  # noqa: ANN001 - LoadedModel
-    """Half HumanEval (raw completion), half MT-Bench first turns (chat template)."""
+def real_prompts(target, prompts: int | list[PromptRow]) -> list[tuple[str, list[int]]]:  # noqa: ANN001 - LoadedModel
+    """A count: half HumanEval (raw completion), half MT-Bench first turns (chat template); or the rows of a
+    user's dataset (``verify --dataset``: a logged request's system prompt and history included)."""
     from specdec.api import encode_prompt
     from specdec.bench.datasets import load_prompts
 
-    code = load_prompts("humaneval", limit=(count + 1) // 2)
-    chat = load_prompts("spec_bench", categories=["mt_bench"], limit=count // 2)
-    return [(row.id, encode_prompt(target, row.first_prompt(), chat=row.chat)) for row in code + chat]
+    if isinstance(prompts, int):
+        prompts = (load_prompts("humaneval", limit=(prompts + 1) // 2)
+                   + load_prompts("spec_bench", categories=["mt_bench"], limit=prompts // 2))
+    return [(row.id, encode_prompt(target, row.first_prompt(), chat=row.chat)) for row in prompts]
 
 
-def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens: int, samples: int,  # noqa: ANN001
+def run_certificate(target, draft, methods: list[str], prompts: int | list[PromptRow], max_tokens: int, samples: int,  # noqa: ANN001
                     alpha: float = 1e-3, gamma: int = 4, greedy: bool = True, distribution: bool = True,
                     progress: Callable[[str], None] | None = None,
                     configs: Iterable[str] = tuple(DISTRIBUTION_CONFIGS), spec_tree: str | int = DEFAULT_SPEC_TREE,
                     drafter_path: str | None = None, options: dict | None = None) -> list[CheckResult]:
-    """Run both checks for every method; ``target``/``draft`` are LoadedModels (draft may be None).
+    """Run both checks for every method; ``target``/``draft`` are LoadedModels (draft may be None: the methods
+    that need one are skipped); ``prompts``: how many built-in prompts the greedy check runs, or its rows.
     ``progress(message)`` is called before each check; ``configs`` names the distribution test's
     sampling configurations (keys of :data:`DISTRIBUTION_CONFIGS`); ``spec_tree`` certifies token
     trees for the methods that branch (``--spec-tree``; the default's: trees under greedy, chains under
@@ -296,6 +313,10 @@ def run_certificate(target, draft, methods: list[str], prompts: int, max_tokens:
             if greedy and method in TRAINED_HEADS and method != head_kind:
                 why = (f"needs --drafter-path (a trained {method} head)" if head_kind is None
                        else f"--drafter-path holds {head_kind_phrase(head_kind)}, not {head_kind_phrase(method)}")
+                say(f"skipping {method}'s greedy identity on the real pair: {why}")
+                results.append(CheckResult("greedy-identity", method, "greedy", True, f"skipped: {why}", skipped=True))
+            elif greedy and draft is None and method_info(method).needs_draft_model:
+                why = "needs a draft model (--draft-model; the --config file's choice runs none)"
                 say(f"skipping {method}'s greedy identity on the real pair: {why}")
                 results.append(CheckResult("greedy-identity", method, "greedy", True, f"skipped: {why}", skipped=True))
             elif greedy:

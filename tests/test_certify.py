@@ -96,3 +96,33 @@ def test_verify_certifies_the_configuration_given_and_names_it(tiny_target):
     assert rows["layer_skip"].config == "greedy float32, γ=3, tree=greedy, skip_layers=[1]", rows["layer_skip"].config
     assert rows["ngram"].config == "greedy float32, γ=3, tree=greedy, prompt_lookup_max=2"
     assert all(r.passed for r in results)
+
+
+def test_verify_checks_your_own_traffic_and_a_tune_file_without_a_draft_model(tiny_dirs, tmp_path, capsys):
+    """`verify` only read its built-in prompts (`--dataset FILE` was refused), and a tune.json that chose plain or
+    suffix decoding ("draft_model": null) was refused by verify and bench, whose flag has a default pair."""
+    import json
+
+    traffic = tmp_path / "traffic.jsonl"
+    traffic.write_text("".join(json.dumps(row) + "\n" for row in [
+        {"model": "m", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):"}]},
+        {"conversations": [{"from": "human", "value": "a b a b a b"}, {"from": "gpt", "value": "a b"},
+                           {"from": "human", "value": "again"}]}]))
+    base = ["verify", "--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--quantize", "none",
+            "--skip-distribution", "--max-tokens", "6", "--methods", "ngram,draft_suffix"]
+    assert main([*base, "--dataset", str(traffic)]) == 0
+    out = capsys.readouterr().out
+    assert "2/2 prompts identical" in out and out.count("PASS") == 2
+    assert main([*base, "--dataset", str(traffic), "--limit", "1"]) == 0
+    assert "1/1 prompts identical" in capsys.readouterr().out
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}) + "\n")
+    assert main([*base, "--dataset", str(broken)]) != 0
+    assert "broken.jsonl:1: message 0's role 'wizard'" in capsys.readouterr().err
+    config = tmp_path / "tune.json"
+    config.write_text(json.dumps({"settings": {"model": str(tiny_dirs["target"]), "draft_model": None, "method": None,
+                                               "num_speculative_tokens": 4, "quantize": "none"}}))
+    assert main(["verify", "--config", str(config), "--skip-distribution", "--max-tokens", "6", "--dataset", str(traffic),
+                 "--methods", "ngram,draft_suffix"]) == 0
+    out = capsys.readouterr().out
+    assert "needs a draft model" in out and "SKIP" in out and "2/2 prompts identical" in out

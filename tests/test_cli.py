@@ -118,6 +118,13 @@ def test_execution_flags_that_are_not_read_warn(capsys):
     for argv in (["--dtype", "float32", "--quantize", "none"], ["--quantize", "int4", "--draft-quantize", "int8", "--draft-model", "d"]):
         execution_modes(build_parser().parse_args(["generate", "hi", *argv]), "ngram")
         assert capsys.readouterr().err == ""
+    # a command's own default is not typed: a bare `specdec verify` (dtype float32 by default) warned about --dtype
+    from specdec.cli import typed_flags
+
+    verify = build_parser().parse_args(["verify", "--quantize", "int8"])
+    verify.typed_flags = typed_flags(["verify", "--quantize", "int8"])
+    execution_modes(verify, "draft_model")
+    assert "--dtype" not in capsys.readouterr().err
 
 
 def test_methods_table_marks_required_options(capsys):

@@ -80,6 +80,9 @@ def test_streams_and_errors_pass_through_the_proxy(ray_server, tiny_target):
     bad = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": [10_000_000]}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(f"{base}/health", timeout=30).status_code == 200
+    # the client's x-request-id comes back once (Ray's proxy echoes it; ours beside it made two)
+    traced = httpx.get(f"{base}/health", headers={"x-request-id": "myid-1"}, timeout=30)
+    assert traced.headers.get_list("x-request-id") == ["myid-1"]
 
 
 def test_sigint_stops_the_cluster(ray_server):

@@ -189,3 +189,31 @@ def test_the_request_log_says_499_for_a_stream_its_client_cut(caplog):
         asyncio.run(run(cut=False))
     lines = [record.getMessage() for record in caplog.records]
     assert '"POST /v1/completions" 499' in lines[0] and '"POST /v1/completions" 200' in lines[1]
+
+
+def test_under_ray_the_request_id_is_echoed_once():
+    """Ray Serve's proxy echoes the client's x-request-id itself: with ours too, a --ray response carried it twice
+    (clients that merge repeated headers read "myid-1, myid-1")."""
+    import asyncio
+
+    from specdec.server.request_log import ResponseHeaders
+
+    async def app(scope, receive, send):  # noqa: ANN001, ANN202
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+    def headers(echo: bool) -> list[tuple[bytes, bytes]]:
+        sent: list[dict] = []
+
+        async def receive():  # noqa: ANN202
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):  # noqa: ANN001, ANN202
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/health", "headers": [(b"x-request-id", b"myid-1")]}
+        asyncio.run(ResponseHeaders(app, "test", echo_request_id=echo)(scope, receive, send))
+        return sent[0]["headers"]
+
+    assert (b"x-request-id", b"myid-1") in headers(True)
+    assert all(name != b"x-request-id" for name, _ in headers(False))

@@ -112,6 +112,13 @@ def test_config_values_are_converted_as_typed_flags_are(tmp_path):
     (tmp_path / "ok.json").write_text(json.dumps({"settings": {"stop": "END"}}))
     with pytest.raises(SpecdecError, match="stop: expected a list"):
         apply_config(args, set(), command_parser(parser, "generate"))
+    # bench and verify default to the 0.5B draft: a tune.json that chose no draft model ("draft_model": null) was refused
+    (tmp_path / "ok.json").write_text(json.dumps({"settings": {"draft_model": None, "method": "suffix"}}))
+    for command in ("bench", "verify"):
+        argv = [command, "--config", str(tmp_path / "ok.json")]
+        args = parser.parse_args(argv)
+        apply_config(args, typed_flags(argv), command_parser(parser, command))
+        assert args.draft_model is None
 
 
 def test_a_typed_flag_equal_to_its_default_still_wins(tmp_path):

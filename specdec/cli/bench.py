@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         print(compare_runs(Path(args.compare[0]), Path(args.compare[1])))
         return 0
     import specdec
-    from specdec.bench.datasets import load_prompts
+    from specdec.bench.datasets import load_prompts, sampled_rows
     from specdec.bench.report import machine_description, penalties_description, write_results
     from specdec.bench.runner import PEER_METHODS, BenchConfig, is_peer, method_needs_draft, run_benchmark, run_concurrent
     from specdec.drafters.registry import is_plain
@@ -110,9 +110,18 @@ def run(args: argparse.Namespace) -> int:
                         Path(args.data_dir) if args.data_dir else None)
     if not rows:
         raise SpecdecError(f"no prompts selected from {args.dataset}")
+    sampled = sampled_rows(rows)
+    if sampled and "temperature" not in getattr(args, "typed_flags", set()) and not args.temperature:
+        print(f"note: {sampled} of the {len(rows)} logged requests sampled (temperature > 0); bench runs them greedily, "
+              "where acceptance is higher: add --temperature T to measure them as they were served", file=sys.stderr)
     methods = ["ar" if m.strip() == "plain" else m.strip() for m in args.methods.split(",") if m.strip()]
     if args.config and args.method and args.methods == DEFAULT_METHODS:  # bench what `specdec tune` chose
         methods = ["ar", args.method]
+    if not args.draft_model and args.methods == DEFAULT_METHODS:  # no draft model (a tune.json's null): the rest
+        left = [m for m in methods if method_needs_draft(m)]
+        methods = [m for m in methods if not method_needs_draft(m)]
+        if left:
+            print(f"note: no draft model: {', '.join(left)} left out of the default methods", file=sys.stderr)
     checked_methods(args, [m for m in methods if not is_peer(m)], "--methods")  # before any model loads
     typed = getattr(args, "typed_flags", set())
     if "disable_speculation_above" in typed and args.concurrency == 1:
@@ -135,9 +144,8 @@ def run(args: argparse.Namespace) -> int:
                                        quantize=mode, prompt_quantize=args.prompt_quantize)
               for mode in dict.fromkeys(method_modes.values()) if mode != plain_mode}
     method_targets = {method: copies[mode] for method, mode in method_modes.items() if mode != plain_mode}
-    needs_draft = any(method_needs_draft(m) for m in methods)
     draft = None
-    if needs_draft:
+    if any(method_needs_draft(m) for m in methods):
         # the draft's mode as generate picks it for speculation (int4-all, timed with its reduced head),
         # not the mode plain decoding of the draft model would pick
         _, draft_mode, _ = execution_modes(args, "draft_model") if draft_quantize(args) == "auto" else (None, draft_quantize(args), None)

@@ -52,10 +52,16 @@ def apply_config(args: argparse.Namespace, typed: set[str], parser: argparse.Arg
             setattr(args, key, config_value(actions[key], value, f"--config {args.config}: {key}"))
 
 
+#: settings a ``--config`` file may set to null where the command's flag has a default: a tune.json that chose plain
+#: decoding or suffix decoding says ``"draft_model": null``, and verify and bench (whose default pair has a draft
+#: model) refused the file tune told users to pass them
+NULLABLE_SETTINGS = frozenset({"draft_model"})
+
+
 def config_value(action: argparse.Action, value: object, where: str) -> object:
     """A ``--config`` file's value for ``action``'s flag, checked and converted as argparse converts what is typed."""
     if value is None:
-        if action.default is not None:
+        if action.default is not None and action.dest not in NULLABLE_SETTINGS:
             raise SpecdecError(f"{where}: null is not a value of {action.option_strings[0]}")
         return None
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
@@ -87,7 +93,10 @@ def warn_unread_execution_flags(args: argparse.Namespace, target_mode: str) -> N
     and ``--draft-quantize`` without a draft model: one warning line each — both were silently ignored."""
     from specdec.api import CPU_QUANTIZE_MODES
 
-    if args.dtype != "auto" and target_mode in CPU_QUANTIZE_MODES:
+    # typed, not a command's own default (verify's float32 warned on a bare `specdec verify`)
+    typed = getattr(args, "typed_flags", None)
+    given = "dtype" in typed if typed is not None else args.dtype != "auto"
+    if given and target_mode in CPU_QUANTIZE_MODES:
         how = "chosen by --quantize auto" if args.quantize == "auto" else "--quantize"
         print(f"warning: --dtype {args.dtype} is not read: the target runs {target_mode} ({how}); add --quantize none "
               f"to run in {args.dtype}", file=sys.stderr)

@@ -213,7 +213,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        audit_fraction=args.audit_fraction, log_requests=args.enable_log_requests,
                        prefill_chunk=prefill_chunk, pause_speculation_for_prompts=args.pause_speculation_for_prompts,
                        shared_prefill_chunk=SHARED_PREFILL_CHUNK if args.prefill_chunk == "auto" and prefill_chunk else 0,
-                       long_prompt_tokens=LONG_PROMPT_TOKENS)
+                       long_prompt_tokens=LONG_PROMPT_TOKENS, echo_request_id=not args.ray)
 
 
 def check_serving_method(target: Any, draft: Any, spec: Any) -> None:
@@ -352,5 +352,7 @@ def run_on_ray(args: argparse.Namespace) -> int:
         torch.set_num_threads(driver_threads)
     args = copy.copy(args)
     args.quantize, args.draft_quantize = target_mode, (draft_mode if args.draft_model else None)  # (no warning per replica)
-    serve_on_ray(lambda: build_app(args, threads), settings, name=args.served_model_name or args.model)
+    modes = target_mode + (f", draft {draft_mode}" if args.draft_model else "")
+    serve_on_ray(lambda: build_app(args, threads), settings,
+                 name=f"{args.served_model_name or args.model} ({modes}, speculative: {spec.method or 'off'})")
     return 0

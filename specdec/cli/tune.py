@@ -67,7 +67,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec.api import plan_execution
-    from specdec.bench.datasets import load_prompts
+    from specdec.bench.datasets import load_prompts, sampled_rows
     from specdec.bench.report import machine_description, write_results
     from specdec.bench.runner import BenchConfig
     from specdec.cpu import cpu_description
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                         Path(args.data_dir) if args.data_dir else None)
     if len(rows) < 2:
         raise SpecdecError(f"tune needs at least 2 prompts; {args.prompts} gave {len(rows)}")
-    sampled = sum(1 for row in rows if (row.meta.get("temperature") or 0) > 0)
+    sampled = sampled_rows(rows)
     if sampled:  # a logged request's temperature: tune's answer is the greedy one's
         print(f"note: {sampled} of the {len(rows)} logged requests sampled (temperature > 0); tune measures greedy "
               "decoding, where acceptance is higher than under sampling: check the chosen configuration with `specdec "

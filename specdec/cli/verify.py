@@ -17,7 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                 description="Certify exactness for every registered drafter: (a) greedy speculative output is "
                                             "token-identical to plain decoding on real prompts with the given model pair and dtype; "
                                             "(b) on a tiny random model, the distribution of the first generated tokens under "
-                                            "speculative sampling (T=0.7 with top-k; --thorough adds T=1, top-p, a regex grammar and penalties with a logit bias) "
+                                            "speculative sampling (T=0.7 with top-k; --thorough adds T=1, top-p, a regex grammar, penalties with a logit bias, "
+                                            "a predicted output and seeded requests) "
                                             "equals the exact target distribution "
                                             "(chi-square test, false-alarm rate --alpha per row). Exits 1 on any FAIL.")
     # the method flags (--skip-layers, --datastore …) set the configuration the greedy check certifies on the real pair
@@ -32,10 +33,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     flags["--num-speculative-tokens"].help = "γ of every certified method (default: auto, certified as 4, as any 'auto')"
     ver.add_argument("--methods", default="all", help="comma-separated drafters to certify, or 'all' (default: all registered)")
     ver.add_argument("--thorough", action="store_true",
-                     help="the long certificate: 6 prompts × 64 tokens, three sampling configurations and a grammar-constrained one (a regex mask) × 10000 samples "
+                     help="the long certificate: 6 prompts × 64 tokens, and every sampling configuration of the distribution test (T=1, T=0.7 with top-k, "
+                          "top-p, a regex grammar, penalties with a logit bias, a predicted output, seeded requests) × 10000 samples "
                           "(the default run: 3 prompts × 32 tokens, one configuration × 1000 samples: ~3 min on 2 cores, loading included)")
-    ver.add_argument("--prompts", type=positive_int, default=None,
-                     help="real prompts for the greedy check (HumanEval and MT-Bench; default: 3, --thorough 6)")
+    ver.add_argument("--dataset", default=None, metavar="FILE_OR_DATASET",
+                     help="the greedy check's prompts: your own traffic — a JSONL with 'prompt' or 'turns' per line, or logged "
+                          "chat requests ('messages', ShareGPT 'conversations'), read as bench --dataset reads them — or "
+                          "spec_bench, humaneval, gsm8k (default: HumanEval and MT-Bench first turns, half each)")
+    ver.add_argument("--categories", default=None, help="with --dataset: comma-separated categories (e.g. mt_bench; default: all)")
+    ver.add_argument("--data-dir", default=None, help="where the named datasets live (default: ../shared/data or $SPECDEC_DATA_DIR)")
+    ver.add_argument("--limit", "--prompts", dest="prompts", type=positive_int, default=None,
+                     help="(--prompts is the same flag) real prompts for the greedy check: the first N (default: 3, --thorough 6)")
     ver.add_argument("--max-tokens", type=positive_int, default=None, help="tokens per prompt in the greedy check (default: 32, --thorough 64)")
     ver.add_argument("--samples", type=positive_int, default=None, help="samples per distribution test (default: 1000, --thorough 10000)")
     ver.add_argument("--alpha", type=significance, default=1e-3,
@@ -89,9 +97,21 @@ def run(args: argparse.Namespace) -> int:
     configs = tuple(certify.DISTRIBUTION_CONFIGS) if args.thorough else certify.QUICK_CONFIGS
     gamma = args.num_speculative_tokens if isinstance(args.num_speculative_tokens, int) else 4
     target = draft = None
+    rows = None
+    if args.dataset is not None or args.categories is not None:
+        if args.skip_greedy:
+            raise SpecdecError("--dataset/--categories choose the greedy check's prompts: not read with --skip-greedy")
+        from pathlib import Path
+
+        from specdec.bench.datasets import load_prompts
+
+        rows = load_prompts(args.dataset or "spec_bench", args.categories.split(",") if args.categories else None, None,
+                            Path(args.data_dir) if args.data_dir else None)[:prompts]  # before any model loads
+        if not rows:
+            raise SpecdecError(f"no prompts selected from {args.dataset or 'spec_bench'}")
     if not args.skip_greedy:
         # the draft model only where a chosen method drafts with one (ngram alone loaded the 0.5B for nothing)
-        with_draft = any(method_info(method).needs_draft_model for method in methods)
+        with_draft = bool(args.draft_model) and any(method_info(method).needs_draft_model for method in methods)
         target_mode, draft_mode, _ = execution_modes(args, "draft_model" if with_draft else methods[0])  # as generate
         print(f"loading {args.model} ({target_mode})" + (f" and {args.draft_model} ({draft_mode})" if with_draft else "")
               + " …", file=sys.stderr)
@@ -116,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(message)
 
         results = certify.run_certificate(
-            target, draft, methods, prompts, max_tokens, samples, args.alpha, gamma,
+            target, draft, methods, rows or prompts, max_tokens, samples, args.alpha, gamma,
             greedy=not args.skip_greedy, distribution=not args.skip_distribution, configs=configs, progress=progress,
             spec_tree=args.spec_tree, drafter_path=args.drafter_path, options=method_options(args))
         bar.update(checks - bar.n)

@@ -371,7 +371,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(AccessMiddleware, policy=state.access,
                        on_refused=lambda status: state.metrics.refused.labels(reasons[status]).inc())
     # outermost: refusals (401, 413) carry the instance header and are logged too
-    app.add_middleware(ResponseHeaders, instance=state.instance, log_requests=state.log_requests)
+    app.add_middleware(ResponseHeaders, instance=state.instance, log_requests=state.log_requests,
+                       echo_request_id=state.echo_request_id)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

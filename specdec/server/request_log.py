@@ -26,11 +26,12 @@ CLIENT_GONE = 499
 
 
 class ResponseHeaders:
-    """Adds ``x-specdec-instance`` (and the request's ``x-request-id``) to every HTTP response; logs one line
-    per request where ``log_requests``."""
+    """Adds ``x-specdec-instance`` (and, where ``echo_request_id``, the request's ``x-request-id``) to every HTTP
+    response; logs one line per request where ``log_requests``."""
 
-    def __init__(self, app: ASGIApp, instance: str, log_requests: bool = False) -> None:
+    def __init__(self, app: ASGIApp, instance: str, log_requests: bool = False, echo_request_id: bool = True) -> None:
         self.app, self.instance, self.log_requests = app, instance.encode("latin-1"), log_requests
+        self.echo_request_id = echo_request_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,7 +46,7 @@ class ResponseHeaders:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 extra = [(b"x-specdec-instance", self.instance)]
-                if request_id is not None:
+                if request_id is not None and self.echo_request_id:
                     extra.append((b"x-request-id", request_id[:200]))
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             elif message["type"] == "http.response.body" and not message.get("more_body", False):

@@ -57,6 +57,8 @@ class ServerState:
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     #: --enable-log-requests: one log line per request (server/request_log.py)
     log_requests: bool = False
+    #: echo the client's ``x-request-id`` in the response (False under Ray Serve, whose proxy echoes it: it came twice)
+    echo_request_id: bool = True
     #: when the model was loaded (Unix seconds): /v1/models' ``created``
     created: int = field(default_factory=lambda: int(time.time()))
 
