@@ -37,6 +37,8 @@ class Stream:
     reply: Any = None
     #: no token delivered yet: the request's prompt pass (or a chunk of it) is still to run
     prefilling: bool = True
+    #: its place in arrival order (Batcher.add): prompt passes are served first come, first served
+    arrival: int = 0
 
     def advance(self) -> bool:
         """Run until the stream needs a model (``self.call`` set): True; False once it is
@@ -81,8 +83,11 @@ class Batcher:
         self.prompts_per_forward = prompts_per_forward
         self.on_forward = on_forward
         self.streams: list[Stream] = []
+        self._arrivals = 0
 
     def add(self, stream: Stream) -> None:
+        self._arrivals += 1
+        stream.arrival = self._arrivals
         self.streams.append(stream)
 
     def prompt_pending(self) -> bool:
@@ -134,7 +139,18 @@ class Batcher:
 
     def _serve_groups(self, streams: list[Stream]) -> None:
         """One forward per group of calls to the same model (and vocabulary), oldest first, each of up
-        to ``max_num_batched_tokens`` rows (a larger call runs alone; the rest wait for the next step)."""
+        to ``max_num_batched_tokens`` rows (a larger call runs alone; the rest wait for the next step).
+
+        Prompt calls (passes or chunks) go first come, first served: the earliest request's prompt keeps the
+        prompt places of every forward until its last chunk. Rotated like the decode calls (whoever was
+        served moved to the back), three 2k-token prompts' chunks took turns with one prompt per forward and
+        all three first tokens came at the end (55.5, 58.0, 58.4 s), where the first needed a third of that."""
+        prompt_places = [index for index, stream in enumerate(streams) if stream.call is not None and stream.call.prompt]
+        if len(prompt_places) > 1:
+            streams = list(streams)
+            by_arrival = sorted((streams[index] for index in prompt_places), key=lambda stream: stream.arrival)
+            for index, stream in zip(prompt_places, by_arrival):
+                streams[index] = stream
         groups: dict[tuple[int, int | None], tuple[list[Stream], list[int]]] = {}
         for stream in streams:
             assert stream.call is not None
