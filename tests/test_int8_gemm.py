@@ -165,10 +165,10 @@ def test_the_amx_environment_switch(amx, monkeypatch):
         monkeypatch.setenv("SPECDEC_INT8_AMX_ROWS", "0")
         int8_module._vnni_module.cache_clear()
         assert int8_module.amx_from_rows() == 0
-        assert int8_module.kernels_note(["int8"]) == ""
+        assert int8_module.kernels_note(["int8"]) == ", int8 on avx512-vnni"
         monkeypatch.setenv("SPECDEC_INT8_AMX_ROWS", "4")
         int8_module._vnni_module.cache_clear()
-        assert int8_module.kernels_note(["int8"]) == ", int8 on AMX from 4 rows"
+        assert int8_module.kernels_note(["int8"]) == ", int8 on avx512-vnni (AMX from 4 rows)"
     finally:
         monkeypatch.delenv("SPECDEC_INT8_AMX_ROWS")
         int8_module._vnni_module.cache_clear()

@@ -361,7 +361,7 @@ def planned_modes(args: argparse.Namespace, method: str | None, concurrency: int
 
 def kernels_in_use(*models) -> str:  # noqa: ANN002 - LoadedModel | None
     """The execution line's note on the C++ kernels the loaded models (and their prompt twins) run
-    here, e.g. ``", avx512-vnni kernels, int8 on AMX from 2 rows, prompt attention in amx-bf16"`` (results
+    here, e.g. ``", avx512-vnni kernels, int8 on avx512-vnni (AMX from 2 rows), prompt attention in amx-bf16"`` (results
     differ by CPU)."""
     from specdec.kernels.int8 import kernels_note
     from specdec.kernels.layers import bf16_prompt_attention

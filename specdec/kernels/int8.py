@@ -105,7 +105,7 @@ def amx_from_rows() -> int:
 
 
 def kernels_note(modes: list[str]) -> str:
-    """``", avx512-vnni kernels, int4 on AMX from 8 rows, int8 on AMX from 2 rows"``: what an execution line says of the C++ kernels
+    """``", avx512-vnni kernels, int4 on AMX from 8 rows, int8 on avx512-vnni (AMX from 2 rows)"``: what an execution line says of the C++ kernels
     that run ``modes`` here (the instruction set changes speed, and results files are compared across
     CPUs), or ``""`` when none of them runs on these kernels."""
     notes = []
@@ -114,9 +114,10 @@ def kernels_note(modes: list[str]) -> str:
         q4_amx_rows = int(build.kernel().q4_amx_min_rows())
         if q4_amx_rows:
             notes.append(f"int4 on AMX from {q4_amx_rows} rows")
-    amx_rows = amx_from_rows() if "int8" in modes else 0
-    if amx_rows:
-        notes.append(f"int8 on AMX from {amx_rows} rows")
+    if "int8" in modes:  # which int8 kernel: an int8-only run named none (results files compare across CPUs)
+        amx_rows = amx_from_rows()
+        notes.append(f"int8 on {'avx512-vnni' if int8_kernel() == 'vnni' else 'fbgemm'}"
+                     + (f" (AMX from {amx_rows} rows)" if amx_rows else ""))
     return "".join(f", {note}" for note in notes)
 
 
