@@ -266,16 +266,21 @@ def _humaneval_datastore(target, scratch: str) -> str:  # noqa: ANN001 - LoadedM
     return path
 
 
-def real_prompts(target, prompts: int | list[PromptRow]) -> list[tuple[str, list[int]]]:  # noqa: ANN001 - LoadedModel
-    """A count: half HumanEval (raw completion), half MT-Bench first turns (chat template); or the rows of a
-    user's dataset (``verify --dataset``: a logged request's system prompt and history included)."""
-    from specdec.api import encode_prompt
+def default_rows(count: int, data_dir: Path | None = None) -> list[PromptRow]:
+    """The greedy check's own prompts: half HumanEval (raw completion), half MT-Bench first turns (chat template)."""
     from specdec.bench.datasets import load_prompts
 
-    if isinstance(prompts, int):
-        prompts = (load_prompts("humaneval", limit=(prompts + 1) // 2)
-                   + load_prompts("spec_bench", categories=["mt_bench"], limit=prompts // 2))
-    return [(row.id, encode_prompt(target, row.first_prompt(), chat=row.chat)) for row in prompts]
+    return (load_prompts("humaneval", limit=(count + 1) // 2, data_dir=data_dir)
+            + load_prompts("spec_bench", categories=["mt_bench"], limit=count // 2, data_dir=data_dir))
+
+
+def real_prompts(target, prompts: int | list[PromptRow]) -> list[tuple[str, list[int]]]:  # noqa: ANN001 - LoadedModel
+    """``prompts``: a count of :func:`default_rows`, or the rows of a user's dataset (``verify --dataset``: a logged
+    request's system prompt and history included), encoded for ``target``."""
+    from specdec.api import encode_prompt
+
+    rows = default_rows(prompts) if isinstance(prompts, int) else prompts
+    return [(row.id, encode_prompt(target, row.first_prompt(), chat=row.chat)) for row in rows]
 
 
 def run_certificate(target, draft, methods: list[str], prompts: int | list[PromptRow], max_tokens: int, samples: int,  # noqa: ANN001

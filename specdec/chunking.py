@@ -27,7 +27,8 @@ LONG_PROMPT_TOKENS = 4 * PREFILL_CHUNK
 def shared_prefill_chunk(chunk: int, others_in_flight: Callable[[], bool], shared: int | None = None,
                          long_prompt: int | None = None) -> Callable[[int, int], int]:
     """The server's and the batch API's chunk rule (``--prefill-chunk auto``): ``chunk`` tokens a call, but at most
-    ``shared`` for a prompt pass of over ``long_prompt`` tokens while other requests are in flight — for the whole pass: the
+    ``shared`` for a prompt pass of over ``long_prompt`` tokens while other requests are in flight (``others_in_flight``:
+    :meth:`specdec.scheduler.Batcher.others_in_flight`) — for the whole pass: the
     rule once looked at the tokens still to feed, so a long prompt's last 1024 went in 256-token calls and the others'
     tokens waited ~2 s each (Zen 4, int8, a 3700-token prompt beside two streams). ``shared`` 0: always ``chunk``;
     None: SHARED_PREFILL_CHUNK (``long_prompt`` None: LONG_PROMPT_TOKENS)."""

@@ -84,6 +84,7 @@ class Batcher:
         self.on_forward = on_forward
         self.streams: list[Stream] = []
         self._arrivals = 0
+        self._asking: Stream | None = None  # the stream whose generator runs now (others_in_flight asks about it)
 
     def add(self, stream: Stream) -> None:
         self._arrivals += 1
@@ -103,12 +104,15 @@ class Batcher:
         return any(stream.prefilling for stream in self.streams)
 
     def others_in_flight(self) -> bool:
-        """Whether the asking request (a stream's generator, run inside this batcher) has company: a prompt chunk
-        asked now shares its forward with their decode steps, delaying each one's next token by the chunk's cost.
-        Those still in their prompt count too: with one prompt per forward theirs runs first, and they decode by
-        the time this chunk's forward runs (asking "is one decoding?" gave every prompt of a batch its first
-        chunk whole: all were in their prompt when the first chunks were asked)."""
-        return len(self.streams) > 1
+        """Whether the asking request (the stream whose generator runs now, inside :meth:`_advance`) has company: a
+        prompt chunk asked now shares its forward with their decode steps, delaying each one's next token by the
+        chunk's cost. Those decoding count, and those in a prompt that arrived earlier: prompts go first come, first
+        served, so theirs runs first and they decode by the time this chunk's forward runs (asking "is one
+        decoding?" gave every prompt of a batch its first chunk whole). Those that arrived later do not: they wait
+        for this prompt's end, and small chunks would only add forwards."""
+        asking = self._asking
+        return any(stream is not asking and (asking is None or not stream.prefilling or stream.arrival < asking.arrival)
+                   for stream in self.streams)
 
     def step(self) -> None:
         """Advance every stream to its next model call (finished ones leave); serve the draft models'
@@ -134,8 +138,16 @@ class Batcher:
         """Move every stream not waiting on a forward to its next call; finished ones leave. Streams
         still in their prompt go first: one whose prompt pass just ran delivers its first token before
         the others ask :meth:`prompt_pending`."""
-        finished = {id(s) for s in sorted(self.streams, key=lambda s: not s.prefilling) if s.call is None and not s.advance()}
+        finished = {id(s) for s in sorted(self.streams, key=lambda s: not s.prefilling) if s.call is None and not self._run(s)}
         self.streams = [s for s in self.streams if id(s) not in finished]
+
+    def _run(self, stream: Stream) -> bool:
+        """``stream.advance()``, with ``stream`` as the one asking :meth:`others_in_flight` meanwhile."""
+        self._asking = stream
+        try:
+            return stream.advance()
+        finally:
+            self._asking = None
 
     def _serve_groups(self, streams: list[Stream]) -> None:
         """One forward per group of calls to the same model (and vocabulary), oldest first, each of up

@@ -109,6 +109,10 @@ class Tokenizer:
 
     def __init__(self, hf: Any) -> None:
         self.hf = hf
+        # the context window is checked where it is known (engine.check_context, the server's 400): transformers' own
+        # check warned "…longer than the specified maximum… will result in indexing errors" on every long prompt,
+        # refused or not (its limit is the tokenizer file's, not the model's)
+        hf.model_max_length = int(1e30)
         self.chat_template: str | None = getattr(hf, "chat_template", None) or None
         self.bos_token_id: int | None = hf.bos_token_id
         self.eos_token_id: int | None = hf.eos_token_id

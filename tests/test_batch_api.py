@@ -224,6 +224,15 @@ def test_the_batch_api_shrinks_a_long_prompts_chunks_while_others_decode(int8_pa
     with forward_rows(target) as sizes:
         specdec.generate_batch(target, prompts, params, max_num_seqs=2, prefill_chunk=256)
     assert max(sizes) >= 256  # as given
+    # two long prompts: the first arrival's pass has no company (the second waits for its end, first come, first
+    # served): whole; the second's, beside the first's decode steps, in small calls. (Both went in 4-token calls.)
+    both_long = [prompts[1], prompts[1].replace("word", "term")]
+    params = [SamplingParams(temperature=0, max_tokens=long_tokens // 4 + 40, ignore_eos=True), params[1]]
+    with forward_rows(target) as sizes:
+        outs = specdec.generate_batch(target, both_long, params, max_num_seqs=2)
+    assert [o.token_ids for o in outs] == [specdec.generate(target, p, q).token_ids for p, q in zip(both_long, params)]
+    first_pass = [min(specdec.chunking.PREFILL_CHUNK, long_tokens - done) for done in range(0, long_tokens, specdec.chunking.PREFILL_CHUNK)]
+    assert sizes[:len(first_pass)] == first_pass and max(sizes[len(first_pass):]) <= 4 + 1
     for bad in (-1, 2.5, True):
         with pytest.raises(SpecdecError, match="prefill_chunk must be an integer >= 0"):
             specdec.generate_batch(target, prompts, params, prefill_chunk=bad)

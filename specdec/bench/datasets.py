@@ -262,4 +262,3 @@ def sampled_rows(rows: list[PromptRow]) -> int:
     """How many logged requests sampled (their body's temperature, OpenAI's default 1.0 where a request left it
     out): a greedy measurement of them overstates acceptance, which the commands that run greedy say."""
     return sum(1 for row in rows if (row.meta.get("temperature") or 0) > 0)
-

@@ -134,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
     if "llama_bin" in typed and not any(m in PEER_METHODS["llamacpp"] for m in methods):
         print("warning: --llama-bin is read only by the llama.cpp peers: add --peers llamacpp (or llamacpp, "
               "llamacpp-draft in --methods)", file=sys.stderr)
+    drafting = [m for m in methods if method_needs_draft(m)]  # the peers' too (hf-assisted, llamacpp-draft)
+    if drafting and not args.draft_model:  # a --config file's "draft_model": null, or --draft-model ''
+        raise SpecdecError(f"{', '.join(drafting)}: need a draft model: give --draft-model NAME_OR_PATH"
+                           + (f" (--config {args.config} chose none)" if args.config else ""))
     gammas = gamma_list(args.gammas) if args.gammas else [gamma_from_args(args)]
     spec_trees = tree_values(args.spec_trees) if args.spec_trees else [args.spec_tree]
     params = sampling_from_args(args)

@@ -72,5 +72,5 @@ def run(args: argparse.Namespace) -> int:
     path = save_calibration(result, target.path, target.backend.dtype_name,
                             {"dataset": args.dataset, "prompts": len(prompts), "max_tokens": args.max_tokens, "gamma": gamma})
     print(f"saved {path}  (" + ("use: --method layer-skip --skip-layers auto)" if best["speedup"] >= 1 else
-                                "--skip-layers auto reads it; plain decoding is faster here, as said above)"))
+                                "--skip-layers auto reads it; plain decoding is faster here: see the warning)"))
     return 0

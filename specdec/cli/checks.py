@@ -95,7 +95,7 @@ def warn_unread_execution_flags(args: argparse.Namespace, target_mode: str) -> N
 
     # typed, not a command's own default (verify's float32 warned on a bare `specdec verify`)
     typed = getattr(args, "typed_flags", None)
-    given = "dtype" in typed if typed is not None else args.dtype != "auto"
+    given = ("dtype" in typed if typed is not None else True) and args.dtype != "auto"
     if given and target_mode in CPU_QUANTIZE_MODES:
         how = "chosen by --quantize auto" if args.quantize == "auto" else "--quantize"
         print(f"warning: --dtype {args.dtype} is not read: the target runs {target_mode} ({how}); add --quantize none "

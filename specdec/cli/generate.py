@@ -185,16 +185,16 @@ def run(args: argparse.Namespace) -> int:
 WARM_UP_PROMPT = "Write a short Python function."
 
 
-#: prompts of fewer characters than this cannot exceed a context window of the built-in models (32768 tokens;
-#: a token is at least one byte): they skip the check below
-LONG_PROMPT_CHARS = 8192
+#: prompts of fewer UTF-8 bytes than this are left to the check after loading (it catches them too, later): a
+#: byte-level token covers at least one byte, so they are far inside the built-in models' 32768-token context
+LONG_PROMPT_BYTES = 8192
 
 
 def check_fits_before_loading(model: str, prompt: str | list[dict], chat: bool, max_tokens: int, auto_pull: bool) -> None:
     """A long prompt counted with the model's tokenizer alone and checked against its context window before the
     weights load: a 40k-token prompt was refused after 18 s and 4.6 GB of loading both models."""
-    chars = len(prompt) if isinstance(prompt, str) else sum(len(str(message.get("content") or "")) for message in prompt)
-    if chars < LONG_PROMPT_CHARS:
+    text = prompt if isinstance(prompt, str) else "".join(str(message.get("content") or "") for message in prompt)
+    if len(text.encode()) < LONG_PROMPT_BYTES:
         return
     from specdec.engine import check_context
     from specdec.models.registry import resolve_model

@@ -352,7 +352,9 @@ def run_on_ray(args: argparse.Namespace) -> int:
         torch.set_num_threads(driver_threads)
     args = copy.copy(args)
     args.quantize, args.draft_quantize = target_mode, (draft_mode if args.draft_model else None)  # (no warning per replica)
-    modes = target_mode + (f", draft {draft_mode}" if args.draft_model else "")
+    from specdec.drafters.registry import needs_draft_model
+
+    modes = target_mode + (f", draft {draft_mode}" if args.draft_model and needs_draft_model(spec.method) else "")
     serve_on_ray(lambda: build_app(args, threads), settings,
                  name=f"{args.served_model_name or args.model} ({modes}, speculative: {spec.method or 'off'})")
     return 0

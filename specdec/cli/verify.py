@@ -98,21 +98,29 @@ def run(args: argparse.Namespace) -> int:
     gamma = args.num_speculative_tokens if isinstance(args.num_speculative_tokens, int) else 4
     target = draft = None
     rows = None
-    if args.dataset is not None or args.categories is not None:
-        if args.skip_greedy:
-            raise SpecdecError("--dataset/--categories choose the greedy check's prompts: not read with --skip-greedy")
+    if args.skip_greedy and (args.dataset, args.categories, args.data_dir) != (None, None, None):
+        raise SpecdecError("--dataset/--categories/--data-dir choose the greedy check's prompts: not read with --skip-greedy")
+    if not args.skip_greedy:  # the prompts before any model loads (a bad row: its file:line, not minutes later)
         from pathlib import Path
 
         from specdec.bench.datasets import load_prompts
 
-        rows = load_prompts(args.dataset or "spec_bench", args.categories.split(",") if args.categories else None, None,
-                            Path(args.data_dir) if args.data_dir else None)[:prompts]  # before any model loads
+        data_dir = Path(args.data_dir) if args.data_dir else None
+        if args.dataset is None and args.categories is None:
+            rows = certify.default_rows(prompts, data_dir)
+        else:
+            rows = load_prompts(args.dataset or "spec_bench", args.categories.split(",") if args.categories else None,
+                                None, data_dir)[:prompts]
         if not rows:
             raise SpecdecError(f"no prompts selected from {args.dataset or 'spec_bench'}")
+    if args.config and args.method and args.methods == "all":  # certify what `specdec tune` chose, as bench runs it
+        methods = [method_info(args.method).name]
     if not args.skip_greedy:
         # the draft model only where a chosen method drafts with one (ngram alone loaded the 0.5B for nothing)
         with_draft = bool(args.draft_model) and any(method_info(method).needs_draft_model for method in methods)
-        target_mode, draft_mode, _ = execution_modes(args, "draft_model" if with_draft else methods[0])  # as generate
+        # as generate picks them for the first method it can run (a draft method without a draft model cannot)
+        planned = "draft_model" if with_draft else next((m for m in methods if not method_info(m).needs_draft_model), None)
+        target_mode, draft_mode, _ = execution_modes(args, planned)
         print(f"loading {args.model} ({target_mode})" + (f" and {args.draft_model} ({draft_mode})" if with_draft else "")
               + " …", file=sys.stderr)
         target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=target_mode,
@@ -136,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(message)
 
         results = certify.run_certificate(
-            target, draft, methods, rows or prompts, max_tokens, samples, args.alpha, gamma,
+            target, draft, methods, rows if rows is not None else prompts, max_tokens, samples, args.alpha, gamma,
             greedy=not args.skip_greedy, distribution=not args.skip_distribution, configs=configs, progress=progress,
             spec_tree=args.spec_tree, drafter_path=args.drafter_path, options=method_options(args))
         bar.update(checks - bar.n)

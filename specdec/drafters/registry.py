@@ -3,10 +3,16 @@
 The CLI, ``specdec bench``, the server and ``specdec verify`` all ask here which methods exist, what
 users may call them, and whether one needs a draft model or specdec's torch backend — one copy of
 each fact (the server once had its own list and refused ``draft_suffix`` requests). Built-ins are
-listed explicitly below (no import side effects); :func:`register_method` adds a user's own.
+listed explicitly below (no import side effects); :func:`register_method` adds a user's own in the running
+process, and an installed package adds its methods to every process — each ``specdec`` command, a server's
+Ray replicas — through the entry-point group ``specdec.methods`` (:data:`ENTRY_POINT_GROUP`), read the first
+time a name is not found or the methods are listed, as vLLM reads its plugins.
 """
 
 from __future__ import annotations
+
+import warnings
+from importlib.metadata import entry_points
 
 from specdec.config import SpecConfig
 from specdec.drafters import draft_model, draft_suffix, eagle, layer_skip, medusa, prompt_lookup, retrieval, suffix
@@ -17,6 +23,34 @@ from specdec.errors import SpecdecError
 PLAIN_NAMES = ("ar", "plain", "none")
 
 _METHODS: dict[str, MethodInfo] = {}
+#: installed packages' methods: ``[project.entry-points."specdec.methods"] my_method = "my_pkg.drafters:METHOD"``,
+#: the object a ``MethodInfo`` (or a function returning one)
+ENTRY_POINT_GROUP = "specdec.methods"
+_plugins_loaded = False
+
+
+class PluginWarning(UserWarning):
+    """An installed ``specdec.methods`` entry point that did not load: the other methods still work."""
+
+
+def load_plugins() -> None:
+    """Register every installed ``specdec.methods`` entry point, once per process. One that fails to import, is not
+    a MethodInfo or clashes with a registered name is a warning naming it, not an error: a broken plugin must not
+    take the built-in methods down with it."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            info = point.load()
+            info = info() if callable(info) and not isinstance(info, MethodInfo) else info
+            if not isinstance(info, MethodInfo):
+                raise TypeError(f"it is {type(info).__name__}, not a specdec.MethodInfo")
+            if _METHODS.get(info.name) is not info:
+                register_method(info)
+        except Exception as exc:  # noqa: BLE001 - any failure of a third party's code
+            warnings.warn(f"specdec method plugin {point.name!r} ({point.value}) not loaded: {exc}", PluginWarning, stacklevel=2)
 
 
 def register_method(info: MethodInfo, *, replace: bool = False) -> MethodInfo:
@@ -48,6 +82,9 @@ def _find(key: str) -> MethodInfo | None:
 def method_info(name: str) -> MethodInfo:
     """The method called ``name`` (a name or an alias; ``-`` and ``_`` alike), or a clear error."""
     info = _find(_key(name))
+    if info is None and not _plugins_loaded:
+        load_plugins()
+        info = _find(_key(name))
     if info is None:
         raise SpecdecError(f"unknown speculative method {name!r}; available: {', '.join(method_names())}")
     return info
@@ -68,6 +105,7 @@ def resolve_method(name: str | None) -> str | None:
 
 
 def method_names() -> list[str]:
+    load_plugins()
     return sorted(_METHODS)
 
 

@@ -107,7 +107,7 @@ def amx_from_rows() -> int:
 def kernels_note(modes: list[str]) -> str:
     """``", avx512-vnni kernels, int4 on AMX from 8 rows, int8 on avx512-vnni (AMX from 2 rows)"``: what an execution line says of the C++ kernels
     that run ``modes`` here (the instruction set changes speed, and results files are compared across
-    CPUs), or ``""`` when none of them runs on these kernels."""
+    CPUs; int8 names its kernel, ours or fbgemm), or ``""`` when no mode is int4 or int8."""
     notes = []
     if any(mode.startswith("int4") for mode in modes):
         notes.append(f"{build.kernel_path()} kernels")

@@ -85,8 +85,10 @@ def serve_on_ray(build: Callable[[], Any], settings: RaySettings, name: str) -> 
         ray.init(address=settings.address, include_dashboard=False, logging_level="WARNING",
                  log_to_driver=False, configure_logging=True)
     except ConnectionError as exc:  # Ray's own words name its `--address` flag, not ours
-        raise SpecdecError(f"--ray-address {settings.address}: no Ray cluster to join ({str(exc).splitlines()[0]}); start "
-                           "one with `ray start --head`, or leave --ray-address out for a private one") from None
+        where = f"--ray-address {settings.address}" if settings.address else "RAY_ADDRESS (the environment)"
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise SpecdecError(f"{where}: no Ray cluster to join ({why}); start one with `ray start --head`, or leave "
+                           "--ray-address (and RAY_ADDRESS) out for a private one") from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
