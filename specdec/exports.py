@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specdec.config import DEFAULT_DRAFT_METHOD, SpecConfig
@@ -80,20 +80,22 @@ def export(engine: str, model: str, spec: SpecConfig, draft_model: str | None = 
     if draft_model and method not in ("draft_model", "draft_suffix"):
         notes.append(f"{method} drafts without a draft model: --draft-model {draft_model} is not exported")
         draft_model = None
+    # specdec cuts a round at an unsure draft token only at γ=auto (SpecConfig.adaptive): at a fixed γ it drafts all
+    cut = spec.draft_confidence_threshold if spec.adaptive else 0.0
     gamma = spec.num_speculative_tokens
     if gamma == "auto" and not (engine == "vllm" and method == "suffix"):  # vLLM's suffix decoding sizes its own drafts
         gamma = FIXED_GAMMA_FOR_AUTO
         notes.append(f"specdec chose γ per round (auto); {ENGINE_NAMES[engine]} takes one number: {gamma} (try 3-6 on your traffic)")
-    if method in ("draft_model", "draft_suffix") and engine != "llamacpp" and spec.draft_confidence_threshold > 0:
+    if method in ("draft_model", "draft_suffix") and engine != "llamacpp" and cut > 0:
         notes.append(f"{ENGINE_NAMES[engine]} drafts all γ tokens every round: specdec's --draft-confidence-threshold "
-                     f"{spec.draft_confidence_threshold:g} (end a round at an unsure draft token) has no counterpart there")
+                     f"{cut:g} (end a round at an unsure draft token) has no counterpart there")
     if method == "draft_suffix":
         notes.append(f"{ENGINE_NAMES[engine]} has no draft-model + suffix-table hybrid: exported as its draft-model method")
         method = "draft_model"
     target = model_ref(model)
     draft = model_ref(draft_model) if draft_model else None
     build = {"vllm": _vllm, "sglang": _sglang, "llamacpp": _llamacpp}[engine]
-    return build(method, target, draft, None if gamma == "auto" else int(gamma), spec, notes)
+    return build(method, target, draft, None if gamma == "auto" else int(gamma), replace(spec, draft_confidence_threshold=cut), notes)
 
 
 def unexported(method: str, engine: str) -> str:
@@ -157,9 +159,11 @@ def _llamacpp(method: str, target: ModelRef, draft: ModelRef | None, gamma: int,
             raise SpecdecError("llama.cpp loads GGUF files: give the draft model as a built-in name or a .gguf path")
         command += ["-md", draft.gguf, "--spec-type", "draft-simple", "--spec-draft-n-max", str(gamma),
                     "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{spec.draft_confidence_threshold:g}"]
-        notes.append("--spec-draft-p-min ends a round when the draft's top probability falls below it, "
-                     "as specdec's --draft-confidence-threshold does (llama.cpp builds before April 2026, "
-                     "ggml-org/llama.cpp#22397, spelled these --draft-max, --draft-min, --draft-p-min and had no --spec-type)")
+        notes.append(("--spec-draft-p-min ends a round when the draft's top probability falls below it, as specdec's "
+                      "--draft-confidence-threshold does at γ=auto" if spec.draft_confidence_threshold > 0 else
+                      "--spec-draft-p-min 0: every round drafts all γ tokens, as specdec does at a fixed γ")
+                     + " (llama.cpp builds before April 2026, ggml-org/llama.cpp#22397, spelled these --draft-max, "
+                       "--draft-min, --draft-p-min and had no --spec-type)")
     else:
         if method != "ngram":
             nearer = " (its ngram-mod, one pool shared by all slots, is nearer suffix decoding)" if method == "suffix" else ""

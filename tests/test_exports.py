@@ -35,7 +35,9 @@ def test_sglang_standalone_chain_and_llamacpp_gguf_flags():
     llama = export("llamacpp", "qwen2.5-coder-1.5b", spec, "qwen2.5-coder-0.5b")
     given = flags(llama.command)
     assert given["-m"].endswith("qwen2.5-coder-1.5b.gguf") and given["-md"].endswith("qwen2.5-coder-0.5b.gguf")
-    assert given["--spec-draft-n-max"] == "3" and given["--spec-draft-p-min"] == "0.3"
+    assert given["--spec-draft-n-max"] == "3" and given["--spec-draft-p-min"] == "0"  # specdec drafts all 3 at a fixed γ
+    cut = flags(export("llamacpp", "qwen2.5-coder-1.5b", SpecConfig(method="draft_model"), "qwen2.5-coder-0.5b").command)
+    assert cut["--spec-draft-n-max"] == "4" and cut["--spec-draft-p-min"] == "0.3"  # γ=auto: the confidence cut
     assert given["--spec-type"] == "draft-simple"  # without it some llama-server builds load the draft and never draft
 
 
@@ -69,7 +71,7 @@ def test_missing_methods_and_auto_gamma_are_said_not_hidden():
     assert json.loads(flags(hybrid.command)["--speculative-config"])["method"] == "draft_model"
     assert any("hybrid" in note for note in hybrid.notes)
     text = hybrid.render()
-    assert text.splitlines()[-1] == shlex.join(hybrid.command) and text.count("# note:") == 2  # + the confidence cut
+    assert text.splitlines()[-1] == shlex.join(hybrid.command) and text.count("# note:") == 1  # fixed γ: no cut to note
     assert text.startswith("# vLLM: the speculative configuration given to specdec, in vLLM's terms")
     # vLLM and SGLang do serve EAGLE heads (in their formats): the note said they had no such method
     head = export("sglang", "qwen2.5-coder-1.5b", SpecConfig(method="eagle"))

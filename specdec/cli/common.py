@@ -152,11 +152,11 @@ def add_model_args(parser: argparse.ArgumentParser, unused: dict[str, str] | tup
     add("--exit-layer", type=positive_int, default=None, metavar="L",
         help="early-exit: the draft runs the first L layers, then the final norm and LM head (default: half)")
     add("--draft-context-window", type=int, default=DEFAULT_DRAFT_CONTEXT_WINDOW, metavar="N",
-        help="draft_model, draft_suffix: the draft model reads at most the last N prompt tokens — its prompt pass "
+        help="draft_model, draft_suffix, eagle: the draft reads at most the last N prompt tokens — its prompt pass "
              "is paid inside decoding, so on long prompts a short window pays; output unchanged; 0 = the whole "
              f"prompt (default: {DEFAULT_DRAFT_CONTEXT_WINDOW})")
     add("--draft-vocab-size", type=int, default=DEFAULT_DRAFT_VOCAB_SIZE, metavar="N",
-        help="draft_model, layer-skip, early-exit: the draft scores only the first N token ids (BPE ids "
+        help="draft_model, draft_suffix, layer-skip, early-exit: the draft scores only the first N token ids (BPE ids "
              "are ordered by frequency; FR-Spec) — a cheaper draft LM head, output unchanged; 0 = all; a "
              f"vocabulary of at most N ids is untouched (default: {DEFAULT_DRAFT_VOCAB_SIZE})")
     add("--datastore", default=None, metavar="PATH",

@@ -21,12 +21,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     export.add_argument("--model", default="qwen2.5-coder-1.5b", help="target: a built-in name or a path (default: qwen2.5-coder-1.5b)")
     export.add_argument("--draft-model", default=None, help="draft model: a built-in name or a path")
     export.add_argument("--method", default=None, help=f"speculative method (default, as generate: {DEFAULT_DRAFT_METHOD} when --draft-model is given)")
-    export.add_argument("--num-speculative-tokens", type=gamma_value, default=4, metavar="N|auto",
-                        help="γ, drafted tokens per round; auto is written as a fixed 4 (default: 4)")
+    export.add_argument("--num-speculative-tokens", type=gamma_value, default="auto", metavar="N|auto",
+                        help="γ, drafted tokens per round: auto (default, as every command) is written as 4 with the "
+                             "confidence cut (llama.cpp --spec-draft-p-min; vLLM's suffix decoding: left out, it sizes its "
+                             "own drafts); a number drafts all of them every round, as specdec does at a fixed γ")
     export.add_argument("--prompt-lookup-min", type=positive_int, default=1, help="n-gram: shortest match (default: 1)")
     export.add_argument("--prompt-lookup-max", type=positive_int, default=4, help="n-gram: longest match (default: 4)")
     export.add_argument("--draft-confidence-threshold", type=float, default=0.3,
-                        help="end a round below this draft probability (llama.cpp --spec-draft-p-min; default: 0.3)")
+                        help="at γ=auto: end a round below this draft probability (llama.cpp --spec-draft-p-min; default: 0.3)")
     export.add_argument("--out", type=Path, default=None, help="write the command to this file (default: stdout)")
     export.add_argument("--config", default=None, metavar="FILE",
                         help="take the model, draft, method and γ from a file `specdec tune` wrote (or its --out folder); "

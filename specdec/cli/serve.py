@@ -123,8 +123,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="re-decode this fraction of finished greedy requests plainly while the server is idle and "
                             "compare token ids (/metrics: specdec_audit_total; a mismatch is logged). Default: 0")
     serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                       help="require 'Authorization: Bearer KEY' on every /v1/ route (repeat for several keys; also "
-                            "$SPECDEC_API_KEY and --api-key-file). /health stays open. Default: no key (bind 127.0.0.1 only)")
+                       help="require 'Authorization: Bearer KEY' on every /v1/ route, /tokenize, /detokenize, "
+                            "/reset_prefix_cache and /reset_suffix_cache (repeat for several keys; also $SPECDEC_API_KEY and "
+                            "--api-key-file). /health and /version stay open (/metrics too, unless --metrics-require-key). "
+                            "Default: no key (bind 127.0.0.1 only)")
     serve.add_argument("--api-key-file", default=None, metavar="FILE",
                        help="read API keys from FILE, one per line ('#' starts a comment); a missing or empty file is an error")
     serve.add_argument("--metrics-require-key", action="store_true", help="/metrics also requires an API key (default: open)")
