@@ -194,7 +194,7 @@ def check_fits_before_loading(model: str, prompt: str | list[dict], chat: bool, 
     """A long prompt counted with the model's tokenizer alone and checked against its context window before the
     weights load: a 40k-token prompt was refused after 18 s and 4.6 GB of loading both models."""
     text = prompt if isinstance(prompt, str) else "".join(str(message.get("content") or "") for message in prompt)
-    if len(text.encode()) < LONG_PROMPT_BYTES:
+    if len(text.encode(errors="replace")) < LONG_PROMPT_BYTES:  # (not UTF-8: refused by name after loading)
         return
     from specdec.engine import check_context
     from specdec.models.registry import resolve_model
