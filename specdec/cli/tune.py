@@ -29,8 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "interleaved per prompt, greedy; pick the configuration with the best end-to-end speedup (plain "
                     "decoding if none beats it by 3%); write OUT/tune.json (read by generate/serve/bench --config), "
                     "OUT/report.md and plots. Resumable: a second run with the same OUT reuses finished prompts (of both passes).")
-    tune.add_argument("--prompts", "--dataset", dest="prompts", default="humaneval", metavar="FILE_OR_DATASET",
-                      help="(--dataset, as bench and calibrate-skip name it, is the same flag) a JSONL file with 'prompt' or 'turns' per line (each through the chat template unless the line says "
+    tune.add_argument("--dataset", "--prompts", dest="prompts", default="humaneval", metavar="FILE_OR_DATASET",
+                      help="(--prompts, its first name, is the same flag; in verify and calibrate-skip --prompts is a count) a JSONL file with 'prompt' or 'turns' per line (each through the chat template unless the line says "
                            "\"chat\": false, for raw completion prompts as HumanEval's) or logged conversations ('messages' as an "
                            "OpenAI chat request, ShareGPT's 'conversations': system prompt and history kept, a logged answer dropped), "
                            "or humaneval, gsm8k, spec_bench (default: humaneval)")
