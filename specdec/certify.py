@@ -140,26 +140,28 @@ def _tiny_datastore(scratch: Path) -> str:
 
 def distribution_check(method: str, config_name: str, params: SamplingParams, samples: int, gamma: int = 2,
                        length: int = 3, alpha: float = 1e-3, seed: int = 0, spec_options: dict | None = None,
-                       device: str = "cpu") -> CheckResult:
-    """χ² of the joint distribution of the first ``length`` tokens, speculative vs exact. Runs on
-    one thread: the tiny model's ops are too small to share, and a second OpenMP thread only spins.
-    What a method needs on disk (an untrained head, a datastore) lives in a directory removed after."""
+                       device: str = "cpu", prompt: list[int] | None = None) -> CheckResult:
+    """χ² of the joint distribution of the first ``length`` tokens after ``prompt`` (default: a repetitive one,
+    so n-gram drafters propose; draft_suffix's :data:`TABLE_PROMPT`), speculative vs exact. Runs on one thread:
+    the tiny model's ops are too small to share, and a second OpenMP thread only spins. What a method needs on
+    disk (an untrained head, a datastore) lives in a directory removed after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory(prefix="specdec-verify-") as scratch:
+            if prompt is None:
+                prompt = TABLE_PROMPT if method == "draft_suffix" else [1, 2, 3, 1, 2, 3, 1, 2]
             return _distribution_check(method, config_name, params, samples, gamma, length, alpha, seed, spec_options,
-                                       device, Path(scratch))
+                                       device, Path(scratch), prompt)
     finally:
         torch.set_num_threads(threads)
 
 
 def _distribution_check(method: str, config_name: str, params: SamplingParams, samples: int, gamma: int,
                         length: int, alpha: float, seed: int, spec_options: dict | None, device: str,
-                        scratch: Path) -> CheckResult:
+                        scratch: Path, prompt: list[int]) -> CheckResult:
     start = time.perf_counter()
     target, draft = tiny_model(seed=seed, device=device), tiny_model(seed=seed + 1, device=device)
-    prompt = TABLE_PROMPT if method == "draft_suffix" else [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive: n-gram drafters propose
     grammar = None if params.structured is None else compile_for_vocab(params.structured, TINY_VOCAB, [])
     new_constraint = (lambda: None) if grammar is None else (lambda: GrammarConstraint(grammar, len(TINY_VOCAB)))
     exact = exact_joint(target, prompt, params, length, new_constraint())
@@ -195,15 +197,15 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
     # a method that drafted nothing (or had nothing accepted, or nothing refused) left the rule under test
     # unexercised: plain decoding's samples pass any χ² test
     unexercised = spec.method is not None and not 0 < accepted < proposed
-    # draft_suffix's rounds are the table's (point masses) or the draft model's (its q): with the first prompt
-    # only the draft model ever drafted here, and the quick certificate said PASS for a path it never ran
-    one_part = method == "draft_suffix" and not (table_rounds and model_rounds)
+    # draft_suffix's rounds are the table's (point masses) or the draft model's (its q, also certified as draft_model):
+    # with the common prompt only the draft model ever drafted here, and the certificate said PASS for a path it never ran
+    one_part = method == "draft_suffix" and not table_rounds
     passed = outside == 0 and p_value > alpha and not unexercised and not one_part
     detail = (f"χ² p={p_value:.3g} over {len(cells)} outcomes, {samples} samples, {proposed} drafted, {accepted} accepted"
               + (f" ({table_rounds} table rounds, {model_rounds} draft-model rounds)" if table_rounds + model_rounds else "")
               + (f", {outside} impossible outcomes" if outside else "")
               + (": the drafts did not exercise both acceptance and rejection" if unexercised else "")
-              + (": the table and the draft model did not both draft" if one_part else ""))
+              + (": the suffix table never drafted" if one_part else ""))
     return CheckResult("distribution", method, config_name, passed, detail, time.perf_counter() - start)
 
 
