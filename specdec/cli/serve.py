@@ -136,6 +136,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="refuse prompts over N tokens with HTTP 400 (default: only the context window limits them)")
     serve.add_argument("--max-tokens-limit", type=positive_int, default=None, metavar="N",
                        help="refuse max_tokens over N with HTTP 400; also caps the default max_tokens (default: no limit)")
+    serve.add_argument("--default-max-tokens", type=default_max_tokens, default=256, metavar="N|context",
+                       help="a chat request's max_tokens when it sends none (nor max_completion_tokens): N, or 'context' "
+                            "for the rest of the context window, as OpenAI and vLLM (on a CPU such an answer can take "
+                            "minutes; default: 256). Completions keep OpenAI's legacy 16")
     scale = serve.add_argument_group("scale-out on Ray Serve (needs `pip install 'specdec[ray]'`)")
     scale.add_argument("--ray", action="store_true",
                        help="serve the same app as a Ray Serve deployment: --replicas processes, each with its own models "
@@ -212,10 +216,16 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                        policy=policy, executor=executor,
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
+                       chat_default_max_tokens=args.default_max_tokens,
                        audit_fraction=args.audit_fraction, log_requests=args.enable_log_requests,
                        prefill_chunk=prefill_chunk, pause_speculation_for_prompts=args.pause_speculation_for_prompts,
                        shared_prefill_chunk=SHARED_PREFILL_CHUNK if args.prefill_chunk == "auto" and prefill_chunk else 0,
                        long_prompt_tokens=LONG_PROMPT_TOKENS, echo_request_id=not args.ray)
+
+
+def default_max_tokens(text: str) -> int | None:
+    """--default-max-tokens: a positive number, or 'context' (None: the rest of the context window)."""
+    return None if text.strip().lower() == "context" else positive_int(text)
 
 
 def check_serving_method(target: Any, draft: Any, spec: Any) -> None:

@@ -95,6 +95,10 @@ async def finished_unless_gone(request: Request, work: "asyncio.Future[Any]") ->
     return True
 
 
+#: chat fields of OpenAI's deprecated function calling (before tools): refused by name rather than ignored
+LEGACY_FUNCTION_FIELDS = ("functions", "function_call")
+
+
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
     app.state.specdec = state
@@ -211,6 +215,11 @@ def create_app(state: ServerState) -> FastAPI:
             message, where = validation_message(errors) if errors else (f"invalid request: {exc}", None)
             raise APIError(400, message, param=where) from None
         known = {field.alias or name for name, field in schema.model_fields.items()} | set(schema.model_fields)
+        legacy = [name for name in LEGACY_FUNCTION_FIELDS if name in raw and schema is ChatCompletionRequest]
+        if legacy:  # ignored, the model answered in prose where the client waited for a function_call
+            raise APIError(400, f"{legacy[0]}: OpenAI's deprecated form of tool calling is not served: send the functions "
+                                "as tools ([{\"type\": \"function\", \"function\": …}]) and function_call as tool_choice",
+                           param=legacy[0])
         ignored = sorted(set(raw) - known)
         if ignored:  # as vLLM does: accepted (clients send other servers' extensions) but said
             logger.warning("request fields not read by this server, ignored: %s", ", ".join(ignored))

@@ -42,8 +42,11 @@ class APIError(Exception):
 
 
 def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len: int, prompt_len: int,
-                    max_tokens_limit: int | None = None) -> SamplingParams:
-    """The request's sampling fields → :class:`SamplingParams`, or a 400 that names the field."""
+                    max_tokens_limit: int | None = None,
+                    chat_default_max_tokens: int | None = CHAT_DEFAULT_MAX_TOKENS) -> SamplingParams:
+    """The request's sampling fields → :class:`SamplingParams`, or a 400 that names the field.
+    ``chat_default_max_tokens``: a chat request's limit when it sets none (serve's --default-max-tokens; None: the
+    rest of the context)."""
     if not 1 <= req.n <= MAX_CHOICES:
         raise APIError(400, f"n must be in 1..{MAX_CHOICES} (choices per request), got {req.n}", param="n")
     if req.best_of is not None and req.best_of != req.n:
@@ -58,10 +61,15 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
     if len(req.stop_token_ids or []) > MAX_STOP_TOKEN_IDS:
         raise APIError(400, f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} (got {len(req.stop_token_ids)})", param="stop_token_ids")
     logprobs = _logprobs_asked(req)
-    # unset: completions 16 tokens (OpenAI's legacy default, vLLM's too), chat up to 256 (OpenAI's chat runs to
-    # the context's end; a CPU answer that long takes minutes, so a cap), never past the context or the limit
-    cap = CHAT_DEFAULT_MAX_TOKENS if isinstance(req, ChatCompletionRequest) else COMPLETIONS_DEFAULT_MAX_TOKENS
-    default = min(cap, max(1, context_len - prompt_len), max_tokens_limit or cap)
+    # unset: completions 16 tokens (OpenAI's legacy default, vLLM's too), chat up to --default-max-tokens, 256 by
+    # default (OpenAI's chat runs to the context's end; a CPU answer that long takes minutes, so a cap), never past
+    # the context or the limit
+    rest = max(1, context_len - prompt_len)
+    if isinstance(req, ChatCompletionRequest):
+        cap = rest if chat_default_max_tokens is None else chat_default_max_tokens
+    else:
+        cap = COMPLETIONS_DEFAULT_MAX_TOKENS
+    default = min(cap, rest, max_tokens_limit or cap)
     field = max_tokens_field(req)
     asked = req.max_completion_tokens if field == "max_completion_tokens" else req.max_tokens
     if asked is not None and asked < 1:  # 0 is an answer of nothing, not "unset" (it fell back to the default)

@@ -56,7 +56,7 @@ def checked_prompt(state: ServerState, req: CompletionRequest | ChatCompletionRe
     if len(prompt_ids) >= context_len:  # said as such: "+ max_tokens (1)" named a field the client never sent
         raise APIError(400, f"the prompt has {len(prompt_ids)} tokens and the model's context window holds {context_len}: "
                             "no room for a completion; shorten the prompt", param=where, code="context_length_exceeded")
-    params = sampling_params(req, context_len, len(prompt_ids), state.max_tokens_limit)
+    params = sampling_params(req, context_len, len(prompt_ids), state.max_tokens_limit, state.chat_default_max_tokens)
     try:
         check_context(len(prompt_ids), params.max_tokens, context_len)
     except ContextLengthError as exc:

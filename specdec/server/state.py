@@ -13,6 +13,7 @@ from specdec.api import LoadedModel
 from specdec.chunking import shared_prefill_chunk
 from specdec.config import SpecConfig
 from specdec.policy import BatchPolicy, LoadAverage, requests_now
+from specdec.server.params import CHAT_DEFAULT_MAX_TOKENS
 from specdec.server.audit import Auditor
 from specdec.server.executor import ModelExecutor
 from specdec.server.metrics import Metrics
@@ -40,6 +41,8 @@ class ServerState:
     #: request limits (None: only the context window bounds them): prompt tokens, max_tokens
     max_prompt_tokens: int | None = None
     max_tokens_limit: int | None = None
+    #: a chat request's max_tokens when it sends none (None: the rest of the context, as OpenAI and vLLM)
+    chat_default_max_tokens: int | None = CHAT_DEFAULT_MAX_TOKENS
     #: API keys and the body size limit, enforced before routing (server/security.py)
     access: AccessPolicy = field(default_factory=AccessPolicy)
     #: fraction of finished greedy requests re-decoded plainly when idle (server/audit.py)
