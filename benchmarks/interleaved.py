@@ -88,3 +88,39 @@ def compare_to_plain(target: specdec.LoadedModel, draft: specdec.LoadedModel, ar
                     print(f"MISMATCH {name} on {group} prompt {number}", flush=True)
                 results.setdefault(name, []).append((speed, speed / plain_speed, out))
         yield group, results
+
+
+def variant_row(group: str, variant: str, results: dict[str, list[Run]], repeats: int) -> str:
+    """One table row for the runs named ``variant#r`` (r < repeats): medians over prompts (of each prompt's median
+    over repeats) of end-to-end tokens/s and its ratio to plain, median τ, the draft model's forwards and rounds."""
+    import statistics
+
+    runs = [run for name, rs in results.items() if name.startswith(variant) for run in rs]
+    prompts = len(runs) // repeats
+    by_prompt = [[runs[r * prompts + p] for r in range(repeats)] for p in range(prompts)]
+    speed = statistics.median(statistics.median(s for s, _, _ in runs_) for runs_ in by_prompt)
+    ratio = statistics.median(statistics.median(r for _, r, _ in runs_) for runs_ in by_prompt)
+    tau = statistics.median(out.stats.mean_accepted_len for _, _, out in runs)
+    forwards = statistics.median(out.stats.draft_forwards or 0 for _, _, out in runs)
+    rounds = statistics.median(len(out.stats.rounds) for _, _, out in runs)
+    return f"| {group} | {variant} | {speed:.1f} | {ratio:.2f} | {tau:.2f} | {forwards:.0f} / {rounds:.0f} |"
+
+
+def old_new_main(doc: str, method: str, what: str, use_old: Callable[[bool], None]) -> None:
+    """A one-off A/B of a code change: plain decoding, then ``method`` as "old" and "new" alternately (--repeats
+    each), interleaved per prompt; ``use_old(True|False)`` switches the code before each run. Prints a table of
+    :func:`variant_row` per group."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(parser)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    target, draft = load_pair(args)
+    plan: dict[str, specdec.SpecConfig | None] = {"plain": None}
+    for repeat in range(args.repeats):
+        for variant in ("old", "new"):
+            plan[f"{variant}#{repeat}"] = specdec.SpecConfig(method=method)
+    print(header(args, what), flush=True)
+    print("| group | variant | e2e tok/s | × plain | τ | draft-model forwards / rounds |\n|---|---|---|---|---|---|")
+    for group, results in compare_to_plain(target, draft, args, plan, lambda name: use_old(name.startswith("old"))):
+        for variant in ("old", "new"):
+            print(variant_row(group, variant, results, args.repeats), flush=True)
