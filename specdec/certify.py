@@ -256,14 +256,14 @@ def format_table(results: list[CheckResult]) -> str:
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row[:4], widths)), row[4]]) for row in rows)
 
 
-def _humaneval_datastore(target, scratch: str) -> str:  # noqa: ANN001 - LoadedModel
+def _humaneval_datastore(target, scratch: str, data_dir: Path | None = None) -> str:  # noqa: ANN001 - LoadedModel
     """Retrieval needs a corpus: HumanEval prompts with their reference solutions (in ``scratch``,
     removed when the certificate ends: each run left one behind in /tmp)."""
     from specdec.bench.datasets import load_prompts
     from specdec.drafters.retrieval import build_datastore
 
     path = str(Path(scratch) / "humaneval-datastore")
-    texts = [row.meta["prompt"] + row.meta["canonical_solution"] for row in load_prompts("humaneval")]
+    texts = [row.meta["prompt"] + row.meta["canonical_solution"] for row in load_prompts("humaneval", data_dir=data_dir)]
     build_datastore(target.tokenizer, texts, Path(path))
     return path
 
@@ -289,7 +289,8 @@ def run_certificate(target, draft, methods: list[str], prompts: int | list[Promp
                     alpha: float = 1e-3, gamma: int = 4, greedy: bool = True, distribution: bool = True,
                     progress: Callable[[str], None] | None = None,
                     configs: Iterable[str] = tuple(DISTRIBUTION_CONFIGS), spec_tree: str | int = DEFAULT_SPEC_TREE,
-                    drafter_path: str | None = None, options: dict | None = None) -> list[CheckResult]:
+                    drafter_path: str | None = None, options: dict | None = None,
+                    data_dir: Path | None = None) -> list[CheckResult]:
     """Run both checks for every method; ``target``/``draft`` are LoadedModels (draft may be None: the methods
     that need one are skipped); ``prompts``: how many built-in prompts the greedy check runs, or its rows.
     ``progress(message)`` is called before each check; ``configs`` names the distribution test's
@@ -299,7 +300,8 @@ def run_certificate(target, draft, methods: list[str], prompts: int | list[Promp
     certified for ``eagle``/``medusa`` (of that kind) on the real pair (without one their greedy check is skipped, said through
     ``progress``; its distribution check uses an untrained head on the tiny model). ``options``: SpecConfig
     settings the greedy check runs each method with (a datastore, a skip set …: the configuration a user
-    deploys; the tiny model's distribution check keeps its own)."""
+    deploys; the tiny model's distribution check keeps its own). ``data_dir``: where the named datasets live (the
+    default prompts' and retrieval's HumanEval corpus)."""
     from specdec.api import make_drafter
     from specdec.drafters.suffix import clear_global_caches
 
@@ -330,7 +332,7 @@ def run_certificate(target, draft, methods: list[str], prompts: int | list[Promp
                 say(f"greedy identity: {method} on {len(prompt_ids)} prompts")
                 given = {key: value for key, value in (options or {}).items() if key in method_info(method).options}
                 if method == "retrieval" and not given.get("datastore"):
-                    given["datastore"] = _humaneval_datastore(target, scratch)
+                    given["datastore"] = _humaneval_datastore(target, scratch, data_dir)
                 spec = SpecConfig(method=method, num_speculative_tokens=gamma, spec_tree=spec_tree,
                                   drafter_path=drafter_path if method in TRAINED_HEADS else None,
                                   **{key: value for key, value in given.items() if key != "drafter_path"})

@@ -161,7 +161,7 @@ def _llamacpp(method: str, target: ModelRef, draft: ModelRef | None, gamma: int,
                     "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{spec.draft_confidence_threshold:g}"]
         notes.append(("--spec-draft-p-min ends a round when the draft's top probability falls below it, as specdec's "
                       "--draft-confidence-threshold does at γ=auto" if spec.draft_confidence_threshold > 0 else
-                      "--spec-draft-p-min 0: every round drafts all γ tokens, as specdec does at a fixed γ")
+                      "--spec-draft-p-min 0: every round drafts all γ tokens, as specdec does without a confidence cut")
                      + " (llama.cpp builds before April 2026, ggml-org/llama.cpp#22397, spelled these --draft-max, "
                        "--draft-min, --draft-p-min and had no --spec-type)")
     else:

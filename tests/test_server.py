@@ -514,6 +514,8 @@ def test_openai_and_vllm_fields_once_ignored_are_honoured_or_refused(server, tin
     legacy = {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}
     refused = error(httpx.post(chat, json={"model": "tiny", "messages": user, "functions": [legacy], "function_call": "auto"}), 400)
     assert refused["param"] == "functions" and "as tools" in refused["message"]
+    none = {"model": "tiny", "messages": user, "max_tokens": 2, "functions": None, "function_call": "none"}
+    assert httpx.post(chat, json=none, timeout=60).status_code == 200  # asks for no function calling: ignored
     assert httpx.get(f"{server}/v1/models").json()["data"][0]["created"] > 1_700_000_000
     metrics = httpx.get(f"{server}/metrics").text  # a refusal counts under its endpoint, as successes do (once "any")
     assert 'specdec_requests_total{endpoint="completions",status="400"}' in metrics and 'endpoint="any"' not in metrics
@@ -654,3 +656,5 @@ def test_serves_default_max_tokens_is_a_flag():
                            chat_default_max_tokens=None).max_tokens == 16
     assert build_parser().parse_args(["serve", "--default-max-tokens", "context"]).default_max_tokens is None
     assert build_parser().parse_args(["serve"]).default_max_tokens == 256
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--default-max-tokens", "lots"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from specdec.cli.common import add_debug_flag, add_model_args, number, positive_int
 from specdec.errors import SpecdecError
@@ -101,8 +102,6 @@ def run(args: argparse.Namespace) -> int:
     if args.skip_greedy and (args.dataset, args.categories, args.data_dir) != (None, None, None):
         raise SpecdecError("--dataset/--categories/--data-dir choose the greedy check's prompts: not read with --skip-greedy")
     if not args.skip_greedy:  # the prompts before any model loads (a bad row: its file:line, not minutes later)
-        from pathlib import Path
-
         from specdec.bench.datasets import load_prompts
 
         data_dir = Path(args.data_dir) if args.data_dir else None
@@ -146,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         results = certify.run_certificate(
             target, draft, methods, rows if rows is not None else prompts, max_tokens, samples, args.alpha, gamma,
             greedy=not args.skip_greedy, distribution=not args.skip_distribution, configs=configs, progress=progress,
-            spec_tree=args.spec_tree, drafter_path=args.drafter_path, options=method_options(args))
+            spec_tree=args.spec_tree, drafter_path=args.drafter_path, options=method_options(args),
+            data_dir=Path(args.data_dir) if args.data_dir else None)
         bar.update(checks - bar.n)
     print(certify.format_table(results))
     failed = [r for r in results if not r.passed]

@@ -6,11 +6,13 @@ each fact (the server once had its own list and refused ``draft_suffix`` request
 listed explicitly below (no import side effects); :func:`register_method` adds a user's own in the running
 process, and an installed package adds its methods to every process — each ``specdec`` command, a server's
 Ray replicas — through the entry-point group ``specdec.methods`` (:data:`ENTRY_POINT_GROUP`), read the first
-time a name is not found or the methods are listed, as vLLM reads its plugins.
+time a name is not found or the methods are listed (the CLI lists them in ``--method``'s help, so every command
+reads them at start, ~50 ms), as vLLM reads its plugins.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from importlib.metadata import entry_points
 
@@ -27,6 +29,7 @@ _METHODS: dict[str, MethodInfo] = {}
 #: the object a ``MethodInfo`` (or a function returning one)
 ENTRY_POINT_GROUP = "specdec.methods"
 _plugins_loaded = False
+_PLUGINS_LOCK = threading.Lock()
 
 
 class PluginWarning(UserWarning):
@@ -38,9 +41,13 @@ def load_plugins() -> None:
     a MethodInfo or clashes with a registered name is a warning naming it, not an error: a broken plugin must not
     take the built-in methods down with it."""
     global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
+    with _PLUGINS_LOCK:  # the server's event loop and model thread both look methods up
+        if not _plugins_loaded:
+            _register_plugins()
+            _plugins_loaded = True
+
+
+def _register_plugins() -> None:
     for point in entry_points(group=ENTRY_POINT_GROUP):
         try:
             info = point.load()
@@ -73,7 +80,7 @@ def _key(name: str) -> str:
 
 
 def _find(key: str) -> MethodInfo | None:
-    for info in _METHODS.values():
+    for info in tuple(_METHODS.values()):  # a copy: another thread may be registering plugins
         if key == _key(info.name) or key in (_key(a) for a in info.aliases):
             return info
     return None

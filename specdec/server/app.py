@@ -215,7 +215,8 @@ def create_app(state: ServerState) -> FastAPI:
             message, where = validation_message(errors) if errors else (f"invalid request: {exc}", None)
             raise APIError(400, message, param=where) from None
         known = {field.alias or name for name, field in schema.model_fields.items()} | set(schema.model_fields)
-        legacy = [name for name in LEGACY_FUNCTION_FIELDS if name in raw and schema is ChatCompletionRequest]
+        legacy = [name for name in LEGACY_FUNCTION_FIELDS  # (null, [] or "none" ask for no function calling: ignored)
+                  if raw.get(name) not in (None, [], "none") and schema is ChatCompletionRequest]
         if legacy:  # ignored, the model answered in prose where the client waited for a function_call
             raise APIError(400, f"{legacy[0]}: OpenAI's deprecated form of tool calling is not served: send the functions "
                                 "as tools ([{\"type\": \"function\", \"function\": …}]) and function_call as tool_choice",
