@@ -319,13 +319,13 @@ def run_certificate(target, draft, methods: list[str], prompts: int | list[Promp
     head_kind = read_head_config(drafter_path).kind if drafter_path else None  # a clear error for a folder without one
     with tempfile.TemporaryDirectory(prefix="specdec-verify-") as scratch:  # retrieval's datastore, removed at the end
         for method in methods:
-            if greedy and method in TRAINED_HEADS and method != head_kind:
+            why = None  # the greedy check cannot run this method on the real pair
+            if method in TRAINED_HEADS and method != head_kind:
                 why = (f"needs --drafter-path (a trained {method} head)" if head_kind is None
                        else f"--drafter-path holds {head_kind_phrase(head_kind)}, not {head_kind_phrase(method)}")
-                say(f"skipping {method}'s greedy identity on the real pair: {why}")
-                results.append(CheckResult("greedy-identity", method, "greedy", True, f"skipped: {why}", skipped=True))
-            elif greedy and draft is None and method_info(method).needs_draft_model:
+            elif draft is None and method_info(method).needs_draft_model:
                 why = "needs a draft model (--draft-model; the --config file's choice runs none)"
+            if greedy and why is not None:
                 say(f"skipping {method}'s greedy identity on the real pair: {why}")
                 results.append(CheckResult("greedy-identity", method, "greedy", True, f"skipped: {why}", skipped=True))
             elif greedy:

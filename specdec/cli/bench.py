@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
               for mode in dict.fromkeys(method_modes.values()) if mode != plain_mode}
     method_targets = {method: copies[mode] for method, mode in method_modes.items() if mode != plain_mode}
     draft = None
-    if any(method_needs_draft(m) for m in methods):
+    if drafting:
         # the draft's mode as generate picks it for speculation (int4-all, timed with its reduced head),
         # not the mode plain decoding of the draft model would pick
         _, draft_mode, _ = execution_modes(args, "draft_model") if draft_quantize(args) == "auto" else (None, draft_quantize(args), None)

@@ -211,6 +211,14 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
     stores = {mode: MeasurementStore(args.out, {**second, "mode": mode}) for mode in (other, measured_mode)}
     most = max(store.most_threads() for store in stores.values())
     other_target = None
+
+    def load_other():  # noqa: ANN202 - a LoadedModel, loaded once and only when a prompt is measured or it is chosen
+        nonlocal other_target
+        if other_target is None:
+            other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull,
+                                              quantize=other, prompt_quantize=args.prompt_quantize)
+        return other_target
+
     # both modes again, interleaved per prompt: the first pass's figures are from another time window, and on a
     # shared machine the load moves between them (a 2.83x headline that a bench minutes later put at 1.2x)
     by_mode: dict[str, list] = {other: [], measured_mode: []}
@@ -220,10 +228,7 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
         if all(runs is not None for runs in stored.values()):
             reused += 1
         else:
-            if other_target is None:
-                other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull,
-                                                  quantize=other, prompt_quantize=args.prompt_quantize)
-            for mode, model in ((other, other_target), (measured_mode, target)):
+            for mode, model in ((other, load_other()), (measured_mode, target)):
                 stored[mode] = run_benchmark(model, draft, [row], config, progress=False, warm_up=not warmed)
                 stores[mode].add(row, stored[mode])
             warmed = True
@@ -244,10 +249,7 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
     record["plain_tok_s_by_mode"] = {mode: round(tok_s, 2) for mode, tok_s in plain_by_mode.items()}
     if not figures["mismatches"] and figures["tokens_per_s"] >= MIN_SPEEDUP * again[chosen_name]["tokens_per_s"]:
         record["chosen"] = other
-        if other_target is None:  # every prompt reused: the chosen mode's model is still needed (--html-prompts)
-            other_target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull,
-                                              quantize=other, prompt_quantize=args.prompt_quantize)
-        return record, other_target
+        return record, load_other()  # (every prompt reused: loaded now, the chosen mode's model is still needed)
     return record, target
 
 

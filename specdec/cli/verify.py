@@ -99,12 +99,12 @@ def run(args: argparse.Namespace) -> int:
     gamma = args.num_speculative_tokens if isinstance(args.num_speculative_tokens, int) else 4
     target = draft = None
     rows = None
+    data_dir = Path(args.data_dir) if args.data_dir else None
     if args.skip_greedy and (args.dataset, args.categories, args.data_dir) != (None, None, None):
         raise SpecdecError("--dataset/--categories/--data-dir choose the greedy check's prompts: not read with --skip-greedy")
     if not args.skip_greedy:  # the prompts before any model loads (a bad row: its file:line, not minutes later)
         from specdec.bench.datasets import load_prompts
 
-        data_dir = Path(args.data_dir) if args.data_dir else None
         if args.dataset is None and args.categories is None:
             rows = certify.default_rows(prompts, data_dir)
         else:
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             target, draft, methods, rows if rows is not None else prompts, max_tokens, samples, args.alpha, gamma,
             greedy=not args.skip_greedy, distribution=not args.skip_distribution, configs=configs, progress=progress,
             spec_tree=args.spec_tree, drafter_path=args.drafter_path, options=method_options(args),
-            data_dir=Path(args.data_dir) if args.data_dir else None)
+            data_dir=data_dir)
         bar.update(checks - bar.n)
     print(certify.format_table(results))
     failed = [r for r in results if not r.passed]
