@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.cli.common import add_debug_flag, add_model_args, positive_int
+from specdec.cli.common import add_debug_flag, add_model_args
+from specdec.cli.values import positive_int
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

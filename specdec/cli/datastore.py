@@ -10,7 +10,8 @@ from collections import Counter
 from collections.abc import Iterator
 
 from specdec.bench.datasets import DOCUMENT_FIELDS
-from specdec.cli.common import DEFAULT_TARGET, add_debug_flag, positive_int
+from specdec.cli.common import DEFAULT_TARGET, add_debug_flag
+from specdec.cli.values import positive_int
 from specdec.errors import SpecdecError
 
 

@@ -7,7 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from specdec.cli.common import add_debug_flag, check_output_file, gamma_value, positive_int
+from specdec.cli.common import add_debug_flag, check_output_file
+from specdec.cli.values import gamma_value, positive_int
 from specdec.config import DEFAULT_DRAFT_METHOD
 
 

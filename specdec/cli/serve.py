@@ -14,8 +14,8 @@ import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
-from specdec.cli.common import (add_debug_flag, add_model_args, bounded_int, count_or_word, execution_modes, non_negative_int,
-                                positive_int, spec_from_args, speculation_limit_value)
+from specdec.cli.common import add_debug_flag, add_model_args, execution_modes, spec_from_args
+from specdec.cli.values import bounded_int, count_or_word, non_negative_int, positive_int, speculation_limit_value
 from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
 from specdec.errors import SpecdecError
 from specdec.server.security import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES

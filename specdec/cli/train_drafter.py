@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from specdec.bench.datasets import DOCUMENT_FIELDS
-from specdec.cli.common import DEFAULT_TARGET, add_debug_flag, non_negative_int, positive_int, positive_number
+from specdec.cli.common import DEFAULT_TARGET, add_debug_flag
+from specdec.cli.values import non_negative_int, positive_int, positive_number
 from specdec.config import QUANTIZE_MODES, TRAIN_PRECISIONS
 from specdec.errors import SpecdecError
 from specdec.models.registry import DEFAULT_DRAFT

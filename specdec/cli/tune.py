@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from specdec.cli.checks import checked_methods
-from specdec.cli.common import (add_debug_flag, add_model_args, draft_quantize, gamma_list, kernels_in_use, method_options,
-                                non_negative_int, pages_in_use, positive_int, positive_number, tree_values)
+from specdec.cli.common import add_debug_flag, add_model_args, draft_quantize, kernels_in_use, method_options, pages_in_use
+from specdec.cli.values import gamma_list, non_negative_int, positive_int, positive_number, tree_values
 from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 
 #: token trees tune tries for the methods that branch: chains, and trees sized by the cost model. Tune

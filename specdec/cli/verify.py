@@ -9,7 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from specdec.cli.common import add_debug_flag, add_model_args, number, positive_int
+from specdec.cli.common import add_debug_flag, add_model_args
+from specdec.cli.values import number, positive_int
 from specdec.errors import SpecdecError
 
 
