@@ -26,7 +26,7 @@ from specdec.chunking import rows_independent
 from specdec.compat import check_draft_context, check_pair
 from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
-from specdec.drafters.registry import all_methods, method_info, needs_draft_model, resolve_method, unread_options
+from specdec.drafters.registry import all_methods, build_drafter, method_info, needs_draft_model, resolve_method, unread_options
 from specdec.engine import GenerationResult, StreamChunk, check_context, generate_ids, generate_stream
 from specdec.errors import SpecdecError, UnreadOptionWarning
 from specdec.kernels.layers import use_for_prompt_passes
@@ -262,10 +262,7 @@ def make_drafter(
                                  draft_backend=draft.backend if info.needs_draft_model and draft is not None else None,
                                  constraint=constraint, prediction_ids=predicted,
                                  stop_ids=request_stop_ids(params, target.tokenizer))
-    drafter = info.factory(resources)
-    if drafter is not None and drafter.name == Drafter.name:  # a user's drafter that does not name itself (Stats.method)
-        drafter.name = info.name
-    return drafter
+    return build_drafter(info, resources)
 
 
 def resolve_spec(spec: SpecConfig | None, draft: LoadedModel | None) -> SpecConfig:

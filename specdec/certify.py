@@ -26,7 +26,7 @@ from specdec.bench.datasets import PromptRow
 from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 from specdec.drafters.base import DrafterResources
 from specdec.drafters.draft_suffix import SuffixAssistedDrafter
-from specdec.drafters.registry import method_info, method_names
+from specdec.drafters.registry import build_drafter, method_info, method_names
 from specdec.engine import generate_ids
 from specdec.models.config import ModelConfig
 from specdec.models.head_files import head_kind_phrase, read_head_config
@@ -181,7 +181,7 @@ def _distribution_check(method: str, config_name: str, params: SamplingParams, s
             run_params = dataclasses.replace(run_params, seed=params.seed + sample)
         if spec.method is not None:
             info = method_info(spec.method)
-            drafter = info.factory(DrafterResources(
+            drafter = build_drafter(info, DrafterResources(
                 target_backend=target, spec=spec, params=run_params, generator=generator,
                 max_seq_len=len(prompt) + length + gamma + 2, draft_backend=draft if info.needs_draft_model else None,
                 constraint=constraint, prediction_ids=tuple(run_params.prediction or ())))
@@ -219,6 +219,16 @@ def _tiny_head(target: TorchBackend, kind: str, seed: int, scratch: Path) -> str
     config = HeadConfig.for_target(target.config, draft_vocab_size=0, kind=kind, num_medusa_heads=4)
     head = (EagleHead(config) if kind == "eagle" else MedusaHeads(config)).init_residual(scale=0.3)
     return str(save_head(head, scratch / f"tiny-{kind}"))
+
+
+def guarded(check: str, method: str, config: str, run: Callable[[], CheckResult]) -> CheckResult:
+    """``run()``'s result, or a FAIL row saying what the method raised: a method whose code fails (a plugin's
+    factory, its propose) fails its own rows, and the other methods' rows are still certified and printed."""
+    start = time.perf_counter()
+    try:
+        return run()
+    except Exception as exc:  # noqa: BLE001 - any failure of the method's code is its row's verdict
+        return CheckResult(check, method, config, False, f"error: {type(exc).__name__}: {exc}", time.perf_counter() - start)
 
 
 def greedy_identity_check(method: str, run_plain: Callable, run_spec: Callable, prompts: Iterable[tuple[str, list[int]]], dtype: str,
@@ -354,10 +364,11 @@ def run_certificate(target, draft, methods: list[str], prompts: int | list[Promp
                                                           make_generator(0))
                     return plain_results[key]
 
-                results.append(greedy_identity_check(method, run_plain, run_spec, prompt_ids, target.backend.dtype_name, config))
+                results.append(guarded("greedy-identity", method, "greedy", lambda: greedy_identity_check(
+                    method, run_plain, run_spec, prompt_ids, target.backend.dtype_name, config)))
             if distribution:
                 for name in configs:
                     say(f"distribution: {method} {name}, {samples} samples")
-                    results.append(distribution_check(method, name, DISTRIBUTION_CONFIGS[name], samples, alpha=alpha,
-                                                      spec_options={"spec_tree": spec_tree}))
+                    results.append(guarded("distribution", method, name, lambda: distribution_check(
+                        method, name, DISTRIBUTION_CONFIGS[name], samples, alpha=alpha, spec_options={"spec_tree": spec_tree})))
     return results

@@ -25,6 +25,11 @@ class ContextLengthError(SpecdecError):
     """The prompt plus requested tokens do not fit the model's context window."""
 
 
+class DrafterError(SpecdecError):
+    """A drafter broke its contract or failed — a method's code (often a plugin's), not the request: the server
+    answers it with a 500, not a 400 blaming the client."""
+
+
 class UnreadOptionWarning(UserWarning):
     """A ``draft=`` or SpecConfig option the chosen method does not read (:func:`specdec.api.warn_unread`; the
     CLI, which says so in its own words before loading, filters these out). Here, not in api.py, so the CLI

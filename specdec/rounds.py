@@ -26,7 +26,7 @@ from specdec.alternatives import chain_nodes_in, measured_wins
 from specdec.backends.base import Backend, SequenceState
 from specdec.calls import ModelCall, one, waited
 from specdec.drafters.base import Draft, Drafter
-from specdec.errors import SpecdecError
+from specdec.errors import DrafterError
 from specdec.penalties import Penalties
 from specdec.sampling import SamplingParams
 from specdec.stats import Stats
@@ -199,17 +199,16 @@ def learn(gamma: GammaController | None, verify_costs: VerifyCosts, drafter: Dra
 
 def check_proposal(drafter: Drafter, draft: object, vocab_size: int) -> None:
     """A drafter's proposal is a :class:`Draft` whose q rows span the vocabulary: a user's drafter returning a list,
-    or q of another width, failed deep in the verifier (AttributeError, IndexError) — now one SpecdecError naming it.
+    or q of another width, failed deep in the verifier (AttributeError, IndexError) — now one DrafterError naming it.
     (Token ids outside the vocabulary are no error: ``Draft.clipped`` cuts them.)"""
     if not isinstance(draft, Draft):
-        raise SpecdecError(f"drafter {drafter.name!r}: propose() returned a {type(draft).__name__}, not a "
-                           "specdec.drafters.base.Draft")
+        raise DrafterError(f"drafter {drafter.name!r}: propose() returned a {type(draft).__name__}, not a specdec.Draft")
     if draft.probs is None:
         return
     shape = tuple(draft.probs.shape)
     width = shape[-1] if shape else 0
     if len(shape) != 2 or shape[0] != len(draft.tokens) or any(width <= t < vocab_size for t in draft.tokens):
-        raise SpecdecError(f"drafter {drafter.name!r}: Draft.probs is {shape}; it must be [{len(draft.tokens)} tokens, "
+        raise DrafterError(f"drafter {drafter.name!r}: Draft.probs is {shape}; it must be [{len(draft.tokens)} tokens, "
                            f"the vocabulary] with a column for every proposed token id")
 
 

@@ -11,7 +11,7 @@ from specdec.config import DEFAULT_DRAFT_METHOD, SpecConfig
 from specdec.drafters.base import Drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine import generate_ids
-from specdec.errors import ContextLengthError, SpecdecError
+from specdec.errors import ContextLengthError, DrafterError, SpecdecError
 from specdec.sampling import SamplingParams, make_generator
 
 PROMPTS = [
@@ -513,21 +513,37 @@ def test_a_users_drafter_is_named_by_its_method_and_its_broken_proposals_are_cle
         def propose(self, context_ids, k):  # noqa: ANN001, ANN202
             return Draft([context_ids[-1]], torch.full((1, 2), 0.5))
 
+    class Silent(Drafter):  # forgot propose: NotImplementedError from deep in the engine, a 500 with no message
+        pass
+
+    class Duck:  # not a Drafter
+        name = "duck"
+
+    def exploding(res):  # noqa: ANN001, ANN202 - a factory that fails
+        raise RuntimeError("factory exploded")
+
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     sampled = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, seed=1)
+    names = ("mine", "listed", "narrow", "silent", "duck", "boom")
     try:
-        for name, drafter in (("mine", Repeat), ("listed", Listed), ("narrow", Narrow)):
+        for name, drafter in (("mine", Repeat), ("listed", Listed), ("narrow", Narrow), ("silent", Silent), ("duck", Duck)):
             register_method(MethodInfo(name, lambda res, drafter=drafter: drafter(), f"test drafter {name}"))
+        register_method(MethodInfo("boom", exploding, "a factory that raises"))
+        for name, message in (("silent", "method 'silent': Silent does not define propose"),
+                              ("duck", "method 'duck': its factory returned a Duck, not a specdec.Drafter"),
+                              ("boom", "method 'boom': its factory failed: RuntimeError: factory exploded")):
+            with pytest.raises(DrafterError, match=message):
+                specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method=name))
         result = specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method="mine", num_speculative_tokens=2))
         assert result.stats.method == "mine"
         assert result.token_ids == specdec.generate(tiny_target, "def f(x):", greedy).token_ids
         json.dumps(result.to_dict())  # JSON-ready, stats included
-        with pytest.raises(SpecdecError, match="drafter 'listed': propose.. returned a list, not a"):
+        with pytest.raises(DrafterError, match="drafter 'listed': propose.. returned a list, not a specdec.Draft"):
             specdec.generate(tiny_target, "def f(x):", greedy, spec=SpecConfig(method="listed"))
         with pytest.raises(SpecdecError, match=r"drafter 'narrow': Draft.probs is \(1, 2\)"):
             specdec.generate(tiny_target, "def f(x):", sampled, spec=SpecConfig(method="narrow"))
     finally:
-        for name in ("mine", "listed", "narrow"):
+        for name in names:
             _METHODS.pop(name, None)
 
 

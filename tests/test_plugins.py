@@ -48,6 +48,7 @@ def test_an_installed_method_reaches_every_command(tmp_path, tiny_dirs):
     root = install_plugin(tmp_path)
     listed = specdec_command(root, "methods")
     assert listed.returncode == 0 and "last_occurrence" in listed.stdout
+    assert "last_occurrence: from the installed package specdec-plugin-demo" in listed.stdout
     run = specdec_command(root, "generate", "a b a b a b", "--model", str(tiny_dirs["target"]), "--quantize", "none",
                           "--method", "last-occurrence", "--max-tokens", "8", "--compare-plain")
     assert run.returncode == 0, run.stderr
@@ -72,3 +73,55 @@ def test_a_broken_plugin_is_a_warning_and_the_built_ins_still_work(tmp_path, mon
     assert len(messages) == 2 and "'missing'" in messages[0] and "not a specdec.MethodInfo" in messages[1]
     with pytest.raises(Exception, match="unknown speculative method 'missing'"):
         registry.method_info("missing")
+
+
+def test_plugin_names_and_collisions_say_what_the_author_can_do(monkeypatch):
+    """An entry point keyed "mine" for a MethodInfo named "other_name" registered only "other_name" (``--method mine``:
+    unknown); a plugin taking a built-in's name was told to "pass replace=True", which an entry point cannot."""
+    from importlib.metadata import EntryPoint
+
+    from specdec.drafters import registry
+
+    module = type(sys)("specdec_plugin_names_demo")
+    module.RENAMED = registry.MethodInfo("other_name", lambda res: None, "its entry point says 'mine'")
+    module.CLASH = registry.MethodInfo("ngram", lambda res: None, "a second ngram")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    points = [EntryPoint("mine", f"{module.__name__}:RENAMED", registry.ENTRY_POINT_GROUP),
+              EntryPoint("ngram_again", f"{module.__name__}:CLASH", registry.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(registry, "entry_points", lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert registry.method_info("mine").name == "other_name"
+        messages = [str(w.message) for w in caught if issubclass(w.category, registry.PluginWarning)]
+        assert len(messages) == 1 and "'ngram_again'" in messages[0] and "already registered" in messages[0]
+        assert "replace=True" not in messages[0] and "rename the plugin's MethodInfo" in messages[0]
+        assert registry.method_info("ngram").summary != "a second ngram"
+    finally:
+        registry._METHODS.pop("other_name", None)
+
+
+def test_a_broken_plugin_is_one_warning_line_on_the_command_line(tmp_path):
+    """Python's warning format pointed at a line of specdec's registry (and printed it) before every command."""
+    root = install_plugin(tmp_path, entry="no_such_module_anywhere:METHOD")
+    listed = specdec_command(root, "methods")
+    assert listed.returncode == 0 and "draft_suffix" in listed.stdout
+    warning = [line for line in listed.stderr.splitlines() if "last_occurrence" in line]
+    assert warning == [warning[0]] and warning[0].startswith("warning: specdec method plugin 'last_occurrence'")
+    assert "registry.py" not in listed.stderr and "PluginWarning" not in listed.stderr
+
+
+def test_a_failing_method_fails_its_own_rows_and_the_others_are_certified(monkeypatch):
+    """verify stopped at the first method whose code raised (a traceback), and the rows already certified were lost."""
+    from specdec import certify
+    from specdec.drafters import registry
+
+    registry.register_method(registry.MethodInfo("boom", lambda res: 1 / 0, "a factory that raises"))
+    try:
+        results = certify.run_certificate(None, None, ["boom", "ngram"], 0, 8, 300, greedy=False, configs=["T=1"])
+    finally:
+        registry._METHODS.pop("boom", None)
+    verdicts = {(r.method, r.passed) for r in results}
+    assert verdicts == {("boom", False), ("ngram", True)}, results
+    assert "error: DrafterError: method 'boom': its factory failed: ZeroDivisionError" in results[0].detail

@@ -608,12 +608,15 @@ def test_a_failure_mid_generation_is_an_error_object_streamed_or_not_and_the_ser
 
 
 def test_a_model_fault_mid_generation_is_ours_not_the_requests():
-    """A WeightsError raised mid-generation (NaN logits from corrupt weights) was a 400 blaming the client."""
-    from specdec.errors import SpecdecError, WeightsError
+    """A WeightsError raised mid-generation (NaN logits from corrupt weights) was a 400 blaming the client; so was a
+    method plugin's drafter breaking its contract (a DrafterError)."""
+    from specdec.errors import DrafterError, SpecdecError, WeightsError
     from specdec.server.errors import generation_failure
     from specdec.server.params import APIError
 
     assert generation_failure(WeightsError("the target's logits are NaN"), "completions").status == 500
+    failed = generation_failure(DrafterError("drafter 'mine': propose() returned a list"), "completions")
+    assert failed.status == 500 and "propose() returned a list" in str(failed.body())
     assert generation_failure(SpecdecError("the prompt is too long"), "completions").status == 400
     refusal = APIError(429, "busy")
     assert generation_failure(refusal, "chat") is refusal

@@ -1,5 +1,5 @@
 """The ``specdec`` command line. One module per command, each with ``add_parser(subparsers)`` and
-``run(args) -> int``; the flags they share live in :mod:`specdec.cli.common`.
+``run(args) -> int``; the flags they share live in :mod:`specdec.cli.common`, their value types in :mod:`specdec.cli.values`.
 
 Commands:
 
@@ -68,7 +68,28 @@ def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.Ar
     return commands.choices[command]
 
 
+def show_plugin_warnings_plainly() -> None:
+    """A broken method plugin (:class:`~specdec.drafters.registry.PluginWarning`, raised while ``--method``'s help
+    lists the methods) is one ``warning: …`` line, as the CLI's other warnings are — not Python's warning format
+    pointing at a line of specdec's registry. Other warnings keep Python's format."""
+    from specdec.drafters.registry import PluginWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "plugin_lines", False):  # main() called again in this process (tests)
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202 - warnings' hook
+        if issubclass(category, PluginWarning):
+            print(f"warning: {message}", file=file or sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show.plugin_lines = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
+    show_plugin_warnings_plainly()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

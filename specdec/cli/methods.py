@@ -1,6 +1,6 @@
 """``specdec methods``: the speculative methods this install knows, read from the method registry
-(:func:`specdec.drafters.registry.all_methods`) — built-ins and any registered with
-``register_method`` — with their aliases, whether each needs ``--draft-model`` or specdec's torch
+(:func:`specdec.drafters.registry.all_methods`) — built-ins, installed packages' ``specdec.methods`` entry
+points and any registered with ``register_method`` — with their aliases, whether each needs ``--draft-model`` or specdec's torch
 backend, and the :class:`~specdec.config.SpecConfig` options (flags) it reads."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                     description="List every registered speculative method (the values --method takes): its "
                                                 "aliases, whether it needs --draft-model, whether it runs the target's own layers "
                                                 "and so needs specdec's torch backend, the SpecConfig options it reads (option "
-                                                "x_y is the flag --x-y) and what it drafts from.")
+                                                "x_y is the flag --x-y) and what it drafts from. Installed packages add methods through "
+                                                "the entry-point group 'specdec.methods' (README: Custom drafters); the last "
+                                                "lines name each such method's package.")
     add_debug_flag(methods)
     methods.set_defaults(func=run)
     return methods
@@ -43,9 +45,11 @@ def format_table(rows: list[tuple[str, ...]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.drafters.registry import PLAIN_NAMES
+    from specdec.drafters.registry import PLAIN_NAMES, plugin_sources
 
     print(format_table(method_rows()))
+    for name, package in sorted(plugin_sources().items()):
+        print(f"{name}: from the installed package {package} (entry point group specdec.methods)")
     print(f"plain decoding: omit --method (and --draft-model), or --method {'|'.join(PLAIN_NAMES)}; "
           "'-' and '_' are interchangeable in method names")
     return 0

@@ -12,14 +12,15 @@ reads them at start, ~50 ms), as vLLM reads its plugins.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
 from specdec.config import SpecConfig
 from specdec.drafters import draft_model, draft_suffix, eagle, layer_skip, medusa, prompt_lookup, retrieval, suffix
-from specdec.drafters.base import MethodInfo
-from specdec.errors import SpecdecError
+from specdec.drafters.base import Drafter, DrafterResources, MethodInfo
+from specdec.errors import DrafterError, SpecdecError
 
 #: names that mean "no drafter": plain autoregressive decoding
 PLAIN_NAMES = ("ar", "plain", "none")
@@ -29,6 +30,8 @@ _METHODS: dict[str, MethodInfo] = {}
 #: the object a ``MethodInfo`` (or a function returning one)
 ENTRY_POINT_GROUP = "specdec.methods"
 _plugins_loaded = False
+#: method name → the installed distribution (package) whose entry point registered it (``specdec methods`` says it)
+_PLUGIN_SOURCES: dict[str, str] = {}
 _PLUGINS_LOCK = threading.Lock()
 
 
@@ -54,10 +57,41 @@ def _register_plugins() -> None:
             info = info() if callable(info) and not isinstance(info, MethodInfo) else info
             if not isinstance(info, MethodInfo):
                 raise TypeError(f"it is {type(info).__name__}, not a specdec.MethodInfo")
+            if _key(point.name) not in (_key(n) for n in (info.name, *info.aliases)):
+                # the entry point's key is what its author will type: it names the method too (an alias)
+                info = dataclasses.replace(info, aliases=(*info.aliases, point.name))
             if _METHODS.get(info.name) is not info:
                 register_method(info)
+            _PLUGIN_SOURCES[info.name] = point.dist.name if point.dist is not None else point.value
+        except SpecdecError as exc:  # a name already taken: replace=True is not the plugin author's to pass
+            _plugin_warning(point, f"{exc.args[0].split(' (pass replace=True')[0]}; rename the plugin's MethodInfo")
         except Exception as exc:  # noqa: BLE001 - any failure of a third party's code
-            warnings.warn(f"specdec method plugin {point.name!r} ({point.value}) not loaded: {exc}", PluginWarning, stacklevel=2)
+            _plugin_warning(point, f"{type(exc).__name__}: {exc}")
+
+
+def _plugin_warning(point: EntryPoint, why: str) -> None:
+    warnings.warn(f"specdec method plugin {point.name!r} ({point.value}) not loaded: {why}", PluginWarning, stacklevel=3)
+
+
+def build_drafter(info: MethodInfo, resources: DrafterResources) -> Drafter:
+    """``info``'s drafter for one request, checked: a factory that raises, returns something other than a
+    :class:`Drafter`, or a Drafter that does not override ``propose`` (or ``propose_steps``) is one
+    :class:`DrafterError` naming the method — a plugin's mistake surfaced before decoding, not a traceback from
+    deep in the engine (or, from a server, a 500 for every request with an empty message)."""
+    try:
+        drafter = info.factory(resources)
+    except SpecdecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a third party's factory: say whose it is
+        raise DrafterError(f"method {info.name!r}: its factory failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(drafter, Drafter):
+        raise DrafterError(f"method {info.name!r}: its factory returned a {type(drafter).__name__}, not a specdec.Drafter")
+    kind = type(drafter)
+    if kind.propose is Drafter.propose and kind.propose_steps is Drafter.propose_steps:
+        raise DrafterError(f"method {info.name!r}: {kind.__name__} does not define propose(context_ids, k) -> specdec.Draft")
+    if drafter.name == Drafter.name:  # a user's drafter that does not name itself (Stats.method)
+        drafter.name = info.name
+    return drafter
 
 
 def register_method(info: MethodInfo, *, replace: bool = False) -> MethodInfo:
@@ -114,6 +148,12 @@ def resolve_method(name: str | None) -> str | None:
 def method_names() -> list[str]:
     load_plugins()
     return sorted(_METHODS)
+
+
+def plugin_sources() -> dict[str, str]:
+    """The methods installed packages' entry points registered, each with its package's name."""
+    load_plugins()
+    return dict(_PLUGIN_SOURCES)
 
 
 def all_methods() -> list[MethodInfo]:

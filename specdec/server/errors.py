@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.errors import SpecdecError, WeightsError
+from specdec.errors import DrafterError, SpecdecError, WeightsError
 from specdec.server.metrics import Metrics
 from specdec.server.params import APIError
 from specdec.server.schemas import error_body, validation_message
@@ -65,10 +65,11 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> Callable[[Request]
 def generation_failure(exc: Exception, endpoint: str) -> APIError:
     """What a client is told when its generation fails, streamed or not: a refusal as it is, the request's
     fault (a SpecdecError) as a 400, a failure of ours as a 500 (its traceback to the log) — a WeightsError
-    raised mid-generation (NaN logits from corrupt weights) among them: no request causes it."""
+    raised mid-generation (NaN logits from corrupt weights) and a DrafterError (a method's code broke its contract)
+    among them: no request causes it."""
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, SpecdecError) and not isinstance(exc, WeightsError):
+    if isinstance(exc, SpecdecError) and not isinstance(exc, (WeightsError, DrafterError)):
         return APIError(400, str(exc))
     log.error("a %s generation failed", endpoint, exc_info=exc)
     return APIError.internal(exc)
