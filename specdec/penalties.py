@@ -112,13 +112,18 @@ class Penalties:
         return lambda logits, drafted: self.apply(logits, [*output, *drafted])
 
     def _apply_row(self, row: torch.Tensor, history: list[int]) -> None:
-        """Penalise one float32 row ``[V]`` in place after ``history`` (output tokens)."""
+        """Penalise one float32 row ``[V]`` in place after ``history`` (output tokens). A row may be narrower than
+        the vocabulary the penalties were built for (a draft head scoring the first ``--draft-vocab-size`` ids): ids
+        past its end are skipped — the 0.5B draft's 65536-id rows indexed EOS 151643 (``min_tokens``) and a high
+        ``logit_bias`` id, an IndexError for the request."""
         device, vocab = row.device, row.shape[0]
         if len(history) < self.min_tokens and len(self.stop_ids):
-            row[self.stop_ids.to(device)] = float("-inf")
+            stop = self.stop_ids[self.stop_ids < vocab]
+            row[stop.to(device)] = float("-inf")
         if len(self.bias_ids):
-            ids = self.bias_ids.to(device)
-            row[ids] = row[ids] + self.bias_values.to(device)
+            inside = self.bias_ids < vocab
+            ids = self.bias_ids[inside].to(device)
+            row[ids] = row[ids] + self.bias_values[inside].to(device)
         seen = torch.tensor([token for token in history if token < vocab], dtype=torch.long, device=device)  # [H]
         if self.repetition != 1.0:
             ids = torch.unique(torch.cat([self.prompt_ids.to(device), seen]))  # sorted, distinct

@@ -88,3 +88,17 @@ def test_the_draft_step_prior_is_the_reduced_heads(tiny_draft, monkeypatch):
     monkeypatch.setattr("specdec.step_costs.full_curve", cached)
     monkeypatch.setattr(tiny_draft.backend, "step_seconds", None)
     assert reduced.step_seconds == 0.004
+
+
+@pytest.mark.parametrize("method", ["draft_model", "draft_suffix", "early_exit"])
+def test_penalties_naming_ids_past_the_draft_rows_leave_the_output_exact(tiny_target, tiny_draft, method):
+    """``min_tokens`` bans the stop ids and ``logit_bias`` shifts ids the reduced draft head has no row for: the
+    real 0.5B draft's 65536-id rows were indexed with EOS 151643 and raised IndexError (a server's 500)."""
+    params = SamplingParams(temperature=0.0, max_tokens=24, min_tokens=12, stop_token_ids=[300], logit_bias={400: 4.0, 7: 2.0})
+    spec = SpecConfig(method=method, num_speculative_tokens=3, draft_vocab_size=200,
+                      **({"exit_layer": 3} if method == "early_exit" else {}))
+    for prompt in PROMPTS:
+        plain = specdec.generate(tiny_target, prompt, params)
+        out = specdec.generate(tiny_target, prompt, params, draft=tiny_draft if method != "early_exit" else None, spec=spec)
+        assert out.token_ids == plain.token_ids
+        assert out.stats.proposed_tokens > 0
