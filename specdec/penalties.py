@@ -13,7 +13,8 @@ The definitions are vLLM's, in its order: the bias is added, then the repetition
 positive logit (multiplies a negative one) of every token seen in the prompt or the output, then
 ``frequency_penalty × count`` and ``presence_penalty × [count > 0]`` are subtracted, the counts
 over the output only. vLLM's ``min_tokens`` bans the stop tokens (end of sequence unless
-``ignore_eos``, and ``stop_token_ids``) from rows before the output holds that many tokens.
+``ignore_eos``, and ``stop_token_ids``) from rows before the output holds that many tokens — except a row
+where nothing else is allowed (structured output whose grammar is complete): the grammar ends it there.
 Temperature, top-k / top-p / min-p come after (``logits_to_probs``), greedy takes the argmax of the
 penalised row.
 
@@ -118,8 +119,11 @@ class Penalties:
         ``logit_bias`` id, an IndexError for the request."""
         device, vocab = row.device, row.shape[0]
         if len(history) < self.min_tokens and len(self.stop_ids):
-            stop = self.stop_ids[self.stop_ids < vocab]
-            row[stop.to(device)] = float("-inf")
+            stop = self.stop_ids[self.stop_ids < vocab].to(device)
+            kept = row[stop]
+            row[stop] = float("-inf")
+            if not bool(torch.isfinite(row).any()):  # only a stop token was allowed (a completed grammar): it ends the
+                row[stop] = kept  # output — banned, argmax took token 0 and the grammar refused it (a server's 500)
         if len(self.bias_ids):
             inside = self.bias_ids < vocab
             ids = self.bias_ids[inside].to(device)

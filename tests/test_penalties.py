@@ -105,6 +105,20 @@ def test_min_tokens_holds_back_the_end_and_speculation_keeps_it_exact(tiny_targe
         assert out.token_ids == plain.token_ids and out.finish_reason == plain.finish_reason
 
 
+def test_min_tokens_yields_where_only_a_stop_token_is_allowed():
+    """A completed grammar allows only the stop tokens: banning them left every logit -inf, argmax took token 0 (the
+    real vocabulary's "!") and the grammar refused it. There the stop token ends the output; elsewhere it is banned."""
+    penalties = Penalties(SamplingParams(min_tokens=5), [1, 2], vocab_size=8, stop_ids=[7])
+    only_stop = torch.full((8,), float("-inf"))
+    only_stop[7] = 1.5
+    assert penalties.apply(only_stop, [3])[7] == 1.5
+    some_text = only_stop.clone()
+    some_text[4] = -3.0
+    row = penalties.apply(some_text, [3])
+    assert row[7] == float("-inf") and row[4] == -3.0
+    assert penalties.apply(some_text, [3, 3, 3, 3, 3])[7] == 1.5  # min_tokens reached
+
+
 def test_a_draft_bans_the_stop_tokens_min_tokens_bans(tiny_target):
     """min_tokens bans the request's stop tokens from the target's rows; a model drafter bans them
     from its own (it is told the stop ids), so the target as its own draft never proposes the stop

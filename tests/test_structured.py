@@ -141,6 +141,10 @@ UNENFORCED_CASES = [
     ({"type": "integer", "not": {"const": 1}}, "1"),
     ({"type": "number", "multipleOf": 0.5}, "0.3"),
     ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "1"),
+    ({"$ref": "https://example.com/s.json"}, '"anything"'),  # a remote schema compiles to any JSON
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "1"),  # overlapping branches: read as anyOf
+    ({"anyOf": [{"type": "integer"}, {"type": "string"}], "type": "integer"}, '"s"'),  # siblings of anyOf are dropped
+    ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "minimum": 5}, "1"),  # and of $ref
 ]
 
 
@@ -154,6 +158,23 @@ def test_a_schema_the_grammar_cannot_enforce_is_refused(schema, breaking):
     assert _is_grammar_accept_string(grammar, breaking), "xgrammar now enforces this: drop it from _UNENFORCED"
     with pytest.raises(SpecdecError, match="cannot enforce"):
         StructuredOutput.from_schema({"type": "object", "properties": {"field": schema}})
+
+
+def test_unions_the_grammar_enforces_exactly_pass():
+    """oneOf whose branches cannot overlap (types apart, or pydantic's discriminated union through $refs) means anyOf,
+    which the grammar enforces; Optional fields (anyOf with null) and $refs carry annotations beside them."""
+    from specdec.structured import unenforced_keywords
+
+    cat = {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}, "required": ["kind", "lives"]}
+    dog = {"type": "object", "properties": {"kind": {"enum": ["dog", "puppy"]}}, "required": ["kind"]}
+    schema = {"$defs": {"Cat": cat, "Dog": dog}, "type": "object", "properties": {
+        "pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "title": "Pet"},
+        "id": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
+        "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Note"},
+        "owner": {"$ref": "#/$defs/Cat", "description": "who"}}}
+    assert unenforced_keywords(schema) == []
+    dog["properties"]["kind"] = {"enum": ["dog", "cat"]}  # now a value both branches allow
+    assert unenforced_keywords(schema) == ["properties.pet.oneOf (branches that may overlap)"]
 
 
 def test_keywords_it_enforces_and_property_names_like_keywords_pass():
@@ -213,3 +234,14 @@ def test_reduced_draft_vocabulary_under_a_grammar(tiny_target, tiny_draft, tempe
     jsonschema.validate(json.loads(out.text), SCHEMA)
     if temperature == 0.0:
         assert out.token_ids == specdec.generate(tiny_target, "data:", sampling).token_ids
+
+
+@pytest.mark.parametrize("method", [None, "draft_model", "ngram"])
+def test_min_tokens_yields_to_a_completed_grammar(tiny_target, tiny_draft, method):
+    """min_tokens banned the stop tokens where the grammar allowed nothing else: every logit -inf, argmax took token 0,
+    and the grammar refused it — a RuntimeError (a server's 500) for json_schema or regex with a large min_tokens."""
+    for structured in (StructuredOutput(choice=("alpha", "beta")), StructuredOutput(regex="[a-c]{2}")):
+        out = run(tiny_target, tiny_draft, "pick: ", method, structured, min_tokens=40)
+        plain = run(tiny_target, None, "pick: ", None, structured, min_tokens=40)
+        assert out.token_ids == plain.token_ids and out.finish_reason == "stop"
+        assert out.text in ("alpha", "beta") or re.fullmatch("[a-c]{2}", out.text)
