@@ -151,12 +151,18 @@ def _probe(cfg: ModelConfig, modes: tuple[str, ...]) -> tuple[dict[str, Curve], 
     return fresh, busy, all(curve.plausible for curve in fresh.values()) and busy <= MAX_OTHER_CPU_SHARE
 
 
+#: curves timed while the machine was busy, kept for the rest of this process only ((cache file, shape, mode) → curve)
+_RUN_ONLY: dict[tuple[Path, str, str], Curve] = {}
+
+
 def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = None) -> dict[str, Curve]:
     """Cached curves of ``cfg``'s shape for ``modes`` on this CPU (measured and saved when missing)."""
     path = _cache_path(threads)
     saved = _read_cache(path)
     entry = saved.setdefault(_shape_key(cfg), {})
-    missing = tuple(mode for mode in modes if mode not in entry)
+    kept = {mode: _RUN_ONLY[(path, _shape_key(cfg), mode)] for mode in modes
+            if mode not in entry and (path, _shape_key(cfg), mode) in _RUN_ONLY}
+    missing = tuple(mode for mode in modes if mode not in entry and mode not in kept)
     if missing:
         log.info("timing %s step costs for this model shape on this CPU (once; cached in %s)", ", ".join(missing), path)
     fresh, busy, trusted = _probe(cfg, missing) if missing else ({}, 0.0, True)
@@ -166,9 +172,11 @@ def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = N
     for mode, curve in fresh.items():
         entry[mode] = {str(t): s for t, s in curve.seconds.items()}
         entry.setdefault(PROBED_AT_KEY, {})[mode] = time.time()
-    curves = {mode: fresh.get(mode) or _cached_curve(mode, entry[mode]) for mode in modes}
+    curves = {mode: kept.get(mode) or fresh.get(mode) or _cached_curve(mode, entry[mode]) for mode in modes}
     if missing and trusted:
         _write_cache(path, saved)
+    elif missing:  # not cached: the rest of this run reads them (a busy machine timed them 3× per generate before)
+        _RUN_ONLY.update({(path, _shape_key(cfg), mode): fresh[mode] for mode in missing})
     return curves
 
 

@@ -168,6 +168,9 @@ def test_a_curve_timed_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr("specdec.step_costs.measure_curves", lambda cfg, modes: calls.append(modes) or slow)
     assert curves_for(TINY, ("int8", "int4"))["int4"].cost(1) == 1.1
+    curves_for(TINY, ("int8", "int4"))  # the same run: kept (a busy machine probed it once per model of a generate)
+    assert len(calls) == 1 and not (tmp_path / "step_costs").exists()
+    monkeypatch.setattr("specdec.step_costs._RUN_ONLY", {})  # the next run
     curves_for(TINY, ("int8", "int4"))
     assert len(calls) == 2 and not (tmp_path / "step_costs").exists()
 
@@ -183,6 +186,7 @@ def test_a_curve_timed_while_other_processes_ran_is_not_cached(tmp_path, monkeyp
     curves_for(TINY, ("int8", "int4"))
     assert not (tmp_path / "step_costs").exists()
     monkeypatch.setattr("specdec.step_costs.other_cpu_share", lambda since: 0.02)
+    monkeypatch.setattr("specdec.step_costs._RUN_ONLY", {})  # the next run
     curves_for(TINY, ("int8", "int4"))
     curves_for(TINY, ("int8", "int4"))
     assert len(calls) == 2 and (tmp_path / "step_costs").exists()
