@@ -76,7 +76,7 @@ def test_structured_outputs_regex_choice_grammar_on_completions(server):
     ({"response_format": {"type": "json_schema"}}, "needs a json_schema"),
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
-     "invalid json_schema"),
+     "json_schema is not a JSON Schema: 'nonsense'"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "dependentRequired": {"a": ["b"]}}}}},
      "json_schema uses dependentRequired, which the grammar engine (xgrammar) cannot enforce"),

@@ -163,7 +163,7 @@ def test_a_schema_the_grammar_cannot_enforce_is_refused(schema, breaking):
 def test_unions_the_grammar_enforces_exactly_pass():
     """oneOf whose branches cannot overlap (types apart, or pydantic's discriminated union through $refs) means anyOf,
     which the grammar enforces; Optional fields (anyOf with null) and $refs carry annotations beside them."""
-    from specdec.structured import unenforced_keywords
+    from specdec.schema_checks import unenforced_keywords
 
     cat = {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}, "required": ["kind", "lives"]}
     dog = {"type": "object", "properties": {"kind": {"enum": ["dog", "puppy"]}}, "required": ["kind"]}
@@ -178,7 +178,7 @@ def test_unions_the_grammar_enforces_exactly_pass():
 
 
 def test_keywords_it_enforces_and_property_names_like_keywords_pass():
-    from specdec.structured import unenforced_keywords
+    from specdec.schema_checks import unenforced_keywords
 
     schema = {"type": "object", "properties": {"if": {"type": "string", "format": "email"}, "not": {"type": "integer", "multipleOf": 3},
                                                "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": False}},
@@ -245,3 +245,12 @@ def test_min_tokens_yields_to_a_completed_grammar(tiny_target, tiny_draft, metho
         plain = run(tiny_target, None, "pick: ", None, structured, min_tokens=40)
         assert out.token_ids == plain.token_ids and out.finish_reason == "stop"
         assert out.text in ("alpha", "beta") or re.fullmatch("[a-c]{2}", out.text)
+
+
+def test_a_response_format_schema_is_checked_against_its_metaschema():
+    """Tools' parameters were; a response format's schema went to the grammar engine, which compiled a list as $schema."""
+    pytest.importorskip("jsonschema")
+    with pytest.raises(SpecdecError, match=r"json_schema is not a JSON Schema: .*objekt"):
+        StructuredOutput.from_schema({"type": "objekt"})
+    with pytest.raises(SpecdecError, match=r"\$schema must be a string"):
+        StructuredOutput.from_schema({"$schema": ["x"], "type": "object"})

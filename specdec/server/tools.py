@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from specdec.errors import SpecdecError
 from specdec.server.params import APIError
 from specdec.server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice, joined_text
-from specdec.structured import INSTALL_HINT, StructuredOutput, refuse_unenforced
+from specdec.schema_checks import refuse_unenforced, schema_problem
+from specdec.structured import INSTALL_HINT, StructuredOutput
 from specdec.structured import available as structured_available
 
 if TYPE_CHECKING:
@@ -75,27 +76,6 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
         raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", param="tool_choice")
     return [tool.model_dump(exclude_none=True) for tool in req.tools]
-
-
-def schema_problem(schema: dict[str, Any] | None) -> str | None:
-    """What makes ``schema`` not a JSON Schema by its metaschema (the draft its ``$schema`` names, else
-    2020-12), or None. Under ``tool_choice: "auto"`` a tool's parameters were never checked: a typo such as
-    ``"type": "objekt"`` went into the prompt, and a model asked to follow it."""
-    if schema is None:
-        return None
-    if not isinstance(schema.get("$schema", ""), str):  # jsonschema looks it up as a key: a list was a 500
-        return "$schema must be a string (the URI of a JSON Schema draft)"
-    try:
-        from jsonschema import exceptions, validators
-    except ImportError:  # an environment from before the serve extra named it: the grammar still checks forced calls
-        return None
-
-    try:
-        validators.validator_for(schema, default=validators.Draft202012Validator).check_schema(schema)
-    except exceptions.SchemaError as exc:
-        where = "/".join(str(part) for part in exc.path)
-        return exc.message + (f" (at {where})" if where else "")
-    return None
 
 
 def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
