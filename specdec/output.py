@@ -42,7 +42,7 @@ class OutputTracker:
         if tokenizer is not None:
             from specdec.tokenizer import IncrementalDetokenizer
 
-            self.detok = IncrementalDetokenizer(tokenizer)
+            self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens)
 
     def add(self, tokens: list[int]) -> list[int]:
         """Commit tokens in order until one finishes the request; return the ones that count."""

@@ -111,6 +111,9 @@ class SamplingParams:
     prediction: str | list[int] | None = None
     #: vLLM's: the stop string that ended the output stays in its text (OpenAI's behaviour drops it)
     include_stop_str_in_output: bool = False
+    #: vLLM's: special tokens the model generates (``<|im_start|>``, FIM markers …) are left out of the text
+    #: (True, the default) or written in it; the token ids hold them either way
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string, as the OpenAI API allows
@@ -132,7 +135,8 @@ class SamplingParams:
         for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
             if value is not None and (not is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 raise SpecdecError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
-        for name, flag in (("ignore_eos", self.ignore_eos), ("include_stop_str_in_output", self.include_stop_str_in_output)):
+        for name, flag in (("ignore_eos", self.ignore_eos), ("include_stop_str_in_output", self.include_stop_str_in_output),
+                           ("skip_special_tokens", self.skip_special_tokens)):
             if not isinstance(flag, bool):  # "yes" (or "no") was taken as true
                 raise SpecdecError(f"{name} must be True or False, got {flag!r}")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):

@@ -104,6 +104,11 @@ def text_content(parts: list[Any], index: int) -> str:
     return "".join(texts)
 
 
+#: what :meth:`Tokenizer.render_chat` passes the template itself: a request's chat_template_kwargs may not set them
+RENDER_ARGUMENTS = ("messages", "conversation", "chat_template", "add_generation_prompt", "tokenize", "tools",
+                    "continue_final_message", "documents", "return_dict", "tokenizer_kwargs")
+
+
 class Tokenizer:
     """A thin, typed wrapper over a transformers fast tokenizer (public as ``.hf``)."""
 
@@ -199,10 +204,15 @@ class Tokenizer:
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False) -> str:
+                    tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
         """The prompt text the model's own chat template produces for ``messages`` (and ``tools``:
         OpenAI-shaped function tools, which templates that know tools describe to the model);
-        ``continue_final_message``: the last message left open, for the model to continue."""
+        ``continue_final_message``: the last message left open, for the model to continue; ``template_kwargs``:
+        further variables the template reads (vLLM's ``chat_template_kwargs``), never the ones named here."""
+        reserved = sorted(set(template_kwargs or ()) & set(RENDER_ARGUMENTS))
+        if reserved:
+            raise SpecdecError(f"chat_template_kwargs may not set {', '.join(reserved)} (a request field of its own, or ours)")
         if not self.chat_template:
             raise SpecdecError("this model has no chat template; pass a plain prompt (without --chat; the library: chat=False)")
         for index, message in enumerate(messages):
@@ -217,7 +227,7 @@ class Tokenizer:
         try:
             return self.hf.apply_chat_template(
                 messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=False,
-                tools=tools, continue_final_message=continue_final_message)
+                tools=tools, continue_final_message=continue_final_message, **(template_kwargs or {}))
         except Exception as exc:  # jinja2 errors, including raise_exception() inside templates
             raise SpecdecError(f"the chat template rejected these messages: {_one_line(exc)}") from exc
 

@@ -99,6 +99,26 @@ def test_penalties_and_logit_bias_equal_library_greedy(client, tiny_target):
     assert out.usage.model_dump()["speculative"]["method"] == DEFAULT_DRAFT_METHOD
 
 
+def test_skip_special_tokens_and_chat_template_kwargs_are_read(client, server, tiny_target):
+    """vLLM's two request fields were accepted and ignored: a generated special token stayed out of the text whatever
+    the request said, and template variables never reached the template."""
+    import httpx
+
+    body = dict(model="tiny", prompt="x", max_tokens=3, temperature=0, logit_bias={"1": 100},
+                extra_body={"ignore_eos": True})  # token 1: <|im_start|>, special, not a stop token
+    assert "<|im_start|>" not in client.completions.create(**body).choices[0].text
+    shown = client.completions.create(**{**body, "extra_body": {"ignore_eos": True, "skip_special_tokens": False}})
+    assert shown.choices[0].text == "<|im_start|>" * 3
+    expected = specdec.generate(tiny_target, "x", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True,
+                                                                logit_bias={1: 100.0}, skip_special_tokens=False))
+    assert shown.choices[0].text == expected.text
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    ok = httpx.post(f"{server}/v1/chat/completions", json={**chat, "chat_template_kwargs": {"enable_thinking": False}})
+    assert ok.status_code == 200, ok.text
+    refused = httpx.post(f"{server}/v1/chat/completions", json={**chat, "chat_template_kwargs": {"tools": []}})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"
+
+
 def test_n_choices_are_the_seeded_requests_seed_plus_index(client, server):
     """``n`` choices step side by side; choice i is what a single request with seed + i answers
     (seeded sampling does not depend on its batch), greedy choices are all the plain text."""

@@ -80,6 +80,17 @@ def test_round_trip_and_specials(tok):
     assert tok.encode("hello", add_special_tokens=True) == tok.encode("hello", add_special_tokens=False)  # no BOS
 
 
+def test_chat_template_kwargs_reach_the_template(tiny_dir):
+    """vLLM's chat_template_kwargs: variables a template reads (Qwen3's enable_thinking …); not the ones we pass."""
+    tok = Tokenizer.load(tiny_dir)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if shout %}!{% endif %}"
+    messages = [{"role": "user", "content": "hi"}]
+    assert tok.render_chat(messages) == "hi"
+    assert tok.render_chat(messages, template_kwargs={"shout": True}) == "hi!"
+    with pytest.raises(SpecdecError, match="chat_template_kwargs may not set add_generation_prompt, tools"):
+        tok.render_chat(messages, template_kwargs={"tools": [], "add_generation_prompt": False})
+
+
 def test_chat_template(tok):
     messages = [{"role": "user", "content": "hi"}]
     text = tok.render_chat(messages)

@@ -87,6 +87,7 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, context_len:
                               logit_bias=_logit_bias(req.logit_bias), min_tokens=req.min_tokens,
                               stop_token_ids=list(req.stop_token_ids or []),
                               include_stop_str_in_output=req.include_stop_str_in_output,
+                              skip_special_tokens=req.skip_special_tokens,
                               prediction=None if req.prediction is None else joined_text(req.prediction.content),
                               prompt_logprobs=_prompt_logprobs_asked(req, logprobs))
     except SpecdecError as exc:

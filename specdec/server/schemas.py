@@ -106,6 +106,8 @@ class _SamplingFields(BaseModel):
     stop: Optional[Union[str, list[str]]] = None
     #: vLLM's: keep the stop string that ended the output in its text
     include_stop_str_in_output: bool = False
+    #: vLLM's: false writes the special tokens the model generates into the text
+    skip_special_tokens: bool = True
     #: OpenAI's legacy ``best_of``: only equal to ``n`` is served (each choice is returned; vLLM V1 the same)
     best_of: Optional[int] = None
     stream: bool = False
@@ -215,6 +217,8 @@ class ChatCompletionRequest(_SamplingFields):
     #: vLLM's: where the answer continues the last message (its role is the answer's: add_generation_prompt false),
     #: that message's text comes first in the answer's content
     echo: bool = False
+    #: vLLM's: further variables the model's chat template reads (a template's own switches)
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class TokenizeRequest(BaseModel):

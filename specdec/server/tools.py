@@ -297,16 +297,17 @@ def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[lis
     if continued and req.messages[-1].role != "assistant":
         raise APIError(400, "continue_final_message needs an assistant message last (the answer to continue)",
                        param="continue_final_message")
-    rendering = {"add_generation_prompt": req.add_generation_prompt, "continue_final_message": continued}
+    rendering = {"add_generation_prompt": req.add_generation_prompt, "continue_final_message": continued,
+                 "template_kwargs": req.chat_template_kwargs}
     try:
         if tools is None:
-            return (messages if req.add_generation_prompt and not continued else
+            return (messages if req.add_generation_prompt and not continued and not req.chat_template_kwargs else
                     tokenizer.encode(tokenizer.render_chat(messages, **rendering), add_special_tokens=False)), None
         with_tools = tokenizer.render_chat(messages, tools=tools, **rendering)
         if with_tools == tokenizer.render_chat(messages, **rendering):
             raise APIError(400, "this model's chat template does not describe tools to the model", param="tools")
     except SpecdecError as exc:
-        raise APIError(400, str(exc), param="messages") from None
+        raise APIError(400, str(exc), param="chat_template_kwargs" if "chat_template_kwargs" in str(exc) else "messages") from None
     names = frozenset(tool["function"]["name"] for tool in tools)
     return tokenizer.encode(with_tools, add_special_tokens=False), RequestTools(names, req.parallel_tool_calls is not False,
                                                                             isinstance(req.tool_choice, NamedToolChoice))
