@@ -56,18 +56,20 @@ def schema_text(schema: dict[str, Any] | bool | str) -> str:
 class StructuredOutput:
     """What the output must match; exactly one field is set.
 
-    ``json_schema``: a JSON Schema (as JSON text; :meth:`from_schema` takes a dict). ``json_object``:
+    ``json_schema``: a JSON Schema (JSON text, or a dict / bool kept as its JSON text). ``json_object``:
     any JSON value that is an object. ``regex``: the whole output matches it. ``choice``: the output is
     one of these strings. ``grammar``: an EBNF grammar (xgrammar's dialect, GBNF-like, root rule ``root``).
     """
 
-    json_schema: str | None = None
+    json_schema: str | dict[str, Any] | bool | None = None  # kept as JSON text
     json_object: bool = False
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.json_schema, (dict, bool)):  # the schema as an object: what a pydantic user has in hand
+            object.__setattr__(self, "json_schema", schema_text(self.json_schema))
         given = [name for name in ("json_schema", "regex", "choice", "grammar") if getattr(self, name) is not None]
         given += ["json_object"] if self.json_object else []
         if len(given) != 1:

@@ -254,3 +254,9 @@ def test_a_response_format_schema_is_checked_against_its_metaschema():
         StructuredOutput.from_schema({"type": "objekt"})
     with pytest.raises(SpecdecError, match=r"\$schema must be a string"):
         StructuredOutput.from_schema({"$schema": ["x"], "type": "object"})
+
+
+def test_a_schema_object_is_taken_as_it_is_given():
+    """StructuredOutput(json_schema={...}) — the dict a pydantic user has — was "not valid JSON: … not dict"."""
+    given = StructuredOutput(json_schema=SCHEMA)
+    assert given == StructuredOutput.from_schema(SCHEMA) and json.loads(given.json_schema) == SCHEMA
