@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from specdec.api import LoadedModel, Prompt, check_target, encode_prompt, prepare, resolve_spec
+from specdec.api import LIBRARY_CALLS, LoadedModel, Prompt, check_target, encode_prompt, prepare, resolve_spec
 from specdec.chunking import default_max_num_batched_tokens, default_prefill_chunk, prompts_per_forward, shared_prefill_chunk
 from specdec.config import SpecConfig
 from specdec.engine import GenerationResult, StreamChunk, check_context, collect, generate_steps
@@ -102,6 +102,7 @@ def generate_batch(
         return deliver
 
     waiting = list(range(len(prompts)))
+    LIBRARY_CALLS.acquire()  # the whole batch: one library call at a time in this process (specdec.api)
     try:
         while (waiting or batcher.streams) and not failures:
             while waiting and len(batcher.streams) < max_num_seqs:
@@ -120,6 +121,7 @@ def generate_batch(
             stream.steps.close()
         if bar is not None:
             bar.close()
+        LIBRARY_CALLS.release()
     if failures:
         raise failures[0]
     return [collect(c, job["prompt_ids"], job["params"]) for c, job in zip(chunks, jobs)]
