@@ -344,6 +344,8 @@ def unpaid_prompt_pass(drafter: Drafter, gamma: GammaController, context_len: in
     catch_up = drafter.catch_up_seconds(context_len)
     if not catch_up:
         return None
+    if max_tokens <= 1:  # the prompt pass's token is the whole answer
+        return "not drafting: the request asks for one token, which the prompt pass gives"
     loaded = saving_under_load() if saving_under_load is not None else None
     saving = gamma.saving_per_token() if loaded is None else loaded
     if saving is None or (max_tokens - 1) * saving > catch_up:
@@ -352,7 +354,8 @@ def unpaid_prompt_pass(drafter: Drafter, gamma: GammaController, context_len: in
     # beside a τ of 4.33 (a walkthrough)
     what = DRAFT_MODEL_SITS_OUT if drafter.has_free_tokens else "not drafting"
     return (f"{what}: the draft's pass over the prompt (~{catch_up * 1e3:.0f} ms measured cost) would not be "
-            f"paid back by {max_tokens - 1} more tokens" + (" at the server's load" if loaded is not None else ""))
+            f"paid back by {max_tokens - 1} more token{'s' if max_tokens != 2 else ''}"
+            + (" with the requests sharing its forwards" if loaded is not None else ""))
 
 
 def commit_tokens(out: OutputTracker, constraint: GrammarConstraint | None, tokens: list[int]) -> list[int]:
