@@ -8,6 +8,8 @@ import random
 import numpy as np
 import pytest
 
+from specdec.errors import SpecdecError
+
 import specdec
 from specdec.config import SpecConfig
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
@@ -390,3 +392,12 @@ def test_a_json_array_corpus_is_read_as_rows_not_as_raw_text(tmp_path):
     corpus.write_text('[{"text": 1,}]')
     with pytest.raises(SpecdecError, match=r"share.json: malformed JSON at line 1"):
         list(read_corpus([str(corpus)]))
+
+
+def test_a_datastore_window_past_the_limit_is_refused(tmp_path):
+    """--window 100000000 sorted tokens × window keys: 23 GB and the machine's OOM killer."""
+    from specdec.drafters.retrieval import MAX_WINDOW, write_datastore
+
+    with pytest.raises(SpecdecError, match=f"window must be 1..{MAX_WINDOW} tokens"):
+        write_datastore([5, 6, 7], tmp_path / "ds", "fingerprint", 100, window=10**8)
+    assert not (tmp_path / "ds").exists()

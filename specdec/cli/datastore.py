@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 from specdec.bench.datasets import DOCUMENT_FIELDS
 from specdec.cli.common import DEFAULT_TARGET, add_debug_flag
-from specdec.cli.values import positive_int
+from specdec.cli.values import bounded_int
+from specdec.drafters.retrieval import MAX_WINDOW
 from specdec.errors import SpecdecError
 
 
@@ -25,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help=f"model whose tokenizer to use: the target's, which --method retrieval will run with (default: {DEFAULT_TARGET})")
     store.add_argument("--input", nargs="+", required=True, metavar="FILE", help="corpus files (.txt, .jsonl, or .json holding an array of rows) or dataset names")
     store.add_argument("--output", required=True, metavar="DIR", help="datastore directory to write")
-    store.add_argument("--window", type=positive_int, default=16, help="longest match length indexed, in tokens (default: 16)")
+    store.add_argument("--window", type=lambda text: bounded_int(text, 1, "a number of tokens", MAX_WINDOW), default=16,
+                       help=f"longest match length indexed, in tokens, 1..{MAX_WINDOW} (default: 16)")
     store.add_argument("--no-pull", action="store_true", help="fail instead of pulling a missing built-in model")
     add_debug_flag(store)
     store.set_defaults(func=run)

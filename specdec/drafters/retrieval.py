@@ -22,6 +22,10 @@ FORMAT_VERSION = 1
 SEPARATOR = -1  # between documents: never matches a real token
 
 
+#: the longest match a datastore may index (the drafter matches at most 12 tokens by default)
+MAX_WINDOW = 64
+
+
 def build_datastore(tokenizer, texts: Iterable[str], output: Path, window: int = 16, progress: bool = False,  # noqa: ANN001
                     total: int | None = None) -> dict:
     """Tokenize ``texts`` and write ``tokens.npy``, ``suffix_array.npy`` and ``meta.json`` to ``output``.
@@ -46,6 +50,8 @@ def build_datastore(tokenizer, texts: Iterable[str], output: Path, window: int =
 
 def write_datastore(ids: list[int], output: Path, fingerprint: str, vocab_size: int, docs: int = 1, window: int = 16) -> dict:
     """Write token ids (documents separated by ``SEPARATOR``) as a datastore."""
+    if not 1 <= window <= MAX_WINDOW:  # the sort reads tokens × window keys: a window of 10^8 took 23 GB and the OOM killer
+        raise SpecdecError(f"the datastore window must be 1..{MAX_WINDOW} tokens (the drafter matches 12 at most), got {window}")
     tokens = np.asarray(ids, dtype=np.int32)
     padded = np.concatenate([tokens, np.full(window, SEPARATOR, dtype=np.int32)])
     windows = np.lib.stride_tricks.sliding_window_view(padded, window)[: len(tokens)]
