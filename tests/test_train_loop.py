@@ -297,3 +297,23 @@ def test_a_resume_with_other_data_settings_is_refused_before_anything_runs(tmp_p
     fresh = tmp_path / "new"
     check_run_identity(replace(first, out_dir=fresh, resume=True), fresh, lines.append)
     assert any("holds no run yet" in line for line in lines)
+
+
+def test_a_model_folder_and_a_corrupt_run_are_refused_as_out(tmp_path):
+    """--out pointing at a model's own folder replaced its config.json and weights with the head's (exit 0); a corrupt
+    run.json under --resume was a JSONDecodeError traceback."""
+    from specdec.train.pipeline import RUN_FILE, DrafterTraining, check_run_identity
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    job = DrafterTraining(model="tiny", out_dir=model, kind="eagle", data="stdlib", seq_len=64)
+    with pytest.raises(SpecdecError, match="holds a model .config.json, model.safetensors. and no training run"):
+        check_run_identity(job, model, print)
+    assert (model / "config.json").read_text() == "{}" and not (model / RUN_FILE).exists()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RUN_FILE).write_text("{not json")
+    with pytest.raises(SpecdecError, match="not a run's settings .corrupt."):
+        check_run_identity(replace(job, out_dir=run, resume=True), run, print)

@@ -201,7 +201,11 @@ def train_module(module: nn.Module, name: str, row_loss: RowLoss, evaluate_held_
     anchor = ScheduleAnchor()
     checkpoint = out_dir / "checkpoint.pt"
     if resume and checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False, map_location="cpu")  # loading moves them to the module's device
+        try:
+            saved = torch.load(checkpoint, weights_only=False, map_location="cpu")  # loading moves them to the module's device
+        except Exception as exc:  # noqa: BLE001 - truncated or not a checkpoint: torch raises several kinds
+            raise SpecdecError(f"--resume: {checkpoint} is not a readable checkpoint ({type(exc).__name__}); delete it to "
+                               "start over, or choose another --out") from None
         try:
             module.load_state_dict(saved["head"])
         except RuntimeError as exc:  # another kind of head, another target's sizes: torch's list of every key

@@ -84,14 +84,23 @@ def check_run_identity(job: DrafterTraining, out: Path, log: Callable[[str], Non
     written), say when there is nothing to resume, and record this run's settings."""
     if out.exists() and not out.is_dir():
         raise SpecdecError(f"--out {out}: is a file; give a folder for the trained drafter")
+    saved_file = out / RUN_FILE
+    model_files = [name for name in ("config.json", "model.safetensors", "tokenizer.json") if (out / name).exists()]
+    if model_files and not saved_file.is_file():  # a model's own folder: the head's files would replace its weights
+        raise SpecdecError(f"--out {out}: holds a model ({', '.join(model_files)}) and no training run; "
+                           "give an empty or new folder for the trained drafter")
     identity = {name: str(getattr(job, name)) for name in RUN_IDENTITY} | {"seed": str(job.train.seed)}
     if job.kind == "distill":
         identity["draft_model"] = str(job.draft_model)
-    saved_file = out / RUN_FILE
     # the saved features are reused by shard index with or without --resume (an extraction cut short has no
     # checkpoint yet): whenever there are some, they must be this run's
     if saved_file.is_file() and (job.resume or (out / "features").is_dir()):
-        saved = json.loads(saved_file.read_text())
+        try:
+            saved = json.loads(saved_file.read_text())
+        except (ValueError, OSError):
+            saved = None
+        if not isinstance(saved, dict):
+            raise SpecdecError(f"{saved_file}: not a run's settings (corrupt); delete {out} or choose another --out")
         changed = [f"--{key.replace('_', '-')} {saved[key]} (now {value})" for key, value in identity.items()
                    if key in saved and saved[key] != value]
         if changed:
