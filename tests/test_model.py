@@ -103,6 +103,34 @@ def test_corrupt_safetensors_is_clear(tmp_path):
         load_decoder(tmp_path)
 
 
+@pytest.mark.parametrize("change,words", [
+    ({"num_hidden_layers": 0}, "sizes must be >= 1: num_hidden_layers 0"),  # decoded garbage, exit 0
+    ({"num_attention_heads": 0}, "sizes must be >= 1: num_attention_heads 0"),  # an IndexError in a kernel
+    ({"num_hidden_layers": -3}, "num_hidden_layers -3"),
+    ({"num_attention_heads": "nine"}, "not a valid model config: invalid literal"),
+    ({"vocab_size": None}, "not a valid model config"),
+    ({"rope_theta": "abc"}, "not a valid model config"),
+    ({"num_hidden_layers": 1}, "layers up to 3 but the config says num_hidden_layers 1"),
+])
+def test_a_config_that_does_not_describe_the_weights_is_clear(tmp_path, change, words):
+    """A config.json value of the wrong kind was a ValueError/TypeError traceback; one saying fewer layers than the
+    weights hold dropped the rest silently."""
+    import json
+
+    write_tiny_model(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(WeightsError, match=words):
+        load_decoder(tmp_path)
+
+
+def test_a_config_that_is_not_an_object_is_clear(tmp_path):
+    write_tiny_model(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(WeightsError, match="not a valid model config: a JSON list"):
+        load_decoder(tmp_path)
+
+
 def test_static_cache_steps_match_the_dynamic_path(pair):
     """The CUDA-graph form of a step (slots from a positions tensor, attention over the whole cache
     under a device-built mask, seq_len moved by the caller) computes the same logits and cache

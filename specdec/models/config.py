@@ -38,6 +38,16 @@ class ModelConfig:
     attention_bias: bool = False
 
     def __post_init__(self) -> None:
+        sizes = {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+                 "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+                 "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+                 "max_position_embeddings": self.max_position_embeddings}
+        small = [f"{name} {value}" for name, value in sizes.items() if value < 1]
+        if small:  # 0 layers decoded garbage (exit 0), 0 heads was an IndexError in a kernel
+            raise WeightsError(f"the model config's sizes must be >= 1: {', '.join(small)}")
+        if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
+            raise WeightsError(f"the model config's rope_theta ({self.rope_theta}) and rms_norm_eps ({self.rms_norm_eps}) "
+                               "must be > 0")
         if self.num_heads % self.num_kv_heads != 0:
             raise WeightsError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -92,7 +102,7 @@ class ModelConfig:
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=num_heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-            head_dim=int(cfg.get("head_dim") or hidden // num_heads),
+            head_dim=int(cfg.get("head_dim") or (hidden // num_heads if num_heads > 0 else 0)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             rope_theta=float(rope_theta),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
@@ -106,9 +116,13 @@ class ModelConfig:
         if not config_file.is_file():
             raise WeightsError(f"no config.json in {path}")
         try:
-            return cls.from_hf_dict(json.loads(config_file.read_text()))
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise WeightsError(f"{config_file} is not a valid model config: {exc}") from exc
+            cfg = json.loads(config_file.read_text())
+            if not isinstance(cfg, dict):
+                raise TypeError(f"a JSON {type(cfg).__name__}, not an object")
+            return cls.from_hf_dict(cfg)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:  # a field of the wrong kind ("nine" heads, null)
+            what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise WeightsError(f"{config_file} is not a valid model config: {what}") from exc
 
     @classmethod
     def from_gguf_fields(cls, fields: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]]) -> "ModelConfig":

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -138,7 +139,11 @@ def build_decoder(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch
     missing, unexpected = expected - set(state), set(state) - expected - {"lm_head.weight"}
     if missing:
         raise WeightsError(f"weights are missing {len(missing)} tensors, e.g. {sorted(missing)[0]}")
-    for name in unexpected:
+    beyond = sorted({int(match.group(1)) for name in unexpected if (match := re.match(r"model\.layers\.(\d+)\.", name))})
+    if beyond:  # a config saying fewer layers than the weights hold: the rest were dropped without a word
+        raise WeightsError(f"the weights hold layers up to {beyond[-1]} but the config says num_hidden_layers "
+                           f"{cfg.num_layers}: the config does not match these weights")
+    for name in unexpected:  # buffers some checkpoints save (rotary inv_freq …)
         state.pop(name)
     for name, param in model.named_parameters():
         if tuple(state[name].shape) != tuple(param.shape):
