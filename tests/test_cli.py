@@ -573,3 +573,18 @@ def test_each_method_flag_names_exactly_the_methods_that_read_it():
         named = actions[flag].help.split(":", 1)[0]
         listed = {name.strip().replace("-", "_") for name in named.split(",")}
         assert listed == set(readers_of(option)), (flag, named, readers_of(option))
+
+
+def test_a_file_flag_naming_a_file_that_is_not_utf8_is_one_error(tmp_path):
+    """--system/--prediction/--suffix/--grammar/--json-schema FILE in another encoding was a UnicodeDecodeError
+    traceback; so was a non-UTF-8 --api-key-file."""
+    from specdec.cli.common import file_or_text
+    from specdec.errors import SpecdecError
+    from specdec.server.security import load_api_keys
+
+    latin = tmp_path / "system.txt"
+    latin.write_bytes("Sé breve.".encode("latin-1"))
+    with pytest.raises(SpecdecError, match="--system .*system.txt: not UTF-8 text"):
+        file_or_text(str(latin), "--system")
+    with pytest.raises(SpecdecError, match="--api-key-file .*: not UTF-8 text"):
+        load_api_keys(None, str(latin), {})

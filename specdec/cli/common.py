@@ -200,7 +200,10 @@ def file_or_text(value: str, flag: str) -> str:
 
     path = Path(value).expanduser()
     if len(value) < 4096 and path.is_file():
-        return path.read_text()
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:  # a binary file, or another encoding: was a traceback
+            raise SpecdecError(f"{flag} {value}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     one_word = not any(c.isspace() for c in value)
     if one_word and (value.startswith(("/", "./", "../", "~/")) or value.lower().endswith(FILE_ENDINGS)):
         raise SpecdecError(f"{flag} {value}: no such file (to give the text itself, it must not read as a file name)")

@@ -42,9 +42,11 @@ def load_api_keys(keys: list[str] | None, key_file: str | None, environ: dict[st
     found = [k.strip() for k in keys or []]
     if key_file is not None:
         try:
-            lines = Path(key_file).read_text().splitlines()
+            lines = Path(key_file).read_text(encoding="utf-8").splitlines()
         except OSError as exc:
             raise SpecdecError(f"--api-key-file {key_file}: cannot read it ({exc.strerror or exc})") from None
+        except UnicodeDecodeError:
+            raise SpecdecError(f"--api-key-file {key_file}: not UTF-8 text (one key per line)") from None
         file_keys = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
         if not file_keys:
             raise SpecdecError(f"--api-key-file {key_file} holds no key (one per line; '#' starts a comment)")
