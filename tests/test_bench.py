@@ -421,3 +421,9 @@ def test_every_method_answers_the_same_second_turn(tiny_target, dataset, monkeyp
     results = runner.run_benchmark(tiny_target, None, rows, config, progress=False)
     assert seen["ar"] == seen["ngram"] and len(seen["ar"]) == 2
     assert not any(r.mismatch for r in results)
+
+
+def test_methods_naming_nothing_is_refused(capsys):
+    """``--methods ""`` benched plain decoding alone and exited 0; tune refused the same."""
+    assert main(["bench", "--methods", " , "]) == 1
+    assert "--methods ' , ': names no method" in capsys.readouterr().err

@@ -114,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {sampled} of the {len(rows)} logged requests sampled (temperature > 0); bench runs them greedily, "
               "where acceptance is higher: add --temperature T to measure them as they were served", file=sys.stderr)
     methods = ["ar" if m.strip() == "plain" else m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:  # was a plain-decoding-only bench, exit 0 (tune refuses the same)
+        raise SpecdecError(f"--methods {args.methods!r}: names no method (e.g. --methods ar,draft-suffix)")
     if args.config and args.method and args.methods == DEFAULT_METHODS:  # bench what `specdec tune` chose
         methods = ["ar", args.method]
     if not args.draft_model and args.methods == DEFAULT_METHODS:  # no draft model (a tune.json's null): the rest
