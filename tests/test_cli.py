@@ -559,6 +559,8 @@ def test_a_prompt_longer_than_the_context_is_refused_before_the_weights_load(tin
         assert main(["generate", long_prompt, "--model", str(tiny_dirs["target"]), "--quantize", "none", *extra]) == 1
         err = capsys.readouterr().err
         assert "exceed the model's context window of 512 tokens" in err and "Traceback" not in err
+    assert main(["generate", "hi", "--model", str(tiny_dirs["target"]), "--quantize", "none", "--max-tokens", "512"]) == 1
+    assert "--max-tokens 512 leaves no room for the prompt in the model's context window of 512 tokens" in capsys.readouterr().err
 
 
 def test_each_method_flag_names_exactly_the_methods_that_read_it():

@@ -12,7 +12,7 @@ import sys
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, check_output_file, execution_modes,
                                 file_or_text, kernels_in_use, pages_in_use, sampling_from_args, spec_from_args)
 from specdec.cpu import cpu_description
-from specdec.errors import SpecdecError
+from specdec.errors import ContextLengthError, SpecdecError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -192,16 +192,21 @@ LONG_PROMPT_BYTES = 8192
 
 def check_fits_before_loading(model: str, prompt: str | list[dict], chat: bool, max_tokens: int, auto_pull: bool) -> None:
     """A long prompt counted with the model's tokenizer alone and checked against its context window before the
-    weights load: a 40k-token prompt was refused after 18 s and 4.6 GB of loading both models."""
-    text = prompt if isinstance(prompt, str) else "".join(str(message.get("content") or "") for message in prompt)
-    if len(text.encode(errors="replace")) < LONG_PROMPT_BYTES:  # (not UTF-8: refused by name after loading)
-        return
+    weights load: a 40k-token prompt was refused after 18 s and 4.6 GB of loading both models. A short one is
+    taken as one token: --max-tokens past the context is refused before loading too."""
     from specdec.engine import check_context
     from specdec.models.registry import resolve_model
     from specdec.models.weights import read_config
     from specdec.tokenizer import Tokenizer
 
     path = resolve_model(model, auto_pull=auto_pull)
+    text = prompt if isinstance(prompt, str) else "".join(str(message.get("content") or "") for message in prompt)
+    if len(text.encode(errors="replace")) < LONG_PROMPT_BYTES:  # (not UTF-8: refused by name after loading)
+        context = read_config(path).max_position_embeddings
+        if max_tokens >= context:
+            raise ContextLengthError(f"--max-tokens {max_tokens} leaves no room for the prompt in the model's context "
+                                     f"window of {context} tokens; lower --max-tokens")
+        return
     tokenizer = Tokenizer.load(path)
     if isinstance(prompt, list) or chat:
         ids = tokenizer.apply_chat_template(prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
