@@ -590,3 +590,18 @@ def test_a_file_flag_naming_a_file_that_is_not_utf8_is_one_error(tmp_path):
         file_or_text(str(latin), "--system")
     with pytest.raises(SpecdecError, match="--api-key-file .*: not UTF-8 text"):
         load_api_keys(None, str(latin), {})
+
+
+def test_an_output_file_that_cannot_be_written_is_refused_first(tmp_path):
+    """--html /sys/x.html was found unwritable after generating; an existing output keeps its contents meanwhile."""
+    from specdec.cli.common import check_output_file
+    from specdec.errors import SpecdecError
+
+    with pytest.raises(SpecdecError, match="--html /sys/x.html: cannot write it"):
+        check_output_file("/sys/x.html", "--html")
+    kept = tmp_path / "view.html"
+    kept.write_text("earlier")
+    check_output_file(str(kept), "--html")
+    assert kept.read_text() == "earlier"
+    check_output_file(str(tmp_path / "new.html"), "--html")
+    assert not (tmp_path / "new.html").exists()

@@ -162,7 +162,7 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 def check_output_file(path: object, flag: str) -> None:
     """A file a command writes when it is done (``path``: None when not asked for): refused now, before minutes
-    of loading and generating, where its folder is missing or it names a folder."""
+    of loading and generating, where its folder is missing, it names a folder, or it cannot be written there."""
     from pathlib import Path
 
     from specdec.errors import SpecdecError
@@ -174,6 +174,14 @@ def check_output_file(path: object, flag: str) -> None:
         raise SpecdecError(f"{flag} {path}: is a folder; give a file name")
     if not target.parent.is_dir():
         raise SpecdecError(f"{flag} {path}: the folder {target.parent} does not exist")
+    existed = target.exists()
+    try:  # opened for appending: an existing file keeps its contents (root passes os.access even for /sys)
+        with open(target, "a"):
+            pass
+    except OSError as exc:  # --html /sys/x.html was found unwritable after generating
+        raise SpecdecError(f"{flag} {path}: cannot write it ({exc.strerror or exc})") from None
+    if not existed:
+        target.unlink(missing_ok=True)
 
 
 def make_output_folder(path: object, flag: str) -> None:
