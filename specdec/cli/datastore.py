@@ -87,11 +87,17 @@ def run(args: argparse.Namespace) -> int:
     # text files are one document each: the progress bar's end is known
     total = None if any(dataset_path(name).suffix in ROW_FILE_SUFFIXES for name in args.input) else len(args.input)
     skipped: Counter[str] = Counter()
-    meta = build_datastore(tokenizer, read_corpus(args.input, skipped), Path(args.output), window=args.window, progress=True,
-                           total=total)
-    documents = meta["documents"]
-    left_out = ", ".join(f"{count} {kind} file{'s' if count != 1 else ''}" if kind == "binary" else
+
+    def left_out() -> str:
+        return ", ".join(f"{count} {kind} file{'s' if count != 1 else ''}" if kind == "binary" else
                          f"{count} empty document{'s' if count != 1 else ''}" for kind, count in sorted(skipped.items()))
+
+    try:
+        meta = build_datastore(tokenizer, read_corpus(args.input, skipped), Path(args.output), window=args.window,
+                               progress=True, total=total)
+    except SpecdecError as exc:  # "the corpus is empty" for a corpus of binary files: say what was skipped
+        raise SpecdecError(f"{exc} (skipped {left_out()})" if skipped else str(exc)) from None
+    documents = meta["documents"]
     print(f"datastore {args.output}: {documents} document{'s' if documents != 1 else ''}, {meta['tokens']} tokens"
-          + (f" (skipped {left_out})" if left_out else ""), file=sys.stderr)
+          + (f" (skipped {left_out()})" if skipped else ""), file=sys.stderr)
     return 0
