@@ -183,5 +183,6 @@ def check_job(model: str, draft_model: str, trainable_layers: int, divergence: s
 
 def check_pair(target_vocab: int, draft_vocab: int, draft_name: str) -> None:
     if target_vocab != draft_vocab:
-        raise SpecdecError(f"draft {draft_name} has a vocabulary of {draft_vocab} ids, the target {target_vocab}: "
-                           "distillation compares their distributions id by id, so they must share one tokenizer")
+        raise SpecdecError(f"the draft {draft_name} (--draft-model; its default is the built-in pair's draft) has a vocabulary "
+                           f"of {draft_vocab} ids, the target {target_vocab}: distillation compares their distributions id by "
+                           "id, so give --draft-model a draft of the target's tokenizer")
