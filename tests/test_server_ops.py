@@ -56,6 +56,7 @@ def test_every_response_names_the_instance_and_echoes_the_request_id(slow_server
         assert response.headers["x-specdec-instance"] == instance
         assert response.headers["x-request-id"] == "trace-123"
     assert "x-request-id" not in httpx.get(f"{base}/health").headers
+    assert httpx.head(f"{base}/health").status_code == 200  # a load balancer's HEAD probe was a 405
 
 
 def test_deeply_nested_json_is_a_400_and_the_connection_stays_usable(slow_server):

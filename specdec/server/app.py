@@ -116,7 +116,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     install_error_handlers(app, state.metrics)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what some load balancers probe with (was a 405)
     async def health() -> dict[str, Any]:
         return {"status": "ok", "active": state.active, "waiting": state.waiting, "instance": state.instance}
 
