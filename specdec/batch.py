@@ -102,26 +102,25 @@ def generate_batch(
         return deliver
 
     waiting = list(range(len(prompts)))
-    LIBRARY_CALLS.acquire()  # the whole batch: one library call at a time in this process (specdec.api)
-    try:
-        while (waiting or batcher.streams) and not failures:
-            while waiting and len(batcher.streams) < max_num_seqs:
-                index = waiting.pop(0)
-                # the drafter (a draft KV cache) exists only while its request runs
-                jobs[index] = prepare(target, prompts[index], per_prompt[index], draft, spec, chat)
-                gate = RequestGate(lambda: policy.cap(len(batcher.streams)),
-                                   batcher.prompt_pending if pause_speculation_for_prompts else None)
-                steps = generate_steps(**jobs[index], prefill_chunk=next_chunk, speculate=gate,
-                                       alpha_prior=policy.measured_alpha(),
-                                       saving_under_load=lambda: policy.saving(len(batcher.streams)))
-                batcher.add(Stream(steps, deliver_to(index), lambda: False))
-            batcher.step()
-    finally:
-        for stream in batcher.streams:  # after a failure: the others' cleanup (drafter state) runs
-            stream.steps.close()
-        if bar is not None:
-            bar.close()
-        LIBRARY_CALLS.release()
+    with LIBRARY_CALLS:  # the whole batch: one library call at a time in this process (specdec.api)
+        try:
+            while (waiting or batcher.streams) and not failures:
+                while waiting and len(batcher.streams) < max_num_seqs:
+                    index = waiting.pop(0)
+                    # the drafter (a draft KV cache) exists only while its request runs
+                    jobs[index] = prepare(target, prompts[index], per_prompt[index], draft, spec, chat)
+                    gate = RequestGate(lambda: policy.cap(len(batcher.streams)),
+                                       batcher.prompt_pending if pause_speculation_for_prompts else None)
+                    steps = generate_steps(**jobs[index], prefill_chunk=next_chunk, speculate=gate,
+                                           alpha_prior=policy.measured_alpha(),
+                                           saving_under_load=lambda: policy.saving(len(batcher.streams)))
+                    batcher.add(Stream(steps, deliver_to(index), lambda: False))
+                batcher.step()
+        finally:
+            for stream in batcher.streams:  # after a failure: the others' cleanup (drafter state) runs
+                stream.steps.close()
+            if bar is not None:
+                bar.close()
     if failures:
         raise failures[0]
     return [collect(c, job["prompt_ids"], job["params"]) for c, job in zip(chunks, jobs)]

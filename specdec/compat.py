@@ -13,6 +13,8 @@ import logging
 from specdec.errors import ContextLengthError, IncompatibleModelsError
 
 log = logging.getLogger(__name__)
+#: (target, draft) names already warned about a draft no smaller than its target (check_pair runs per request)
+_WARNED_SIZES: set[tuple[str, str]] = set()
 
 
 def check_pair(target, draft) -> list[str]:  # noqa: ANN001 - specdec.api.LoadedModel
@@ -31,6 +33,12 @@ def check_pair(target, draft) -> list[str]:  # noqa: ANN001 - specdec.api.Loaded
         warnings.append("draft and target chat templates differ; the target's template is used for both")
     for message in warnings:
         log.info(message)
+    draft_bytes, target_bytes = draft.backend.weight_bytes, target.backend.weight_bytes
+    if draft_bytes >= target_bytes and (target.name, draft.name) not in _WARNED_SIZES:  # exact, but it cannot pay
+        _WARNED_SIZES.add((target.name, draft.name))
+        log.warning("the draft model %s reads %.2f GB per step, the target %s %.2f GB: a draft step costs as much as "
+                    "the target's, so speculation cannot be faster than plain decoding (choose a smaller draft)",
+                    draft.name, draft_bytes / 1e9, target.name, target_bytes / 1e9)
     return warnings
 
 

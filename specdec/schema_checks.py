@@ -48,10 +48,9 @@ def unenforced_keywords(schema: Any, path: str = "", root: Any = None) -> list[s
         found.append(f"{path}$ref (not a local #/... reference)")
     if isinstance(schema.get("oneOf"), list) and not _disjoint(schema["oneOf"], root):  # xgrammar reads it as anyOf
         found.append(f"{path}oneOf (branches that may overlap)")
-    for combinator in ("$ref", "anyOf", "oneOf"):
-        if combinator in schema:
-            found += [f"{path}{key} (beside {combinator})" for key in schema
-                      if key not in _ANNOTATIONS and key not in ("$ref", "anyOf", "oneOf")]
+    for combinator in ("$ref", "anyOf", "oneOf", "allOf"):  # every other assertion beside it is dropped, a second
+        if combinator in schema:  # combinator too (an allOf of one schema beside "minimum": 5 accepted 3)
+            found += [f"{path}{key} (beside {combinator})" for key in schema if key not in _ANNOTATIONS and key != combinator]
             break
     for key in _SUBSCHEMA:
         found += unenforced_keywords(schema.get(key), f"{path}{key}.", root)
@@ -140,7 +139,10 @@ def schema_problem(schema: dict[str, Any] | None) -> str | None:
 
 def refuse_unenforced(what: str, schema: Any) -> None:
     """Refuse a schema the grammar would enforce only in part (OpenAI's strict mode refuses them too)."""
-    found = list(dict.fromkeys(unenforced_keywords(schema)))
+    try:
+        found = list(dict.fromkeys(unenforced_keywords(schema)))
+    except (TypeError, AttributeError) as exc:  # malformed where the metaschema check did not run (no jsonschema)
+        raise SpecdecError(f"{what} is not a JSON Schema: {exc}") from None
     if found:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
         raise SpecdecError(f"{what} uses {shown}, which the grammar engine (xgrammar) cannot enforce: the output "

@@ -69,7 +69,10 @@ class StructuredOutput:
 
     def __post_init__(self) -> None:
         if isinstance(self.json_schema, (dict, bool)):  # the schema as an object: what a pydantic user has in hand
-            object.__setattr__(self, "json_schema", schema_text(self.json_schema))
+            try:
+                object.__setattr__(self, "json_schema", schema_text(self.json_schema))
+            except (TypeError, ValueError) as exc:  # a set, a non-string key …
+                raise SpecdecError(f"json_schema is not JSON: {exc}") from None
         given = [name for name in ("json_schema", "regex", "choice", "grammar") if getattr(self, name) is not None]
         given += ["json_object"] if self.json_object else []
         if len(given) != 1:

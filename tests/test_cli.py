@@ -605,3 +605,7 @@ def test_an_output_file_that_cannot_be_written_is_refused_first(tmp_path):
     assert kept.read_text() == "earlier"
     check_output_file(str(tmp_path / "new.html"), "--html")
     assert not (tmp_path / "new.html").exists()
+    link = tmp_path / "link.html"  # a dangling link: the probe made its target and removed the link
+    link.symlink_to(tmp_path / "real.html")
+    check_output_file(str(link), "--html")
+    assert link.is_symlink() and not (tmp_path / "real.html").exists()

@@ -125,3 +125,27 @@ def test_a_failing_method_fails_its_own_rows_and_the_others_are_certified(monkey
     verdicts = {(r.method, r.passed) for r in results}
     assert verdicts == {("boom", False), ("ngram", True)}, results
     assert "error: DrafterError: method 'boom': its factory failed: ZeroDivisionError" in results[0].detail
+
+
+def test_a_plugin_that_registers_itself_or_has_two_keys_gets_its_aliases(monkeypatch):
+    """The alias copy was a new object: a module that also registers its MethodInfo on import, or two entry-point keys
+    naming one MethodInfo, read as a name clash (a warning, no alias)."""
+    from importlib.metadata import EntryPoint
+
+    from specdec.drafters import registry
+
+    module = type(sys)("specdec_plugin_self_demo")
+    module.METHOD = registry.MethodInfo("self_registered", lambda res: None, "registers itself on import")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    registry.register_method(module.METHOD)
+    points = [EntryPoint(key, f"{module.__name__}:METHOD", registry.ENTRY_POINT_GROUP) for key in ("self-reg", "selfreg")]
+    monkeypatch.setattr(registry, "entry_points", lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            registry.load_plugins()
+        assert not [w for w in caught if issubclass(w.category, registry.PluginWarning)]
+        assert registry.method_info("self-reg").name == registry.method_info("selfreg").name == "self_registered"
+    finally:
+        registry._METHODS.pop("self_registered", None)

@@ -145,6 +145,8 @@ UNENFORCED_CASES = [
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "1"),  # overlapping branches: read as anyOf
     ({"anyOf": [{"type": "integer"}, {"type": "string"}], "type": "integer"}, '"s"'),  # siblings of anyOf are dropped
     ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "minimum": 5}, "1"),  # and of $ref
+    ({"allOf": [{"type": "integer"}], "minimum": 5}, "3"),  # and of a one-schema allOf
+    ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "anyOf": [{"type": "integer", "maximum": 2}]}, "5"),
 ]
 
 
@@ -181,8 +183,9 @@ def test_keywords_it_enforces_and_property_names_like_keywords_pass():
     from specdec.schema_checks import unenforced_keywords
 
     schema = {"type": "object", "properties": {"if": {"type": "string", "format": "email"}, "not": {"type": "integer", "multipleOf": 3},
-                                               "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": False}},
-              "$defs": {"p": {"type": "array", "items": {"$ref": "#"}, "uniqueItems": True}}, "allOf": [{"$ref": "#/$defs/p"}]}
+                                               "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": False},
+                                               "list": {"$ref": "#/$defs/p"}},
+              "$defs": {"p": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}}
     assert unenforced_keywords(schema) == ["$defs.p.uniqueItems"]
     del schema["$defs"]["p"]["uniqueItems"]
     StructuredOutput.from_schema(schema)

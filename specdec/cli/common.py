@@ -163,6 +163,7 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 def check_output_file(path: object, flag: str) -> None:
     """A file a command writes when it is done (``path``: None when not asked for): refused now, before minutes
     of loading and generating, where its folder is missing, it names a folder, or it cannot be written there."""
+    import os
     from pathlib import Path
 
     from specdec.errors import SpecdecError
@@ -174,14 +175,17 @@ def check_output_file(path: object, flag: str) -> None:
         raise SpecdecError(f"{flag} {path}: is a folder; give a file name")
     if not target.parent.is_dir():
         raise SpecdecError(f"{flag} {path}: the folder {target.parent} does not exist")
-    existed = target.exists()
-    try:  # opened for appending: an existing file keeps its contents (root passes os.access even for /sys)
-        with open(target, "a"):
-            pass
+    if target.is_symlink() or target.exists():  # left as it is (a link, a FIFO …): only a plain file is checked
+        if target.is_file() and not os.access(target, os.W_OK):
+            raise SpecdecError(f"{flag} {path}: cannot write it (permission denied)")
+        return
+    try:  # a new file: made and removed (only this one, O_EXCL) — root passes os.access even for /sys
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except FileExistsError:  # another process made it meanwhile: not ours to remove
+        return
     except OSError as exc:  # --html /sys/x.html was found unwritable after generating
         raise SpecdecError(f"{flag} {path}: cannot write it ({exc.strerror or exc})") from None
-    if not existed:
-        target.unlink(missing_ok=True)
+    os.unlink(target)
 
 
 def make_output_folder(path: object, flag: str) -> None:

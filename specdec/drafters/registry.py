@@ -57,10 +57,14 @@ def _register_plugins() -> None:
             info = info() if callable(info) and not isinstance(info, MethodInfo) else info
             if not isinstance(info, MethodInfo):
                 raise TypeError(f"it is {type(info).__name__}, not a specdec.MethodInfo")
-            if _key(point.name) not in (_key(n) for n in (info.name, *info.aliases)):
+            existing = _METHODS.get(info.name)
+            # the same method registered already: its module registers itself on import, or a second key names it
+            same = existing is not None and (existing is info or existing.factory is info.factory)
+            base = existing if same else info
+            if _key(point.name) not in (_key(n) for n in (base.name, *base.aliases)):
                 # the entry point's key is what its author will type: it names the method too (an alias)
-                info = dataclasses.replace(info, aliases=(*info.aliases, point.name))
-            if _METHODS.get(info.name) is not info:
+                register_method(dataclasses.replace(base, aliases=(*base.aliases, point.name)), replace=same)
+            elif not same:
                 register_method(info)
             _PLUGIN_SOURCES[info.name] = point.dist.name if point.dist is not None else point.value
         except SpecdecError as exc:  # a name already taken: replace=True is not the plugin author's to pass

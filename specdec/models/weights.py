@@ -139,7 +139,8 @@ def build_decoder(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch
     missing, unexpected = expected - set(state), set(state) - expected - {"lm_head.weight"}
     if missing:
         raise WeightsError(f"weights are missing {len(missing)} tensors, e.g. {sorted(missing)[0]}")
-    beyond = sorted({int(match.group(1)) for name in unexpected if (match := re.match(r"model\.layers\.(\d+)\.", name))})
+    beyond = sorted({int(match.group(1)) for name in unexpected if (match := re.match(r"model\.layers\.(\d+)\.", name))
+                     and int(match.group(1)) >= cfg.num_layers})
     if beyond:  # a config saying fewer layers than the weights hold: the rest were dropped without a word
         raise WeightsError(f"the weights hold layers up to {beyond[-1]} but the config says num_hidden_layers "
                            f"{cfg.num_layers}: the config does not match these weights")
