@@ -256,3 +256,14 @@ def test_a_random_model_still_gets_random_embeddings():
     model = Decoder(ModelConfig.from_hf_dict(TINY_QWEN2))
     weight = model.model.embed_tokens.weight
     assert weight.std().item() == pytest.approx(1.0, abs=0.1) and torch.isfinite(model.rope_cos).all()
+
+
+def test_buffers_older_checkpoints_save_inside_the_layers_are_dropped(tmp_path):
+    """The 'layers beyond the config' check counted model.layers.0.self_attn.rotary_emb.inv_freq (older Llama files)."""
+    from safetensors.torch import load_file, save_file
+
+    write_tiny_model(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
+    save_file(state, tmp_path / "model.safetensors")
+    assert load_decoder(tmp_path) is not None
