@@ -1,6 +1,10 @@
-"""Trace draft_suffix vs suffix on long documents: per prompt, rounds by who proposed, k history, draft time."""
+"""Trace draft_suffix vs suffix on long documents: per prompt, rounds by who proposed, k history, draft time.
+
+    .venv/bin/python benchmarks/results/2026-12-07/session-66/trace_long.py --quantize int8 --groups summarization --limit 6
+"""
 import argparse, statistics, sys, collections
-sys.path.insert(0, "/work/main/benchmarks")
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # benchmarks/, for interleaved.py
 from interleaved import add_pair_args, load_pair, compare_to_plain
 import specdec
 
