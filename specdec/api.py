@@ -148,6 +148,10 @@ def load_model(
     None: ``"auto"`` where ``quantize`` was left to its default, as the CLI, else ``"same"``. Another
     mode holds a second copy of the layers' weights."""
     start = time.perf_counter()
+    if not isinstance(model, (str, Path)):  # None read as "unknown model 'None'"
+        raise TypeError(f"model must be a built-in name or a path (specdec models lists the names), got {type(model).__name__}")
+    if not str(model).strip():  # "" read as ". is a directory without config.json"
+        raise SpecdecError("the model name is empty: give a built-in name (specdec models) or a path")
     if quantize is None:  # the CLI's defaults (--quantize auto, --prompt-quantize auto) unless float was asked for
         quantize = "auto" if dtype == "auto" else "none"
         prompt_quantize = "auto" if prompt_quantize is None and quantize == "auto" else prompt_quantize

@@ -225,6 +225,10 @@ def test_the_library_refuses_wrong_types_with_a_message_not_a_deep_error(tiny_ta
             specdec.generate(tiny_target, prompt, params)
     with pytest.raises(TypeError, match="target must be a LoadedModel"):
         specdec.generate("tiny", "x", params)
+    with pytest.raises(TypeError, match="model must be a built-in name or a path.*got NoneType"):
+        specdec.load_model(None)
+    with pytest.raises(SpecdecError, match="the model name is empty"):
+        specdec.load_model(" ")
     with pytest.raises(TypeError, match="params must be a SamplingParams"):
         specdec.generate(tiny_target, "x", {"max_tokens": 2})
     with pytest.raises(TypeError, match="prompts must be a list of prompts"):
