@@ -27,7 +27,8 @@ from specdec.chunking import rows_independent
 from specdec.compat import check_draft_context, check_pair
 from specdec.config import AUTO_MAX_SPECULATIVE_TOKENS, DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_METHOD, DEFAULT_PREFIX_CACHE_GB, QUANTIZE_MODES, SpecConfig
 from specdec.drafters.base import Drafter, DrafterResources
-from specdec.drafters.registry import all_methods, build_drafter, method_info, needs_draft_model, resolve_method, unread_options
+from specdec.drafters.registry import (all_methods, build_drafter, method_info, needs_draft_model, resolve_method,
+                                       unread_options)
 from specdec.engine import GenerationResult, StreamChunk, check_context, generate_ids, generate_stream
 from specdec.errors import SpecdecError, UnreadOptionWarning
 from specdec.kernels.layers import use_for_prompt_passes

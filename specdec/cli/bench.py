@@ -10,7 +10,9 @@ import argparse
 import sys
 
 from specdec.cli.checks import checked_methods
-from specdec.cli.common import add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes, planned_modes, gamma_from_args, kernels_in_use, make_output_folder, method_options, pages_in_use, sampling_from_args
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
+                                gamma_from_args, kernels_in_use, make_output_folder, method_options, pages_in_use, planned_modes,
+                                sampling_from_args)
 from specdec.cli.values import gamma_list, positive_int, speculation_limit_value, tree_values
 from specdec.errors import SpecdecError
 

@@ -60,15 +60,17 @@ def _register_plugins() -> None:
             existing = _METHODS.get(info.name)
             # the same method registered already: its module registers itself on import, or a second key names it
             same = existing is not None and (existing is info or existing.factory is info.factory)
-            base = existing if same else info
-            if _key(point.name) not in (_key(n) for n in (base.name, *base.aliases)):
+            candidate = existing if same else info
+            if _key(point.name) not in (_key(n) for n in (candidate.name, *candidate.aliases)):
                 # the entry point's key is what its author will type: it names the method too (an alias)
-                register_method(dataclasses.replace(base, aliases=(*base.aliases, point.name)), replace=same)
-            elif not same:
-                register_method(info)
+                candidate = dataclasses.replace(candidate, aliases=(*candidate.aliases, point.name))
+            clash = _name_clash(candidate, replace=same)
+            if clash is not None:  # a name already taken: replace=True is not the plugin author's to pass
+                _plugin_warning(point, f"{clash[0]}; rename the plugin's MethodInfo")
+                continue
+            if candidate is not existing:
+                register_method(candidate, replace=same)
             _PLUGIN_SOURCES[info.name] = point.dist.name if point.dist is not None else point.value
-        except SpecdecError as exc:  # a name already taken: replace=True is not the plugin author's to pass
-            _plugin_warning(point, f"{exc.args[0].split(' (pass replace=True')[0]}; rename the plugin's MethodInfo")
         except Exception as exc:  # noqa: BLE001 - any failure of a third party's code
             _plugin_warning(point, f"{type(exc).__name__}: {exc}")
 
@@ -100,17 +102,27 @@ def build_drafter(info: MethodInfo, resources: DrafterResources) -> Drafter:
 
 def register_method(info: MethodInfo, *, replace: bool = False) -> MethodInfo:
     """Make ``info`` available under its name and aliases (``replace=True`` to override one)."""
+    clash = _name_clash(info, replace)
+    if clash is not None:
+        reason, overridable = clash
+        raise SpecdecError(reason + (" (pass replace=True to override it)" if overridable else ""))
+    _METHODS[info.name] = info
+    return info
+
+
+def _name_clash(info: MethodInfo, replace: bool) -> tuple[str, bool] | None:
+    """Why ``info`` cannot be registered under its name and aliases, and whether ``replace=True`` would allow it; None:
+    it can (one rule for :func:`register_method`'s error and a plugin's warning)."""
     for name in (info.name, *info.aliases):
         key = _key(name)
         existing = _find(key)
         if existing is not None and existing.name != info.name and not replace:
-            raise SpecdecError(f"method name {name!r} is already taken by {existing.name!r}")
+            return f"method name {name!r} is already taken by {existing.name!r}", False
         if is_plain(key):
-            raise SpecdecError(f"{name!r} means plain decoding; choose another method name")
+            return f"{name!r} means plain decoding; choose another method name", False
     if info.name in _METHODS and not replace:
-        raise SpecdecError(f"method {info.name!r} is already registered (pass replace=True to override it)")
-    _METHODS[info.name] = info
-    return info
+        return f"method {info.name!r} is already registered", True
+    return None
 
 
 def _key(name: str) -> str:
