@@ -632,3 +632,17 @@ def test_the_library_warns_about_a_draft_or_options_the_method_does_not_read(tin
 def test_stream_refuses_a_request_at_the_call_not_the_first_next(tiny_target):
     with pytest.raises(ContextLengthError):
         specdec.stream(tiny_target, "hi " * 600, SamplingParams(max_tokens=4))  # no next(): the call itself raises
+
+
+def test_a_draft_no_smaller_than_its_target_is_warned_about_once(tiny_target, caplog, monkeypatch):
+    """Exact, but a draft step that reads as many bytes as the target's cannot pay: said once per pair, not per request."""
+    import logging
+
+    from specdec import compat
+
+    monkeypatch.setattr(compat, "_WARNED_SIZES", set())
+    with caplog.at_level(logging.WARNING, logger="specdec.compat"):
+        compat.check_pair(tiny_target, tiny_target)
+        compat.check_pair(tiny_target, tiny_target)
+    warned = [r for r in caplog.records if "speculation cannot be faster than plain decoding" in r.getMessage()]
+    assert len(warned) == 1
