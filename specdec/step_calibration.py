@@ -93,9 +93,12 @@ def prompt_row_seconds(backend: Backend) -> float:
 def calibrate(backend: Backend) -> dict[int, float]:
     """Time the loaded model (:func:`time_real_steps`) and set ``backend.step_ratios`` to real ÷
     probe per timed size; returns them ({} where there is no probe curve to rescale: float
-    weights, CUDA, or a shape whose costs were never measured)."""
+    weights, CUDA, or a shape whose costs were never measured — or where the model's context is
+    shorter than the timed chunks)."""
     if not backend.step_seconds:
         return {}
+    if backend.config.max_position_embeddings <= CALIBRATION_CONTEXT + max(CALIBRATION_SIZES):
+        return {}  # a context too short to time the chunks in (a toy config): the probe's curve as it is
     probe = Curve(backend.mode, backend.step_seconds)
     real = time_real_steps(backend)
     backend.step_ratios = {size: seconds / probe.cost(size) for size, seconds in real.items()}

@@ -5,6 +5,8 @@ the cached curve alone."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import specdec
@@ -36,6 +38,16 @@ def test_calibrate_times_the_loaded_model(tiny_target):
         assert timed[1] == pytest.approx(1.1 * ratios[1]) and timed[9] == pytest.approx(1.9 * ratios[4])
     finally:
         backend.step_seconds, backend.step_ratios = saved
+
+
+def test_a_context_shorter_than_the_timed_chunks_keeps_the_probe_curve(tiny_target, monkeypatch):
+    """A toy config whose context cannot hold the calibration's chunks was an IndexError at load."""
+    backend = tiny_target.backend
+    monkeypatch.setattr(backend, "step_seconds", {1: 1.0, 2: 1.1})
+    short = dataclasses.replace(backend.config, max_position_embeddings=step_calibration.CALIBRATION_CONTEXT + 2)
+    monkeypatch.setattr(backend, "config", short)
+    monkeypatch.setattr(step_calibration, "time_real_steps", lambda *a, **k: pytest.fail("timed past the context"))
+    assert calibrate(backend) == {}
 
 
 def test_nothing_to_rescale_without_a_probe_curve(tiny_target):
