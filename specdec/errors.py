@@ -25,6 +25,11 @@ class ContextLengthError(SpecdecError):
     """The prompt plus requested tokens do not fit the model's context window."""
 
 
+class TemplateArgumentError(SpecdecError):
+    """A chat template variable the caller may not set (``chat_template_kwargs`` naming one of the request's own
+    fields): the server names that field in its 400, not ``messages``."""
+
+
 class DrafterError(SpecdecError):
     """A drafter broke its contract or failed — a method's code (often a plugin's), not the request: the server
     answers it with a 500, not a 400 blaming the client."""

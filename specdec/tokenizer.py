@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdec.errors import SpecdecError, WeightsError
+from specdec.errors import SpecdecError, TemplateArgumentError, WeightsError
 
 #: End-of-sequence / end-of-turn tokens across families. Every one present in a vocabulary as a
 #: special token stops generation: Qwen GGUFs declare EOS <|im_end|> but plain completions end
@@ -212,7 +212,7 @@ class Tokenizer:
         further variables the template reads (vLLM's ``chat_template_kwargs``), never the ones named here."""
         reserved = sorted(set(template_kwargs or ()) & set(RENDER_ARGUMENTS))
         if reserved:
-            raise SpecdecError(f"chat_template_kwargs may not set {', '.join(reserved)} (a request field of its own, or ours)")
+            raise TemplateArgumentError(f"chat_template_kwargs may not set {', '.join(reserved)} (a request field of its own, or ours)")
         if not self.chat_template:
             raise SpecdecError("this model has no chat template; pass a plain prompt (without --chat; the library: chat=False)")
         for index, message in enumerate(messages):

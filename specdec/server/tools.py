@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specdec.errors import SpecdecError
+from specdec.errors import SpecdecError, TemplateArgumentError
 from specdec.server.params import APIError
 from specdec.server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice, joined_text
 from specdec.schema_checks import refuse_unenforced, schema_problem
@@ -306,8 +306,10 @@ def chat_prompt(tokenizer: "Tokenizer", req: ChatCompletionRequest) -> tuple[lis
         with_tools = tokenizer.render_chat(messages, tools=tools, **rendering)
         if with_tools == tokenizer.render_chat(messages, **rendering):
             raise APIError(400, "this model's chat template does not describe tools to the model", param="tools")
+    except TemplateArgumentError as exc:
+        raise APIError(400, str(exc), param="chat_template_kwargs") from None
     except SpecdecError as exc:
-        raise APIError(400, str(exc), param="chat_template_kwargs" if "chat_template_kwargs" in str(exc) else "messages") from None
+        raise APIError(400, str(exc), param="messages") from None
     names = frozenset(tool["function"]["name"] for tool in tools)
     return tokenizer.encode(with_tools, add_special_tokens=False), RequestTools(names, req.parallel_tool_calls is not False,
                                                                             isinstance(req.tool_choice, NamedToolChoice))
