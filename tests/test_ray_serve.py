@@ -7,6 +7,9 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -14,7 +17,7 @@ import pytest
 
 import specdec
 from specdec.sampling import SamplingParams
-from tests.test_server import launch
+from tests.test_server import free_port, launch
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +31,63 @@ def _ray_or_skip() -> None:
         if os.environ.get("CI"):
             raise  # CI installs specdec[dev], which has ray[serve]: a skip there would hide a broken setup
         pytest.skip("ray[serve] is not installed (pip install 'specdec[ray]')")
+
+
+def _serve_ray(tiny_dirs, *extra: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """`specdec serve --ray` with the tiny pair that is expected to exit by itself (a startup error)."""
+    return subprocess.run([sys.executable, "-m", "specdec.cli", "serve", "--ray", "--model", str(tiny_dirs["target"]),
+                           "--draft-model", str(tiny_dirs["draft"]), "--served-model-name", "tiny", *extra],
+                          capture_output=True, text=True, timeout=timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+# These start and stop clusters of their own, before the module's shared one (ray_server) starts.
+
+def test_a_port_in_use_is_one_line_before_ray_starts(tiny_dirs):
+    _ray_or_skip()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.time()
+        result = _serve_ray(tiny_dirs, "--port", str(port), "--quantize", "none", "--dtype", "float32", timeout_s=60)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr.strip().splitlines()[-1]
+    assert time.time() - started < 30  # no cluster was started for it
+
+
+def test_a_replica_that_cannot_start_is_its_own_one_line_error(tiny_dirs):
+    """A flag only the loaded model can judge fails in the replicas: the command ends with their SpecdecError in one
+    line (it was 39 lines of Ray's traceback, the cause only in Ray's log files)."""
+    _ray_or_skip()
+    result = _serve_ray(tiny_dirs, "--port", str(free_port()), "--quantize", "int8", "--draft-quantize", "int8",
+                        "--prefix-cache-gb", "0.0000001")
+    assert result.returncode != 0, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: a replica failed to start: a prefix cache of 1e-07 GB holds no block"), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_overflow_is_refused_with_429_and_requests_are_logged(tiny_dirs):
+    """--max-concurrency and --max-queue hold per replica under Ray as in one process: the proxy queued the
+    overflow without limit (6 of 6 served, one after 8.7 s in its queue). And --enable-log-requests prints the
+    replicas' request lines here (it printed nothing under Ray)."""
+    _ray_or_skip()
+    proc, base = launch("--ray", "--replicas", "1", "--model", str(tiny_dirs["target"]), "--draft-model",
+                        str(tiny_dirs["draft"]), "--dtype", "float32", "--quantize", "none", "--served-model-name", "tiny",
+                        "--max-concurrency", "1", "--max-queue", "1", "--enable-log-requests", timeout_s=300)
+    try:
+        body = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+        with concurrent.futures.ThreadPoolExecutor(14) as pool:
+            answers = list(pool.map(lambda _: httpx.post(f"{base}/v1/completions", json=body, timeout=300), range(14)))
+        statuses = [answer.status_code for answer in answers]
+        assert statuses.count(200) >= 2 and statuses.count(429) >= 8, statuses
+        assert set(statuses) <= {200, 429}, statuses
+        refused = [answer.json() for answer in answers if answer.status_code == 429]
+        assert any(error.get("error", {}).get("type") for error in refused), refused[:2]  # the replica's own 429s
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    assert '"POST /v1/completions" 200' in stderr and '"POST /v1/completions" 429' in stderr, stderr[-3000:]
 
 
 @pytest.fixture(scope="module")

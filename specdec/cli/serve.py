@@ -257,6 +257,13 @@ def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
     """The OpenAI app with its models loaded: what one process (or one Ray Serve replica) serves."""
     from specdec.server.app import create_app
 
+    if args.enable_log_requests:  # here, not in run(): a Ray replica builds its own app in a process of its own
+        requests = logging.getLogger("specdec.server.requests")
+        requests.setLevel(logging.INFO)
+        if not requests.hasHandlers():  # a Ray replica: no handler above it, and Python's last resort drops INFO
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+            requests.addHandler(handler)
     return create_app(build_state(args, threads))
 
 
@@ -268,12 +275,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError("--replicas and --ray-address need --ray (one process serves without it)")
     import uvicorn
 
-    from specdec.server.app import create_app
-
     listening = listening_socket(args.host, args.port)  # before loading: a port in use was found after 43 s of it
-    if args.enable_log_requests:
-        logging.getLogger("specdec.server.requests").setLevel(logging.INFO)
-    state = build_state(args)
+    app = build_app(args)
+    state = app.state.specdec
     keys = f"{len(state.access.api_keys)} API key(s)" if state.access.api_keys else "no API key"
     if state.policy.table is not None and state.policy.table_limits and state.spec.method is not None:
         prior = state.policy.table.for_alpha(state.policy.acceptance.alpha) or {}
@@ -291,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
                                                       else f" while at most {limit} request(s) are active") + (
             "; γ=auto sized by the measured costs at each load" if state.policy.table is not None else "")
     # bound first, so the address printed is the one that serves (--port 0: the port the OS picked)
-    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
     port = listening.getsockname()[1]
     cache = state.target.backend.prefix_cache
     prefixes = (f"prefix cache {cache.max_bytes / 1e9:g} GB per model in blocks of {cache.block_size} tokens"
@@ -347,7 +351,8 @@ def run_on_ray(args: argparse.Namespace) -> int:
         raise SpecdecError("--ray needs a fixed --port (Ray Serve's proxy binds it on every node)")
     settings = RaySettings(replicas=args.replicas, cpus_per_replica=args.ray_cpus_per_replica, address=args.ray_address,
                            host=args.host, port=args.port,
-                           max_ongoing_requests=args.max_concurrency + args.max_queue)
+                           max_ongoing_requests=args.max_concurrency + args.max_queue, log_to_driver=args.enable_log_requests)
+    listening_socket(args.host, args.port).close()  # a port in use: one line now, not Ray's proxy's traceback later
     cores = os.cpu_count() or 1
     if settings.address is None and settings.replicas * settings.cpus_per_replica > cores:
         # Ray would start what fits and leave the rest pending for ever, with serve.run waiting on them

@@ -41,14 +41,25 @@ class RaySettings:
     address: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    #: requests Ray's proxy hands one replica at once; the replica's own slots and queue (429) apply inside
+    #: requests a replica serves at once and holds waiting (its --max-concurrency and --max-queue): Ray's proxy
+    #: hands a replica up to these plus ROUTER_SLACK, so the replica itself answers the overflow with its 429
     max_ongoing_requests: int = 65
+    #: forward the replicas' stdout/stderr to this terminal (--enable-log-requests: the request lines are theirs)
+    log_to_driver: bool = False
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise SpecdecError(f"--replicas must be at least 1, got {self.replicas}")
         if self.cpus_per_replica <= 0:
             raise SpecdecError(f"--ray-cpus-per-replica must be positive, got {self.cpus_per_replica}")
+
+
+#: requests beyond a replica's slots and queue its proxy may still hand it: Ray's proxy queued them itself, without
+#: limit (a walkthrough: --max-concurrency 1 --max-queue 1 on 2 replicas answered 6 of 6 concurrent requests, the
+#: last after 8.7 s in the proxy, where one process answered 2 and 429 to 4); handed on, the replica refuses them
+#: at once with its OpenAI-shaped 429. The proxy queues only what every replica's slack cannot take, up to this
+#: many per replica, and answers the rest 429 itself.
+ROUTER_SLACK = 8
 
 
 def ray_serve() -> Any:  # noqa: ANN401 - the ray.serve module
@@ -69,9 +80,38 @@ def deployment(build: Callable[[], Any], settings: RaySettings) -> Any:  # noqa:
         """One replica: Ray's ASGI wrapper calls ``build`` after this constructor."""
 
     ingress = serve.ingress(build)(SpecdecReplica)
-    return serve.deployment(ingress, name="SpecdecReplica", num_replicas=settings.replicas,
-                            max_ongoing_requests=settings.max_ongoing_requests,
-                            ray_actor_options={"num_cpus": settings.cpus_per_replica}).bind()
+    return serve.deployment(ingress, name="SpecdecReplica", **deployment_options(settings)).bind()
+
+
+def deployment_options(settings: RaySettings) -> dict[str, Any]:
+    """The replica deployment's Ray Serve options: how many, their CPUs, and how many requests the proxy hands each
+    one (its slots and queue, and ROUTER_SLACK more for it to refuse) or holds itself before a 429."""
+    options: dict[str, Any] = {"num_replicas": settings.replicas, "ray_actor_options": {"num_cpus": settings.cpus_per_replica},
+                               "max_ongoing_requests": settings.max_ongoing_requests + ROUTER_SLACK,
+                               "max_queued_requests": ROUTER_SLACK * settings.replicas}
+    try:  # Ray >= 2.5x: the proxy's own refusals are 429 too, not 503 (a server that is up)
+        from ray.serve.config import BackpressureConfig
+
+        options["backpressure_config"] = BackpressureConfig(status_code=429, retry_after_s=1)
+    except ImportError:
+        pass
+    return options
+
+
+def replica_failure(serve: Any, error: Exception) -> SpecdecError:  # noqa: ANN401 - the ray.serve module
+    """One line for a deployment whose replicas failed to start: the replica's own SpecdecError where Ray's status
+    carries its traceback (a bad flag only the loaded model can judge), else Ray's words and where the logs are —
+    the driver does not print the replicas' output (log_to_driver), and Ray's traceback named neither."""
+    try:
+        message = serve.status().applications[APP_NAME].deployments["SpecdecReplica"].message
+    except Exception:  # noqa: BLE001 - the status itself failed: keep Ray's error
+        message = ""
+    causes = [line.split("SpecdecError:", 1)[1].strip() for line in message.splitlines() if "SpecdecError:" in line]
+    if causes:
+        return SpecdecError(f"a replica failed to start: {causes[-1]}")
+    why = (str(error).splitlines() or [type(error).__name__])[0]
+    return SpecdecError(f"Ray Serve could not start the replicas ({why}); their logs are under "
+                        "/tmp/ray/session_latest/logs/serve/")
 
 
 def serve_on_ray(build: Callable[[], Any], settings: RaySettings, name: str) -> None:
@@ -83,7 +123,7 @@ def serve_on_ray(build: Callable[[], Any], settings: RaySettings, name: str) -> 
 
     try:
         ray.init(address=settings.address, include_dashboard=False, logging_level="WARNING",
-                 log_to_driver=False, configure_logging=True)
+                 log_to_driver=settings.log_to_driver, configure_logging=True)
     except ConnectionError as exc:  # Ray's own words name its `--address` flag, not ours
         where = f"--ray-address {settings.address}" if settings.address else "RAY_ADDRESS (the environment)"
         why = (str(exc).splitlines() or [type(exc).__name__])[0]
@@ -96,7 +136,10 @@ def serve_on_ray(build: Callable[[], Any], settings: RaySettings, name: str) -> 
         serve.start(http_options={"host": settings.host, "port": settings.port})
         print(f"starting {settings.replicas} Ray Serve replica(s) of {name} "
               f"({settings.cpus_per_replica:g} CPU each) …", file=sys.stderr, flush=True)
-        serve.run(deployment(build, settings), name=APP_NAME, route_prefix="/", blocking=False)
+        try:
+            serve.run(deployment(build, settings), name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as exc:  # "Deploying application specdec failed: ..." after the replicas' retries
+            raise replica_failure(serve, exc) from None
         print(f"serving {name} on http://{settings.host}:{settings.port} with {settings.replicas} Ray Serve replica(s); "
               "Ctrl-C stops", file=sys.stderr, flush=True)
         stop.wait()
