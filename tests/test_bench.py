@@ -201,6 +201,9 @@ def test_bad_dataset_inputs_are_clear(tmp_path):
     bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
     with pytest.raises(SpecdecError, match=r"bad.jsonl:2: malformed JSON"):
         load_prompts(str(bad))
+    bad.write_text('{"prompt": "a\tb"}\n')  # a raw tab in a string: the message ended "(Invalid control character at)"
+    with pytest.raises(SpecdecError, match=r"bad.jsonl:1: malformed JSON \(Invalid control character at column 14\)"):
+        load_prompts(str(bad))
     bad.write_text('{"nothing": 1}\n')
     with pytest.raises(SpecdecError, match=r"bad.jsonl:1: needs a 'prompt'"):
         load_prompts(str(bad))
@@ -427,3 +430,21 @@ def test_methods_naming_nothing_is_refused(capsys):
     """``--methods ""`` benched plain decoding alone and exited 0; tune refused the same."""
     assert main(["bench", "--methods", " , "]) == 1
     assert "--methods ' , ': names no method" in capsys.readouterr().err
+
+
+def test_rows_longer_than_the_context_are_skipped_by_name_before_loading(tiny_dirs, dataset, tmp_path, capsys, monkeypatch):
+    """A row past the model's context ended bench, tune and verify after their first measurements, unnamed (verify
+    printed it as a failed losslessness check): now each such row is a warning line and the rest are measured."""
+    long_rows = tmp_path / "long.jsonl"
+    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+    rows.insert(1, {"id": "huge", "category": "code", "prompt": "x = 1\n" * 2000, "chat": False})  # > 512 tokens
+    long_rows.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    common = ["--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none", "--max-tokens", "6"]
+    assert main(["bench", "--dataset", str(long_rows), *common, "--methods", "ar,ngram", "--ignore-eos", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: skipped {long_rows} row huge: prompt (" in err and "context window of 512 tokens" in err
+    assert {r["prompt_id"] for r in json.loads((out / "results.json").read_text())["requests"]} == {"a", "b", "c"}
+    assert main(["verify", "--dataset", str(long_rows), *common, "--skip-distribution", "--methods", "ngram"]) == 0
+    captured = capsys.readouterr()
+    assert "skipped" in captured.err and "3/3 prompts identical" in captured.out and "FAIL" not in captured.out

@@ -109,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     make_output_folder(args.out, "--out")
     rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
+    from specdec.cli.generate import fitting_rows
+
+    rows = fitting_rows(rows, args.model, args.max_tokens, not args.no_pull, args.dataset)
     if not rows:
         raise SpecdecError(f"no prompts selected from {args.dataset}")
     sampled = sampled_rows(rows)

@@ -84,6 +84,14 @@ def run(args: argparse.Namespace) -> int:
     target_mode, draft_mode, plan = execution_modes(args, spec.method)
     if plan is not None and args.explain:
         print(plan.explain(), file=sys.stderr)
+    elif args.explain and target_mode == "auto":  # a GPU: no CPU mode to choose
+        print("--explain: --quantize auto measures and chooses CPU execution modes; this runs on "
+              f"{args.device}, in float weights", file=sys.stderr)
+    elif args.explain:  # it printed nothing: modes a --config file pins (a tune.json does) are not chosen here
+        pinned = "the --config file" if args.config and "quantize" not in getattr(args, "typed_flags", set()) else "--quantize"
+        print(f"--explain: nothing was chosen here — {pinned} fixed the execution modes (target {target_mode}"
+              + (f", draft {draft_mode}" if args.draft_model else "") + "); --quantize auto chooses, and --explain "
+              "then prints the measured curves", file=sys.stderr)
     print(f"loading {args.model} …", file=sys.stderr)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=target_mode,
                                   prompt_quantize=args.prompt_quantize)
@@ -213,6 +221,41 @@ def check_fits_before_loading(model: str, prompt: str | list[dict], chat: bool, 
     else:
         ids = tokenizer.encode(prompt)
     check_context(len(ids), max_tokens, read_config(path).max_position_embeddings)
+
+
+def fitting_rows(rows: list, model: str, max_tokens: int, auto_pull: bool, source: str) -> list:
+    """The dataset rows (PromptRow) whose first prompt fits the model's context with ``max_tokens``, each one that
+    does not named in a warning line: a 40k-token row ended tune, bench and verify after their first measurements
+    (verify printed it as a failed losslessness check). Counted with the tokenizer alone, before the weights load,
+    and only rows long enough to be in doubt."""
+    from specdec.engine import check_context
+    from specdec.models.registry import resolve_model
+    from specdec.models.weights import read_config
+    from specdec.tokenizer import Tokenizer
+
+    def text_bytes(row) -> int:  # noqa: ANN001 - PromptRow
+        prompt = row.first_prompt()
+        text = prompt if isinstance(prompt, str) else "".join(str(message.get("content") or "") for message in prompt)
+        return len(text.encode(errors="replace"))
+
+    doubtful = [row for row in rows if text_bytes(row) >= LONG_PROMPT_BYTES]
+    if not doubtful:
+        return rows
+    path = resolve_model(model, auto_pull=auto_pull)
+    tokenizer, context = Tokenizer.load(path), read_config(path).max_position_embeddings
+    too_long = set()
+    for row in doubtful:
+        prompt = row.first_prompt()
+        if isinstance(prompt, list) or row.chat:
+            ids = tokenizer.apply_chat_template(prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
+        else:
+            ids = tokenizer.encode(prompt)
+        try:
+            check_context(len(ids), max_tokens, context)
+        except ContextLengthError as exc:
+            too_long.add(id(row))
+            print(f"warning: skipped {source} row {row.id}: {exc}", file=sys.stderr)
+    return [row for row in rows if id(row) not in too_long]
 
 
 def conversation(prompt: str, system: str | None, history: str | None) -> list[dict]:

@@ -110,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
             rows = certify.default_rows(prompts, data_dir)
         else:
             rows = load_prompts(args.dataset or "spec_bench", args.categories.split(",") if args.categories else None,
-                                None, data_dir)[:prompts]
+                                None, data_dir)
+            from specdec.cli.generate import fitting_rows
+
+            rows = fitting_rows(rows, args.model, max_tokens, not args.no_pull, args.dataset or "spec_bench")[:prompts]
         if not rows:
             raise SpecdecError(f"no prompts selected from {args.dataset or 'spec_bench'}")
     if args.config and args.method and args.methods == "all":  # certify what `specdec tune` chose, as bench runs it
