@@ -77,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
     rows = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
+    from specdec.cli.generate import fitting_rows
+
+    rows = fitting_rows(rows, args.model, args.max_tokens, not args.no_pull, args.prompts)
     if len(rows) < 2:
         raise SpecdecError(f"tune needs at least 2 prompts; {args.prompts} gave {len(rows)}")
     sampled = sampled_rows(rows)
@@ -163,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
                f"{'' if tree == DEFAULT_SPEC_TREE else f' --spec-tree {tree}'}: "
                f"{figures['speedup']:.2f}× plain end to end, α {figures['acceptance_rate']:.2f}{mode_note}")
     with open(args.out / "report.md", "a") as report:  # what was chosen was only on stdout and in tune.json
-        report.write(chosen_section(verdict, target_mode, args.html_prompts > 0))
+        # views only of a speculative choice: plain decoding has no accepted tokens to show
+        report.write(chosen_section(verdict, target_mode, args.html_prompts > 0 and method is not None))
     print((args.out / "report.md").read_text())
     print(f"chosen: {verdict}\nwrote {args.out / 'tune.json'} (use: specdec generate|serve|bench --config {args.out / 'tune.json'})")
     if left_out:
@@ -293,6 +297,7 @@ def _acceptance_views(args: argparse.Namespace, target, draft, rows, settings: d
     from specdec.cli.generate import write_view
 
     if settings["method"] is None:
+        print("note: no acceptance views (--html-prompts): plain decoding was chosen, nothing was drafted", file=sys.stderr)
         return
     folder = args.out / "acceptance"
     folder.mkdir(parents=True, exist_ok=True)
