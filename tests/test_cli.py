@@ -236,6 +236,19 @@ def test_quantize_auto_measures_and_explains_its_choice(tiny_dirs, capsys, tmp_p
     assert "chosen by --quantize auto" in captured.err and "identical text: yes" in captured.err
 
 
+def test_explain_says_why_it_has_nothing_to_explain_when_modes_are_fixed(tiny_dirs, capsys, tmp_path):
+    """A tune.json pins the modes: --explain printed nothing at all."""
+    import json
+
+    config = tmp_path / "tune.json"
+    config.write_text(json.dumps({"settings": {"model": str(tiny_dirs["target"]), "draft_model": None, "method": "ngram",
+                                               "num_speculative_tokens": 2, "quantize": "int8"}}))
+    code = main(["generate", "def f(x):", "--config", str(config), "--max-tokens", "4", "--explain", "--ignore-eos"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "--explain: nothing was chosen here — the --config file fixed the execution modes (target int8)" in captured.err
+
+
 def test_speculation_and_plain_decoding_in_two_modes_are_said_and_compared_fairly(tiny_dirs, capsys, monkeypatch, int4_kernel):
     """Where auto runs speculation on int8 and plain decoding on int4, the same command with and without a drafter
     gives two quantizations' texts (a walkthrough read that as speculation changing the output): generate says so,

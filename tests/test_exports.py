@@ -131,3 +131,13 @@ def test_export_reads_a_tune_result_its_folder_too(tmp_path, capsys):
     assert '"num_speculative_tokens": 3' in command and '"method": "ngram"' in command
     assert main(["export", "--engine", "vllm", "--config", str(out / "tune.json"), "--num-speculative-tokens", "5"]) == 0
     assert '"num_speculative_tokens": 5' in capsys.readouterr().out
+
+
+def test_a_tune_file_that_chose_plain_decoding_has_nothing_to_export(tmp_path, capsys):
+    """It was "num_speculative_tokens: null is not a value of --num-speculative-tokens"."""
+    config = tmp_path / "tune.json"
+    config.write_text(json.dumps({"settings": {"model": "qwen2.5-coder-1.5b", "draft_model": None, "method": None,
+                                               "num_speculative_tokens": None, "quantize": "int8"}}))
+    assert main(["export", "--engine", "vllm", "--config", str(config)]) == 1
+    assert "tune chose plain decoding there" in capsys.readouterr().err
+    assert main(["export", "--engine", "vllm", "--config", str(config), "--method", "ngram"]) == 0  # a typed method wins

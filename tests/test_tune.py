@@ -91,7 +91,8 @@ def test_bad_config_files_are_clear_errors(tmp_path, capsys):
                               ({"quantize": "int9"}, "quantize: 'int9' is not one of"),
                               ({"no_pull": "yes"}, "no_pull: expected true or false"),
                               ({"host": None}, "host: null is not a value of --host"),
-                              ({"num_speculative_tokens": 0}, "num_speculative_tokens: must be >= 1")):
+                              ({"num_speculative_tokens": 0}, "num_speculative_tokens: must be >= 1"),
+                              ({"method": "draft_sufix"}, "odd.json: method: unknown speculative method 'draft_sufix'")):
         (tmp_path / "odd.json").write_text(json.dumps({"settings": settings}))
         assert main(["serve", "--config", str(tmp_path / "odd.json"), "--model", "/nope/m.gguf"]) == 1
         err = capsys.readouterr().err

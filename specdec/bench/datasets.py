@@ -134,7 +134,7 @@ def read_jsonl(path: Path) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise SpecdecError(f"{path}:{number}: malformed JSON ({exc.msg})") from None
+                raise SpecdecError(f"{path}:{number}: malformed JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})") from None
             if not isinstance(row, dict):
                 raise SpecdecError(f"{path}:{number}: expected a JSON object")
             rows.append(row | {"_line": number})

@@ -43,11 +43,24 @@ def apply_config(args: argparse.Namespace, typed: set[str], parser: argparse.Arg
     from specdec.tune import read_settings
 
     actions = {action.dest: action for action in parser._actions if action.option_strings}
-    for key, value in read_settings(args.config).items():
+    settings = read_settings(args.config)
+    if args.command == "export" and "method" in settings and settings["method"] is None and "method" not in typed:
+        raise SpecdecError(f"--config {args.config}: tune chose plain decoding there (no method paid on its prompts): "
+                           "there is no speculative configuration to export")
+    for key, value in settings.items():
         if key not in actions and getattr(args, "config_reads_some", False):
             continue  # export: the engine flags it has, not the execution modes tune also chose
         if key not in actions or not hasattr(args, key):
             raise SpecdecError(f"--config {args.config}: {key!r} is not a setting of `specdec {args.command}`")
+        if key == "num_speculative_tokens" and value is None:
+            continue  # plain decoding chose no γ: a method typed beside the file runs with the flag's default
+        if key == "method" and isinstance(value, str) and key not in typed:  # a typo was an error naming no file
+            from specdec.drafters.registry import resolve_method
+
+            try:
+                resolve_method(value)
+            except SpecdecError as exc:
+                raise SpecdecError(f"--config {args.config}: method: {exc}") from None
         if key not in typed:
             setattr(args, key, config_value(actions[key], value, f"--config {args.config}: {key}"))
 
