@@ -25,6 +25,11 @@ class ContextLengthError(SpecdecError):
     """The prompt plus requested tokens do not fit the model's context window."""
 
 
+class StructuredOutputError(SpecdecError):
+    """An output constraint that cannot be enforced as given (a schema, regex, grammar or choice list): the server's
+    400 names the request field that carried it (``response_format``, ``structured_outputs``, ``tools``)."""
+
+
 class TemplateArgumentError(SpecdecError):
     """A chat template variable the caller may not set (``chat_template_kwargs`` naming one of the request's own
     fields): the server names that field in its 400, not ``messages``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.errors import SpecdecError
+from specdec.errors import StructuredOutputError
 
 
 #: assertions xgrammar (0.2) compiles but does not enforce — its grammar accepts outputs that break them
@@ -142,8 +142,8 @@ def refuse_unenforced(what: str, schema: Any) -> None:
     try:
         found = list(dict.fromkeys(unenforced_keywords(schema)))
     except (TypeError, AttributeError) as exc:  # malformed where the metaschema check did not run (no jsonschema)
-        raise SpecdecError(f"{what} is not a JSON Schema: {exc}") from None
+        raise StructuredOutputError(f"{what} is not a JSON Schema: {exc}") from None
     if found:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
-        raise SpecdecError(f"{what} uses {shown}, which the grammar engine (xgrammar) cannot enforce: the output "
+        raise StructuredOutputError(f"{what} uses {shown}, which the grammar engine (xgrammar) cannot enforce: the output "
                            "could break it. Remove the keyword (and check that property of the output yourself)")

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from specdec.errors import SpecdecError
+from specdec.errors import SpecdecError, StructuredOutputError
 from specdec.schema_checks import refuse_unenforced, schema_problem
 
 if TYPE_CHECKING:
@@ -72,29 +72,29 @@ class StructuredOutput:
             try:
                 object.__setattr__(self, "json_schema", schema_text(self.json_schema))
             except (TypeError, ValueError) as exc:  # a set, a non-string key …
-                raise SpecdecError(f"json_schema is not JSON: {exc}") from None
+                raise StructuredOutputError(f"json_schema is not JSON: {exc}") from None
         given = [name for name in ("json_schema", "regex", "choice", "grammar") if getattr(self, name) is not None]
         given += ["json_object"] if self.json_object else []
         if len(given) != 1:
-            raise SpecdecError(f"structured output takes exactly one of json_schema, json_object, regex, choice, "
+            raise StructuredOutputError(f"structured output takes exactly one of json_schema, json_object, regex, choice, "
                                f"grammar; got {given or 'none'}")
         if self.json_schema is not None:
             try:
                 schema = json.loads(self.json_schema)
             except (TypeError, ValueError) as exc:
-                raise SpecdecError(f"json_schema is not valid JSON: {exc}") from None
+                raise StructuredOutputError(f"json_schema is not valid JSON: {exc}") from None
             if not isinstance(schema, (dict, bool)):
-                raise SpecdecError("json_schema must be a JSON object (a JSON Schema)")
+                raise StructuredOutputError("json_schema must be a JSON object (a JSON Schema)")
             problem = schema_problem(schema) if isinstance(schema, dict) else None
             if problem is not None:
-                raise SpecdecError(f"json_schema is not a JSON Schema: {problem}")
+                raise StructuredOutputError(f"json_schema is not a JSON Schema: {problem}")
             refuse_unenforced("json_schema", schema)
         if self.choice is not None and (not self.choice or any(not isinstance(c, str) or not c for c in self.choice)):
-            raise SpecdecError("choice must be a non-empty list of non-empty strings")
+            raise StructuredOutputError("choice must be a non-empty list of non-empty strings")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise SpecdecError(f"{name} must be a non-empty string")
+                raise StructuredOutputError(f"{name} must be a non-empty string")
 
     @classmethod
     def from_schema(cls, schema: dict[str, Any] | bool | str) -> "StructuredOutput":
@@ -174,11 +174,11 @@ def check_syntax(spec: StructuredOutput) -> None:
         raise _invalid(spec, exc) from None
 
 
-def _invalid(spec: StructuredOutput, exc: Exception) -> SpecdecError:
+def _invalid(spec: StructuredOutput, exc: Exception) -> StructuredOutputError:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     # xgrammar's C++ log prefix ("[08:46:14] /project/cpp/json_schema_converter.cc:5082: ") is not the user's business
     message = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", message)
-    return SpecdecError(f"invalid {spec.kind}: {message}")
+    return StructuredOutputError(f"invalid {spec.kind}: {message}")
 
 
 class GrammarConstraint:

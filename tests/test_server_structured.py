@@ -89,4 +89,7 @@ def test_bad_constraints_are_400_and_the_server_stays_up(server, body, fragment)
     response = chat(server, **body)
     assert response.status_code == 400, response.text
     assert fragment in response.json()["error"]["message"]
+    # the field that carried it (schema, regex and grammar errors named none)
+    param = response.json()["error"]["param"] or ""
+    assert param.split(".")[0] == ("response_format" if "response_format" in body else "structured_outputs"), param
     assert chat(server, response_format={"type": "text"}, max_tokens=2).status_code == 200

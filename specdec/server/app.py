@@ -22,14 +22,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from specdec.api import encode_prompt
 from specdec.config import SpecConfig
 from specdec.drafters.registry import method_info, resolve_method
-from specdec.errors import SpecdecError
+from specdec.errors import SpecdecError, StructuredOutputError
 from specdec.forward_costs import Forward
 from specdec.server.audit import Auditor, auditable
 from specdec.sampling import SamplingParams
 from specdec.server.errors import generation_failure, install_error_handlers
 from specdec.server.jobs import Job, chunk_body, combined_usage, full_response, merged_chunks
 from specdec.server.state import ServerState
-from specdec.server.params import APIError, field_named
+from specdec.server.params import APIError, constraint_field, field_named
 from specdec.server.prompts import request_choices
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, streamed_delta
 from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
@@ -239,7 +239,7 @@ def create_app(state: ServerState) -> FastAPI:
         endpoint = "chat" if chat else "completions"
         # a client that gives up while queued leaves the queue now (it held a place, and queue-full refusals
         # were answered to clients behind it, until a slot freed and its request was found gone)
-        opening = asyncio.ensure_future(open_jobs(choices, spec, audit, req.prompt_logprobs))
+        opening = asyncio.ensure_future(open_jobs(choices, spec, audit, req.prompt_logprobs, constraint_field(req)))
         if not await finished_unless_gone(request, opening):
             state.metrics.requests.labels(endpoint, "499").inc()
             return Response(status_code=499)
@@ -265,7 +265,7 @@ def create_app(state: ServerState) -> FastAPI:
         return JSONResponse(full_response(jobs, chat, req.n, calls))
 
     async def open_jobs(choices: list[tuple[list[int], SamplingParams, str | None]], spec: SpecConfig,
-                        audit: bool, prompt_logprobs: int | None = None) -> list[Job]:
+                        audit: bool, prompt_logprobs: int | None = None, constraint: str | None = None) -> list[Job]:
         """One job per choice (prompts x ``n``), each holding a concurrency slot from before it opens until
         it ends (a refusal or error on any releases them all); they join the batch and step side by side.
         More choices than ``--max-concurrency`` wait for the request's earlier ones to end (a queue-full
@@ -289,9 +289,10 @@ def create_app(state: ServerState) -> FastAPI:
                 job.on_done = release_slot
                 jobs.append(job)  # its slot is released when it ends, or with the others' from here
                 await job.open()
-        except SpecdecError as exc:
+        except SpecdecError as exc:  # (a constraint compiled here: its field, ``constraint``, is the param)
             close_jobs(jobs)
-            raise APIError(400, str(exc), param=field_named(str(exc))) from None
+            param = constraint if isinstance(exc, StructuredOutputError) else field_named(str(exc))
+            raise APIError(400, str(exc), param=param) from None
         except BaseException:
             close_jobs(jobs)
             raise

@@ -121,6 +121,19 @@ def field_named(message: str) -> str | None:
     return field if field in CompletionRequest.model_fields else None
 
 
+def constraint_field(req: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The request field that carried its output constraint: what a 400 about the constraint names as its param
+    (a bad regex or grammar is found only when the job compiles it, and was answered with param null)."""
+    if req.response_format is not None and req.response_format.type != "text":
+        return "response_format"
+    if req.structured_outputs is not None:
+        return "structured_outputs"
+    guided = [f"guided_{name}" for name in ("json", "regex", "choice", "grammar") if getattr(req, f"guided_{name}") is not None]
+    if guided:
+        return guided[0]
+    return "tools" if getattr(req, "tools", None) else None
+
+
 def _structured(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutput | None:
     """The request's output constraint: OpenAI's ``response_format`` or vLLM's ``structured_outputs``."""
     fmt, extension = req.response_format, req.structured_outputs
@@ -137,7 +150,10 @@ def _structured(req: CompletionRequest | ChatCompletionRequest) -> StructuredOut
     if fmt is not None and fmt.type == "json_schema":
         if fmt.json_schema is None:
             raise APIError(400, "response_format of type json_schema needs a json_schema object", param="response_format")
-        return StructuredOutput.from_schema(fmt.json_schema.json_schema)
+        try:
+            return StructuredOutput.from_schema(fmt.json_schema.json_schema)
+        except SpecdecError as exc:
+            raise APIError(400, str(exc), param="response_format") from None
     if extension is None:
         return None
     choice = tuple(extension.choice) if extension.choice is not None else None
