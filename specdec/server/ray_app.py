@@ -116,7 +116,7 @@ def replica_failure(serve: Any, error: Exception) -> SpecdecError:  # noqa: ANN4
 
 def serve_on_ray(build: Callable[[], Any], settings: RaySettings, name: str) -> None:
     """Connect to (or start) a Ray cluster, run the deployment behind Ray's proxy on
-    ``settings.host:settings.port`` and block until SIGINT/SIGTERM; then delete the app and, for a
+    ``settings.host:settings.port`` and block until SIGINT/SIGTERM/SIGHUP; then delete the app and, for a
     private cluster, stop it."""
     serve = ray_serve()
     import ray
@@ -130,7 +130,8 @@ def serve_on_ray(build: Callable[[], Any], settings: RaySettings, name: str) -> 
         raise SpecdecError(f"{where}: no Ray cluster to join ({why}); start one with `ray start --head`, or leave "
                            "--ray-address (and RAY_ADDRESS) out for a private one") from None
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP too: a closed terminal killed the driver without deleting the app (Ray's agents lingered for minutes)
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)):
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": settings.host, "port": settings.port})
