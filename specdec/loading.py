@@ -45,8 +45,6 @@ class LoadedModel:
         return self.backend.config
 
 
-
-
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -227,17 +227,17 @@ def test_no_import_cycles():
 
 ENTRY_POINTS = ("specdec.cli", "specdec.server", "specdec.__main__")
 MODEL_FREE = ("specdec.drafters", "specdec.models", "specdec.backends")
-LOOP = ("specdec.engine", "specdec.rounds", "specdec.api", "specdec.server", "specdec.cli", "specdec.bench", "specdec.train")
+LOOP = ("specdec.engine", "specdec.rounds", "specdec.api", "specdec.loading", "specdec.server", "specdec.cli", "specdec.bench", "specdec.train")
 
 LAYER_RULES = [
     # layer               must not reach                                              because
     ("specdec.verify",   MODEL_FREE,                                                  "verify works on probabilities: no drafter, no model"),
     ("specdec.models",   (*LOOP, "specdec.drafters", "specdec.backends"),              "models know no loop and no drafter"),
     ("specdec.kernels",  ("specdec.models", "specdec.backends", "specdec.engine", "specdec.drafters",
-                          "specdec.api", "specdec.server", "specdec.cli"),            "kernels are the bottom layer"),
-    ("specdec.drafters", ("specdec.engine", "specdec.api", "specdec.cli", "specdec.server", "specdec.bench",
+                          "specdec.api", "specdec.loading", "specdec.server", "specdec.cli"),            "kernels are the bottom layer"),
+    ("specdec.drafters", ("specdec.engine", "specdec.api", "specdec.loading", "specdec.cli", "specdec.server", "specdec.bench",
                           "specdec.calibrate", "specdec.train"),                      "drafters do not drive the loop"),
-    ("specdec.engine",   ("specdec.api", "specdec.server", "specdec.cli", "specdec.bench", "specdec.certify",
+    ("specdec.engine",   ("specdec.api", "specdec.loading", "specdec.server", "specdec.cli", "specdec.bench", "specdec.certify",
                           "specdec.calibrate", "specdec.train"),                      "the loop knows nothing above it"),
     ("specdec.rounds",   ("specdec.engine", "specdec.api", "specdec.server", "specdec.cli", "specdec.bench",
                           "specdec.certify", "specdec.calibrate", "specdec.train"),   "a round's steps are the loop's parts"),

@@ -448,3 +448,19 @@ def test_rows_longer_than_the_context_are_skipped_by_name_before_loading(tiny_di
     assert main(["verify", "--dataset", str(long_rows), *common, "--skip-distribution", "--methods", "ngram"]) == 0
     captured = capsys.readouterr()
     assert "skipped" in captured.err and "3/3 prompts identical" in captured.out and "FAIL" not in captured.out
+    assert main(["verify", "--dataset", str(long_rows), *common, "--skip-distribution", "--methods", "ngram",
+                 "--prompts", "1"]) == 0  # the long row comes after the one wanted: not tokenized, not warned about
+    captured = capsys.readouterr()
+    assert "skipped" not in captured.err and "1/1 prompts identical" in captured.out
+
+
+def test_a_chat_rows_later_turn_carries_the_earlier_ones_and_a_short_context_is_not_taken_for_32k(tiny_dirs):
+    """A row under 8 KB was never tokenized (the built-in models' 32k context was assumed: the tiny model's is 512),
+    and only the first turn was counted (a chat row's second turn carries the first and its answer)."""
+    from specdec.bench.datasets import PromptRow
+    from specdec.cli.generate import fitting_rows
+
+    rows = [PromptRow("short", "c", ["hi"]), PromptRow("second-turn", "c", ["hi", "x = 1\n" * 200]),
+            PromptRow("7kb", "c", ["x = 1\n" * 1200], chat=False), PromptRow("answers", "c", ["a", "b", "c"])]
+    kept = fitting_rows(rows, str(tiny_dirs["target"]), 200, False, "rows.jsonl")
+    assert [row.id for row in kept] == ["short"]  # 3 turns: two earlier answers of 200 + 200 > 512

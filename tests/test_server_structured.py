@@ -84,6 +84,8 @@ def test_structured_outputs_regex_choice_grammar_on_completions(server):
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one"),
     ({"structured_outputs": {"grammar": "root ::= nothing_defined"}}, "invalid grammar"),
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "not both"),
+    ({"guided_regex": "(unclosed"}, "invalid regex"),  # compiled in the job: named as sent
+    ({"guided_choice": []}, "guided_choice: choice must be a non-empty list"),  # checked up front: named as sent too
 ])
 def test_bad_constraints_are_400_and_the_server_stays_up(server, body, fragment):
     response = chat(server, **body)
@@ -91,5 +93,6 @@ def test_bad_constraints_are_400_and_the_server_stays_up(server, body, fragment)
     assert fragment in response.json()["error"]["message"]
     # the field that carried it (schema, regex and grammar errors named none)
     param = response.json()["error"]["param"] or ""
-    assert param.split(".")[0] == ("response_format" if "response_format" in body else "structured_outputs"), param
+    sent = next((key for key in ("response_format", "structured_outputs", "guided_regex", "guided_choice") if key in body))
+    assert param.split(".")[0] == sent, param
     assert chat(server, response_format={"type": "text"}, max_tokens=2).status_code == 200

@@ -85,8 +85,10 @@ def run(args: argparse.Namespace) -> int:
     if plan is not None and args.explain:
         print(plan.explain(), file=sys.stderr)
     elif args.explain and target_mode == "auto":  # a GPU: no CPU mode to choose
+        from specdec.api import resolve_device
+
         print("--explain: --quantize auto measures and chooses CPU execution modes; this runs on "
-              f"{args.device}, in float weights", file=sys.stderr)
+              f"{resolve_device(args.device)}, in float weights", file=sys.stderr)
     elif args.explain:  # it printed nothing: modes a --config file pins (a tune.json does) are not chosen here
         pinned = "the --config file" if args.config and "quantize" not in getattr(args, "typed_flags", set()) else "--quantize"
         print(f"--explain: nothing was chosen here — {pinned} fixed the execution modes (target {target_mode}"
@@ -223,39 +225,52 @@ def check_fits_before_loading(model: str, prompt: str | list[dict], chat: bool, 
     check_context(len(ids), max_tokens, read_config(path).max_position_embeddings)
 
 
-def fitting_rows(rows: list, model: str, max_tokens: int, auto_pull: bool, source: str) -> list:
-    """The dataset rows (PromptRow) whose first prompt fits the model's context with ``max_tokens``, each one that
-    does not named in a warning line: a 40k-token row ended tune, bench and verify after their first measurements
-    (verify printed it as a failed losslessness check). Counted with the tokenizer alone, before the weights load,
-    and only rows long enough to be in doubt."""
-    from specdec.engine import check_context
+#: tokens a chat template may add around a conversation (a default system prompt) and per message
+TEMPLATE_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE = 64, 8
+
+
+def fitting_rows(rows: list, model: str, max_tokens: int, auto_pull: bool, source: str, wanted: int | None = None) -> list:
+    """The dataset rows (PromptRow) whose every turn fits the model's context with ``max_tokens``, each one that does
+    not named in a warning line: a 40k-token row ended tune, bench and verify after their first measurements (verify
+    printed it as a failed losslessness check). A chat row's last turn carries the earlier turns and their answers,
+    counted as ``max_tokens`` each. Rows short enough in bytes (a token is at least one) are kept untokenized; the
+    others are counted with the tokenizer alone, before the weights load. ``wanted``: stop once that many fit."""
     from specdec.models.registry import resolve_model
     from specdec.models.weights import read_config
-    from specdec.tokenizer import Tokenizer
 
-    def text_bytes(row) -> int:  # noqa: ANN001 - PromptRow
-        prompt = row.first_prompt()
-        text = prompt if isinstance(prompt, str) else "".join(str(message.get("content") or "") for message in prompt)
-        return len(text.encode(errors="replace"))
-
-    doubtful = [row for row in rows if text_bytes(row) >= LONG_PROMPT_BYTES]
-    if not doubtful:
-        return rows
     path = resolve_model(model, auto_pull=auto_pull)
-    tokenizer, context = Tokenizer.load(path), read_config(path).max_position_embeddings
-    too_long = set()
-    for row in doubtful:
-        prompt = row.first_prompt()
-        if isinstance(prompt, list) or row.chat:
-            ids = tokenizer.apply_chat_template(prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
-        else:
-            ids = tokenizer.encode(prompt)
-        try:
-            check_context(len(ids), max_tokens, context)
-        except ContextLengthError as exc:
-            too_long.add(id(row))
-            print(f"warning: skipped {source} row {row.id}: {exc}", file=sys.stderr)
-    return [row for row in rows if id(row) not in too_long]
+    context = read_config(path).max_position_embeddings
+    tokenizer = None
+    kept = []
+    for row in rows:
+        if wanted is not None and len(kept) >= wanted:
+            break
+        earlier_answers = (len(row.turns) - 1) * max_tokens if row.chat else 0
+        texts = [str(message.get("content") or "") for message in row.history] + list(row.turns) if row.chat else row.turns
+        messages = len(row.history) + 2 * len(row.turns)
+        bound = (sum(len(text.encode(errors="replace")) for text in texts) + TEMPLATE_TOKENS
+                 + TEMPLATE_TOKENS_PER_MESSAGE * messages + earlier_answers + max_tokens)
+        if bound > context:
+            if tokenizer is None:
+                from specdec.tokenizer import Tokenizer
+
+                tokenizer = Tokenizer.load(path)
+            if row.chat:
+                placeholder = [{"role": "assistant", "content": ""}]
+                conversation = list(row.history)
+                for turn in row.turns:
+                    conversation += [{"role": "user", "content": turn}, *placeholder]
+                prompt = len(tokenizer.apply_chat_template(conversation[:-1]))
+            else:
+                prompt = max(len(tokenizer.encode(turn)) for turn in row.turns)
+            if prompt + earlier_answers + max_tokens > context:
+                turns = (f"its {len(row.turns)} turns ({prompt} tokens of messages, each earlier answer counted as "
+                         f"max_tokens {max_tokens})" if earlier_answers else f"prompt ({prompt} tokens)")
+                print(f"warning: skipped {source} row {row.id}: {turns} + max_tokens ({max_tokens}) exceed the model's "
+                      f"context window of {context} tokens", file=sys.stderr)
+                continue
+        kept.append(row)
+    return kept
 
 
 def conversation(prompt: str, system: str | None, history: str | None) -> list[dict]:

@@ -352,7 +352,9 @@ def run_on_ray(args: argparse.Namespace) -> int:
     settings = RaySettings(replicas=args.replicas, cpus_per_replica=args.ray_cpus_per_replica, address=args.ray_address,
                            host=args.host, port=args.port,
                            max_ongoing_requests=args.max_concurrency + args.max_queue, log_to_driver=args.enable_log_requests)
-    listening_socket(args.host, args.port).close()  # a port in use: one line now, not Ray's proxy's traceback later
+    if settings.address is None:  # a private cluster's proxy binds here: a port in use is one line now, not Ray's
+        # proxy's traceback later (a running cluster's proxy may hold the port already, and serve.start reuses it)
+        listening_socket(args.host, args.port).close()
     cores = os.cpu_count() or 1
     if settings.address is None and settings.replicas * settings.cpus_per_replica > cores:
         # Ray would start what fits and leave the rest pending for ever, with serve.run waiting on them

@@ -297,7 +297,8 @@ def _acceptance_views(args: argparse.Namespace, target, draft, rows, settings: d
     from specdec.cli.generate import write_view
 
     if settings["method"] is None:
-        print("note: no acceptance views (--html-prompts): plain decoding was chosen, nothing was drafted", file=sys.stderr)
+        if "html_prompts" in getattr(args, "typed_flags", set()):
+            print("note: no acceptance views (--html-prompts): plain decoding was chosen, nothing was drafted", file=sys.stderr)
         return
     folder = args.out / "acceptance"
     folder.mkdir(parents=True, exist_ok=True)

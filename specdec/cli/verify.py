@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                                 None, data_dir)
             from specdec.cli.generate import fitting_rows
 
-            rows = fitting_rows(rows, args.model, max_tokens, not args.no_pull, args.dataset or "spec_bench")[:prompts]
+            rows = fitting_rows(rows, args.model, max_tokens, not args.no_pull, args.dataset or "spec_bench", wanted=prompts)
         if not rows:
             raise SpecdecError(f"no prompts selected from {args.dataset or 'spec_bench'}")
     if args.config and args.method and args.methods == "all":  # certify what `specdec tune` chose, as bench runs it

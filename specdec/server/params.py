@@ -161,8 +161,9 @@ def _structured(req: CompletionRequest | ChatCompletionRequest) -> StructuredOut
     try:
         return StructuredOutput(json_schema=schema, json_object=bool(extension.json_object), regex=extension.regex,
                                 choice=choice, grammar=extension.grammar)
-    except SpecdecError as exc:
-        raise APIError(400, f"structured_outputs: {exc}", param="structured_outputs") from None
+    except SpecdecError as exc:  # (guided_* fields: named as sent)
+        field = constraint_field(req) or "structured_outputs"
+        raise APIError(400, f"{field}: {exc}", param=field) from None
 
 
 def _prompt_logprobs_asked(req: CompletionRequest | ChatCompletionRequest, logprobs: int | None) -> int | None:

@@ -20,6 +20,7 @@ two cores do not double a single replica's tokens/s (results/ says what was meas
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -41,8 +42,8 @@ class RaySettings:
     address: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    #: requests a replica serves at once and holds waiting (its --max-concurrency and --max-queue): Ray's proxy
-    #: hands a replica up to these plus ROUTER_SLACK, so the replica itself answers the overflow with its 429
+    #: requests a replica serves at once and holds waiting (its --max-concurrency and --max-queue): what Ray's proxy
+    #: hands it at most; beyond every replica's, the proxy holds PROXY_QUEUE_PER_REPLICA each and answers the rest 429
     max_ongoing_requests: int = 65
     #: forward the replicas' stdout/stderr to this terminal (--enable-log-requests: the request lines are theirs)
     log_to_driver: bool = False
@@ -54,12 +55,13 @@ class RaySettings:
             raise SpecdecError(f"--ray-cpus-per-replica must be positive, got {self.cpus_per_replica}")
 
 
-#: requests beyond a replica's slots and queue its proxy may still hand it: Ray's proxy queued them itself, without
-#: limit (a walkthrough: --max-concurrency 1 --max-queue 1 on 2 replicas answered 6 of 6 concurrent requests, the
-#: last after 8.7 s in the proxy, where one process answered 2 and 429 to 4); handed on, the replica refuses them
-#: at once with its OpenAI-shaped 429. The proxy queues only what every replica's slack cannot take, up to this
-#: many per replica, and answers the rest 429 itself.
-ROUTER_SLACK = 8
+#: requests Ray's proxy holds per replica once every replica has its slots and queue: it held them without limit
+#: (a walkthrough: --max-concurrency 1 --max-queue 1 on 2 replicas answered 6 of 6 concurrent requests, the last
+#: after 8.7 s in the proxy, where one process answered 2 and 429 to 4). Why not let replicas take the overflow and
+#: refuse it with their own 429 body: the proxy picks the less busy of two sampled replicas, so with 3 or more both
+#: could be full while a third had room — a 429 with capacity free. The proxy's 429 is Ray's (a text body, with
+#: Retry-After), not an OpenAI error object.
+PROXY_QUEUE_PER_REPLICA = 1
 
 
 def ray_serve() -> Any:  # noqa: ANN401 - the ray.serve module
@@ -84,12 +86,15 @@ def deployment(build: Callable[[], Any], settings: RaySettings) -> Any:  # noqa:
 
 
 def deployment_options(settings: RaySettings) -> dict[str, Any]:
-    """The replica deployment's Ray Serve options: how many, their CPUs, and how many requests the proxy hands each
-    one (its slots and queue, and ROUTER_SLACK more for it to refuse) or holds itself before a 429."""
+    """The replica deployment's Ray Serve options: how many, their CPUs, how many requests the proxy hands each one
+    (its slots and queue) and holds itself before a 429; with the replicas' output forwarded (request logs), Ray's
+    own access log lines are left out (each request was logged twice)."""
     options: dict[str, Any] = {"num_replicas": settings.replicas, "ray_actor_options": {"num_cpus": settings.cpus_per_replica},
-                               "max_ongoing_requests": settings.max_ongoing_requests + ROUTER_SLACK,
-                               "max_queued_requests": ROUTER_SLACK * settings.replicas}
-    try:  # Ray >= 2.5x: the proxy's own refusals are 429 too, not 503 (a server that is up)
+                               "max_ongoing_requests": settings.max_ongoing_requests,
+                               "max_queued_requests": PROXY_QUEUE_PER_REPLICA * settings.replicas}
+    if settings.log_to_driver:
+        options["logging_config"] = {"enable_access_log": False}
+    try:  # the proxy's refusals as 429 (Ray's default is 503, "unavailable", for a server that is up); older Ray: 503
         from ray.serve.config import BackpressureConfig
 
         options["backpressure_config"] = BackpressureConfig(status_code=429, retry_after_s=1)
@@ -99,14 +104,15 @@ def deployment_options(settings: RaySettings) -> dict[str, Any]:
 
 
 def replica_failure(serve: Any, error: Exception) -> SpecdecError:  # noqa: ANN401 - the ray.serve module
-    """One line for a deployment whose replicas failed to start: the replica's own SpecdecError where Ray's status
+    """One line for a deployment whose replicas failed to start: the replica's own SpecdecError (any of its
+    subclasses: a draft that does not pair, a model missing on a worker node) where Ray's status
     carries its traceback (a bad flag only the loaded model can judge), else Ray's words and where the logs are —
     the driver does not print the replicas' output (log_to_driver), and Ray's traceback named neither."""
     try:
         message = serve.status().applications[APP_NAME].deployments["SpecdecReplica"].message
     except Exception:  # noqa: BLE001 - the status itself failed: keep Ray's error
         message = ""
-    causes = [line.split("SpecdecError:", 1)[1].strip() for line in message.splitlines() if "SpecdecError:" in line]
+    causes = [match.group(1).strip() for match in re.finditer(r"specdec\.errors\.\w+: (.*)", message)]
     if causes:
         return SpecdecError(f"a replica failed to start: {causes[-1]}")
     why = (str(error).splitlines() or [type(error).__name__])[0]
