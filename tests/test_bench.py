@@ -464,3 +464,11 @@ def test_a_chat_rows_later_turn_carries_the_earlier_ones_and_a_short_context_is_
             PromptRow("7kb", "c", ["x = 1\n" * 1200], chat=False), PromptRow("answers", "c", ["a", "b", "c"])]
     kept = fitting_rows(rows, str(tiny_dirs["target"]), 200, False, "rows.jsonl")
     assert [row.id for row in kept] == ["short"]  # 3 turns: two earlier answers of 200 + 200 > 512
+
+
+def test_a_pinned_mode_says_what_plain_decoding_the_speedups_are_against(tiny_dirs, dataset, tmp_path, capsys):
+    """A tune.json pins --quantize: bench's ar then runs in that mode, and its speedups differed from tune's chosen
+    line (against auto's plain mode) with no word why."""
+    assert main(["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--methods", "ar,ngram",
+                 "--quantize", "int8", "--max-tokens", "4", "--ignore-eos", "--out", str(tmp_path / "out")]) == 0
+    assert "note: ar (plain decoding) runs in int8, as --quantize pins it" in capsys.readouterr().err

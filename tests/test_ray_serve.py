@@ -88,8 +88,8 @@ def test_a_replica_that_cannot_start_is_its_own_one_line_error(tiny_dirs):
 
 
 def test_overflow_is_refused_with_429_and_requests_are_logged(tiny_dirs):
-    """--max-concurrency and --max-queue hold per replica under Ray, the proxy holding one more per replica: it
-    queued the overflow without limit (6 of 6 served, one after 8.7 s in its queue). And --enable-log-requests prints
+    """--max-concurrency and --max-queue hold per replica under Ray, the proxy holding as many again: it queued the
+    overflow without limit (6 of 6 served, one after 8.7 s in its queue). And --enable-log-requests prints
     the replicas' request lines here, once each (it printed nothing under Ray)."""
     _ray_or_skip()
     proc, base = launch("--ray", "--replicas", "1", "--model", str(tiny_dirs["target"]), "--draft-model",
@@ -100,8 +100,9 @@ def test_overflow_is_refused_with_429_and_requests_are_logged(tiny_dirs):
         with concurrent.futures.ThreadPoolExecutor(14) as pool:
             answers = list(pool.map(lambda _: httpx.post(f"{base}/v1/completions", json=body, timeout=300), range(14)))
         statuses = [answer.status_code for answer in answers]
-        # the replica's slot and queue place, one more held by the proxy; the rest refused at once
-        assert 2 <= statuses.count(200) <= 3 and statuses.count(429) >= 11, statuses
+        # the replica's slot and queue place, as many held by the proxy; the rest refused at once
+        assert 2 <= statuses.count(200) <= 4 and statuses.count(429) >= 10, statuses
+        assert set(statuses) == {200, 429}, statuses
         assert all(answer.headers.get("retry-after") == "1" for answer in answers if answer.status_code == 429)
     finally:
         proc.send_signal(signal.SIGINT)

@@ -254,6 +254,7 @@ def test_tool_choice_required_or_named_constrains_the_answer_to_a_call(tool_serv
 @pytest.mark.parametrize("body,fragment", [
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "already constrains"),
+    ({"tools": [WEATHER], "tool_choice": "required", "guided_json": {"type": "object"}}, "already constrains"),
     ({"tool_choice": "required"}, "the request has no tools"),
     ({"tools": [WEATHER, WEATHER]}, "each function needs a name of its own"),
     ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),

@@ -109,9 +109,6 @@ def run(args: argparse.Namespace) -> int:
     make_output_folder(args.out, "--out")
     rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
-    from specdec.cli.generate import fitting_rows
-
-    rows = fitting_rows(rows, args.model, args.max_tokens, not args.no_pull, args.dataset)
     if not rows:
         raise SpecdecError(f"no prompts selected from {args.dataset}")
     sampled = sampled_rows(rows)
@@ -129,6 +126,11 @@ def run(args: argparse.Namespace) -> int:
         if left:
             print(f"note: no draft model: {', '.join(left)} left out of the default methods", file=sys.stderr)
     checked_methods(args, [m for m in methods if not is_peer(m)], "--methods")  # before any model loads
+    from specdec.cli.generate import fitting_rows
+
+    rows = fitting_rows(rows, args.model, args.max_tokens, not args.no_pull, args.dataset)
+    if not rows:
+        raise SpecdecError(f"no prompts of {args.dataset} fit the model's context with --max-tokens {args.max_tokens}")
     typed = getattr(args, "typed_flags", set())
     if "disable_speculation_above" in typed and args.concurrency == 1:
         print("warning: --disable-speculation-above is not read without --concurrency (one request at a time)", file=sys.stderr)
@@ -148,6 +150,11 @@ def run(args: argparse.Namespace) -> int:
     spec_trees = tree_values(args.spec_trees) if args.spec_trees else [args.spec_tree]
     params = sampling_from_args(args)
     plain_mode, method_modes = target_modes(args, [m for m in methods if not is_peer(m) and not is_plain(m)])
+    if args.quantize not in ("auto", "none"):  # a tune.json pins its mode: tune's "Chosen" line was against auto's
+        where = "--config" if args.config and "quantize" not in typed else "--quantize"
+        print(f"note: ar (plain decoding) runs in {args.quantize}, as {where} pins it: speedups are against plain "
+              f"decoding in that mode, which may not be the fastest plain decoding here (--quantize auto measures "
+              f"against that one, as tune's chosen line does)", file=sys.stderr)
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=plain_mode,
                                 prompt_quantize=args.prompt_quantize)
     copies = {mode: specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,

@@ -77,22 +77,24 @@ def run(args: argparse.Namespace) -> int:
 
     rows = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
-    from specdec.cli.generate import fitting_rows
-
-    rows = fitting_rows(rows, args.model, args.max_tokens, not args.no_pull, args.prompts)
     if len(rows) < 2:
         raise SpecdecError(f"tune needs at least 2 prompts; {args.prompts} gave {len(rows)}")
-    sampled = sampled_rows(rows)
-    if sampled:  # a logged request's temperature: tune's answer is the greedy one's
-        print(f"note: {sampled} of the {len(rows)} logged requests sampled (temperature > 0); tune measures greedy "
-              "decoding, where acceptance is higher than under sampling: check the chosen configuration with `specdec "
-              "bench --temperature T` on them", file=sys.stderr)
     methods = (checked_methods(args, [m.strip() for m in args.methods.split(",") if m.strip()], "--methods") if args.methods
                else candidate_methods(args.draft_model is not None, args.datastore is not None))
     if not methods:
         raise SpecdecError(f"--methods {args.methods}: names no speculative method (plain decoding is always measured)")
     gammas = gamma_list(args.gammas)
     trees = tree_values(args.spec_trees)
+    from specdec.cli.generate import fitting_rows
+
+    rows = fitting_rows(rows, args.model, args.max_tokens, not args.no_pull, args.prompts)  # (after the flags' checks)
+    if len(rows) < 2:
+        raise SpecdecError(f"tune needs at least 2 prompts that fit the context; {args.prompts} has {len(rows)}")
+    sampled = sampled_rows(rows)
+    if sampled:  # a logged request's temperature: tune's answer is the greedy one's
+        print(f"note: {sampled} of the {len(rows)} logged requests sampled (temperature > 0); tune measures greedy "
+              "decoding, where acceptance is higher than under sampling: check the chosen configuration with `specdec "
+              "bench --temperature T` on them", file=sys.stderr)
     target_mode, draft_mode = args.quantize, draft_quantize(args)
     plan = None
     if args.quantize == "auto" and args.device in ("auto", "cpu"):  # the modes measured fastest here

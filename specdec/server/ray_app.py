@@ -43,7 +43,7 @@ class RaySettings:
     host: str = "127.0.0.1"
     port: int = 8000
     #: requests a replica serves at once and holds waiting (its --max-concurrency and --max-queue): what Ray's proxy
-    #: hands it at most; beyond every replica's, the proxy holds PROXY_QUEUE_PER_REPLICA each and answers the rest 429
+    #: hands it at most; beyond every replica's, the proxy holds as many again (PROXY_QUEUE_SHARE) and answers 429
     max_ongoing_requests: int = 65
     #: forward the replicas' stdout/stderr to this terminal (--enable-log-requests: the request lines are theirs)
     log_to_driver: bool = False
@@ -55,13 +55,15 @@ class RaySettings:
             raise SpecdecError(f"--ray-cpus-per-replica must be positive, got {self.cpus_per_replica}")
 
 
-#: requests Ray's proxy holds per replica once every replica has its slots and queue: it held them without limit
-#: (a walkthrough: --max-concurrency 1 --max-queue 1 on 2 replicas answered 6 of 6 concurrent requests, the last
-#: after 8.7 s in the proxy, where one process answered 2 and 429 to 4). Why not let replicas take the overflow and
-#: refuse it with their own 429 body: the proxy picks the less busy of two sampled replicas, so with 3 or more both
-#: could be full while a third had room — a 429 with capacity free. The proxy's 429 is Ray's (a text body, with
-#: Retry-After), not an OpenAI error object.
-PROXY_QUEUE_PER_REPLICA = 1
+#: Ray's proxy queued requests beyond every replica's slots and queue without limit (a walkthrough:
+#: --max-concurrency 1 --max-queue 1 on 2 replicas answered 6 of 6 concurrent requests, the last after 8.7 s in the
+#: proxy, where one process answered 2 and 429 to 4). Now it holds at most as many as the replicas' slots and queues
+#: together, and answers the rest 429. Why not fewer: the proxy's count includes requests of a burst not yet handed
+#: to a replica with room (a limit of one per replica refused 20 concurrent requests on 2 idle replicas). Why not let
+#: replicas take the overflow and refuse it with their own 429 body: the proxy picks the less busy of two sampled
+#: replicas, so with 3 or more both could be full while a third had room. The proxy's 429 is Ray's (a text body,
+#: with Retry-After), not an OpenAI error object.
+PROXY_QUEUE_SHARE = 1.0
 
 
 def ray_serve() -> Any:  # noqa: ANN401 - the ray.serve module
@@ -91,7 +93,8 @@ def deployment_options(settings: RaySettings) -> dict[str, Any]:
     own access log lines are left out (each request was logged twice)."""
     options: dict[str, Any] = {"num_replicas": settings.replicas, "ray_actor_options": {"num_cpus": settings.cpus_per_replica},
                                "max_ongoing_requests": settings.max_ongoing_requests,
-                               "max_queued_requests": PROXY_QUEUE_PER_REPLICA * settings.replicas}
+                               "max_queued_requests": max(1, round(PROXY_QUEUE_SHARE * settings.max_ongoing_requests
+                                                                   * settings.replicas))}
     if settings.log_to_driver:
         options["logging_config"] = {"enable_access_log": False}
     try:  # the proxy's refusals as 429 (Ray's default is 503, "unavailable", for a server that is up); older Ray: 503

@@ -87,9 +87,11 @@ def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
     choice = req.tool_choice
     if not req.tools or choice in (None, "auto", "none"):
         return None
-    if req.response_format is not None and req.response_format.type != "text" or req.structured_outputs is not None:
+    guided = any(getattr(req, f"guided_{name}") is not None for name in ("json", "regex", "choice", "grammar"))
+    if req.response_format is not None and req.response_format.type != "text" or req.structured_outputs is not None or guided:
+        # (guided_*, vLLM's older names, were replaced by the call grammar without a word)
         raise APIError(400, "tool_choice 'required' or a named function already constrains the output: "
-                            "drop response_format / structured_outputs", param="tool_choice")
+                            "drop response_format / structured_outputs / guided_*", param="tool_choice")
     if not structured_available():
         raise APIError(400, f"tool_choice {choice if isinstance(choice, str) else 'naming a function'}: {INSTALL_HINT}",
                        param="tool_choice")
