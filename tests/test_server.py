@@ -422,11 +422,16 @@ def test_the_speculation_limit_switches_drafting_off_and_output_stays_the_same(t
     assert traffic_alpha["0"] == pytest.approx(0.7) and traffic_alpha["1000"] != pytest.approx(0.7)
 
 
-def test_port_zero_serves_on_the_port_it_prints(tiny_dirs):
-    """`--port 0` lets the OS pick a free port; the start-up line must name that port, not 0."""
+def test_port_zero_serves_on_the_port_it_prints(tiny_dirs, tmp_path):
+    """`--port 0` lets the OS pick a free port; the start-up line must name that port, not 0 — and the draft that
+    runs and the settings file read (a tune.json's choice was served without saying which draft ran)."""
+    import json
     import re
 
+    config = tmp_path / "tune.json"
+    config.write_text(json.dumps({"settings": {"max_concurrency": 2}}))
     proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--port", "0", "--model", str(tiny_dirs["target"]),
+                             "--draft-model", str(tiny_dirs["draft"]), "--config", str(config),
                              "--dtype", "float32", "--quantize", "none"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -435,6 +440,7 @@ def test_port_zero_serves_on_the_port_it_prints(tiny_dirs):
             found = re.search(r"serving .* on http://127\.0\.0\.1:(\d+)", line)
             if found:
                 port = int(found.group(1))
+                assert f"draft {tiny_dirs['draft'].name} (float32)" in line and f"settings from {config}" in line, line
                 break
         assert port, "no start-up line"
         deadline = time.time() + 60

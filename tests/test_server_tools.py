@@ -275,7 +275,7 @@ def test_tool_choice_required_or_named_constrains_the_answer_to_a_call(tool_serv
      "messages.1.tool_call_id: a tool message needs the id of the call it answers"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}}],
-      "tool_choice": "required"}, "tools: the parameters of 'f' uses properties.tags.uniqueItems, which the grammar engine"),
+      "tool_choice": "required"}, "tools: the parameters schema of 'f' uses properties.tags.uniqueItems, which the grammar engine"),
 ])
 def test_what_cannot_be_honoured_is_a_400(tool_server, body, fragment):
     response = chat(tool_server, **body)

@@ -303,8 +303,12 @@ def run(args: argparse.Namespace) -> int:
     hint = "" if state.spec.method is not None or state.draft is not None else (
         " (speculative decoding needs a drafter: --draft-model D — qwen2.5-coder-0.5b for the default target — or a "
         "draft-free --method suffix)")
-    print(f"serving {state.model_name} ({state.target.backend.mode}, speculative: {speculative}, {prefixes}, {keys}) "
-          f"on http://{args.host}:{port}{hint}",
+    # the draft and the settings file named too: a tune.json's choice was served without saying which draft ran
+    drafting = (f", draft {os.path.basename(str(args.draft_model).rstrip('/'))} ({state.draft.backend.mode})"
+                if state.draft is not None else "")
+    settings = f", settings from {args.config}" if args.config else ""
+    print(f"serving {state.model_name} ({state.target.backend.mode}, speculative: {speculative}{drafting}, {prefixes}, "
+          f"{keys}{settings}) on http://{args.host}:{port}{hint}",
           file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[listening])
     return 0

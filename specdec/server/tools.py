@@ -105,7 +105,7 @@ def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
     for tool in tools:
         schema = tool.function.parameters or {"type": "object"}
         try:
-            refuse_unenforced(f"tools: the parameters of {tool.function.name!r}", schema)
+            refuse_unenforced(f"tools: the parameters schema of {tool.function.name!r}", schema)
         except SpecdecError as exc:
             raise APIError(400, str(exc), param="tools") from None
         try:
