@@ -3,6 +3,8 @@ constraints, each refused with a 400 that names the field (OpenAI's error object
 
 from __future__ import annotations
 
+from typing import Any
+
 from specdec.errors import SpecdecError
 from specdec.sampling import MAX_LOGPROBS, SamplingParams
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, StructuredOutputs, error_body, joined_text
@@ -121,6 +123,13 @@ def field_named(message: str) -> str | None:
     return field if field in CompletionRequest.model_fields else None
 
 
+def guided_fields(req: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
+    """The request's vLLM ``guided_*`` fields that are set, under structured_outputs' names (``regex`` for
+    ``guided_regex``), in the order json, regex, choice, grammar."""
+    return {name: getattr(req, f"guided_{name}") for name in ("json", "regex", "choice", "grammar")
+            if getattr(req, f"guided_{name}") is not None}
+
+
 def constraint_field(req: CompletionRequest | ChatCompletionRequest) -> str | None:
     """The request field that carried its output constraint: what a 400 about the constraint names as its param
     (a bad regex or grammar is found only when the job compiles it, and was answered with param null)."""
@@ -128,17 +137,16 @@ def constraint_field(req: CompletionRequest | ChatCompletionRequest) -> str | No
         return "response_format"
     if req.structured_outputs is not None:
         return "structured_outputs"
-    guided = [f"guided_{name}" for name in ("json", "regex", "choice", "grammar") if getattr(req, f"guided_{name}") is not None]
+    guided = guided_fields(req)
     if guided:
-        return guided[0]
+        return f"guided_{next(iter(guided))}"
     return "tools" if getattr(req, "tools", None) else None
 
 
 def _structured(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutput | None:
     """The request's output constraint: OpenAI's ``response_format`` or vLLM's ``structured_outputs``."""
     fmt, extension = req.response_format, req.structured_outputs
-    guided = {name: getattr(req, f"guided_{name}") for name in ("json", "regex", "choice", "grammar")
-              if getattr(req, f"guided_{name}") is not None}
+    guided = guided_fields(req)
     if guided:  # vLLM's older fields: the same constraint under structured_outputs' names
         if extension is not None:
             raise APIError(400, "give structured_outputs or guided_*, not both", param="structured_outputs")

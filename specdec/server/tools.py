@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec.errors import SpecdecError, TemplateArgumentError
-from specdec.server.params import APIError
+from specdec.server.params import APIError, guided_fields
 from specdec.server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice, joined_text
 from specdec.schema_checks import refuse_unenforced, schema_problem
 from specdec.structured import INSTALL_HINT, StructuredOutput
@@ -87,7 +87,7 @@ def forced_call(req: ChatCompletionRequest) -> StructuredOutput | None:
     choice = req.tool_choice
     if not req.tools or choice in (None, "auto", "none"):
         return None
-    guided = any(getattr(req, f"guided_{name}") is not None for name in ("json", "regex", "choice", "grammar"))
+    guided = bool(guided_fields(req))
     if req.response_format is not None and req.response_format.type != "text" or req.structured_outputs is not None or guided:
         # (guided_*, vLLM's older names, were replaced by the call grammar without a word)
         raise APIError(400, "tool_choice 'required' or a named function already constrains the output: "
