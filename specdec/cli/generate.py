@@ -217,12 +217,14 @@ def check_fits_before_loading(model: str, prompt: str | list[dict], chat: bool, 
             raise ContextLengthError(f"--max-tokens {max_tokens} leaves no room for the prompt in the model's context "
                                      f"window of {context} tokens; lower --max-tokens")
         return
-    tokenizer = Tokenizer.load(path)
+    check_context(prompt_tokens(Tokenizer.load(path), prompt, chat), max_tokens, read_config(path).max_position_embeddings)
+
+
+def prompt_tokens(tokenizer, prompt: str | list[dict], chat: bool) -> int:  # noqa: ANN001 - specdec.tokenizer.Tokenizer
+    """Tokens of ``prompt`` as generate feeds it: messages (or a chat prompt) through the chat template, else the text."""
     if isinstance(prompt, list) or chat:
-        ids = tokenizer.apply_chat_template(prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
-    else:
-        ids = tokenizer.encode(prompt)
-    check_context(len(ids), max_tokens, read_config(path).max_position_embeddings)
+        return len(tokenizer.apply_chat_template(prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]))
+    return len(tokenizer.encode(prompt))
 
 
 #: tokens a chat template may add around a conversation (a default system prompt) and per message
@@ -260,9 +262,9 @@ def fitting_rows(rows: list, model: str, max_tokens: int, auto_pull: bool, sourc
                 conversation = list(row.history)
                 for turn in row.turns:
                     conversation += [{"role": "user", "content": turn}, *placeholder]
-                prompt = len(tokenizer.apply_chat_template(conversation[:-1]))
+                prompt = prompt_tokens(tokenizer, conversation[:-1], chat=True)
             else:
-                prompt = max(len(tokenizer.encode(turn)) for turn in row.turns)
+                prompt = max(prompt_tokens(tokenizer, turn, chat=False) for turn in row.turns)
             if prompt + earlier_answers + max_tokens > context:
                 turns = (f"its {len(row.turns)} turns ({prompt} tokens of messages, each earlier answer counted as "
                          f"max_tokens {max_tokens})" if earlier_answers else f"prompt ({prompt} tokens)")
