@@ -574,6 +574,21 @@ def test_a_prompt_longer_than_the_context_is_refused_before_the_weights_load(tin
         assert "exceed the model's context window of 512 tokens" in err and "Traceback" not in err
     assert main(["generate", "hi", "--model", str(tiny_dirs["target"]), "--quantize", "none", "--max-tokens", "512"]) == 1
     assert "--max-tokens 512 leaves no room for the prompt in the model's context window of 512 tokens" in capsys.readouterr().err
+    # under 8 KB yet past a 512-token context: once taken as fitting unread, refused only after loading
+    assert main(["generate", "word " * 600, "--model", str(tiny_dirs["target"]), "--quantize", "none"]) == 1
+    assert "exceed the model's context window of 512 tokens" in capsys.readouterr().err
+
+
+def test_a_prompt_whose_bytes_fit_the_context_is_not_tokenized_before_loading(tiny_dirs, monkeypatch):
+    """Where the prompt's bytes plus a template's tokens fit, the check before loading reads no tokenizer."""
+    from specdec.cli.generate import check_fits_before_loading
+    from specdec.tokenizer import Tokenizer
+
+    def no_tokenizer(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a prompt that fits by its bytes was tokenized")
+
+    monkeypatch.setattr(Tokenizer, "load", no_tokenizer)
+    check_fits_before_loading(str(tiny_dirs["target"]), "word " * 60, True, 64, auto_pull=False)
 
 
 def test_each_method_flag_names_exactly_the_methods_that_read_it():

@@ -195,29 +195,31 @@ def run(args: argparse.Namespace) -> int:
 WARM_UP_PROMPT = "Write a short Python function."
 
 
-#: prompts of fewer UTF-8 bytes than this are left to the check after loading (it catches them too, later): a
-#: byte-level token covers at least one byte, so they are far inside the built-in models' 32768-token context
-LONG_PROMPT_BYTES = 8192
+#: tokens a chat template may add around a conversation (a default system prompt) and per message
+TEMPLATE_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE = 64, 8
 
 
 def check_fits_before_loading(model: str, prompt: str | list[dict], chat: bool, max_tokens: int, auto_pull: bool) -> None:
-    """A long prompt counted with the model's tokenizer alone and checked against its context window before the
-    weights load: a 40k-token prompt was refused after 18 s and 4.6 GB of loading both models. A short one is
-    taken as one token: --max-tokens past the context is refused before loading too."""
+    """A prompt checked against the model's context window before the weights load: a 40k-token prompt was refused
+    after 18 s and 4.6 GB of loading both models. Counted with the model's tokenizer alone unless its UTF-8 bytes
+    plus what a template may add already fit (a byte-level token covers at least one byte), so a short prompt costs
+    no tokenizer load; --max-tokens past the context is refused before loading either way."""
     from specdec.engine import check_context
     from specdec.models.registry import resolve_model
     from specdec.models.weights import read_config
     from specdec.tokenizer import Tokenizer
 
     path = resolve_model(model, auto_pull=auto_pull)
+    context = read_config(path).max_position_embeddings
+    if max_tokens >= context:
+        raise ContextLengthError(f"--max-tokens {max_tokens} leaves no room for the prompt in the model's context "
+                                 f"window of {context} tokens; lower --max-tokens")
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     text = prompt if isinstance(prompt, str) else "".join(str(message.get("content") or "") for message in prompt)
-    if len(text.encode(errors="replace")) < LONG_PROMPT_BYTES:  # (not UTF-8: refused by name after loading)
-        context = read_config(path).max_position_embeddings
-        if max_tokens >= context:
-            raise ContextLengthError(f"--max-tokens {max_tokens} leaves no room for the prompt in the model's context "
-                                     f"window of {context} tokens; lower --max-tokens")
+    token_bound = len(text.encode(errors="replace")) + TEMPLATE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
+    if token_bound + max_tokens <= context:  # (not UTF-8: refused by name after loading)
         return
-    check_context(prompt_tokens(Tokenizer.load(path), prompt, chat), max_tokens, read_config(path).max_position_embeddings)
+    check_context(prompt_tokens(Tokenizer.load(path), prompt, chat), max_tokens, context)
 
 
 def prompt_tokens(tokenizer, prompt: str | list[dict], chat: bool) -> int:  # noqa: ANN001 - specdec.tokenizer.Tokenizer
@@ -225,10 +227,6 @@ def prompt_tokens(tokenizer, prompt: str | list[dict], chat: bool) -> int:  # no
     if isinstance(prompt, list) or chat:
         return len(tokenizer.apply_chat_template(prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]))
     return len(tokenizer.encode(prompt))
-
-
-#: tokens a chat template may add around a conversation (a default system prompt) and per message
-TEMPLATE_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE = 64, 8
 
 
 def fitting_rows(rows: list, model: str, max_tokens: int, auto_pull: bool, source: str, wanted: int | None = None) -> list:
