@@ -9,6 +9,7 @@ first difference. There is deliberately no override flag.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from specdec.errors import ContextLengthError, IncompatibleModelsError
 
@@ -68,6 +69,35 @@ def check_tokenizers(t_tok, d_tok, target_name: str, draft_name: str) -> None:  
             f"draft and target stop on different tokens: target {sorted(t_tok.stop_token_ids)}, "
             f"draft {sorted(d_tok.stop_token_ids)}"
         )
+
+
+#: the files of an HF directory that make its tokenizer: a draft whose copies are byte-identical pairs by construction
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
+def check_pair_files(target_path: Path, draft_path: Path, target_name: str, draft_name: str) -> None:
+    """:func:`check_pair`'s mismatches found from the files, before any weights load: a draft of another family
+    was refused only after both models had loaded (~20 s for the built-in pair). Byte-identical tokenizer files
+    skip the tokenizer walk (the built-in pairs: no cost); a GGUF's tokenizer is left to the check after loading
+    (converting it is the slow part). :func:`check_pair` still runs on the loaded pair."""
+    from specdec.models.weights import read_config
+    from specdec.tokenizer import Tokenizer
+
+    target_path, draft_path = Path(target_path), Path(draft_path)
+    t_rows, d_rows = read_config(target_path).vocab_size, read_config(draft_path).vocab_size
+    if d_rows > t_rows:
+        raise IncompatibleModelsError(
+            f"draft embedding has {d_rows} rows but the target only {t_rows}: the draft could propose ids the target cannot score"
+        )
+    if not (target_path.is_dir() and draft_path.is_dir()):
+        return
+    if all(_file_bytes(target_path / name) == _file_bytes(draft_path / name) for name in TOKENIZER_FILES):
+        return
+    check_tokenizers(Tokenizer.load(target_path), Tokenizer.load(draft_path), target_name, draft_name)
+
+
+def _file_bytes(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
 
 
 def check_draft_context(draft, needed_len: int) -> None:  # noqa: ANN001

@@ -637,3 +637,41 @@ def test_an_output_file_that_cannot_be_written_is_refused_first(tmp_path):
     link.symlink_to(tmp_path / "real.html")
     check_output_file(str(link), "--html")
     assert link.is_symlink() and not (tmp_path / "real.html").exists()
+
+
+def test_a_draft_that_cannot_pair_is_refused_before_the_weights_load(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """A draft of another vocabulary was refused only after both models had loaded (~20 s for the built-in pair):
+    generate, bench and tune name the mismatch from the files; a pair with byte-identical tokenizer files reads
+    no tokenizer to say so."""
+    import specdec
+    from specdec.cli import main
+    from specdec.compat import check_pair_files
+    from specdec.tokenizer import Tokenizer
+    from tests.model_fixtures import write_tiny_model
+    from tests.tokenizer_fixtures import write_tiny_tokenizer
+
+    def no_loading(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the weights loaded before the pair was checked")
+
+    monkeypatch.setattr(specdec, "load_model", no_loading)
+    write_tiny_model(tmp_path / "other", seed=5)
+    write_tiny_tokenizer(tmp_path / "other", vocab_size=300)
+    other = str(tmp_path / "other")
+    target = str(tiny_dirs["target"])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"prompt": "ho"}) + "\n")
+    runs = (["generate", "hi", "--model", target, "--draft-model", other, "--method", "draft_model", "--quantize", "none"],
+            ["bench", "--model", target, "--draft-model", other, "--methods", "draft_model", "--quantize", "none",
+             "--dataset", str(prompts), "--out", str(tmp_path / "bench")],
+            ["tune", "--model", target, "--draft-model", other, "--quantize", "none", "--dataset", str(prompts),
+             "--out", str(tmp_path / "tune")])
+    for argv in runs:
+        assert main(argv) == 1, argv[0]
+        err = capsys.readouterr().err
+        assert "has 300 tokens" in err and "Traceback" not in err, (argv[0], err)
+
+    def no_tokenizer(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("identical tokenizer files were walked token by token")
+
+    monkeypatch.setattr(Tokenizer, "load", no_tokenizer)
+    check_pair_files(tiny_dirs["target"], tiny_dirs["draft"], "target", "draft")

@@ -10,9 +10,9 @@ import argparse
 import sys
 
 from specdec.cli.checks import checked_methods
-from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, draft_quantize, execution_modes,
-                                gamma_from_args, kernels_in_use, make_output_folder, method_options, pages_in_use, planned_modes,
-                                sampling_from_args)
+from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, check_pair_before_loading, draft_quantize,
+                                execution_modes, gamma_from_args, kernels_in_use, make_output_folder, method_options,
+                                pages_in_use, planned_modes, sampling_from_args)
 from specdec.cli.values import gamma_list, positive_int, speculation_limit_value, tree_values
 from specdec.errors import SpecdecError
 
@@ -149,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     gammas = gamma_list(args.gammas) if args.gammas else [gamma_from_args(args)]
     spec_trees = tree_values(args.spec_trees) if args.spec_trees else [args.spec_tree]
     params = sampling_from_args(args)
+    if drafting:  # (after the flags' own checks)
+        check_pair_before_loading(args, "draft_model")
     plain_mode, method_modes = target_modes(args, [m for m in methods if not is_peer(m) and not is_plain(m)])
     if args.quantize not in ("auto", "none"):  # a tune.json pins its mode: tune's "Chosen" line was against auto's
         where = "--config" if args.config and "quantize" not in typed else "--quantize"

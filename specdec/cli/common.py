@@ -262,9 +262,22 @@ def draft_quantize(args: argparse.Namespace) -> str:
 def execution_modes(args: argparse.Namespace, method: str | None, concurrency: int = 1):  # noqa: ANN201 - (str, str, ExecutionPlan | None)
     """(target mode, draft mode, plan) a command runs: :func:`planned_modes`, and a warning about execution
     flags the chosen target mode does not read."""
+    check_pair_before_loading(args, method)
     target_mode, draft_mode, plan = planned_modes(args, method, concurrency)
     warn_unread_execution_flags(args, target_mode)
     return target_mode, draft_mode, plan
+
+
+def check_pair_before_loading(args: argparse.Namespace, method: str | None) -> None:
+    """A --draft-model the method reads that cannot pair with --model (another vocabulary, special ids, more
+    embedding rows) refused from its files, before measuring or loading anything (:func:`specdec.compat.check_pair_files`)."""
+    from specdec.compat import check_pair_files
+    from specdec.drafters.registry import needs_draft_model
+    from specdec.models.registry import resolve_model
+
+    if args.draft_model and needs_draft_model(method):
+        check_pair_files(resolve_model(args.model, auto_pull=not args.no_pull),
+                         resolve_model(args.draft_model, auto_pull=not args.no_pull), str(args.model), str(args.draft_model))
 
 
 def planned_modes(args: argparse.Namespace, method: str | None, concurrency: int = 1):  # noqa: ANN201 - (str, str, ExecutionPlan | None)

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from specdec.cli.checks import checked_methods
-from specdec.cli.common import add_debug_flag, add_model_args, draft_quantize, kernels_in_use, method_options, pages_in_use
+from specdec.cli.common import (add_debug_flag, add_model_args, check_pair_before_loading, draft_quantize, kernels_in_use,
+                                method_options, pages_in_use)
 from specdec.cli.values import gamma_list, non_negative_int, positive_int, positive_number, tree_values
 from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {sampled} of the {len(rows)} logged requests sampled (temperature > 0); tune measures greedy "
               "decoding, where acceptance is higher than under sampling: check the chosen configuration with `specdec "
               "bench --temperature T` on them", file=sys.stderr)
+    check_pair_before_loading(args, "draft_model" if args.draft_model else None)
     target_mode, draft_mode = args.quantize, draft_quantize(args)
     plan = None
     if args.quantize == "auto" and args.device in ("auto", "cpu"):  # the modes measured fastest here
