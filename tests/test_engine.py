@@ -478,6 +478,28 @@ def test_corrupt_weights_are_an_error_not_empty_text(tmp_path):
         specdec.generate(model, "def f(x):", SamplingParams(temperature=0.0, max_tokens=4))
 
 
+def test_integer_or_prequantized_weights_are_named_not_cast(tmp_path):
+    """An integer tensor was cast to float and run (numbers nobody trained); a GPTQ-style checkpoint (qweight,
+    scales in place of weight) said only "weights are missing 4 tensors"."""
+    from safetensors.torch import load_file, save_file
+
+    from specdec.errors import WeightsError
+    from tests.conftest import make_tiny_model_dir
+
+    folder = make_tiny_model_dir(tmp_path / "m")
+    original = load_file(folder / "model.safetensors")
+    name = next(key for key in original if key.endswith("mlp.down_proj.weight"))
+    save_file({**original, name: original[name].to(torch.int8)}, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=f"tensor {name} holds int8 values, expected floating point"):
+        specdec.load_model(folder, dtype="float32", quantize="none")
+    gptq = {key: value for key, value in original.items() if key != name}
+    gptq[name.removesuffix("weight") + "qweight"] = torch.zeros(4, 4, dtype=torch.int32)
+    gptq[name.removesuffix("weight") + "scales"] = torch.ones(4)
+    save_file(gptq, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match="already quantized by another tool .*qweight.*original float checkpoint"):
+        specdec.load_model(folder, dtype="float32", quantize="none")
+
+
 def test_alpha_of_a_perfect_drafter_is_one_with_trees_and_stop_strings(tiny_target):
     """The target drafting for itself is always right: α read ~0.5 with token trees (every node counted as
     proposed) and below 1 when a stop string cut an accepted block (drafts past it counted as rejected)."""

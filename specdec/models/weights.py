@@ -128,6 +128,11 @@ def converted_cache_path(gguf_path: Path, dtype: torch.dtype | str) -> Path:
     return specdec_home() / "converted" / key / name
 
 
+#: tensor names of checkpoints other tools quantized (GPTQ/AWQ: qweight, qzeros, scales, g_idx; bitsandbytes:
+#: weight.absmax, quant_map …), which this loader does not read
+PREQUANTIZED_TENSORS = ("qweight", "qzeros", "g_idx", "absmax", "quant_map", "quant_state", "SCB", "weight_format")
+
+
 def build_decoder(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str) -> Decoder:
     """Instantiate without initialising (meta device) and adopt the loaded tensors."""
     with torch.device("meta"):
@@ -137,6 +142,11 @@ def build_decoder(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch
         state.pop("lm_head.weight", None)
     expected = {name for name, _ in model.named_parameters()}
     missing, unexpected = expected - set(state), set(state) - expected - {"lm_head.weight"}
+    quantized = sorted(name for name in unexpected if name.rsplit(".", 1)[-1] in PREQUANTIZED_TENSORS)
+    if missing and quantized:  # a GPTQ/AWQ/bitsandbytes checkpoint: its linears hold codes under other names
+        raise WeightsError(f"these weights are already quantized by another tool ({quantized[0]}, no "
+                           f"{sorted(missing)[0]}): specdec reads float weights (safetensors) or a GGUF and quantizes "
+                           f"them itself (--quantize); give the model's original float checkpoint")
     if missing:
         raise WeightsError(f"weights are missing {len(missing)} tensors, e.g. {sorted(missing)[0]}")
     beyond = sorted({int(match.group(1)) for name in unexpected if (match := re.match(r"model\.layers\.(\d+)\.", name))
@@ -149,6 +159,9 @@ def build_decoder(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch
     for name, param in model.named_parameters():
         if tuple(state[name].shape) != tuple(param.shape):
             raise WeightsError(f"tensor {name} has shape {tuple(state[name].shape)}, expected {tuple(param.shape)}")
+        if not state[name].is_floating_point():  # cast to float it would run as numbers nobody trained
+            raise WeightsError(f"tensor {name} holds {str(state[name].dtype).removeprefix('torch.')} values, expected "
+                               "floating point: the file is not a float checkpoint (or is corrupt)")
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
