@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 from specdec.api import LIBRARY_CALLS, LoadedModel, Prompt, check_target, encode_prompt, prepare, resolve_spec
 from specdec.chunking import default_max_num_batched_tokens, default_prefill_chunk, prompts_per_forward, shared_prefill_chunk
-from specdec.config import SpecConfig
+from specdec.config import SpecConfig, is_int
 from specdec.engine import GenerationResult, StreamChunk, check_context, collect, generate_steps
 from specdec.errors import SpecdecError
 from specdec.policy import BatchPolicy, RequestGate
@@ -53,8 +53,9 @@ def generate_batch(
     check_target(target)
     if not isinstance(prompts, (list, tuple)):  # a string ran one request per character
         raise TypeError(f"prompts must be a list of prompts (one prompt: specdec.generate), got {type(prompts).__name__}")
-    if max_num_seqs < 1 or (max_num_batched_tokens is not None and max_num_batched_tokens < 1):
-        raise SpecdecError("max_num_seqs and max_num_batched_tokens must be >= 1")
+    for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+        if (value is not None or name == "max_num_seqs") and (not is_int(value) or value < 1):  # "8": a TypeError in the loop
+            raise SpecdecError(f"{name} must be an integer >= 1, got {value!r}")
     if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or isinstance(prefill_chunk, bool) or prefill_chunk < 0):
         raise SpecdecError(f"prefill_chunk must be an integer >= 0 (0: whole prompts; None: the default), got {prefill_chunk!r}")
     per_prompt = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)

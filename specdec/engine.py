@@ -23,14 +23,14 @@ import torch
 from specdec.adaptive import GammaController, VerifyCosts
 from specdec.alternatives import alternative_scale, running_alpha, with_alternatives
 from specdec.backends.base import Backend, SequenceState
-from specdec.calls import ModelCall, waited
+from specdec.calls import ModelCall
 from specdec.config import SpecConfig
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import ContextLengthError, SpecdecError, WeightsError
 from specdec.output import OutputTracker, request_stop_ids
 from specdec.penalties import Penalties
 from specdec.prefix_cache import PrefixCache
-from specdec.rounds import check_proposal, fit_draft, learn, proposed_for_alpha, tell_drafter, verify_round
+from specdec.rounds import check_proposal, fit_draft, learn, proposal, proposed_for_alpha, tell_drafter, verify_round
 from specdec.sampling import SamplingParams, TokenLogprob, make_generator, token_logprobs
 from specdec.seeded import chain_clocks
 from specdec.step_calibration import planning_curve
@@ -250,7 +250,7 @@ def generate_steps(
             # a drafter with free tokens (a suffix table) is asked even when γ is 0 for its model
             asked = drafter is not None and (k > 0 or (room > 0 and drafter.has_free_tokens))
             # time spent suspended while other requests' forwards ran is not this round's cost
-            draft, idle = (yield from waited(drafter.propose_steps(context, k))) if asked else (Draft(tokens=[]), 0.0)
+            draft, idle = (yield from proposal(drafter, context, k)) if asked else (Draft(tokens=[]), 0.0)
             if asked:
                 check_proposal(drafter, draft, vocab_size)
             fitted = fit_draft(draft, k, room, nodes, state.max_seq_len - len(context), verify_costs, vocab_size, constraint)

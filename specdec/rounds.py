@@ -26,7 +26,7 @@ from specdec.alternatives import chain_nodes_in, measured_wins
 from specdec.backends.base import Backend, SequenceState
 from specdec.calls import ModelCall, one, waited
 from specdec.drafters.base import Draft, Drafter
-from specdec.errors import DrafterError
+from specdec.errors import DrafterError, SpecdecError
 from specdec.penalties import Penalties
 from specdec.sampling import SamplingParams
 from specdec.stats import Stats
@@ -80,7 +80,7 @@ def fit_draft(draft: Draft, k: int, room: int, nodes: int, free_slots: int, veri
     grammar refuses, and tokens the grammar forces after it are appended (accepted whatever the
     logits: :mod:`specdec.structured`)."""
     kept = None
-    if draft.is_tree and constraint is not None:
+    if draft.is_tree and (constraint is not None or nodes <= 0):  # (no tree budget: trees are off for the request)
         draft = draft.as_chain()
     if draft.is_tree:
         kept = fit_tree(draft, nodes, room, free_slots, verify_costs, vocab_size)
@@ -197,12 +197,33 @@ def learn(gamma: GammaController | None, verify_costs: VerifyCosts, drafter: Dra
         gamma.update_free_round(fitted.drafted, verify_s)
 
 
+def proposal(drafter: Drafter, context: list[int], k: int) -> Generator[ModelCall, torch.Tensor, tuple[Draft, float]]:
+    """The drafter's proposal for this round and the seconds it waited on other requests' work
+    (:func:`specdec.calls.waited`). It proposes on a copy of the committed tokens: a drafter that wrote into the
+    list it was given (``context_ids[-1] = …``) changed the engine's own record of the output, and the text with
+    it. Its failures other than specdec's own errors are one :class:`DrafterError` naming it (the cause chained):
+    a plugin's RuntimeError came out of generate/serve as a bare exception of no named method."""
+    try:
+        return (yield from waited(drafter.propose_steps(list(context), k)))
+    except SpecdecError:
+        raise
+    except Exception as exc:
+        raise DrafterError(f"drafter {drafter.name!r}: propose() failed: {type(exc).__name__}: {exc}") from exc
+
+
 def check_proposal(drafter: Drafter, draft: object, vocab_size: int) -> None:
-    """A drafter's proposal is a :class:`Draft` whose q rows span the vocabulary: a user's drafter returning a list,
-    or q of another width, failed deep in the verifier (AttributeError, IndexError) — now one DrafterError naming it.
+    """A drafter's proposal is a :class:`Draft` of int token ids whose q rows span the vocabulary: a user's drafter
+    returning a list, tokens as a tensor or strings, or q of another width, failed deep in the verifier or the batch
+    policy (AttributeError, IndexError, "Boolean value of Tensor … is ambiguous") — now one DrafterError naming it.
     (Token ids outside the vocabulary are no error: ``Draft.clipped`` cuts them.)"""
     if not isinstance(draft, Draft):
         raise DrafterError(f"drafter {drafter.name!r}: propose() returned a {type(draft).__name__}, not a specdec.Draft")
+    tokens = draft.tokens
+    if not isinstance(tokens, list) or any(type(token) is not int for token in tokens):
+        held = type(tokens).__name__ if not isinstance(tokens, list) else \
+            "a list holding " + next(type(token).__name__ for token in tokens if type(token) is not int)
+        raise DrafterError(f"drafter {drafter.name!r}: Draft.tokens must be a list of int token ids, got {held} "
+                           "(a tensor's or an array's .tolist() is one)")
     if draft.probs is None:
         return
     shape = tuple(draft.probs.shape)

@@ -147,8 +147,11 @@ def test_batch_errors_are_clear(int8_pair):
         specdec.generate_batch(target, ["ok", [10_000_000]])
     with pytest.raises(SpecdecError, match="context window"):
         specdec.generate_batch(target, ["ok", "x " * 200], SamplingParams(max_tokens=64 * 1024))
-    with pytest.raises(SpecdecError, match="max_num_seqs"):
-        specdec.generate_batch(target, ["ok"], max_num_seqs=0)
+    for seqs in (0, "8", 2.5, True):  # "8" was a TypeError from the scheduler's loop, 2.5 ran
+        with pytest.raises(SpecdecError, match="max_num_seqs must be an integer >= 1"):
+            specdec.generate_batch(target, ["ok"], max_num_seqs=seqs)
+    with pytest.raises(SpecdecError, match="max_num_batched_tokens must be an integer >= 1"):
+        specdec.generate_batch(target, ["ok"], max_num_batched_tokens="4096")
     for setting in ("sometimes", -1):
         with pytest.raises(SpecdecError, match="disable_speculation_above"):
             specdec.generate_batch(target, ["ok"], disable_speculation_above=setting)

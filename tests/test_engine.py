@@ -573,6 +573,66 @@ def test_a_users_drafter_is_named_by_its_method_and_its_broken_proposals_are_cle
             _METHODS.pop(name, None)
 
 
+def test_a_drafter_cannot_change_the_output_or_fail_unnamed(tiny_target):
+    """A walkthrough's plugin drafters: one writing into the context_ids it was given changed the text (the engine's
+    own list); tokens as a tensor failed in generate_batch's policy ("Boolean value of Tensor …"), as strings deep in
+    Draft.clipped; an exception in propose() came out bare; a tree proposed with trees off was dropped whole."""
+    import torch
+
+    from specdec.drafters.base import Draft, MethodInfo
+    from specdec.drafters.registry import _METHODS, register_method
+
+    class Careless(Drafter):
+        def propose(self, context_ids, k):  # noqa: ANN001, ANN202
+            context_ids[-1] = 13
+            context_ids.append(42)
+            return Draft(tokens=[])
+
+    class TensorTokens(Drafter):
+        def propose(self, context_ids, k):  # noqa: ANN001, ANN202
+            return Draft(tokens=torch.tensor(context_ids[-k:]))
+
+    class Worded(Drafter):
+        def propose(self, context_ids, k):  # noqa: ANN001, ANN202
+            return Draft(tokens=["x"])
+
+    class Broken(Drafter):
+        def propose(self, context_ids, k):  # noqa: ANN001, ANN202
+            raise RuntimeError("boom")
+
+    class Branching(Drafter):  # the target itself as a "drafter": its first chain is always right
+        def propose(self, context_ids, k):  # noqa: ANN001, ANN202
+            right = specdec.generate(tiny_target, context_ids, SamplingParams(temperature=0.0, max_tokens=2,
+                                                                             ignore_eos=True)).token_ids
+            return Draft(tokens=[right[0], 3, right[1]], parents=[-1, -1, 0])
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    plain = specdec.generate(tiny_target, "def f(x):", greedy).token_ids
+    drafters = {"careless": Careless, "tensor_tokens": TensorTokens, "worded": Worded, "broken": Broken,
+                "branching": Branching}
+    try:
+        for name, drafter in drafters.items():
+            register_method(MethodInfo(name, lambda res, drafter=drafter: drafter(), f"test drafter {name}",
+                                       options=("num_speculative_tokens", "spec_tree")))
+        spec = SpecConfig(method="careless", num_speculative_tokens=4)
+        assert specdec.generate(tiny_target, "def f(x):", greedy, spec=spec).token_ids == plain
+        assert specdec.generate_batch(tiny_target, ["def f(x):"], greedy, spec=spec)[0].token_ids == plain
+        for name, message in (("tensor_tokens", "Draft.tokens must be a list of int token ids, got Tensor"),
+                              ("worded", "Draft.tokens must be a list of int token ids, got a list holding str"),
+                              ("broken", "drafter 'broken': propose.. failed: RuntimeError: boom")):
+            spec = SpecConfig(method=name, num_speculative_tokens=4)
+            with pytest.raises(DrafterError, match=message):
+                specdec.generate(tiny_target, "def f(x):", greedy, spec=spec)
+            with pytest.raises(DrafterError, match=message):
+                specdec.generate_batch(tiny_target, ["def f(x):", "x = 1"], greedy, spec=spec)
+        branching = specdec.generate(tiny_target, "def f(x):", greedy,
+                                     spec=SpecConfig(method="branching", num_speculative_tokens=4, spec_tree="off"))
+        assert branching.token_ids == plain and branching.stats.accepted_tokens > 0  # its first chain, verified
+    finally:
+        for name in drafters:
+            _METHODS.pop(name, None)
+
+
 def test_the_readmes_custom_drafter_runs_as_written(tiny_target, monkeypatch, capsys):
     """The README's "Custom drafters" snippet, run as written (the tiny model loaded in the real one's
     place): the public names exist and the method runs through generate, exact."""

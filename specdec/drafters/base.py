@@ -212,7 +212,8 @@ class Drafter:
         """A new request begins with these prompt tokens."""
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
-        """Propose up to ``k`` tokens to follow ``context_ids`` (all committed tokens). May return fewer."""
+        """Propose up to ``k`` tokens to follow ``context_ids`` (all committed tokens: a copy, the request's source
+        of truth each round). May return fewer."""
         raise NotImplementedError
 
     def propose_steps(self, context_ids: list[int], k: int) -> "Generator[ModelCall, torch.Tensor, Draft]":
@@ -223,7 +224,9 @@ class Drafter:
         yield  # a generator that yields nothing  # noqa: unreachable
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
-        """The target accepted the first ``num_accepted`` proposed tokens, then committed ``next_token``."""
+        """The target accepted the first ``num_accepted`` proposed tokens, then committed ``next_token``. Called
+        only after a round in which this drafter proposed tokens (a round it proposed nothing in commits a token
+        too: the next ``propose`` sees it in ``context_ids``)."""
 
     def accepted_path(self, path: list[int], next_token: int) -> None:
         """After a tree proposal: the target accepted nodes ``path`` (root to leaf), then committed
