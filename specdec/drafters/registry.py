@@ -33,6 +33,8 @@ _plugins_loaded = False
 #: method name → the installed distribution (package) whose entry point registered it (``specdec methods`` says it)
 _PLUGIN_SOURCES: dict[str, str] = {}
 _PLUGINS_LOCK = threading.Lock()
+#: entry-point key → why that installed plugin did not load (an unknown method of that name then says so)
+_PLUGIN_FAILURES: dict[str, str] = {}
 
 
 class PluginWarning(UserWarning):
@@ -76,6 +78,7 @@ def _register_plugins() -> None:
 
 
 def _plugin_warning(point: EntryPoint, why: str) -> None:
+    _PLUGIN_FAILURES[_key(point.name)] = f"the installed plugin {point.name!r} ({point.value}) did not load: {why}"
     warnings.warn(f"specdec method plugin {point.name!r} ({point.value}) not loaded: {why}", PluginWarning, stacklevel=3)
 
 
@@ -142,6 +145,8 @@ def method_info(name: str) -> MethodInfo:
     if info is None and not _plugins_loaded:
         load_plugins()
         info = _find(_key(name))
+    if info is None and _key(name) in _PLUGIN_FAILURES:  # the warning scrolled by long before the name was used
+        raise SpecdecError(f"unknown speculative method {name!r}: {_PLUGIN_FAILURES[_key(name)]}")
     if info is None:
         raise SpecdecError(f"unknown speculative method {name!r}; available: {', '.join(method_names())}")
     return info
