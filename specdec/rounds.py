@@ -229,8 +229,9 @@ def check_proposal(drafter: Drafter, draft: object, vocab_size: int) -> None:
     shape = tuple(draft.probs.shape)
     width = shape[-1] if shape else 0
     if len(shape) != 2 or shape[0] != len(draft.tokens) or any(width <= t < vocab_size for t in draft.tokens):
-        raise DrafterError(f"drafter {drafter.name!r}: Draft.probs is {shape}; it must be [{len(draft.tokens)} tokens, "
-                           f"the vocabulary] with a column for every proposed token id")
+        rows = f"{len(draft.tokens)} token{'s' if len(draft.tokens) != 1 else ''}"
+        raise DrafterError(f"drafter {drafter.name!r}: Draft.probs is {shape}; it must be [{rows}, the vocabulary] "
+                           "with a column for every proposed token id")
 
 
 def proposed_for_alpha(drafted: int, verified: Verified, consumed: int) -> int:
