@@ -121,13 +121,22 @@ def test_clients_that_give_up_leave_the_queue_and_are_counted(slow_server):
 
 def test_the_request_log_has_one_line_per_request(tiny_dirs):
     proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
-                        "--served-model-name", "tiny", "--enable-log-requests")
+                        "--served-model-name", "tiny", "--enable-log-requests", "--max-log-len", "100")
     with serving((proc, base)):
         httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers={"x-request-id": "abc"}, timeout=60)
         httpx.post(f"{base}/v1/completions", json={"prompt": "x", "n": 0}, timeout=60)
+        httpx.post(f"{base}/v1/completions", json={"prompt": "y" * 300, "max_tokens": 1, "temperature": 0.5, "n": 2,
+                                                   "speculative": {"method": "ngram", "num_speculative_tokens": 3}},
+                   timeout=60)
     log = proc.stderr.read()
     assert '"POST /v1/completions" 200' in log and "request_id=abc" in log
     assert '"POST /v1/completions" 400' in log
+    # on admission, what each request asked for (vLLM's "Received request" line): its prompt as the model reads it,
+    # cut at --max-log-len, the sampling parameters that are not defaults, n and the speculation
+    assert "request_id=abc completions: 'x' (1 token) max_tokens=2 n=1; plain decoding" in log
+    long_line = next(line for line in log.splitlines() if "'yyy" in line)
+    assert "'" + "y" * 100 + "'…(+200 characters; 300 tokens)" in long_line
+    assert "temperature=0.5" in long_line and "n=2; ngram γ=3" in long_line
 
 
 def test_a_port_in_use_is_refused_before_loading(tmp_path):

@@ -23,6 +23,9 @@ from specdec.server.security import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 if TYPE_CHECKING:
     from specdec.server.state import ServerState
 
+#: --max-log-len's default: characters of each prompt the request log shows
+DEFAULT_MAX_LOG_LEN = 500
+
 
 def host_name(text: str) -> str:
     """--host: an address; an empty one bound every interface (uvicorn's reading), not the default 127.0.0.1."""
@@ -117,8 +120,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             "measured costs price at that load (at least 1)")
     serve.add_argument("--served-model-name", default=None, help="model id clients use (default: the --model value)")
     serve.add_argument("--enable-log-requests", action="store_true",
-                       help="log one line per request on stderr: client, method, path, status, seconds and the client's "
-                            "X-Request-Id (echoed in the response whether or not this is on; vLLM's flag). Default: off")
+                       help="log two lines per generation request on stderr: on admission what it asked for (its prompts "
+                            "as the model reads them, cut to --max-log-len, their token counts, the sampling parameters "
+                            "that differ from the defaults, n and the speculation), and at its end client, method, path, "
+                            "status, seconds and the client's X-Request-Id (echoed in the response whether or not this is "
+                            "on; vLLM's flag). Default: off")
+    serve.add_argument("--max-log-len", type=non_negative_int, default=DEFAULT_MAX_LOG_LEN, metavar="N",
+                       help="with --enable-log-requests, the characters of each prompt logged (0: none; vLLM's flag, "
+                            f"whose default is all: a long document per request floods the log). Default: {DEFAULT_MAX_LOG_LEN}")
     serve.add_argument("--audit-fraction", type=float, default=0.0, metavar="F",
                        help="re-decode this fraction of finished greedy requests plainly while the server is idle and "
                             "compare token ids (/metrics: specdec_audit_total; a mismatch is logged). Default: 0")
@@ -218,7 +227,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        policy=policy, executor=executor,
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
                        chat_default_max_tokens=args.default_max_tokens,
-                       audit_fraction=args.audit_fraction, log_requests=args.enable_log_requests,
+                       audit_fraction=args.audit_fraction, log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
                        prefill_chunk=prefill_chunk, pause_speculation_for_prompts=args.pause_speculation_for_prompts,
                        shared_prefill_chunk=SHARED_PREFILL_CHUNK if args.prefill_chunk == "auto" and prefill_chunk else 0,
                        long_prompt_tokens=LONG_PROMPT_TOKENS, echo_request_id=not args.ray)

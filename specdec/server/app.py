@@ -34,7 +34,7 @@ from specdec.server.prompts import request_choices
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, streamed_delta
 from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                     document_request_bodies, error_body, lone_surrogate_at, validation_message)
-from specdec.server.request_log import ResponseHeaders
+from specdec.server.request_log import ResponseHeaders, log_content
 from specdec.server.responses import sse
 from specdec.server.security import AccessMiddleware
 
@@ -237,6 +237,9 @@ def create_app(state: ServerState) -> FastAPI:
         if audit and not auditable(params):
             raise APIError(400, "an audit compares token ids with plain decoding: it needs temperature 0", param="speculative")
         endpoint = "chat" if chat else "completions"
+        if state.log_requests:  # what it asked for, on admission (the status line at its end said too little)
+            await asyncio.to_thread(log_content, state, request.headers.get("x-request-id"), endpoint,
+                                    [ids for ids, _, _ in choices[::req.n]], req.n, params, spec)
         # a client that gives up while queued leaves the queue now (it held a place, and queue-full refusals
         # were answered to clients behind it, until a slot freed and its request was found gone)
         opening = asyncio.ensure_future(open_jobs(choices, spec, audit, req.prompt_logprobs, constraint_field(req)))

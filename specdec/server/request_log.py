@@ -13,6 +13,7 @@ A pure ASGI middleware, so streamed responses pass through untouched.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -69,6 +70,45 @@ class ResponseHeaders:
                 # a stream its client cut had sent its 200 status line: logged 499, as /metrics counts it
                 shown = CLIENT_GONE if cut and not completed else status
                 log.info("%s", access_line(scope, shown, time.perf_counter() - start, request_id))
+
+
+def content_line(request_id: str | None, endpoint: str, prompts: list[tuple[str, int]], n: int, params: Any,
+                 speculation: str, max_chars: int | None) -> str:
+    """What a generation request asked for, logged when it is admitted (vLLM's "Received request" line):
+    ``request_id=abc chat: '<|im_start|>system…' (35 tokens) temperature=0.7 max_tokens=64 n=2; draft_suffix γ=auto``.
+    ``prompts``: each prompt's text and token count, the text cut to ``max_chars`` characters (``--max-log-len``;
+    None: whole, 0: left out). The status line at the end (:func:`access_line`) alone did not say what a failing
+    request held."""
+    shown = []
+    for text, tokens in prompts:
+        count = f"{tokens} token{'s' if tokens != 1 else ''}"
+        if max_chars is None or len(text) <= max_chars:
+            shown.append(f"{text!r} ({count})")
+        elif max_chars:
+            shown.append(f"{text[:max_chars]!r}…(+{len(text) - max_chars} characters; {count})")
+        else:
+            shown.append(f"({count})")
+    head = f"request_id={request_id[:200]} {endpoint}:" if request_id else f"{endpoint}:"
+    return " ".join([head, *shown, changed_fields(params), f"n={n};", speculation])
+
+
+def log_content(state: Any, request_id: str | None, endpoint: str, prompt_ids: list[list[int]], n: int, params: Any,
+                spec: Any) -> None:
+    """:func:`content_line` on the request log (``state``: the ServerState; ``spec``: the request's SpecConfig), each
+    prompt decoded with its special tokens (what the model reads)."""
+    decode = state.target.tokenizer.decode
+    prompts = [(decode(ids, skip_special_tokens=False) if state.max_log_len != 0 else "", len(ids)) for ids in prompt_ids]
+    speculation = f"{spec.method} γ={spec.num_speculative_tokens}" if spec.method else "plain decoding"
+    log.info("%s", content_line(request_id, endpoint, prompts, n, params, speculation, state.max_log_len))
+
+
+def changed_fields(params: Any, max_chars: int = 200) -> str:
+    """A dataclass's fields that differ from their defaults, ``name=value`` (a SamplingParams' repr is ~30 fields),
+    each value cut to ``max_chars`` characters (a JSON schema can be long)."""
+    default = type(params)()
+    values = [(f.name, repr(getattr(params, f.name))) for f in dataclasses.fields(params)
+              if f.repr and getattr(params, f.name) != getattr(default, f.name)]
+    return " ".join(f"{name}={value[:max_chars]}{'…' if len(value) > max_chars else ''}" for name, value in values)
 
 
 def access_line(scope: Scope, status: int, seconds: float, request_id: bytes | None) -> str:

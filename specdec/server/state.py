@@ -60,6 +60,8 @@ class ServerState:
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     #: --enable-log-requests: one log line per request (server/request_log.py)
     log_requests: bool = False
+    #: --max-log-len: characters of each prompt the request log shows (None: all, 0: none)
+    max_log_len: int | None = None
     #: echo the client's ``x-request-id`` in the response (False under Ray Serve, whose proxy echoes it: it came twice)
     echo_request_id: bool = True
     #: when the model was loaded (Unix seconds): /v1/models' ``created``
