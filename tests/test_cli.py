@@ -675,3 +675,30 @@ def test_a_draft_that_cannot_pair_is_refused_before_the_weights_load(tiny_dirs, 
 
     monkeypatch.setattr(Tokenizer, "load", no_tokenizer)
     check_pair_files(tiny_dirs["target"], tiny_dirs["draft"], "target", "draft")
+
+
+def test_a_long_prompt_comes_from_a_file_and_its_pass_is_announced(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """A walkthrough passed a document's path as the prompt: it was completed as a 12-token prompt, unsaid; and a
+    3k-token prompt's pass was 18-50 s of silence. --prompt-file reads it; a path given as the prompt is a warning;
+    a long prompt's pass is announced with its token count and, once over, its time."""
+    from specdec.cli import generate as generate_cli
+    from specdec.cli import main
+
+    document = tmp_path / "doc.txt"
+    document.write_text("def f(x):\n    return x\n")
+    base = ["--model", str(tiny_dirs["target"]), "--quantize", "none", "--max-tokens", "3", "--ignore-eos"]
+    assert main(["generate", "def f(x):\n    return x\n", *base]) == 0
+    as_text = capsys.readouterr().out
+    monkeypatch.setattr(generate_cli, "ANNOUNCED_PROMPT_TOKENS", 4)
+    assert main(["generate", "--prompt-file", str(document), *base]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == as_text  # the file's text, as if typed
+    assert re.search(r"prompt pass: \d+ tokens … \d+\.\d s\n", captured.err), captured.err
+    assert main(["generate", str(document), *base]) == 0
+    assert f"warning: the prompt is the text '{document}', which names a file: to read the file, pass --prompt-file" \
+        in capsys.readouterr().err
+    for argv, message in ((["generate", *base], "give the prompt as text, - (stdin) or --prompt-file FILE"),
+                          (["generate", "hi", "--prompt-file", str(document), *base], "not both"),
+                          (["generate", "--prompt-file", str(tmp_path / "none.txt"), *base], "none.txt: no such file")):
+        assert main(argv) == 1
+        assert message in capsys.readouterr().err

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, check_output_file, execution_modes,
                                 file_or_text, kernels_in_use, pages_in_use, sampling_from_args, spec_from_args)
@@ -18,7 +19,11 @@ from specdec.errors import ContextLengthError, SpecdecError
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     gen = subparsers.add_parser("generate", help="generate a completion, streaming text to stdout and stats to stderr",
                                 description="Generate a completion. Text streams to stdout; statistics go to stderr.")
-    gen.add_argument("prompt", help="prompt text, or - to read it from stdin")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="prompt text, or - to read it from stdin (a document: --prompt-file)")
+    gen.add_argument("--prompt-file", "-f", metavar="FILE", default=None,
+                     help="read the prompt from this UTF-8 file instead (llama.cpp's -f): a long document, which a "
+                          "command line caps at 128 KB")
     add_model_args(gen)
     add_sampling_args(gen)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
@@ -51,6 +56,58 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return gen
 
 
+def names_a_file(text: str) -> bool:
+    """Is ``text`` the path of an existing file (a long or multi-line text is not: no OSError for a long name)?"""
+    from pathlib import Path
+
+    if len(text) >= 4096 or "\n" in text:
+        return False
+    try:
+        return Path(text).expanduser().is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
+
+
+#: prompts of at least this many tokens are announced before their pass (seconds of silence otherwise)
+ANNOUNCED_PROMPT_TOKENS = 512
+
+
+def announce_prompt_pass(target, prompt: str | list[dict] | list[int], chat: bool) -> float | None:  # noqa: ANN001
+    """``prompt pass: 3090 tokens …`` on stderr before a long prompt's pass, whose time the first chunk completes: a
+    walkthrough's 3k-token document was 18-50 s with nothing on the screen. The start time, or None (short).
+    ``prompt``: text, messages, or token ids (a fill-in-the-middle prompt)."""
+    ids = isinstance(prompt, list) and all(isinstance(item, int) for item in prompt)
+    tokens = len(prompt) if ids else prompt_tokens(target.tokenizer, prompt, chat)
+    if tokens < ANNOUNCED_PROMPT_TOKENS:
+        return None
+    print(f"prompt pass: {tokens} tokens …", end="", file=sys.stderr, flush=True)
+    return time.perf_counter()
+
+
+def prompt_from_args(args: argparse.Namespace) -> str:
+    """The prompt: the text, stdin (``-``) or ``--prompt-file``. A prompt that is the name of an existing file is
+    used as text (a walkthrough's document path was completed as a 12-token prompt, unsaid) — with a warning."""
+    from pathlib import Path
+
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise SpecdecError("give the prompt as text, - (stdin) or --prompt-file FILE" if args.prompt is None
+                           else "give the prompt as text or as --prompt-file, not both")
+    if args.prompt_file is not None:
+        path = Path(args.prompt_file).expanduser()
+        if not path.is_file():
+            raise SpecdecError(f"--prompt-file {args.prompt_file}: no such file")
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpecdecError(f"--prompt-file {args.prompt_file}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    if args.prompt == "-":
+        return sys.stdin.read()
+    if names_a_file(args.prompt):
+        print(f"warning: the prompt is the text {args.prompt!r}, which names a file: to read the file, pass "
+              f"--prompt-file {args.prompt}", file=sys.stderr)
+    return args.prompt
+
+
 def prediction_readers() -> list[str]:
     """The registered methods that draft from a predicted output (MethodInfo.reads_prediction)."""
     from specdec.drafters.registry import all_methods
@@ -63,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.drafters.registry import all_methods, method_info
 
     check_output_file(args.html, "--html")
-    prompt: str | list[dict] = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt: str | list[dict] = prompt_from_args(args)
     if args.suffix is not None and (args.chat or args.system is not None or args.history is not None):
         raise SpecdecError("--suffix fills the middle of a plain prompt: drop --chat/--system/--history")
     suffix = file_or_text(args.suffix, "--suffix") if args.suffix is not None else None  # before minutes of loading
@@ -129,7 +186,11 @@ def run(args: argparse.Namespace) -> int:
     stats = None
     text_parts = []
     token_ids: list[int] = []
+    reading = announce_prompt_pass(target, prompt, args.chat)
     for chunk in specdec.stream(target, prompt, params, draft=draft, spec=spec, chat=args.chat):
+        if reading is not None:  # the pass is over: its time, then the text
+            print(f" {time.perf_counter() - reading:.1f} s", file=sys.stderr, flush=True)
+            reading = None
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         text_parts.append(chunk.text)
