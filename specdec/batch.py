@@ -7,16 +7,22 @@ to ``max_num_seqs`` requests' model calls in shared forwards, and the server's s
 
 from __future__ import annotations
 
+import numbers
 from typing import Callable, Sequence
 
 from specdec.api import LIBRARY_CALLS, LoadedModel, Prompt, check_target, encode_prompt, prepare, resolve_spec
 from specdec.chunking import default_max_num_batched_tokens, default_prefill_chunk, prompts_per_forward, shared_prefill_chunk
-from specdec.config import SpecConfig, is_int
+from specdec.config import SpecConfig
 from specdec.engine import GenerationResult, StreamChunk, check_context, collect, generate_steps
 from specdec.errors import SpecdecError
 from specdec.policy import BatchPolicy, RequestGate
 from specdec.sampling import SamplingParams
 from specdec.scheduler import END, Batcher, Stream
+
+
+def is_count(value: object) -> bool:
+    """An integer (a NumPy one too) that is not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def generate_batch(
@@ -54,7 +60,7 @@ def generate_batch(
     if not isinstance(prompts, (list, tuple)):  # a string ran one request per character
         raise TypeError(f"prompts must be a list of prompts (one prompt: specdec.generate), got {type(prompts).__name__}")
     for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
-        if (value is not None or name == "max_num_seqs") and (not is_int(value) or value < 1):  # "8": a TypeError in the loop
+        if (value is not None or name == "max_num_seqs") and (not is_count(value) or value < 1):  # "8": a TypeError later
             raise SpecdecError(f"{name} must be an integer >= 1, got {value!r}")
     if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or isinstance(prefill_chunk, bool) or prefill_chunk < 0):
         raise SpecdecError(f"prefill_chunk must be an integer >= 0 (0: whole prompts; None: the default), got {prefill_chunk!r}")

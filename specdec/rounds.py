@@ -199,10 +199,14 @@ def learn(gamma: GammaController | None, verify_costs: VerifyCosts, drafter: Dra
 
 def proposal(drafter: Drafter, context: list[int], k: int) -> Generator[ModelCall, torch.Tensor, tuple[Draft, float]]:
     """The drafter's proposal for this round and the seconds it waited on other requests' work
-    (:func:`specdec.calls.waited`). It proposes on a copy of the committed tokens: a drafter that wrote into the
-    list it was given (``context_ids[-1] = …``) changed the engine's own record of the output, and the text with
-    it. Its failures other than specdec's own errors are one :class:`DrafterError` naming it (the cause chained):
-    a plugin's RuntimeError came out of generate/serve as a bare exception of no named method."""
+    (:func:`specdec.calls.waited`). A drafter from outside specdec (a plugin, a user's class) proposes on a copy of
+    the committed tokens — one that wrote into the list it was given (``context_ids[-1] = …``) changed the engine's
+    own record of the output, and the text with it — and its failures other than specdec's own errors are one
+    :class:`DrafterError` naming it (the cause chained): its RuntimeError came out of generate/serve as a bare
+    exception of no named method. The built-in drafters read the list as is (a copy per round and request costs
+    ~60 µs at 32k tokens) and their errors keep their own type and traceback."""
+    if type(drafter).__module__.startswith("specdec."):
+        return (yield from waited(drafter.propose_steps(context, k)))
     try:
         return (yield from waited(drafter.propose_steps(list(context), k)))
     except SpecdecError:

@@ -152,6 +152,9 @@ def test_batch_errors_are_clear(int8_pair):
             specdec.generate_batch(target, ["ok"], max_num_seqs=seqs)
     with pytest.raises(SpecdecError, match="max_num_batched_tokens must be an integer >= 1"):
         specdec.generate_batch(target, ["ok"], max_num_batched_tokens="4096")
+    import numpy as np
+
+    assert specdec.generate_batch(target, ["ok"], SamplingParams(max_tokens=2), max_num_seqs=np.int64(2))[0].token_ids
     for setting in ("sometimes", -1):
         with pytest.raises(SpecdecError, match="disable_speculation_above"):
             specdec.generate_batch(target, ["ok"], disable_speculation_above=setting)

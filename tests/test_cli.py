@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -697,6 +698,17 @@ def test_a_long_prompt_comes_from_a_file_and_its_pass_is_announced(tiny_dirs, tm
     assert main(["generate", str(document), *base]) == 0
     assert f"warning: the prompt is the text '{document}', which names a file: to read the file, pass --prompt-file" \
         in capsys.readouterr().err
+    document.write_bytes("\ufeffdef f(x):\n    return x\n".encode())  # a byte-order mark is no part of the prompt
+    monkeypatch.setattr("sys.stdin", io.StringIO("def f(x):\n    return x\n"))
+    assert main(["generate", "--prompt-file", "-", *base]) == 0  # - reads stdin, as the positional - does
+    assert capsys.readouterr().out == as_text
+    assert main(["generate", "--prompt-file", str(document), *base]) == 0
+    assert capsys.readouterr().out == as_text
+    # texts pathlib cannot take as a path (~word of no user; a 300-byte word) are texts, not tracebacks
+    for text in ("~approx 5 apples", "w" * 260):
+        assert main(["generate", text, *base]) == 0
+        assert main(["generate", "hi", *base, "--system", text]) == 0  # (a 260-byte --system was "File name too long")
+        assert "Traceback" not in capsys.readouterr().err
     for argv, message in ((["generate", *base], "give the prompt as text, - (stdin) or --prompt-file FILE"),
                           (["generate", "hi", "--prompt-file", str(document), *base], "not both"),
                           (["generate", "--prompt-file", str(tmp_path / "none.txt"), *base], "none.txt: no such file")):

@@ -498,6 +498,13 @@ def test_integer_or_prequantized_weights_are_named_not_cast(tmp_path):
     save_file(gptq, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(WeightsError, match="already quantized by another tool .*qweight.*original float checkpoint"):
         specdec.load_model(folder, dtype="float32", quantize="none")
+    # bitsandbytes int8 (the weight in int8 beside its SCB scales) and FP8 (float8 weights beside their scales)
+    bnb = {**original, name: original[name].to(torch.int8), name.removesuffix("weight") + "SCB": torch.ones(4)}
+    fp8 = {**original, name: original[name].to(torch.float8_e4m3fn), name + "_scale_inv": torch.ones(1)}
+    for checkpoint, named in ((bnb, "SCB"), (fp8, "weight")):
+        save_file(checkpoint, folder / "model.safetensors", metadata={"format": "pt"})
+        with pytest.raises(WeightsError, match=f"already quantized by another tool .*{named}"):
+            specdec.load_model(folder, dtype="float32", quantize="none")
 
 
 def test_alpha_of_a_perfect_drafter_is_one_with_trees_and_stop_strings(tiny_target):

@@ -139,6 +139,19 @@ def test_the_request_log_has_one_line_per_request(tiny_dirs):
     assert "temperature=0.5" in long_line and "n=2; ngram γ=3" in long_line
 
 
+def test_max_log_len_0_logs_no_user_text():
+    """--max-log-len 0 showed the prompt as '' (an empty prompt, it read) and stop strings or a prediction whole."""
+    from specdec.sampling import SamplingParams
+    from specdec.server.request_log import content_line
+
+    params = SamplingParams(temperature=0.5, stop=["secret"], prediction="secret too")
+    line = content_line("r1", "chat", [("secret prompt", 3)], 1, params, "plain decoding", 0)
+    assert line == "request_id=r1 chat: (3 tokens) temperature=0.5 stop=… prediction=… n=1; plain decoding"
+    whole = content_line(None, "completions", [("secret prompt", 1)], 2, params, "ngram γ=3", None)
+    assert whole == ("completions: 'secret prompt' (1 token) temperature=0.5 stop=['secret'] prediction='secret too' "
+                     "n=2; ngram γ=3")
+
+
 def test_a_port_in_use_is_refused_before_loading(tmp_path):
     from tests.test_cli import run_cli
 

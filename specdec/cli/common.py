@@ -204,18 +204,37 @@ def make_output_folder(path: object, flag: str) -> None:
 FILE_ENDINGS = (".txt", ".json", ".py", ".md", ".gbnf", ".lark", ".ebnf", ".jsonl", ".js", ".ts", ".c", ".cpp", ".rs", ".go")
 
 
+def existing_file(value: str):  # noqa: ANN201 - pathlib.Path | None
+    """The file ``value`` names, or None: a long or multi-line text, a name too long for the file system, a NUL byte
+    or ``~word`` for no such user (pathlib raised OSError, ValueError and RuntimeError: tracebacks) names none."""
+    from pathlib import Path
+
+    if len(value) >= 4096 or "\n" in value:
+        return None
+    try:
+        path = Path(value).expanduser()
+        return path if path.is_file() else None
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
+def read_text_file(path, shown: str) -> str:  # noqa: ANN001 - pathlib.Path
+    """A UTF-8 text file's contents (a byte-order mark dropped), or one error naming it (``shown``: the flag and value)."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:  # a binary file, or another encoding: was a traceback
+        raise SpecdecError(f"{shown}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise SpecdecError(f"{shown}: cannot read it ({exc.strerror or exc})") from None
+
+
 def file_or_text(value: str, flag: str) -> str:
     """A flag that takes a file or the text itself: an existing file is read. A value that can only be
     a file's name (one word starting with / ./ ../ ~/, or ending in .json, .txt …) and names none is an
     error: a mistyped name was used as the text."""
-    from pathlib import Path
-
-    path = Path(value).expanduser()
-    if len(value) < 4096 and path.is_file():
-        try:
-            return path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:  # a binary file, or another encoding: was a traceback
-            raise SpecdecError(f"{flag} {value}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    path = existing_file(value)
+    if path is not None:
+        return read_text_file(path, f"{flag} {value}")
     one_word = not any(c.isspace() for c in value)
     if one_word and (value.startswith(("/", "./", "../", "~/")) or value.lower().endswith(FILE_ENDINGS)):
         raise SpecdecError(f"{flag} {value}: no such file (to give the text itself, it must not read as a file name)")
@@ -273,11 +292,16 @@ def check_pair_before_loading(args: argparse.Namespace, method: str | None) -> N
     embedding rows) refused from its files, before measuring or loading anything (:func:`specdec.compat.check_pair_files`)."""
     from specdec.compat import check_pair_files
     from specdec.drafters.registry import needs_draft_model
+    from specdec.errors import ModelNotFoundError
     from specdec.models.registry import resolve_model
 
-    if args.draft_model and needs_draft_model(method):
-        check_pair_files(resolve_model(args.model, auto_pull=not args.no_pull),
-                         resolve_model(args.draft_model, auto_pull=not args.no_pull), str(args.model), str(args.draft_model))
+    if not args.draft_model or not needs_draft_model(method):
+        return
+    try:  # what is here already: a model still to pull (or a path only a Ray cluster's nodes have) is checked loaded
+        paths = resolve_model(args.model, auto_pull=False), resolve_model(args.draft_model, auto_pull=False)
+    except ModelNotFoundError:
+        return
+    check_pair_files(*paths, str(args.model), str(args.draft_model))
 
 
 def planned_modes(args: argparse.Namespace, method: str | None, concurrency: int = 1):  # noqa: ANN201 - (str, str, ExecutionPlan | None)

@@ -11,7 +11,8 @@ import sys
 import time
 
 from specdec.cli.common import (add_debug_flag, add_model_args, add_sampling_args, check_output_file, execution_modes,
-                                file_or_text, kernels_in_use, pages_in_use, sampling_from_args, spec_from_args)
+                                existing_file, file_or_text, kernels_in_use, pages_in_use, read_text_file,
+                                sampling_from_args, spec_from_args)
 from specdec.cpu import cpu_description
 from specdec.errors import ContextLengthError, SpecdecError
 
@@ -56,18 +57,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return gen
 
 
-def names_a_file(text: str) -> bool:
-    """Is ``text`` the path of an existing file (a long or multi-line text is not: no OSError for a long name)?"""
-    from pathlib import Path
-
-    if len(text) >= 4096 or "\n" in text:
-        return False
-    try:
-        return Path(text).expanduser().is_file()
-    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
-        return False
-
-
 #: prompts of at least this many tokens are announced before their pass (seconds of silence otherwise)
 ANNOUNCED_PROMPT_TOKENS = 512
 
@@ -85,24 +74,20 @@ def announce_prompt_pass(target, prompt: str | list[dict] | list[int], chat: boo
 
 
 def prompt_from_args(args: argparse.Namespace) -> str:
-    """The prompt: the text, stdin (``-``) or ``--prompt-file``. A prompt that is the name of an existing file is
-    used as text (a walkthrough's document path was completed as a 12-token prompt, unsaid) — with a warning."""
-    from pathlib import Path
-
+    """The prompt: the text, stdin (``-``) or ``--prompt-file`` (``-``: stdin too). A prompt that is the name of an
+    existing file is used as text (a walkthrough's document path was completed as a 12-token prompt, unsaid) — with
+    a warning."""
     if (args.prompt is None) == (args.prompt_file is None):
         raise SpecdecError("give the prompt as text, - (stdin) or --prompt-file FILE" if args.prompt is None
                            else "give the prompt as text or as --prompt-file, not both")
-    if args.prompt_file is not None:
-        path = Path(args.prompt_file).expanduser()
-        if not path.is_file():
-            raise SpecdecError(f"--prompt-file {args.prompt_file}: no such file")
-        try:
-            return path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise SpecdecError(f"--prompt-file {args.prompt_file}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    if args.prompt == "-":
+    if args.prompt == "-" or args.prompt_file == "-":
         return sys.stdin.read()
-    if names_a_file(args.prompt):
+    if args.prompt_file is not None:
+        path = existing_file(args.prompt_file)
+        if path is None:
+            raise SpecdecError(f"--prompt-file {args.prompt_file}: no such file")
+        return read_text_file(path, f"--prompt-file {args.prompt_file}")
+    if existing_file(args.prompt) is not None:
         print(f"warning: the prompt is the text {args.prompt!r}, which names a file: to read the file, pass "
               f"--prompt-file {args.prompt}", file=sys.stderr)
     return args.prompt
@@ -186,16 +171,22 @@ def run(args: argparse.Namespace) -> int:
     stats = None
     text_parts = []
     token_ids: list[int] = []
+    chunks = specdec.stream(target, prompt, params, draft=draft, spec=spec, chat=args.chat)  # (checks the request now)
     reading = announce_prompt_pass(target, prompt, args.chat)
-    for chunk in specdec.stream(target, prompt, params, draft=draft, spec=spec, chat=args.chat):
-        if reading is not None:  # the pass is over: its time, then the text
-            print(f" {time.perf_counter() - reading:.1f} s", file=sys.stderr, flush=True)
-            reading = None
-        sys.stdout.write(chunk.text)
-        sys.stdout.flush()
-        text_parts.append(chunk.text)
-        token_ids.extend(chunk.token_ids)
-        stats = chunk.stats or stats
+    try:
+        for chunk in chunks:
+            if reading is not None:  # the pass is over: its time, then the text
+                print(f" {time.perf_counter() - reading:.1f} s", file=sys.stderr, flush=True)
+                reading = None
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            text_parts.append(chunk.text)
+            token_ids.extend(chunk.token_ids)
+            stats = chunk.stats or stats
+    except BaseException:
+        if reading is not None:  # an error or ^C during the pass: on a line of its own
+            print(file=sys.stderr, flush=True)
+        raise
     sys.stdout.write("\n")
     assert stats is not None
     report = {"stats": stats.to_dict()}

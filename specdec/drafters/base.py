@@ -225,8 +225,8 @@ class Drafter:
 
     def accepted(self, num_accepted: int, next_token: int) -> None:
         """The target accepted the first ``num_accepted`` proposed tokens, then committed ``next_token``. Called
-        only after a round in which this drafter proposed tokens (a round it proposed nothing in commits a token
-        too: the next ``propose`` sees it in ``context_ids``)."""
+        only after a round in which tokens this drafter proposed were verified (a round it proposed nothing in, or
+        whose proposal was all cut, commits a token too: the next ``propose`` sees it in ``context_ids``)."""
 
     def accepted_path(self, path: list[int], next_token: int) -> None:
         """After a tree proposal: the target accepted nodes ``path`` (root to leaf), then committed

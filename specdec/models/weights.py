@@ -129,8 +129,12 @@ def converted_cache_path(gguf_path: Path, dtype: torch.dtype | str) -> Path:
 
 
 #: tensor names of checkpoints other tools quantized (GPTQ/AWQ: qweight, qzeros, scales, g_idx; bitsandbytes:
-#: weight.absmax, quant_map …), which this loader does not read
-PREQUANTIZED_TENSORS = ("qweight", "qzeros", "g_idx", "absmax", "quant_map", "quant_state", "SCB", "weight_format")
+#: weight.absmax, quant_map …, SCB; FP8: weight_scale(_inv)), which this loader does not read
+PREQUANTIZED_TENSORS = ("qweight", "qzeros", "g_idx", "absmax", "quant_map", "quant_state", "SCB", "weight_format",
+                        "weight_scale", "weight_scale_inv", "input_scale")
+#: float8 dtypes (FP8 checkpoints: meaningful only with their scales)
+FLOAT8_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+                      if hasattr(torch, name))
 
 
 def build_decoder(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str) -> Decoder:
@@ -143,10 +147,11 @@ def build_decoder(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch
     expected = {name for name, _ in model.named_parameters()}
     missing, unexpected = expected - set(state), set(state) - expected - {"lm_head.weight"}
     quantized = sorted(name for name in unexpected if name.rsplit(".", 1)[-1] in PREQUANTIZED_TENSORS)
-    if missing and quantized:  # a GPTQ/AWQ/bitsandbytes checkpoint: its linears hold codes under other names
-        raise WeightsError(f"these weights are already quantized by another tool ({quantized[0]}, no "
-                           f"{sorted(missing)[0]}): specdec reads float weights (safetensors) or a GGUF and quantizes "
-                           f"them itself (--quantize); give the model's original float checkpoint")
+    quantized += sorted(name for name, tensor in state.items() if tensor.dtype in FLOAT8_DTYPES)
+    if quantized:  # GPTQ/AWQ (codes under other names), bitsandbytes (packed codes, absmax), FP8 (scaled float8)
+        raise WeightsError(f"these weights are already quantized by another tool ({quantized[0]}): specdec reads float "
+                           f"weights (safetensors) or a GGUF and quantizes them itself (--quantize); give the model's "
+                           f"original float checkpoint")
     if missing:
         raise WeightsError(f"weights are missing {len(missing)} tensors, e.g. {sorted(missing)[0]}")
     beyond = sorted({int(match.group(1)) for name in unexpected if (match := re.match(r"model\.layers\.(\d+)\.", name))

@@ -82,14 +82,14 @@ def content_line(request_id: str | None, endpoint: str, prompts: list[tuple[str,
     shown = []
     for text, tokens in prompts:
         count = f"{tokens} token{'s' if tokens != 1 else ''}"
-        if max_chars is None or len(text) <= max_chars:
-            shown.append(f"{text!r} ({count})")
-        elif max_chars:
-            shown.append(f"{text[:max_chars]!r}…(+{len(text) - max_chars} characters; {count})")
-        else:
+        if max_chars == 0:
             shown.append(f"({count})")
+        elif max_chars is None or len(text) <= max_chars:
+            shown.append(f"{text!r} ({count})")
+        else:
+            shown.append(f"{text[:max_chars]!r}…(+{len(text) - max_chars} characters; {count})")
     head = f"request_id={request_id[:200]} {endpoint}:" if request_id else f"{endpoint}:"
-    return " ".join([head, *shown, changed_fields(params), f"n={n};", speculation])
+    return " ".join([head, *shown, changed_fields(params, max_chars), f"n={n};", speculation])
 
 
 def log_content(state: Any, request_id: str | None, endpoint: str, prompt_ids: list[list[int]], n: int, params: Any,
@@ -102,13 +102,27 @@ def log_content(state: Any, request_id: str | None, endpoint: str, prompt_ids: l
     log.info("%s", content_line(request_id, endpoint, prompts, n, params, speculation, state.max_log_len))
 
 
-def changed_fields(params: Any, max_chars: int = 200) -> str:
+#: characters of a sampling parameter's value the request log shows (a JSON schema, a list of stop ids can be long)
+FIELD_CHARS = 200
+#: sampling parameters that hold the user's text, cut to --max-log-len as the prompt is
+TEXT_FIELDS = ("stop", "structured", "prediction")
+
+
+def changed_fields(params: Any, max_chars: int | None) -> str:
     """A dataclass's fields that differ from their defaults, ``name=value`` (a SamplingParams' repr is ~30 fields),
-    each value cut to ``max_chars`` characters (a JSON schema can be long)."""
+    each value cut to FIELD_CHARS characters, those holding the user's text (TEXT_FIELDS) to ``max_chars`` too
+    (None: FIELD_CHARS only; 0: the name alone)."""
     default = type(params)()
-    values = [(f.name, repr(getattr(params, f.name))) for f in dataclasses.fields(params)
-              if f.repr and getattr(params, f.name) != getattr(default, f.name)]
-    return " ".join(f"{name}={value[:max_chars]}{'…' if len(value) > max_chars else ''}" for name, value in values)
+    shown = []
+    for field in dataclasses.fields(params):
+        value = getattr(params, field.name)
+        if not field.repr or value == getattr(default, field.name):
+            continue
+        text, limit = repr(value), FIELD_CHARS
+        if field.name in TEXT_FIELDS and max_chars is not None:
+            limit = min(limit, max_chars)
+        shown.append(f"{field.name}={text[:limit]}{'…' if len(text) > limit else ''}")
+    return " ".join(shown)
 
 
 def access_line(scope: Scope, status: int, seconds: float, request_id: bytes | None) -> str:
