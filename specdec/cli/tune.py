@@ -281,7 +281,7 @@ def modes_section(modes: dict) -> str:
              f"in each (tokens/s, end to end; × plain: against plain decoding in {modes.get('plain_mode', modes['measured_in'])}, "
              "the mode `--quantize auto` decodes plainly in). Expected figures come from step costs timed on two random "
              "layers with the measured α: they rank the modes, they do not predict end-to-end speed.", "",
-             "| target mode | expected tok/s | measured tok/s | × plain |", "|---|---|---|---|"]
+             "| target mode | expected decode tok/s (ranks the modes) | measured tok/s, end to end | × plain |", "|---|---|---|---|"]
     plain = modes.get("plain_tok_s") or 0.0
     for mode, tok_s in modes["measured_tok_s"].items():
         expected = modes["expected_tok_s"].get(mode)
