@@ -64,9 +64,10 @@ ANNOUNCED_PROMPT_TOKENS = 512
 def announce_prompt_pass(target, prompt: str | list[dict] | list[int], chat: bool) -> float | None:  # noqa: ANN001
     """``prompt pass: 3090 tokens …`` on stderr before a long prompt's pass, whose time the first chunk completes: a
     walkthrough's 3k-token document was 18-50 s with nothing on the screen. The start time, or None (short).
-    ``prompt``: text, messages, or token ids (a fill-in-the-middle prompt)."""
-    ids = isinstance(prompt, list) and all(isinstance(item, int) for item in prompt)
-    tokens = len(prompt) if ids else prompt_tokens(target.tokenizer, prompt, chat)
+    ``prompt``: text, messages, or token ids (a fill-in-the-middle prompt), counted as the engine encodes them."""
+    from specdec.api import encode_prompt
+
+    tokens = len(encode_prompt(target, prompt, chat))
     if tokens < ANNOUNCED_PROMPT_TOKENS:
         return None
     print(f"prompt pass: {tokens} tokens …", end="", file=sys.stderr, flush=True)
