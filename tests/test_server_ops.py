@@ -3,6 +3,7 @@ logs, clients that give up while queued or mid-stream, nested JSON, the port che
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import socket
 import threading
@@ -117,6 +118,30 @@ def test_clients_that_give_up_leave_the_queue_and_are_counted(slow_server):
     while time.time() < deadline and metric(base, gone) < before + 2:
         time.sleep(0.1)
     assert metric(base, gone) == before + 2  # the queued one and the stream
+
+
+def test_an_admitted_requests_later_choices_do_not_fill_the_queue(slow_server):
+    """--max-queue counts requests: an n=3 request on the one slot held the one queue place with its own later
+    choices, so the next request was refused at once with nothing else waiting. A refusal says when to retry."""
+    proc, base = slow_server
+
+    def wait_for(waiting: int) -> None:
+        deadline = time.time() + 10
+        while time.time() < deadline and httpx.get(f"{base}/health").json()["waiting"] != waiting:
+            time.sleep(0.02)
+        assert httpx.get(f"{base}/health").json()["waiting"] == waiting
+
+    body = {"prompt": "x", "max_tokens": 60, "ignore_eos": True, "temperature": 0}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        three = pool.submit(httpx.post, f"{base}/v1/completions", json={**body, "n": 3}, timeout=60)
+        wait_for(1)  # its first choice on the slot, the next waiting for it (the third waits behind that)
+        queued = pool.submit(httpx.post, f"{base}/v1/completions", json=body, timeout=60)
+        wait_for(2)  # the queue's one place taken by a request
+        refused = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
+        assert error(refused, 429)["code"] == "queue_full"
+        assert refused.headers["retry-after"] == "1"
+        assert three.result().status_code == 200 and len(three.result().json()["choices"]) == 3
+        assert queued.result().status_code == 200, queued.result().text
 
 
 def test_the_request_log_has_one_line_per_request(tiny_dirs):

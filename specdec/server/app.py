@@ -29,7 +29,7 @@ from specdec.sampling import SamplingParams
 from specdec.server.errors import generation_failure, install_error_handlers
 from specdec.server.jobs import Job, chunk_body, combined_usage, full_response, merged_chunks
 from specdec.server.state import ServerState
-from specdec.server.params import APIError, constraint_field, field_named
+from specdec.server.params import RETRY_AFTER_S, APIError, constraint_field, field_named
 from specdec.server.prompts import request_choices
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, streamed_delta
 from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
@@ -310,14 +310,18 @@ def create_app(state: ServerState) -> FastAPI:
     async def acquire_slot(admitted: bool = False) -> None:
         if state.slots is None:
             state.slots = asyncio.Semaphore(state.max_concurrency)
-        if not admitted and state.slots.locked() and state.waiting >= state.max_queue:
-            raise APIError(429, "server busy: the request queue is full, retry later", kind="rate_limit_error", code="queue_full")
+        # --max-queue counts requests, not the later choices of admitted ones (a running n=4 request held 3 places)
+        if not admitted and state.slots.locked() and state.queued >= state.max_queue:
+            raise APIError(429, "server busy: the request queue is full, retry later", kind="rate_limit_error",
+                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
         state.waiting += 1
+        state.queued += not admitted
         state.count_requests()
         try:
             await state.slots.acquire()
         finally:
             state.waiting -= 1
+            state.queued -= not admitted
             state.count_requests()
         state.active += 1
         state.count_requests()

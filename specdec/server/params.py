@@ -26,12 +26,19 @@ MAX_CHOICES = 16
 MAX_LOGIT_BIAS = 300
 
 
+#: seconds a refused client is told to wait (Retry-After) when the queue is full, here and by Ray Serve's proxy
+RETRY_AFTER_S = 1
+
+
 class APIError(Exception):
     """Answered as OpenAI's error object with this HTTP status (see ``create_app``)."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        #: extra response headers (a queue-full 429's Retry-After, as OpenAI and Ray Serve's proxy send it)
+        self.headers = headers
 
     @classmethod
     def internal(cls, exc: BaseException) -> "APIError":

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from specdec.errors import SpecdecError
+from specdec.server.params import RETRY_AFTER_S
 
 #: the app's name in Ray Serve (``serve status``, ``serve.delete``)
 APP_NAME = "specdec"
@@ -100,7 +101,7 @@ def deployment_options(settings: RaySettings) -> dict[str, Any]:
     try:  # the proxy's refusals as 429 (Ray's default is 503, "unavailable", for a server that is up); older Ray: 503
         from ray.serve.config import BackpressureConfig
 
-        options["backpressure_config"] = BackpressureConfig(status_code=429, retry_after_s=1)
+        options["backpressure_config"] = BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S)
     except ImportError:
         pass
     return options

@@ -50,7 +50,9 @@ class ServerState:
     auditor: Auditor | None = None  # made by create_app
     metrics: Metrics = field(default_factory=Metrics)
     active: int = 0
+    #: sequences waiting for a slot (the gauge); ``queued``: the requests among them not yet admitted (--max-queue)
     waiting: int = 0
+    queued: int = 0
     #: recent active + waiting requests, what --disable-speculation-above is read against (policy.py)
     load: LoadAverage = field(default_factory=LoadAverage)
     slots: asyncio.Semaphore | None = None
