@@ -265,3 +265,44 @@ def test_under_ray_the_request_id_is_echoed_once():
 
     assert (b"x-request-id", b"myid-1") in headers(True)
     assert all(name != b"x-request-id" for name, _ in headers(False))
+
+
+def test_a_working_server_logs_its_throughput_every_interval(tiny_dirs):
+    """vLLM's periodic line: an operator watching the terminal saw nothing while the server worked. Each line
+    counts the tokens of its own window (chunks as they come, not requests as they end), the weights read per
+    second, the load and the drafts accepted; an idle server says nothing, and --disable-log-stats none."""
+    import re
+    import signal
+
+    proc, base = launch("--model", str(tiny_dirs["target"]), "--draft-model", str(tiny_dirs["draft"]), "--dtype",
+                        "float32", "--quantize", "none", "--served-model-name", "tiny", "--log-stats-interval", "0.2",
+                        runner=("-c", SLOW_SERVER))
+    with serving((proc, base)):
+        started = time.time()
+        answer = httpx.post(f"{base}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 60, "ignore_eos": True,
+                                                            "temperature": 0}, timeout=120)
+        working_s = time.time() - started
+        assert answer.status_code == 200
+        time.sleep(1.0)  # idle windows: no lines
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    lines = [line for line in stderr.splitlines() if "specdec.server.stats" in line]
+    pattern = re.compile(r"INFO specdec\.server\.stats: throughput: generation ([\d.]+) tok/s, prompt ([\d.]+) tok/s, "
+                         r"weights read ([\d.]+) GB/s; running (\d+), waiting (\d+)(; draft acceptance [\d.]+ % "
+                         r"\((\d+) of (\d+) drafted tokens\))?$")
+    parsed = [pattern.match(line) for line in lines]
+    assert lines and all(parsed), stderr[-3000:]
+    assert len(lines) >= 3  # ~60 chunks x 20 ms: a line every 0.2 s of it
+    assert sum(float(one[1]) > 0 for one in parsed) >= 2 and any(one[4] == "1" for one in parsed)
+    assert any(float(one[3]) > 0 for one in parsed) and any(one[6] for one in parsed)
+    assert sum(int(one[7]) for one in parsed if one[6]) <= sum(int(one[8]) for one in parsed if one[6])
+    assert len(lines) <= working_s / 0.2 + 2, lines  # nothing logged in the idle second after the answer
+
+    quiet, quiet_base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
+                               "--served-model-name", "tiny", "--log-stats-interval", "0.2", "--disable-log-stats")
+    with serving((quiet, quiet_base)):
+        httpx.post(f"{quiet_base}/v1/completions", json={"prompt": "x", "max_tokens": 30}, timeout=60)
+        time.sleep(0.5)
+        quiet.send_signal(signal.SIGINT)
+        _, stderr = quiet.communicate(timeout=60)
+    assert "specdec.server.stats" not in stderr, stderr[-2000:]

@@ -15,10 +15,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from specdec.cli.common import add_debug_flag, add_model_args, execution_modes, spec_from_args
-from specdec.cli.values import bounded_int, count_or_word, non_negative_int, positive_int, speculation_limit_value
+from specdec.cli.values import (bounded_int, count_or_word, non_negative_int, non_negative_number, positive_int,
+                                speculation_limit_value)
 from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
 from specdec.errors import SpecdecError
 from specdec.server.security import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
+from specdec.server.stats_log import DEFAULT_INTERVAL_S as DEFAULT_STATS_INTERVAL_S
 
 if TYPE_CHECKING:
     from specdec.server.state import ServerState
@@ -128,6 +130,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     serve.add_argument("--max-log-len", type=non_negative_int, default=DEFAULT_MAX_LOG_LEN, metavar="N",
                        help="with --enable-log-requests, the characters of each prompt logged (0: none; vLLM's flag, "
                             f"whose default is all: a long document per request floods the log). Default: {DEFAULT_MAX_LOG_LEN}")
+    serve.add_argument("--log-stats-interval", type=non_negative_number, default=DEFAULT_STATS_INTERVAL_S, metavar="S",
+                       help="every S seconds while requests run, one line on stderr: generation and prompt tokens/s, the "
+                            "weights' bytes read per second (GB/s: the speed against memory's limit), requests running and "
+                            f"waiting, and the draft tokens accepted (vLLM's throughput line). 0: none. Default: "
+                            f"{DEFAULT_STATS_INTERVAL_S:g}")
+    serve.add_argument("--disable-log-stats", action="store_true", help="no throughput lines (vLLM's flag; "
+                       "--log-stats-interval 0)")
     serve.add_argument("--audit-fraction", type=float, default=0.0, metavar="F",
                        help="re-decode this fraction of finished greedy requests plainly while the server is idle and "
                             "compare token ids (/metrics: specdec_audit_total; a mismatch is logged). Default: 0")
@@ -228,6 +237,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
                        chat_default_max_tokens=args.default_max_tokens,
                        audit_fraction=args.audit_fraction, log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
+                       stats_interval_s=0.0 if args.disable_log_stats else args.log_stats_interval,
                        prefill_chunk=prefill_chunk, pause_speculation_for_prompts=args.pause_speculation_for_prompts,
                        shared_prefill_chunk=SHARED_PREFILL_CHUNK if args.prefill_chunk == "auto" and prefill_chunk else 0,
                        long_prompt_tokens=LONG_PROMPT_TOKENS, echo_request_id=not args.ray)
@@ -266,13 +276,17 @@ def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
     """The OpenAI app with its models loaded: what one process (or one Ray Serve replica) serves."""
     from specdec.server.app import create_app
 
-    if args.enable_log_requests:  # here, not in run(): a Ray replica builds its own app in a process of its own
-        requests = logging.getLogger("specdec.server.requests")
-        requests.setLevel(logging.INFO)
-        if not requests.hasHandlers():  # a Ray replica: no handler above it, and Python's last resort drops INFO
+    # here, not in run(): a Ray replica builds its own app in a process of its own
+    for name, wanted in (("specdec.server.requests", args.enable_log_requests),
+                         ("specdec.server.stats", not args.disable_log_stats and args.log_stats_interval > 0)):
+        if not wanted:
+            continue
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        if not logger.hasHandlers():  # a Ray replica: no handler above it, and Python's last resort drops INFO
             handler = logging.StreamHandler(sys.stderr)
             handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-            requests.addHandler(handler)
+            logger.addHandler(handler)
     return create_app(build_state(args, threads))
 
 

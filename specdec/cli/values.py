@@ -87,6 +87,14 @@ def positive_number(text: str) -> float:
     return value
 
 
+def non_negative_number(text: str) -> float:
+    """Seconds where 0 switches something off (--log-stats-interval): a finite number >= 0."""
+    value = number(text)
+    if not 0 <= value < float("inf"):  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
 def gamma_value(text: str) -> int | str:
     if text == "auto":
         return text

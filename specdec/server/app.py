@@ -10,6 +10,7 @@ next step and frees its slot. Bad input gets an OpenAI-style error object and th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,6 +30,7 @@ from specdec.sampling import SamplingParams
 from specdec.server.errors import generation_failure, install_error_handlers
 from specdec.server.jobs import Job, chunk_body, combined_usage, full_response, merged_chunks
 from specdec.server.state import ServerState
+from specdec.server.stats_log import log_stats_forever
 from specdec.server.params import RETRY_AFTER_S, APIError, constraint_field, field_named
 from specdec.server.prompts import request_choices
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, streamed_delta
@@ -100,11 +102,26 @@ LEGACY_FUNCTION_FIELDS = ("functions", "function_call")
 
 
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        """The periodic throughput line (server/stats_log.py) while the app serves, where asked for."""
+        if not state.stats_interval_s:
+            yield
+            return
+        task = asyncio.create_task(log_stats_forever(state.throughput, state.stats_interval_s,
+                                                     lambda: (state.active, state.waiting)))
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding",
+                  lifespan=lifespan)
     app.state.specdec = state
 
     def heard(forward: Forward) -> None:  # on the model thread, after each forward
         state.metrics.observe_forward(forward)
+        state.throughput.add_forward(forward)
         state.policy.costs.observe(forward)  # what forwards cost at this load: the policy's γ table reads it
 
     state.executor.enable_batching(on_forward=heard)

@@ -18,6 +18,7 @@ from specdec.server.audit import Auditor
 from specdec.server.executor import ModelExecutor
 from specdec.server.metrics import Metrics
 from specdec.server.security import AccessPolicy
+from specdec.server.stats_log import ThroughputWindow
 
 
 @dataclass
@@ -60,6 +61,9 @@ class ServerState:
     executor: ModelExecutor = field(default_factory=ModelExecutor)
     #: which process answered (header ``x-specdec-instance``, /health): tells replicas apart behind a proxy
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    #: --log-stats-interval: seconds between throughput lines while serving (0: none; server/stats_log.py)
+    stats_interval_s: float = 0.0
+    throughput: ThroughputWindow = field(default_factory=ThroughputWindow)
     #: --enable-log-requests: one log line per request (server/request_log.py)
     log_requests: bool = False
     #: --max-log-len: characters of each prompt the request log shows (None: all, 0: none)
