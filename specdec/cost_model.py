@@ -82,7 +82,10 @@ class Curve:
         (t0, s0), (t1, s1) = known[-2], known[-1]
         last = (s1 - s0) / (t1 - t0)
         if last > 0:
-            return last
+            # One more row never costs more than the cheapest average per row measured (a forward's fixed part only
+            # shares out): a probe slowed by a neighbour at its largest size is a steep last slope, and a draft's
+            # 3k-token catch-up extrapolated from one was "~238440 ms" where it took 4.3 s (a walkthrough).
+            return min(last, min(seconds / tokens for tokens, seconds in known))
         # flattened by noise (__post_init__; a tiny model's probe is call overhead): long prefills are not
         # free — the whole curve's slope, or where that is flat too the largest size's cost per row (an
         # upper bound: a 0 here once chose an int4 prompt twin for a tiny int8 server)

@@ -88,6 +88,16 @@ def test_a_curve_never_falls_with_more_rows():
     assert flat.row_seconds() == pytest.approx(0.0026 / 32)  # never free
 
 
+def test_one_slow_probe_at_the_largest_size_does_not_price_long_prompts():
+    """A neighbour slowed the 32-row probe 13x: its last slope priced a draft's 3k-token catch-up at ~238 s (4.3 s
+    measured). A row costs at most the cheapest average per row any size measured."""
+    healthy = Curve("int8", {1: 0.012, 2: 0.013, 4: 0.014, 8: 0.020, 16: 0.031, 32: 0.054})
+    assert healthy.row_seconds() == pytest.approx((0.054 - 0.031) / 16)  # unchanged: the slope is below 0.054 / 32
+    slowed = Curve("int8", {1: 0.012, 2: 0.013, 4: 0.014, 8: 0.020, 16: 0.031, 32: 0.70})
+    assert slowed.row_seconds() == pytest.approx(0.031 / 16)
+    assert slowed.cost(3000) < 7.0  # 0.70 + 2968 x 1.9 ms (the last slope: 124 s)
+
+
 def test_curves_are_measured_once_and_cached_per_cpu(tmp_path, monkeypatch, int4_kernel):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     monkeypatch.setattr("specdec.step_costs.other_cpu_share", lambda since: 0.0)  # a busy neighbour would skip the cache
