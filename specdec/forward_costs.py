@@ -45,6 +45,9 @@ class Forward:
     rows: int
     prompt_calls: int  # calls in it that were prompt passes (or prefill chunks)
     seconds: float
+    prompt_rows: int = 0  # the rows of those calls: prompt tokens computed (a prefix cache's hits are not)
+    #: times the weights were read: once where the backend batches its calls, else once per call
+    weight_passes: int = 1
 
 
 class ForwardCosts:

@@ -194,7 +194,9 @@ class Batcher:
             return
         seconds = time.perf_counter() - start
         if self.on_forward is not None:
-            self.on_forward(Forward(first.backend, first.role, len(batch), rows, sum(s.call.prompt for s in batch), seconds))
+            self.on_forward(Forward(first.backend, first.role, len(batch), rows, sum(s.call.prompt for s in batch), seconds,
+                                    prompt_rows=sum(len(s.call.tokens) for s in batch if s.call.prompt),
+                                    weight_passes=first.backend.weight_passes(len(batch))))
         for stream, rows_logits in zip(batch, logits):
             stream.call.seconds = seconds * len(stream.call.tokens) / max(1, rows)
             stream.call, stream.reply = None, rows_logits

@@ -106,10 +106,16 @@ def test_the_batcher_reports_every_forward():
     """Each forward, the target's and the draft model's, with its requests, rows, prompt passes and time."""
 
     class Model:
+        def __init__(self, batches: bool) -> None:
+            self.batches = batches
+
         def forward_batch(self, calls, vocab_limit=None):
             return [torch.zeros(len(tokens), 4) for _, tokens, _, _ in calls]
 
-    target, draft, heard = Model(), Model(), []
+        def weight_passes(self, calls):
+            return 1 if self.batches else calls
+
+    target, draft, heard = Model(batches=True), Model(batches=False), []
 
     def request(prompt_len):
         yield ModelCall(target, None, [0] * prompt_len, 1, prompt=True)
@@ -124,4 +130,6 @@ def test_the_batcher_reports_every_forward():
     assert len(done) == 2
     assert [(f.backend is target, f.role, f.requests, f.rows, f.prompt_calls) for f in heard] == [
         (True, "target", 2, 8, 2), (False, "draft", 2, 2, 0), (True, "target", 2, 4, 0)]
+    # the prompt tokens computed (the server's throughput line) and how often the weights were read
+    assert [(f.prompt_rows, f.weight_passes) for f in heard] == [(8, 1), (0, 2), (0, 1)]
     assert all(f.seconds >= 0 for f in heard)

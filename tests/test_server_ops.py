@@ -134,7 +134,7 @@ def test_an_admitted_requests_later_choices_do_not_fill_the_queue(slow_server):
     body = {"prompt": "x", "max_tokens": 60, "ignore_eos": True, "temperature": 0}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         three = pool.submit(httpx.post, f"{base}/v1/completions", json={**body, "n": 3}, timeout=60)
-        wait_for(1)  # its first choice on the slot, the next waiting for it (the third waits behind that)
+        wait_for(1)  # its first choice on the slot, the second waiting for it (the third asks once that one runs)
         queued = pool.submit(httpx.post, f"{base}/v1/completions", json=body, timeout=60)
         wait_for(2)  # the queue's one place taken by a request
         refused = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
@@ -306,3 +306,24 @@ def test_a_working_server_logs_its_throughput_every_interval(tiny_dirs):
         quiet.send_signal(signal.SIGINT)
         _, stderr = quiet.communicate(timeout=60)
     assert "specdec.server.stats" not in stderr, stderr[-2000:]
+
+
+def test_the_throughput_window_counts_what_was_computed_and_says_nothing_when_idle():
+    """Prompt rows of the target's forwards only (a draft model's catch-up and a prefix cache's hits are not prompt
+    throughput), weights once per time the backend read them (float weights run a batch's calls one by one)."""
+    from specdec.forward_costs import Forward
+    from specdec.server.stats_log import ThroughputWindow, stats_line
+    from specdec.stats import Round
+
+    class Backend:
+        weight_bytes = 10**9
+
+    window = ThroughputWindow()
+    assert stats_line(window.take(), 1.0, 0, 0) is None
+    window.add_forward(Forward(Backend(), "target", 2, 40, 1, 0.1, prompt_rows=38, weight_passes=2))
+    window.add_forward(Forward(Backend(), "draft", 1, 30, 1, 0.1, prompt_rows=30))
+    window.add_chunk(3, [Round(drafted=[1, 2, 3], accepted=2, forced=0, committed=[1, 2, 9])])
+    line = stats_line(window.take(), 2.0, 1, 1)
+    assert line == ("throughput: generation 1.5 tok/s, prompt 19.0 tok/s, weights read 1.50 GB/s; running 1, waiting 1; "
+                    "draft acceptance 66.7 % (2 of 3 drafted tokens)")
+    assert stats_line(window.take(), 2.0, 0, 0) is None  # a fresh window

@@ -71,3 +71,8 @@ class Backend(Protocol):
     def weight_bytes(self) -> int:
         """Bytes of weights read per forward (for the achieved-bandwidth figure)."""
         ...
+
+    def weight_passes(self, calls: int) -> int:
+        """How many times a :meth:`forward_batch` of ``calls`` calls reads the weights: once where it batches them,
+        ``calls`` where it runs them one after another (the server's GB/s figure)."""
+        ...

@@ -137,6 +137,12 @@ class TorchBackend:
             self._weight_bytes = self.decoder.weight_bytes
         return self._weight_bytes
 
+    def weight_passes(self, calls: int) -> int:
+        """Once for a batch only where :meth:`forward_batch` batches: the quantized CPU layers' ragged runner, no
+        CUDA graphs (which replay one call each); float weights run the calls one after another."""
+        batches = self.graphs is None and self.decoder.ragged_layer_runner is not None
+        return 1 if batches or calls <= 1 else calls
+
     def synchronize(self) -> None:
         """Wait for queued device work so wall-clock timings mean something on CUDA."""
         if self.device.type == "cuda":

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import os
 import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
 from specdec.cli.common import add_debug_flag, add_model_args, execution_modes, spec_from_args
-from specdec.cli.values import (bounded_int, count_or_word, non_negative_int, non_negative_number, positive_int,
-                                speculation_limit_value)
+from specdec.cli.values import (bounded_int, count_or_word, default_max_tokens, non_negative_int, positive_int,
+                                speculation_limit_value, stats_interval)
 from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
 from specdec.errors import SpecdecError
 from specdec.server.security import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
@@ -130,10 +129,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     serve.add_argument("--max-log-len", type=non_negative_int, default=DEFAULT_MAX_LOG_LEN, metavar="N",
                        help="with --enable-log-requests, the characters of each prompt logged (0: none; vLLM's flag, "
                             f"whose default is all: a long document per request floods the log). Default: {DEFAULT_MAX_LOG_LEN}")
-    serve.add_argument("--log-stats-interval", type=non_negative_number, default=DEFAULT_STATS_INTERVAL_S, metavar="S",
+    serve.add_argument("--log-stats-interval", type=stats_interval, default=DEFAULT_STATS_INTERVAL_S, metavar="S",
                        help="every S seconds while requests run, one line on stderr: generation and prompt tokens/s, the "
                             "weights' bytes read per second (GB/s: the speed against memory's limit), requests running and "
-                            f"waiting, and the draft tokens accepted (vLLM's throughput line). 0: none. Default: "
+                            f"waiting, and the draft tokens accepted (vLLM's throughput line; under --ray in the replicas' logs, "
+                            "here with --enable-log-requests). 0: none. Default: "
                             f"{DEFAULT_STATS_INTERVAL_S:g}")
     serve.add_argument("--disable-log-stats", action="store_true", help="no throughput lines (vLLM's flag; "
                        "--log-stats-interval 0)")
@@ -237,20 +237,15 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
                        chat_default_max_tokens=args.default_max_tokens,
                        audit_fraction=args.audit_fraction, log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
-                       stats_interval_s=0.0 if args.disable_log_stats else args.log_stats_interval,
+                       stats_interval_s=args.log_stats_interval if stats_wanted(args) else 0.0,
                        prefill_chunk=prefill_chunk, pause_speculation_for_prompts=args.pause_speculation_for_prompts,
                        shared_prefill_chunk=SHARED_PREFILL_CHUNK if args.prefill_chunk == "auto" and prefill_chunk else 0,
                        long_prompt_tokens=LONG_PROMPT_TOKENS, echo_request_id=not args.ray)
 
 
-def default_max_tokens(text: str) -> int | None:
-    """--default-max-tokens: a positive number, or 'context' (None: the rest of the context window)."""
-    if text.strip().lower() == "context":
-        return None
-    try:
-        return positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"must be a positive number of tokens or 'context', got {text!r}") from None
+def stats_wanted(args: argparse.Namespace) -> bool:
+    """Whether the server logs its throughput line (server/stats_log.py)."""
+    return not args.disable_log_stats and args.log_stats_interval > 0
 
 
 def check_serving_method(target: Any, draft: Any, spec: Any) -> None:
@@ -276,17 +271,13 @@ def build_app(args: argparse.Namespace, threads: int | None = None) -> Any:
     """The OpenAI app with its models loaded: what one process (or one Ray Serve replica) serves."""
     from specdec.server.app import create_app
 
+    from specdec.server.request_log import log_info_to_stderr
+
     # here, not in run(): a Ray replica builds its own app in a process of its own
     for name, wanted in (("specdec.server.requests", args.enable_log_requests),
-                         ("specdec.server.stats", not args.disable_log_stats and args.log_stats_interval > 0)):
-        if not wanted:
-            continue
-        logger = logging.getLogger(name)
-        logger.setLevel(logging.INFO)
-        if not logger.hasHandlers():  # a Ray replica: no handler above it, and Python's last resort drops INFO
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-            logger.addHandler(handler)
+                         ("specdec.server.stats", stats_wanted(args))):
+        if wanted:
+            log_info_to_stderr(name)
     return create_app(build_state(args, threads))
 
 
@@ -378,7 +369,10 @@ def run_on_ray(args: argparse.Namespace) -> int:
         raise SpecdecError("--ray needs a fixed --port (Ray Serve's proxy binds it on every node)")
     settings = RaySettings(replicas=args.replicas, cpus_per_replica=args.ray_cpus_per_replica, address=args.ray_address,
                            host=args.host, port=args.port,
-                           max_ongoing_requests=args.max_concurrency + args.max_queue, log_to_driver=args.enable_log_requests)
+                           max_ongoing_requests=args.max_concurrency + args.max_queue,
+                           # the replicas' output (request and throughput lines) here only when asked: it brings
+                           # Ray's controller tracebacks with it (a replica that cannot start was 39 lines)
+                           log_to_driver=args.enable_log_requests)
     if settings.address is None:  # a private cluster's proxy binds here: a port in use is one line now, not Ray's
         # proxy's traceback later (a running cluster's proxy may hold the port already, and serve.start reuses it)
         listening_socket(args.host, args.port).close()

@@ -87,12 +87,22 @@ def positive_number(text: str) -> float:
     return value
 
 
-def non_negative_number(text: str) -> float:
-    """Seconds where 0 switches something off (--log-stats-interval): a finite number >= 0."""
+def stats_interval(text: str) -> float:
+    """--log-stats-interval: 0 (no lines) or at least 0.1 seconds (a tiny one was a busy loop flooding the log)."""
     value = number(text)
-    if not 0 <= value < float("inf"):  # NaN too
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    if value != 0 and not 0.1 <= value < float("inf"):  # NaN too
+        raise argparse.ArgumentTypeError(f"must be 0 (no lines) or at least 0.1 seconds, got {text}")
     return value
+
+
+def default_max_tokens(text: str) -> int | None:
+    """--default-max-tokens: a positive number, or 'context' (None: the rest of the context window)."""
+    if text.strip().lower() == "context":
+        return None
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be a positive number of tokens or 'context', got {text!r}") from None
 
 
 def gamma_value(text: str) -> int | str:

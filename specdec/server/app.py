@@ -10,7 +10,6 @@ next step and frees its slot. Bad input gets an OpenAI-style error object and th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -30,8 +29,8 @@ from specdec.sampling import SamplingParams
 from specdec.server.errors import generation_failure, install_error_handlers
 from specdec.server.jobs import Job, chunk_body, combined_usage, full_response, merged_chunks
 from specdec.server.state import ServerState
-from specdec.server.stats_log import log_stats_forever
-from specdec.server.params import RETRY_AFTER_S, APIError, constraint_field, field_named
+from specdec.server.stats_log import stats_lifespan
+from specdec.server.params import APIError, constraint_field, field_named
 from specdec.server.prompts import request_choices
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, streamed_delta
 from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
@@ -102,19 +101,8 @@ LEGACY_FUNCTION_FIELDS = ("functions", "function_call")
 
 
 def create_app(state: ServerState) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        """The periodic throughput line (server/stats_log.py) while the app serves, where asked for."""
-        if not state.stats_interval_s:
-            yield
-            return
-        task = asyncio.create_task(log_stats_forever(state.throughput, state.stats_interval_s,
-                                                     lambda: (state.active, state.waiting)))
-        try:
-            yield
-        finally:
-            task.cancel()
-
+    # the periodic throughput line while the app serves, where asked for (server/stats_log.py)
+    lifespan = stats_lifespan(state.throughput, state.stats_interval_s, lambda: (state.active, state.waiting))
     app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding",
                   lifespan=lifespan)
     app.state.specdec = state
@@ -300,13 +288,13 @@ def create_app(state: ServerState) -> FastAPI:
             for prompt_ids, params, echo in choices:
                 if shared and jobs and jobs[-1].prompt_ids == prompt_ids and params.prompt_logprobs is None:
                     await jobs[-1].started.wait()
-                await acquire_slot(admitted=bool(jobs))
+                await state.acquire_slot(admitted=bool(jobs))
                 try:
                     job = Job(state, prompt_ids, params, spec, audit, echo, prompt_logprobs)
                 except BaseException:
-                    release_slot()
+                    state.release_slot()
                     raise
-                job.on_done = release_slot
+                job.on_done = state.release_slot
                 jobs.append(job)  # its slot is released when it ends, or with the others' from here
                 await job.open()
         except SpecdecError as exc:  # (a constraint compiled here: its field, ``constraint``, is the param)
@@ -323,31 +311,6 @@ def create_app(state: ServerState) -> FastAPI:
         for job in jobs:
             job.cancel()
             job.release()
-
-    async def acquire_slot(admitted: bool = False) -> None:
-        if state.slots is None:
-            state.slots = asyncio.Semaphore(state.max_concurrency)
-        # --max-queue counts requests, not the later choices of admitted ones (a running n=4 request held 3 places)
-        if not admitted and state.slots.locked() and state.queued >= state.max_queue:
-            raise APIError(429, "server busy: the request queue is full, retry later", kind="rate_limit_error",
-                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
-        state.waiting += 1
-        state.queued += not admitted
-        state.count_requests()
-        try:
-            await state.slots.acquire()
-        finally:
-            state.waiting -= 1
-            state.queued -= not admitted
-            state.count_requests()
-        state.active += 1
-        state.count_requests()
-
-    def release_slot() -> None:
-        state.active -= 1
-        state.count_requests()
-        assert state.slots is not None
-        state.slots.release()
 
     async def stream_events(jobs: list[Job], chat: bool, endpoint: str, n: int, usage: str | None,
                             calls: RequestTools | None = None) -> AsyncIterator[str]:

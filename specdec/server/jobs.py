@@ -178,7 +178,6 @@ class Job:
         self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.text = ""
-        self._chunks_seen = 0
         self.finish_reason: str | None = None
         self.stats = None
         self.prompt_ids, self.params, self.spec = prompt_ids, params, spec
@@ -241,10 +240,7 @@ class Job:
                     raise item
                 self.text += item.text
                 self.token_ids.extend(item.token_ids)
-                # its prompt with the first chunk (the pass is done), for the periodic throughput line
-                self.state.throughput.add_chunk(0 if self._chunks_seen else len(self.prompt_ids), len(item.token_ids),
-                                                item.rounds)
-                self._chunks_seen += 1
+                self.state.throughput.add_chunk(len(item.token_ids), item.rounds)  # the periodic throughput line
                 if item.prompt_logprobs is not None:
                     self.prompt_scores = item.prompt_logprobs
                 if self.logprobs is not None and item.logprobs:

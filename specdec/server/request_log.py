@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sys
 import time
 from typing import Any
 
@@ -132,3 +133,14 @@ def access_line(scope: Scope, status: int, seconds: float, request_id: bytes | N
     if request_id is not None:
         line += f" request_id={request_id[:200].decode('latin-1')}"
     return line
+
+
+def log_info_to_stderr(name: str) -> None:
+    """Let logger ``name`` print INFO lines on stderr (--enable-log-requests, the throughput line); in a Ray replica,
+    which has no handler above it (Python's last resort drops INFO), through a handler of its own."""
+    logger = logging.getLogger(name)
+    logger.setLevel(logging.INFO)
+    if not logger.hasHandlers():
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)

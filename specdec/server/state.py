@@ -13,7 +13,7 @@ from specdec.api import LoadedModel
 from specdec.chunking import shared_prefill_chunk
 from specdec.config import SpecConfig
 from specdec.policy import BatchPolicy, LoadAverage, requests_now
-from specdec.server.params import CHAT_DEFAULT_MAX_TOKENS
+from specdec.server.params import CHAT_DEFAULT_MAX_TOKENS, RETRY_AFTER_S, APIError
 from specdec.server.audit import Auditor
 from specdec.server.executor import ModelExecutor
 from specdec.server.metrics import Metrics
@@ -101,3 +101,31 @@ class ServerState:
         self.metrics.active.set(self.active)
         self.metrics.waiting.set(self.waiting)
         self.load.set(self.active + self.waiting)
+
+    async def acquire_slot(self, admitted: bool = False) -> None:
+        """Wait for a concurrency slot (--max-concurrency), or refuse with 429 where the queue (--max-queue) is full.
+        ``admitted``: a later choice of a request already let in, which waits without taking a queue place (a
+        running n=4 request held 3 places, and the next request was refused with nothing else waiting)."""
+        if self.slots is None:
+            self.slots = asyncio.Semaphore(self.max_concurrency)
+        if not admitted and self.slots.locked() and self.queued >= self.max_queue:
+            raise APIError(429, "server busy: the request queue is full, retry later", kind="rate_limit_error",
+                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+        self.waiting += 1
+        self.queued += not admitted
+        self.count_requests()
+        try:
+            await self.slots.acquire()
+        finally:
+            self.waiting -= 1
+            self.queued -= not admitted
+            self.count_requests()
+        self.active += 1
+        self.count_requests()
+
+    def release_slot(self) -> None:
+        """A slot's request ended (or failed to start): the next waiting one may run."""
+        self.active -= 1
+        self.count_requests()
+        assert self.slots is not None
+        self.slots.release()

@@ -1,19 +1,21 @@
 """The server's periodic throughput line, vLLM's "Avg prompt throughput … generation throughput …": every few
-seconds while it works, what it generated and read, how many requests run and wait, and how much of what the
-drafter proposed the target accepted.
+seconds while it works, what it generated and computed of prompts, the weights it read, how many requests run
+and wait, and how much of what the drafter proposed the target accepted.
 
 Why: the request log says how each request ended and /metrics needs a scraper; an operator watching a terminal
-saw nothing while a server worked for minutes (a walkthrough's long prompts). The window counts tokens as their
-chunks arrive, not when requests end, so a minute-long request shows in every line of its minute.
+saw nothing while a server worked for minutes (a walkthrough's long prompts). The window counts tokens as they
+are computed (prompt rows per forward, generated tokens per chunk), not when requests end, so a minute-long request
+shows in every line of its minute.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, AsyncContextManager, AsyncIterator, Callable
 
 if TYPE_CHECKING:
     from specdec.forward_costs import Forward
@@ -39,20 +41,23 @@ class ThroughputWindow:
     weight_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add_chunk(self, prompt_tokens: int, generated_tokens: int, rounds: list[Round]) -> None:
-        """One chunk of a request: its prompt's tokens with its first chunk (the pass is done), its new tokens,
-        the decode rounds it completed."""
+    def add_chunk(self, generated_tokens: int, rounds: list[Round]) -> None:
+        """One chunk of a request: its new tokens and the decode rounds it completed."""
         with self._lock:
-            self.prompt_tokens += prompt_tokens
             self.generated_tokens += generated_tokens
             self.drafted += sum(len(one.drafted) for one in rounds)
             self.accepted += sum(one.accepted for one in rounds)
 
     def add_forward(self, forward: Forward) -> None:
-        weight_bytes = forward.backend.weight_bytes  # type: ignore[attr-defined]  # a Backend
+        """One batched forward (on the model thread): the target's prompt rows as it computes them (a long prompt's
+        chunks show in every window of its pass; a prefix cache's hits are not computed, so not counted), and
+        the weights read, the target's and the draft model's, as often as the backend read them."""
+        weight_bytes = forward.backend.weight_bytes * forward.weight_passes  # type: ignore[attr-defined]  # a Backend
         with self._lock:
             self.forwards += 1
             self.weight_bytes += weight_bytes
+            if forward.role == "target":
+                self.prompt_tokens += forward.prompt_rows
 
     def take(self) -> ThroughputWindow:
         """This window's counts, and a fresh window from now."""
@@ -92,3 +97,24 @@ async def log_stats_forever(window: ThroughputWindow, interval_s: float, load: C
         started = now
         if line is not None:
             log.info(line)
+
+
+def stats_lifespan(window: ThroughputWindow, interval_s: float,
+                   load: Callable[[], tuple[int, int]]) -> Callable[[Any], AsyncContextManager[None]]:
+    """A FastAPI lifespan that logs the window's line every ``interval_s`` while the app serves (0: never); the
+    task is stopped and awaited at shutdown, so an error in it is not lost."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:  # noqa: ANN401 - the FastAPI app
+        if not interval_s:
+            yield
+            return
+        task = asyncio.create_task(log_stats_forever(window, interval_s, load))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return lifespan
