@@ -52,7 +52,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                            "the answer, as a server does: the text after it is not your traffic's, and drafters do well or "
                            "badly on it for its own reasons)")
     tune.add_argument("--budget-minutes", type=positive_number, default=10.0,
-                      help="stop starting new prompts after this long (at least 2 are measured; default: 10)")
+                      help="stop starting new prompts after this long (at least 2 are measured; loading the models and, "
+                           "once per machine, timing their step costs come on top; default: 10)")
     tune.add_argument("--out", type=Path, default=Path("tune-out"), help="output folder (default: tune-out)")
     tune.add_argument("--html-prompts", type=non_negative_int, default=2, metavar="N",
                       help="write the acceptance view (tokens colored accepted / correction / bonus) of the chosen "
