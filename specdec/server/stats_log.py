@@ -36,7 +36,6 @@ class ThroughputWindow:
     generated_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
-    forwards: int = 0
     #: weight bytes the window's forwards read (target and draft): beside tokens/s, the speed against memory's limit
     weight_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -54,7 +53,6 @@ class ThroughputWindow:
         the weights read, the target's and the draft model's, as often as the backend read them."""
         weight_bytes = forward.backend.weight_bytes * forward.weight_passes  # type: ignore[attr-defined]  # a Backend
         with self._lock:
-            self.forwards += 1
             self.weight_bytes += weight_bytes
             if forward.role == "target":
                 self.prompt_tokens += forward.prompt_rows

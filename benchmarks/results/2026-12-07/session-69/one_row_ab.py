@@ -1,3 +1,5 @@
+"""The one-row kernel A/B of README section 3: runs only with one_row_avx512.patch applied (it adds
+specdec/kernels/one_row.py and use_q4_one_row_512). Usage: one_row_ab.py MODEL QUANTIZE."""
 import statistics, sys, time, torch
 import specdec
 from specdec.kernels.build import kernel, use_q4_one_row_512
