@@ -327,3 +327,17 @@ def test_the_throughput_window_counts_what_was_computed_and_says_nothing_when_id
     assert line == ("throughput: generation 1.5 tok/s, prompt 19.0 tok/s, weights read 1.50 GB/s; running 1, waiting 1; "
                     "draft acceptance 66.7 % (2 of 3 drafted tokens)")
     assert stats_line(window.take(), 2.0, 0, 0) is None  # a fresh window
+
+
+def test_the_stats_interval_flag_takes_zero_or_a_tenth_of_a_second_and_more(capsys):
+    """A tiny interval was a busy loop flooding the log: refused in one line, as a negative or non-number is."""
+    from specdec.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).log_stats_interval == 10.0
+    assert parser.parse_args(["serve", "--log-stats-interval", "0"]).log_stats_interval == 0.0
+    assert parser.parse_args(["serve", "--log-stats-interval", "0.5"]).log_stats_interval == 0.5
+    for bad in ("0.01", "-1", "nan", "inf", "soon"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--log-stats-interval", bad])
+        assert "--log-stats-interval" in capsys.readouterr().err
