@@ -144,6 +144,45 @@ def test_an_admitted_requests_later_choices_do_not_fill_the_queue(slow_server):
         assert queued.result().status_code == 200, queued.result().text
 
 
+def test_a_stream_with_more_choices_than_slots_starts_with_its_first_choice(slow_server):
+    """n=3 on one slot: the later choices wait for the earlier ones, but the stream started only once the last had a
+    slot, so the first choice's tokens arrived in one burst after two choices' time. Now they stream as made."""
+    _, base = slow_server
+    body = {"prompt": "x", "max_tokens": 40, "ignore_eos": True, "temperature": 0, "stream": True, "n": 3}
+    arrivals: list[tuple[float, int, str | None]] = []
+    start = time.perf_counter()
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[len("data: "):])["choices"][0]
+                arrivals.append((time.perf_counter() - start, choice["index"], choice["finish_reason"]))
+    ends = {index: at for at, index, reason in arrivals if reason is not None}
+    assert sorted(ends) == [0, 1, 2]
+    first_text_of = {index: min(at for at, i, _ in arrivals if i == index) for index in ends}
+    assert first_text_of[0] < ends[0] / 2  # the first choice streams as it is made (it took ~0.8 s alone)
+    assert first_text_of[1] >= ends[0] - 0.05 and first_text_of[2] >= ends[1] - 0.05  # one slot: one after another
+    assert sum(index == 1 for _, index, _ in arrivals) > 5  # and the later ones stream too
+
+
+def test_a_stream_left_while_its_later_choices_wait_frees_every_slot(slow_server):
+    """The later choices of a stream open in the background: a client that leaves during the first choice leaves
+    nothing behind — no choice waiting for the slot, none generating for nobody."""
+    _, base = slow_server
+    body = {"prompt": "x", "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True, "n": 3}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
+        for index, _ in enumerate(response.iter_lines()):
+            if index == 10:
+                assert httpx.get(f"{base}/health").json()["waiting"] == 1  # the second choice, for the one slot
+                break
+    deadline = time.time() + 5
+    while time.time() < deadline and httpx.get(f"{base}/health").json()["active"] != 0:
+        time.sleep(0.05)
+    health = httpx.get(f"{base}/health").json()
+    assert (health["active"], health["waiting"]) == (0, 0)
+    served = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+    assert served.status_code == 200
+
+
 def test_the_request_log_has_one_line_per_request(tiny_dirs):
     proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
                         "--served-model-name", "tiny", "--enable-log-requests", "--max-log-len", "100")

@@ -22,15 +22,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from specdec.api import encode_prompt
 from specdec.config import SpecConfig
 from specdec.drafters.registry import method_info, resolve_method
-from specdec.errors import SpecdecError, StructuredOutputError
+from specdec.errors import SpecdecError
 from specdec.forward_costs import Forward
 from specdec.server.audit import Auditor, auditable
-from specdec.sampling import SamplingParams
 from specdec.server.errors import generation_failure, install_error_handlers
-from specdec.server.jobs import Job, chunk_body, combined_usage, full_response, merged_chunks
+from specdec.server.jobs import Job, chunk_body, close_jobs, combined_usage, full_response, merged_chunks, open_jobs
 from specdec.server.state import ServerState
 from specdec.server.stats_log import stats_lifespan
-from specdec.server.params import APIError, constraint_field, field_named
+from specdec.server.params import APIError, constraint_field
 from specdec.server.prompts import request_choices
 from specdec.server.tools import RequestTools, ToolTextFilter, chat_prompt, streamed_delta
 from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
@@ -247,7 +246,8 @@ def create_app(state: ServerState) -> FastAPI:
                                     [ids for ids, _, _ in choices[::req.n]], req.n, params, spec)
         # a client that gives up while queued leaves the queue now (it held a place, and queue-full refusals
         # were answered to clients behind it, until a slot freed and its request was found gone)
-        opening = asyncio.ensure_future(open_jobs(choices, spec, audit, req.prompt_logprobs, constraint_field(req)))
+        opening = asyncio.ensure_future(open_jobs(state, choices, spec, audit, req.prompt_logprobs, constraint_field(req),
+                                                  stream=bool(req.stream)))
         if not await finished_unless_gone(request, opening):
             state.metrics.requests.labels(endpoint, "499").inc()
             return Response(status_code=499)
@@ -271,46 +271,6 @@ def create_app(state: ServerState) -> FastAPI:
             close_jobs(jobs)
         state.metrics.requests.labels(endpoint, "200").inc()
         return JSONResponse(full_response(jobs, chat, req.n, calls))
-
-    async def open_jobs(choices: list[tuple[list[int], SamplingParams, str | None]], spec: SpecConfig,
-                        audit: bool, prompt_logprobs: int | None = None, constraint: str | None = None) -> list[Job]:
-        """One job per choice (prompts x ``n``), each holding a concurrency slot from before it opens until
-        it ends (a refusal or error on any releases them all); they join the batch and step side by side.
-        More choices than ``--max-concurrency`` wait for the request's earlier ones to end (a queue-full
-        refusal applies to the request's first choice only: the others belong to an admitted request).
-
-        With the prefix cache on, a prompt's further choices open once its first choice's prompt pass
-        is done, so they restore its keys/values instead of each computing them: on a CPU a prompt
-        pass is compute-bound and n of them in one forward cost ~n times one."""
-        jobs: list[Job] = []
-        shared = state.target.backend.prefix_cache is not None
-        try:
-            for prompt_ids, params, echo in choices:
-                if shared and jobs and jobs[-1].prompt_ids == prompt_ids and params.prompt_logprobs is None:
-                    await jobs[-1].started.wait()
-                await state.acquire_slot(admitted=bool(jobs))
-                try:
-                    job = Job(state, prompt_ids, params, spec, audit, echo, prompt_logprobs)
-                except BaseException:
-                    state.release_slot()
-                    raise
-                job.on_done = state.release_slot
-                jobs.append(job)  # its slot is released when it ends, or with the others' from here
-                await job.open()
-        except SpecdecError as exc:  # (a constraint compiled here: its field, ``constraint``, is the param)
-            close_jobs(jobs)
-            param = constraint if isinstance(exc, StructuredOutputError) else field_named(str(exc))
-            raise APIError(400, str(exc), param=param) from None
-        except BaseException:
-            close_jobs(jobs)
-            raise
-        return jobs
-
-    def close_jobs(jobs: list[Job]) -> None:
-        """Stop the jobs at their next step (a no-op for finished ones) and free their slots."""
-        for job in jobs:
-            job.cancel()
-            job.release()
 
     async def stream_events(jobs: list[Job], chat: bool, endpoint: str, n: int, usage: str | None,
                             calls: RequestTools | None = None) -> AsyncIterator[str]:

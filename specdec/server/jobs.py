@@ -14,14 +14,14 @@ from specdec.api import prepare
 from specdec.config import SpecConfig
 from specdec.drafters.registry import needs_draft_model
 from specdec.engine import generate_steps
-from specdec.errors import SpecdecError
+from specdec.errors import SpecdecError, StructuredOutputError
 from specdec.policy import RequestGate
 from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase
 from specdec.server.executor import END
 from specdec.server.responses import (TextOffsets, completion_logprobs, joined_logprobs, logprobs_body, usage_body,
                                       vllm_prompt_logprobs)
-from specdec.server.params import APIError
+from specdec.server.params import APIError, field_named
 from specdec.server.state import ServerState
 from specdec.server.tools import RequestTools, answered_message
 from specdec.tokenizer import Tokenizer
@@ -185,8 +185,11 @@ class Job:
         #: asked before each round how much it may draft (policy.py)
         self._gate = RequestGate(state.speculation_cap,
                                  state.executor.prompt_pending if state.pause_speculation_for_prompts else None)
-        #: what the model thread delivers for this request: chunks, an exception, then END (open)
-        self._chunks: asyncio.Queue | None = None
+        #: what the model thread delivers for this request: chunks, an exception, then END (open); or
+        #: the exception that kept it from opening (a stream's later choice, opened in the background)
+        self._chunks: asyncio.Queue = asyncio.Queue()
+        #: the background task that opens this job (a stream's choice that waited for a slot), if any
+        self.opening: asyncio.Task | None = None
         #: set when the first of those arrives: the prompt pass is over (or failed)
         self.started = asyncio.Event()
         self._start = time.perf_counter()
@@ -201,7 +204,6 @@ class Job:
         waited one more forward for its first token: the model thread had gone on stepping the
         others.) Errors building it are raised here, before any response is sent."""
         loop = asyncio.get_running_loop()
-        self._chunks = asyncio.Queue()
 
         def deliver(item: Any) -> None:  # on the event loop
             self._chunks.put_nowait(item)
@@ -223,6 +225,17 @@ class Job:
 
     def cancel(self) -> None:
         self._cancel.set()
+        if self.opening is not None:
+            self.opening.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def fail(self, exc: BaseException) -> None:
+        """It could not open: its reader raises ``exc`` (in a stream: the error event)."""
+        self._chunks.put_nowait(exc)
+        self.started.set()
 
     def release(self) -> None:
         """Free this job's concurrency slot, once."""
@@ -303,3 +316,80 @@ class Job:
         if self.audit_result is not None:
             usage["speculative"]["audit"] = self.audit_result
         return usage
+
+
+async def open_jobs(state: ServerState, choices: list[tuple[list[int], SamplingParams, str | None]], spec: SpecConfig,
+                    audit: bool, prompt_logprobs: int | None = None, constraint: str | None = None,
+                    stream: bool = False) -> list[Job]:
+    """One job per choice (prompts x ``n``), each holding a concurrency slot from before it opens until
+    it ends (a refusal or error on any releases them all); they join the batch and step side by side.
+    More choices than ``--max-concurrency`` wait for the request's earlier ones to end (a queue-full
+    refusal applies to the request's first choice only: the others belong to an admitted request).
+    In a ``stream`` the choices that must wait open in the background once the response has started
+    (waited for here, the first choice's tokens reached the client only when the last choice had a slot).
+
+    With the prefix cache on, a prompt's further choices open once its first choice's prompt pass
+    is done, so they restore its keys/values instead of each computing them: on a CPU a prompt
+    pass is compute-bound and n of them in one forward cost ~n times one."""
+    jobs: list[Job] = []
+    try:
+        for index, (prompt_ids, params, echo) in enumerate(choices):
+            if jobs:
+                await _after_shared_prompt(state, jobs[-1], prompt_ids, params)
+            if stream and jobs and not state.slot_free():
+                later = [Job(state, ids, choice, spec, audit, text, prompt_logprobs) for ids, choice, text in choices[index:]]
+                task = asyncio.ensure_future(_open_in_turn(state, later, jobs[-1]))
+                for job in later:
+                    job.opening = task
+                return jobs + later
+            await state.acquire_slot(admitted=bool(jobs))
+            try:
+                job = Job(state, prompt_ids, params, spec, audit, echo, prompt_logprobs)
+            except BaseException:
+                state.release_slot()
+                raise
+            job.on_done = state.release_slot
+            jobs.append(job)  # its slot is released when it ends, or with the others' from here
+            await job.open()
+    except SpecdecError as exc:  # (a constraint compiled here: its field, ``constraint``, is the param)
+        close_jobs(jobs)
+        param = constraint if isinstance(exc, StructuredOutputError) else field_named(str(exc))
+        raise APIError(400, str(exc), param=param) from None
+    except BaseException:
+        close_jobs(jobs)
+        raise
+    return jobs
+
+
+async def _after_shared_prompt(state: ServerState, previous: Job, prompt_ids: list[int], params: SamplingParams) -> None:
+    """With the prefix cache on, wait for the previous choice's prompt pass when this one has the same prompt."""
+    if (state.target.backend.prefix_cache is not None and previous.prompt_ids == prompt_ids
+            and params.prompt_logprobs is None):
+        await previous.started.wait()
+
+
+async def _open_in_turn(state: ServerState, jobs: list[Job], previous: Job) -> None:
+    """Open a stream's waiting choices one by one as slots free. A job that cannot open gets its error
+    (its reader raises it into the stream), and so do the ones after it."""
+    for position, job in enumerate(jobs):
+        try:
+            await _after_shared_prompt(state, previous, job.prompt_ids, job.params)
+            await state.acquire_slot(admitted=True)
+            job.on_done = state.release_slot
+            if job.cancelled:  # the stream ended while it waited
+                job.release()
+                return
+            await job.open()
+        except Exception as exc:  # noqa: BLE001 - said in the stream, where its reader is
+            for rest in jobs[position:]:
+                rest.release()
+                rest.fail(exc)
+            return
+        previous = job
+
+
+def close_jobs(jobs: list[Job]) -> None:
+    """Stop the jobs at their next step (a no-op for finished ones) and free their slots."""
+    for job in jobs:
+        job.cancel()
+        job.release()

@@ -123,6 +123,10 @@ class ServerState:
         self.active += 1
         self.count_requests()
 
+    def slot_free(self) -> bool:
+        """Whether a request would get a concurrency slot now, without waiting."""
+        return self.slots is None or not self.slots.locked()
+
     def release_slot(self) -> None:
         """A slot's request ended (or failed to start): the next waiting one may run."""
         self.active -= 1
