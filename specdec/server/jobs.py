@@ -1,5 +1,6 @@
 """One request's generation in the server (:class:`Job`): set up and stepped on the model thread,
-consumed by the event loop — its chunks, usage and the response bodies built from them."""
+consumed by the event loop — its chunks, usage and the response bodies built from them; and opening a
+request's choices on concurrency slots (:func:`open_jobs`)."""
 
 from __future__ import annotations
 
