@@ -87,6 +87,7 @@ def test_help_lists_every_generate_flag():
         (["generate", "", "--model", "/nope/m.gguf"], "the prompt is empty"),  # it loaded the model first
         (["bench", "--gammas", "0,2"], "--gammas 0,2: must be >= 1, got 0"),
         (["bench", "--gammas", "foo"], "--gammas foo: expected a positive integer"),
+        (["tune", "--gammas", "-2,abc"], "--gammas -2,abc: must be >= 1, got -2"),  # not argparse's "expected one argument"
         (["datastore", "build", "--input", "/tmp", "--output", "/tmp/never-written"], "is a folder"),
         (["datastore", "build", "--input", "/etc/hostname", "--output", "/etc/hostname"], "--output /etc/hostname: is a file"),
     ],

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import warnings
 from typing import Callable
@@ -44,21 +45,32 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(sub)
+    for each in all_parsers(parser):
+        # a value that starts like a negative number is a value: Python < 3.13 read `--gammas -2,abc` as a
+        # second option ("expected one argument") and never showed our message for the bad γ
+        each._negative_number_matcher = re.compile(r"^-\.?\d")
     return parser
+
+
+def all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every sub-parser below it (commands, and ``datastore build``)."""
+    found, stack = [], [parser]
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        stack.extend(choice for action in current._actions if isinstance(action, argparse._SubParsersAction)
+                     for choice in action.choices.values())
+    return found
 
 
 def typed_flags(argv: list[str] | None) -> set[str]:
     """The destinations the command line gave explicitly (a value equal to the default included):
     the same parser with every default suppressed leaves only those in the namespace."""
     parser = build_parser()
-    stack = [parser]
-    while stack:
-        current = stack.pop()
+    for current in all_parsers(parser):
         current._defaults.clear()  # set_defaults(...) values (bench's draft model) are defaults too
         for action in current._actions:
             action.default = argparse.SUPPRESS
-            if isinstance(action, argparse._SubParsersAction):
-                stack.extend(action.choices.values())
     return set(vars(parser.parse_args(argv)))
 
 
