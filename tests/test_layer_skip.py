@@ -96,6 +96,15 @@ def test_bad_layer_settings_are_clear_errors(tiny_target):
         SpecConfig(method="early_exit", exit_layer=0)
 
 
+def test_a_draft_of_every_layer_is_said_to_cost_more_than_it_saves(tiny_target, caplog):
+    """--exit-layer at the model's depth drafts with the whole target (slower than plain decoding): allowed, said."""
+    with caplog.at_level("WARNING", logger="specdec.drafters.layer_skip"):
+        specdec.generate(tiny_target, "x", GREEDY, spec=SpecConfig(method="early_exit", exit_layer=3))
+        assert "every layer" not in caplog.text
+        specdec.generate(tiny_target, "x", GREEDY, spec=SpecConfig(method="early_exit", exit_layer=4))
+    assert "--exit-layer (exit_layer=) 4 is every layer: the draft runs all 4 layers" in caplog.text
+
+
 def test_calibrate_then_skip_layers_auto(tiny_dirs, tiny_target, tmp_path, monkeypatch, capsys, caplog):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     from specdec.cli import main

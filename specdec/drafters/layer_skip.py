@@ -227,6 +227,14 @@ def _threshold(spec) -> float:  # noqa: ANN001
     return spec.draft_confidence_threshold if spec.adaptive else 0.0
 
 
+def warn_whole_model(what: str, num_layers: int) -> None:
+    """A self-drafter that runs all the target's layers drafts with the target itself: every token is accepted
+    (greedy) and each costs a full target step, so speculation runs slower than plain decoding. Allowed (the
+    output is unchanged, and it is a way to measure overheads), but said."""
+    log.warning("%s: the draft runs all %d layers of the target, so each draft token costs a target step and "
+                "speculation is slower than plain decoding", what, num_layers)
+
+
 def make_layer_skip_drafter(res: DrafterResources) -> LayerSkipDrafter:
     backend, spec = _require_torch_backend(res.target_backend, "layer_skip"), res.spec
     skip = resolve_skip_layers(spec.skip_layers, backend, res.target_path)
@@ -236,6 +244,8 @@ def make_layer_skip_drafter(res: DrafterResources) -> LayerSkipDrafter:
         shown = ", ".join(map(str, bad[:5])) + (f" … ({len(bad)} layers)" if len(bad) > 5 else "")
         raise SpecdecError(f"--skip-layers (skip_layers=) {shown} outside 0..{num_layers - 1}: this model has {num_layers} layers")
     run = [i for i in range(num_layers) if i not in set(skip)]
+    if len(run) == num_layers:
+        warn_whole_model("--skip-layers (skip_layers=) skips no layer", num_layers)
     return LayerSkipDrafter(LayerSubset(backend, run), res.params, res.generator, _threshold(spec),
                             spec.draft_vocab_size or None, res.constraint, res.stop_ids)
 
@@ -246,6 +256,8 @@ def make_early_exit_drafter(res: DrafterResources) -> LayerSkipDrafter:
     exit_layer = spec.exit_layer if spec.exit_layer is not None else num_layers // 2
     if not 1 <= exit_layer <= num_layers:
         raise SpecdecError(f"--exit-layer (exit_layer=) must be in 1..{num_layers} for this model, got {exit_layer}")
+    if exit_layer == num_layers:
+        warn_whole_model(f"--exit-layer (exit_layer=) {exit_layer} is every layer", num_layers)
     drafter = LayerSkipDrafter(LayerSubset(backend, range(exit_layer)), res.params, res.generator, _threshold(spec),
                                spec.draft_vocab_size or None, res.constraint, res.stop_ids)
     drafter.name = "early_exit"
