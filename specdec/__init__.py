@@ -1,7 +1,8 @@
 """specdec: lossless speculative decoding for LLMs.
 
 Public API: :func:`load_model`, :func:`generate`, :func:`generate_batch`, :func:`stream`, :class:`SamplingParams`,
-:class:`SpecConfig`, :class:`Stats`, :class:`StructuredOutput`, :func:`enable_prefix_caching`, :func:`reset_suffix_cache`;
+:class:`SpecConfig`, :class:`Stats`, :class:`StructuredOutput`, :func:`enable_prefix_caching`, :func:`reset_suffix_cache`,
+:func:`set_suffix_cache_entries`;
 for a drafter of your own :class:`Drafter`, :class:`Draft`, :class:`DrafterResources`, :class:`MethodInfo`, :func:`register_method`.
 Imported lazily so ``import specdec.errors`` (and the CLI's
 ``--help``) does not pay for torch and transformers.
@@ -18,6 +19,7 @@ _EXPORTS = {
     "generate": "specdec.api",
     "enable_prefix_caching": "specdec.api",
     "reset_suffix_cache": "specdec.api",
+    "set_suffix_cache_entries": "specdec.api",
     "generate_batch": "specdec.batch",
     "load_model": "specdec.api",
     "stream": "specdec.api",

@@ -228,6 +228,18 @@ def reset_suffix_cache() -> None:
     clear_global_caches()
 
 
+def set_suffix_cache_entries(max_entries: int) -> None:
+    """Cap the table of earlier requests' outputs that ``suffix`` and ``draft_suffix`` draft from (the server's
+    ``--suffix-cache-entries``): up to 8 entries per remembered output token, ~0.33 KB each; the oldest requests are
+    dropped above the cap. 0 keeps nothing across requests (each drafts from its own prompt and output only). Default:
+    2 000 000 (~0.67 GB at the worst)."""
+    from specdec.drafters.suffix import set_global_cache_entries
+
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 0:
+        raise SpecdecError(f"max_entries must be an integer >= 0, got {max_entries!r}")
+    set_global_cache_entries(max_entries)
+
+
 def enable_prefix_caching(model: LoadedModel, gb: float = DEFAULT_PREFIX_CACHE_GB,
                           block_size: int = DEFAULT_BLOCK_SIZE) -> PrefixCache:
     """Let ``model``'s requests start from the keys/values earlier prompts computed for the same

@@ -7,7 +7,7 @@ import torch
 
 import specdec
 from specdec.api import make_drafter
-from specdec.config import DEFAULT_DRAFT_METHOD, SpecConfig
+from specdec.config import DEFAULT_DRAFT_METHOD, DEFAULT_SUFFIX_CACHE_ENTRIES, SpecConfig
 from specdec.drafters.base import Drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine import generate_ids
@@ -182,9 +182,10 @@ def test_sampling_is_reproducible_with_seed(tiny_target, spec, monkeypatch):
     clock = itertools.accumulate(10 ** rng.uniform(-6, 0) for _ in itertools.count())
     monkeypatch.setattr("specdec.engine.time.perf_counter", lambda: next(clock))
     params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, seed=123, ignore_eos=True)
+    specdec.reset_suffix_cache()  # (what earlier tests left there made the first run draft: alone it did not)
     # the target drafting for itself: every draft accepted, so γ=auto's choice follows the costs
     runs = [specdec.generate(tiny_target, PROMPTS[0], params, draft=tiny_target, spec=spec) for _ in range(3)]
-    assert runs[0].stats.proposed_tokens > 0  # it speculated
+    assert runs[-1].stats.proposed_tokens > 0  # it speculated (suffix: from the earlier runs' text)
     assert runs[1].token_ids == runs[0].token_ids and runs[2].token_ids == runs[0].token_ids
 
 
@@ -690,6 +691,28 @@ def test_reset_suffix_cache_forgets_earlier_answers(tiny_target):
     specdec.reset_suffix_cache()
     fresh = specdec.generate(tiny_target, "def g(y):", greedy, spec=spec).stats.accepted_tokens
     assert again > first and fresh == first
+
+
+def test_a_suffix_cache_of_no_entries_keeps_nothing_across_requests(tiny_target):
+    """set_suffix_cache_entries (serve --suffix-cache-entries): the process-wide table's cap, existing tables too;
+    0 keeps nothing, so a repeated prompt drafts as a fresh one did."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    spec = SpecConfig(method="suffix", num_speculative_tokens=4)
+    specdec.reset_suffix_cache()
+    try:
+        first = specdec.generate(tiny_target, "def g(y):", greedy, spec=spec).stats.accepted_tokens
+        specdec.set_suffix_cache_entries(0)  # the table that holds the first answer empties
+        assert specdec.generate(tiny_target, "def g(y):", greedy, spec=spec).stats.accepted_tokens == first
+        assert specdec.generate(tiny_target, "def g(y):", greedy, spec=spec).stats.accepted_tokens == first
+        specdec.set_suffix_cache_entries(10_000)
+        specdec.generate(tiny_target, "def g(y):", greedy, spec=spec)
+        assert specdec.generate(tiny_target, "def g(y):", greedy, spec=spec).stats.accepted_tokens > first
+    finally:
+        specdec.set_suffix_cache_entries(DEFAULT_SUFFIX_CACHE_ENTRIES)
+        specdec.reset_suffix_cache()
+    for bad in (-1, 1.5, True, "10"):
+        with pytest.raises(SpecdecError, match="max_entries must be an integer >= 0"):
+            specdec.set_suffix_cache_entries(bad)
 
 
 def test_fields_changed_after_construction_are_checked_at_generate(tiny_target):

@@ -424,7 +424,8 @@ def test_the_speculation_limit_switches_drafting_off_and_output_stays_the_same(t
 
 def test_port_zero_serves_on_the_port_it_prints(tiny_dirs, tmp_path):
     """`--port 0` lets the OS pick a free port; the start-up line must name that port, not 0 — and the draft that
-    runs and the settings file read (a tune.json's choice was served without saying which draft ran)."""
+    runs and the settings file read (a tune.json's choice was served without saying which draft ran), and the
+    suffix table's cap the process applied."""
     import json
     import re
 
@@ -432,7 +433,7 @@ def test_port_zero_serves_on_the_port_it_prints(tiny_dirs, tmp_path):
     config.write_text(json.dumps({"settings": {"max_concurrency": 2}}))
     proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--port", "0", "--model", str(tiny_dirs["target"]),
                              "--draft-model", str(tiny_dirs["draft"]), "--config", str(config),
-                             "--dtype", "float32", "--quantize", "none"],
+                             "--dtype", "float32", "--quantize", "none", "--suffix-cache-entries", "5000"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         port = None
@@ -441,6 +442,7 @@ def test_port_zero_serves_on_the_port_it_prints(tiny_dirs, tmp_path):
             if found:
                 port = int(found.group(1))
                 assert f"draft {tiny_dirs['draft'].name} (float32)" in line and f"settings from {config}" in line, line
+                assert "suffix cache ≤ 5000 entries" in line, line  # draft_suffix's table, as capped
                 break
         assert port, "no start-up line"
         deadline = time.time() + 60

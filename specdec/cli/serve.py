@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from specdec.cli.common import add_debug_flag, add_model_args, execution_modes, spec_from_args
 from specdec.cli.values import (bounded_int, count_or_word, default_max_tokens, non_negative_int, positive_int,
                                 speculation_limit_value, stats_interval)
-from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB
+from specdec.cli.startup_line import startup_line
+from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB, DEFAULT_SUFFIX_CACHE_ENTRIES
 from specdec.errors import SpecdecError
 from specdec.server.security import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 from specdec.server.stats_log import DEFAULT_INTERVAL_S as DEFAULT_STATS_INTERVAL_S
@@ -108,6 +109,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     serve.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE, metavar="N",
                        help=f"prefix caching's granularity: prompts share cached keys/values in whole blocks of N tokens "
                             f"(default: {DEFAULT_BLOCK_SIZE})")
+    serve.add_argument("--suffix-cache-entries", type=non_negative_int, default=DEFAULT_SUFFIX_CACHE_ENTRIES, metavar="N",
+                       help="suffix, draft_suffix: the cap of the table of earlier requests' outputs they draft from (up to "
+                            "8 entries per remembered output token, ~0.33 KB each; the oldest requests leave first; vLLM's "
+                            "suffix_decoding_max_cached_requests counts requests instead). 0: nothing is kept across "
+                            f"requests (default: {DEFAULT_SUFFIX_CACHE_ENTRIES}, ~0.67 GB at the worst)")
     serve.add_argument("--max-queue", type=non_negative_int, default=64,
                        help="waiting requests before HTTP 429 (default: 64; 0: none wait)")
     serve.add_argument("--disable-speculation-above", type=speculation_limit_value, default="auto", metavar="N|auto|never",
@@ -191,6 +197,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     from specdec.server.security import AccessPolicy, load_api_keys
 
     spec = spec_from_args(args)
+    specdec.set_suffix_cache_entries(args.suffix_cache_entries)  # in every process that serves (Ray replicas too)
     if not 0.0 <= args.audit_fraction <= 1.0:
         raise SpecdecError(f"--audit-fraction must be between 0 and 1, got {args.audit_fraction}")
     access = AccessPolicy(load_api_keys(args.api_key, args.api_key_file), args.max_body_bytes, args.metrics_require_key)
@@ -291,39 +298,9 @@ def run(args: argparse.Namespace) -> int:
 
     listening = listening_socket(args.host, args.port)  # before loading: a port in use was found after 43 s of it
     app = build_app(args)
-    state = app.state.specdec
-    keys = f"{len(state.access.api_keys)} API key(s)" if state.access.api_keys else "no API key"
-    if state.policy.table is not None and state.policy.table_limits and state.spec.method is not None:
-        prior = state.policy.table.for_alpha(state.policy.acceptance.alpha) or {}
-        alpha = state.policy.acceptance.alpha
-        shared = {n: g for n, g in prior.items() if g and n > 1}  # γ while n requests share forwards
-        if not shared:  # "γ ≤ ; none above 0 requests" (all zero), "γ ≤ ; none above 1" (--max-concurrency 1) before
-            speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior {alpha:.2f}: a "
-                           "request alone drafts with its own γ, none while others share its forwards)")
-        else:
-            speculative = (f"{state.spec.method} while it pays at the traffic's measured α (at the prior {alpha:.2f}: γ ≤ "
-                           + ", ".join(f"{g} for {n}" for n, g in shared.items()) + f"; none above {max(shared)} requests)")
-    else:
-        limit = state.policy.limit
-        speculative = (state.spec.method or "off") + ("" if state.spec.method is None or limit is None
-                                                      else f" while at most {limit} request(s) are active") + (
-            "; γ=auto sized by the measured costs at each load" if state.policy.table is not None else "")
-    # bound first, so the address printed is the one that serves (--port 0: the port the OS picked)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
-    port = listening.getsockname()[1]
-    cache = state.target.backend.prefix_cache
-    prefixes = (f"prefix cache {cache.max_bytes / 1e9:g} GB per model in blocks of {cache.block_size} tokens"
-                if cache is not None else "no prefix cache")
-    hint = "" if state.spec.method is not None or state.draft is not None else (
-        " (speculative decoding needs a drafter: --draft-model D — qwen2.5-coder-0.5b for the default target — or a "
-        "draft-free --method suffix)")
-    # the draft and the settings file named too: a tune.json's choice was served without saying which draft ran
-    drafting = (f", draft {os.path.basename(str(args.draft_model).rstrip('/'))} ({state.draft.backend.mode})"
-                if state.draft is not None else "")
-    settings = f", settings from {args.config}" if args.config else ""
-    print(f"serving {state.model_name} ({state.target.backend.mode}, speculative: {speculative}{drafting}, {prefixes}, "
-          f"{keys}{settings}) on http://{args.host}:{port}{hint}",
-          file=sys.stderr, flush=True)
+    # bound first, so the address printed is the one that serves (--port 0: the port the OS picked)
+    print(startup_line(app.state.specdec, args, listening.getsockname()[1]), file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[listening])
     return 0
 

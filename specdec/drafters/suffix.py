@@ -22,6 +22,7 @@ import heapq
 import threading
 from collections import Counter, OrderedDict
 
+from specdec.config import DEFAULT_SUFFIX_CACHE_ENTRIES
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.prediction import count_prediction
 from specdec.tree import children
@@ -67,9 +68,9 @@ class FrequencyTable:
 
 
 class GlobalSuffixCache:
-    """Earlier requests' outputs, LRU-evicted by request above a cap on stored entries."""
+    """Earlier requests' outputs, LRU-evicted by request above a cap on stored entries (0: none kept)."""
 
-    def __init__(self, max_depth: int = 8, max_cache_entries: int = 2_000_000) -> None:
+    def __init__(self, max_depth: int = 8, max_cache_entries: int = DEFAULT_SUFFIX_CACHE_ENTRIES) -> None:
         self.table = FrequencyTable(max_depth)
         self.max_cache_entries = max_cache_entries
         self.requests: OrderedDict[int, list[int]] = OrderedDict()
@@ -78,12 +79,23 @@ class GlobalSuffixCache:
 
     def add_request(self, tokens: list[int]) -> None:
         with self.lock:
+            if self.max_cache_entries <= 0:  # nothing is kept across requests
+                return
             self.table.add(tokens)
             self.requests[self._next_id] = list(tokens)
             self._next_id += 1
-            while self.table.entries > self.max_cache_entries and self.requests:
-                _, old = self.requests.popitem(last=False)
-                self.table.add(old, sign=-1)
+            self._evict()
+
+    def resize(self, max_cache_entries: int) -> None:
+        """A new cap; the oldest requests leave until the table fits it."""
+        with self.lock:
+            self.max_cache_entries = max_cache_entries
+            self._evict()
+
+    def _evict(self) -> None:
+        while self.table.entries > self.max_cache_entries and self.requests:
+            _, old = self.requests.popitem(last=False)
+            self.table.add(old, sign=-1)
 
     def predict(self, tokens: list[int], choices: int = 1) -> tuple[list[tuple[int, float]], int] | None:
         with self.lock:
@@ -94,13 +106,29 @@ class GlobalSuffixCache:
 #: token ids learned under one tokenizer from being proposed to a model with another
 GLOBAL_CACHES: dict[str, GlobalSuffixCache] = {}
 _GLOBAL_CACHES_LOCK = threading.Lock()
+_global_cache_entries = DEFAULT_SUFFIX_CACHE_ENTRIES
 
 
 def global_cache_for(vocabulary_key: str) -> GlobalSuffixCache:
     with _GLOBAL_CACHES_LOCK:
         if vocabulary_key not in GLOBAL_CACHES:
-            GLOBAL_CACHES[vocabulary_key] = GlobalSuffixCache()
+            GLOBAL_CACHES[vocabulary_key] = GlobalSuffixCache(max_cache_entries=_global_cache_entries)
         return GLOBAL_CACHES[vocabulary_key]
+
+
+def global_cache_entries() -> int:
+    """The cap new and existing process-wide tables keep to (:func:`set_global_cache_entries`)."""
+    return _global_cache_entries
+
+
+def set_global_cache_entries(max_entries: int) -> None:
+    """Cap every process-wide table, existing and future, at ``max_entries`` (0: nothing kept across requests)."""
+    global _global_cache_entries
+    with _GLOBAL_CACHES_LOCK:
+        _global_cache_entries = max_entries
+        caches = list(GLOBAL_CACHES.values())
+    for cache in caches:
+        cache.resize(max_entries)
 
 
 #: P(drafted token accepted | the ones before it were), by the length of the context match that
