@@ -195,6 +195,7 @@ def generate_steps(
         prompt_tokens=len(prompt_ids),
         weight_bytes=target.weight_bytes,
         draft_weight_bytes=drafter.weight_bytes if drafter is not None else 0,
+        kv_bytes_per_token=target.kv_bytes_per_token,
     )
     target_seconds = planning_curve(target)
     gamma = None

@@ -59,8 +59,8 @@ class Stats:
     The figures to read first: ``acceptance_rate`` (α: accepted / proposed draft tokens; 0 without a
     drafter), ``mean_accepted_len`` (τ: tokens committed per target forward, ≥ 1, plain decoding's 1),
     ``tokens_per_s`` (decode speed after the first token), ``ttft_s`` (time to the first token),
-    ``draft_cost_ratio`` (a draft token's time ÷ a verification's) and ``achieved_gb_per_s`` (weights read
-    per second, against the memory's limit). ``to_dict()`` has them all; the fields are the counts and
+    ``draft_cost_ratio`` (a draft token's time ÷ a verification's) and ``achieved_gb_per_s`` (weights and
+    keys/values read per second, against the memory's limit). ``to_dict()`` has them all; the fields are the counts and
     times they come from (README "Metrics")."""
 
     method: str = "ar"
@@ -86,6 +86,10 @@ class Stats:
     total_time_s: float = 0.0
     weight_bytes: int = 0  # target weights read per forward, for achieved bandwidth
     draft_weight_bytes: int = 0
+    #: the target's cached keys/values a token adds (read by every later forward's attention), and what the
+    #: decode forwards read of them in all: at a 3k-token context ~17 % of a step's bytes on the 1.5B int4 target
+    kv_bytes_per_token: int = 0
+    kv_bytes_read: int = 0
     #: draft-model forwards, where the drafter counts them (draft_suffix drafts some rounds without
     #: one); None = one per proposed token
     draft_forwards: int | None = None
@@ -123,6 +127,7 @@ class Stats:
 
     def record_step(self, proposed: int, accepted: int, draft_s: float, verify_s: float, committed: int) -> None:
         self.target_forwards += 1
+        self.kv_bytes_read += self.kv_bytes_per_token * (self.prompt_tokens + self.committed_tokens)  # the cache before it
         self.committed_tokens += committed
         self.proposed_tokens += proposed
         self.accepted_tokens += accepted
@@ -176,14 +181,17 @@ class Stats:
 
     @property
     def achieved_gb_per_s(self) -> float:
-        """Weight bytes streamed per second in the decode phase (gpt-fast's figure of merit).
+        """Bytes streamed per second in the decode phase (gpt-fast's figure of merit): weights and the
+        target's keys/values.
 
-        Each target forward reads the target's weights once; the draft's reads are added per draft
-        forward (counted by the drafter, else one per proposed token)."""
+        Each target forward reads the target's weights once and its cache up to the context so far (at
+        long contexts a weights-only figure read far below the memory's limit while the steps were at it);
+        the draft's weights are added per draft forward (counted by the drafter, else one per proposed
+        token), not its small windowed cache."""
         if self.decode_time_s <= 0:
             return 0.0
         draft_forwards = self.proposed_tokens if self.draft_forwards is None else self.draft_forwards
-        moved = self.target_forwards * self.weight_bytes + draft_forwards * self.draft_weight_bytes
+        moved = self.target_forwards * self.weight_bytes + draft_forwards * self.draft_weight_bytes + self.kv_bytes_read
         return moved / self.decode_time_s / 1e9
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,6 +222,7 @@ class Stats:
             "grammar_forced_tokens": self.grammar_forced_tokens,
             "weight_bytes": self.weight_bytes,
             "draft_weight_bytes": self.draft_weight_bytes,
+            "kv_bytes_read": self.kv_bytes_read,
             "gamma_history": list(self.gamma_history),
             # draft-model forwards where the drafter counts them: draft_suffix drafts some tokens from its
             # suffix table for free, which a mode choice must not price as draft steps (specdec.tune)
@@ -290,6 +299,7 @@ def aggregate(stats: Iterable[Stats]) -> dict[str, Any]:
         total.alternative_wins += s.alternative_wins
         total.alternative_promised += s.alternative_promised
         total.weight_bytes, total.draft_weight_bytes = s.weight_bytes, s.draft_weight_bytes
+        total.kv_bytes_read += s.kv_bytes_read
         draft_forwards += s.proposed_tokens if s.draft_forwards is None else s.draft_forwards
         if s.threads is not None:
             total.note_threads(s.threads[0])

@@ -72,6 +72,11 @@ class Backend(Protocol):
         """Bytes of weights read per forward (for the achieved-bandwidth figure)."""
         ...
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys/values one cached token holds (every later forward's attention reads them)."""
+        ...
+
     def weight_passes(self, calls: int) -> int:
         """How many times a :meth:`forward_batch` of ``calls`` calls reads the weights: once where it batches them,
         ``calls`` where it runs them one after another (the server's GB/s figure)."""

@@ -137,6 +137,12 @@ class TorchBackend:
             self._weight_bytes = self.decoder.weight_bytes
         return self._weight_bytes
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Keys and values of every layer, in the cache's dtype (the weights' float dtype: float32 on the CPU)."""
+        cfg = self.config
+        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(self.decoder.float_dtype).bits // 8
+
     def weight_passes(self, calls: int) -> int:
         """Once for a batch only where :meth:`forward_batch` batches: the quantized CPU layers' ragged runner, no
         CUDA graphs (which replay one call each); float weights run the calls one after another."""
