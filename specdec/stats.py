@@ -187,7 +187,9 @@ class Stats:
         Each target forward reads the target's weights once and its cache up to the context so far (at
         long contexts a weights-only figure read far below the memory's limit while the steps were at it);
         the draft's weights are added per draft forward (counted by the drafter, else one per proposed
-        token), not its small windowed cache."""
+        token). Not counted, so the figure is a lower bound: the draft's cache reads (a draft model's
+        windowed cache; layer_skip/early_exit read the target's over their layers), and on a CUDA-graph
+        replay the rest of the cache's storage, which its attention reads masked."""
         if self.decode_time_s <= 0:
             return 0.0
         draft_forwards = self.proposed_tokens if self.draft_forwards is None else self.draft_forwards

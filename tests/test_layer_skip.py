@@ -96,13 +96,16 @@ def test_bad_layer_settings_are_clear_errors(tiny_target):
         SpecConfig(method="early_exit", exit_layer=0)
 
 
-def test_a_draft_of_every_layer_is_said_to_cost_more_than_it_saves(tiny_target, caplog):
-    """--exit-layer at the model's depth drafts with the whole target (slower than plain decoding): allowed, said."""
+def test_a_draft_of_every_layer_is_said_to_cost_more_than_it_saves(tiny_target, caplog, monkeypatch):
+    """--exit-layer at the model's depth drafts with the whole target (slower than plain decoding): allowed, said
+    once (drafters are built per request: a server said it per request)."""
+    monkeypatch.setattr("specdec.drafters.layer_skip._WARNED_WHOLE_MODEL", set())
     with caplog.at_level("WARNING", logger="specdec.drafters.layer_skip"):
         specdec.generate(tiny_target, "x", GREEDY, spec=SpecConfig(method="early_exit", exit_layer=3))
         assert "every layer" not in caplog.text
-        specdec.generate(tiny_target, "x", GREEDY, spec=SpecConfig(method="early_exit", exit_layer=4))
-    assert "--exit-layer (exit_layer=) 4 is every layer: the draft runs all 4 layers" in caplog.text
+        for _ in range(2):
+            specdec.generate(tiny_target, "x", GREEDY, spec=SpecConfig(method="early_exit", exit_layer=4))
+    assert caplog.text.count("--exit-layer (exit_layer=) 4 is every layer: the draft runs all 4 layers") == 1
 
 
 def test_calibrate_then_skip_layers_auto(tiny_dirs, tiny_target, tmp_path, monkeypatch, capsys, caplog):

@@ -192,3 +192,6 @@ def test_sigint_stops_the_cluster(ray_server):
     proc, _ = ray_server
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 0
+    # the start-up line says what the replicas serve with, as one process's does (it named the method alone)
+    line = next(line for line in proc.stderr.read().splitlines() if line.startswith("serving tiny"))
+    assert "speculative: draft_suffix, suffix cache ≤ 2000000 entries, no API key)" in line, line

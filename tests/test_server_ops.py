@@ -183,6 +183,45 @@ def test_a_stream_left_while_its_later_choices_wait_frees_every_slot(slow_server
     assert served.status_code == 200
 
 
+#: one slot, 20 ms a chunk; a choice seeded 101 cannot open (a SpecdecError where its generation is set up)
+REFUSING_SERVER = step_hook_server("""
+from specdec.errors import SpecdecError
+stepping = jobs.generate_steps
+
+def refusing(**kwargs):
+    if kwargs["params"].seed == 101:
+        raise SpecdecError("temperature is refused here: injected for seed 101")
+    return stepping(**kwargs)
+
+jobs.generate_steps = refusing
+
+def on_chunk(params, chunks):
+    time.sleep(0.02)
+""")
+
+
+def test_a_streamed_choice_that_cannot_open_later_is_the_requests_error_in_the_stream(tiny_dirs):
+    """A stream's choice opened in the background once a slot freed: its refusal comes as the 400 error object it
+    would have been before the response (status and param), then [DONE]; the slots are free after it."""
+    proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
+                        "--served-model-name", "tiny", "--max-concurrency", "1", runner=("-c", REFUSING_SERVER))
+    with serving((proc, base)):
+        body = {"prompt": "x", "max_tokens": 20, "ignore_eos": True, "temperature": 0.5, "seed": 100, "n": 3, "stream": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", "temperature"), error
+        assert "injected for seed 101" in error["message"]
+        assert any(json.loads(event).get("choices", [{}])[0].get("index") == 0 for event in events[:-2])  # it streamed
+        deadline = time.time() + 5
+        while time.time() < deadline and httpx.get(f"{base}/health").json()["active"] != 0:
+            time.sleep(0.05)
+        health = httpx.get(f"{base}/health").json()
+        assert (health["active"], health["waiting"]) == (0, 0)
+
+
 def test_the_request_log_has_one_line_per_request(tiny_dirs):
     proc, base = launch("--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
                         "--served-model-name", "tiny", "--enable-log-requests", "--max-log-len", "100")

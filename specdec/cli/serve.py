@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from specdec.cli.common import add_debug_flag, add_model_args, execution_modes, spec_from_args
 from specdec.cli.values import (bounded_int, count_or_word, default_max_tokens, non_negative_int, positive_int,
                                 speculation_limit_value, stats_interval)
-from specdec.cli.startup_line import startup_line
+from specdec.cli.startup_line import replica_settings, startup_line
 from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB, DEFAULT_SUFFIX_CACHE_ENTRIES
 from specdec.errors import SpecdecError
 from specdec.server.security import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
@@ -379,5 +379,6 @@ def run_on_ray(args: argparse.Namespace) -> int:
 
     modes = target_mode + (f", draft {draft_mode}" if args.draft_model and needs_draft_model(spec.method) else "")
     serve_on_ray(lambda: build_app(args, threads), settings,
-                 name=f"{args.served_model_name or args.model} ({modes}, speculative: {spec.method or 'off'})")
+                 name=f"{args.served_model_name or args.model} ({modes}, speculative: {spec.method or 'off'}"
+                      f"{replica_settings(args, spec.method)})")
     return 0

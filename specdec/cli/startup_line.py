@@ -49,3 +49,17 @@ def startup_line(state: "ServerState", args: argparse.Namespace, port: int) -> s
                 ) if state.spec.method in ("suffix", "draft_suffix") else ""
     return (f"serving {state.model_name} ({state.target.backend.mode}, speculative: {speculative}{drafting}, {prefixes}"
             f"{suffixes}, {keys}{settings}) on http://{host}:{port}{hint}")
+
+
+def replica_settings(args: argparse.Namespace, method: str | None) -> str:
+    """What ``--ray``'s start-up line can say of its replicas' settings from the flags (each replica loads its own
+    models): the suffix table's cap, the API keys, the settings file — ``, …`` or ""."""
+    from specdec.server.security import load_api_keys
+
+    keys = load_api_keys(args.api_key, args.api_key_file)
+    parts = [f"suffix cache ≤ {args.suffix_cache_entries} entries" if args.suffix_cache_entries
+             else "no suffix cache across requests"] if method in ("suffix", "draft_suffix") else []
+    parts.append(f"{len(keys)} API key(s)" if keys else "no API key")
+    if args.config:
+        parts.append(f"settings from {args.config}")
+    return "".join(f", {part}" for part in parts)

@@ -227,10 +227,17 @@ def _threshold(spec) -> float:  # noqa: ANN001
     return spec.draft_confidence_threshold if spec.adaptive else 0.0
 
 
+#: the whole-model warnings said in this process (drafters are built per request: a server said it per request)
+_WARNED_WHOLE_MODEL: set[tuple[str, int]] = set()
+
+
 def warn_whole_model(what: str, num_layers: int) -> None:
-    """A self-drafter that runs all the target's layers drafts with the target itself: every token is accepted
-    (greedy) and each costs a full target step, so speculation runs slower than plain decoding. Allowed (the
-    output is unchanged, and it is a way to measure overheads), but said."""
+    """A self-drafter that runs all the target's layers drafts with the target itself: each draft token costs a
+    full target step, so any token it drafts costs more than it saves. Allowed (the output is unchanged, and it is a
+    way to measure overheads), but said — once per setting and process."""
+    if (what, num_layers) in _WARNED_WHOLE_MODEL:
+        return
+    _WARNED_WHOLE_MODEL.add((what, num_layers))
     log.warning("%s: the draft runs all %d layers of the target, so each draft token costs a target step and "
                 "speculation is slower than plain decoding", what, num_layers)
 

@@ -124,11 +124,10 @@ def global_cache_entries() -> int:
 def set_global_cache_entries(max_entries: int) -> None:
     """Cap every process-wide table, existing and future, at ``max_entries`` (0: nothing kept across requests)."""
     global _global_cache_entries
-    with _GLOBAL_CACHES_LOCK:
+    with _GLOBAL_CACHES_LOCK:  # (no cache lock is held while taking this one: no deadlock)
         _global_cache_entries = max_entries
-        caches = list(GLOBAL_CACHES.values())
-    for cache in caches:
-        cache.resize(max_entries)
+        for cache in GLOBAL_CACHES.values():
+            cache.resize(max_entries)
 
 
 #: P(drafted token accepted | the ones before it were), by the length of the context match that

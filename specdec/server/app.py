@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from specdec.api import encode_prompt
@@ -257,7 +258,10 @@ def create_app(state: ServerState) -> FastAPI:
             # usage: OpenAI's one last chunk with include_usage; each choice's last chunk without stream_options
             # (specdec's, with the speculative statistics); none with include_usage false, as asked
             usage = "total" if options is not None and options.include_usage else "choice" if options is None else None
-            return StreamingResponse(stream_events(jobs, chat, endpoint, req.n, usage, calls), media_type="text/event-stream")
+            # close_jobs also after the response: a client gone before the stream's first read never ran its
+            # generator's finally, and its jobs (and a stream's choices waiting for slots) ran for nobody
+            return StreamingResponse(stream_events(jobs, chat, endpoint, req.n, usage, calls), media_type="text/event-stream",
+                                     background=BackgroundTask(close_jobs, jobs))
         try:
             if not await finished_unless_gone(request, asyncio.gather(*(job.run_to_end() for job in jobs))):
                 state.metrics.requests.labels(endpoint, "499").inc()  # nginx's "client closed request"

@@ -203,7 +203,8 @@ class Job:
         the batch in the same visit to the model thread, so the next forward can carry its prompt.
         (Joined on a second visit — once the response had started — a request arriving under load
         waited one more forward for its first token: the model thread had gone on stepping the
-        others.) Errors building it are raised here, before any response is sent."""
+        others.) Errors building it are raised here: before any response is sent, except for a
+        stream's choice opened in the background (:func:`open_jobs`), whose error goes into the stream."""
         loop = asyncio.get_running_loop()
 
         def deliver(item: Any) -> None:  # on the event loop
@@ -228,6 +229,10 @@ class Job:
         self._cancel.set()
         if self.opening is not None:
             self.opening.cancel()
+
+    def restart_clock(self) -> None:
+        """Its latency counts from now (a choice built before it waited for its slot)."""
+        self._start = time.perf_counter()
 
     @property
     def cancelled(self) -> bool:
@@ -339,7 +344,7 @@ async def open_jobs(state: ServerState, choices: list[tuple[list[int], SamplingP
                 await _after_shared_prompt(state, jobs[-1], prompt_ids, params)
             if stream and jobs and not state.slot_free():
                 later = [Job(state, ids, choice, spec, audit, text, prompt_logprobs) for ids, choice, text in choices[index:]]
-                task = asyncio.ensure_future(_open_in_turn(state, later, jobs[-1]))
+                task = asyncio.ensure_future(_open_in_turn(state, later, jobs[-1], constraint))
                 for job in later:
                     job.opening = task
                 return jobs + later
@@ -352,14 +357,20 @@ async def open_jobs(state: ServerState, choices: list[tuple[list[int], SamplingP
             job.on_done = state.release_slot
             jobs.append(job)  # its slot is released when it ends, or with the others' from here
             await job.open()
-    except SpecdecError as exc:  # (a constraint compiled here: its field, ``constraint``, is the param)
+    except SpecdecError as exc:
         close_jobs(jobs)
-        param = constraint if isinstance(exc, StructuredOutputError) else field_named(str(exc))
-        raise APIError(400, str(exc), param=param) from None
+        raise request_error(exc, constraint) from None
     except BaseException:
         close_jobs(jobs)
         raise
     return jobs
+
+
+def request_error(exc: SpecdecError, constraint: str | None) -> APIError:
+    """A choice that cannot open, the request's fault: a 400 naming the field (a constraint compiled on opening: its
+    field, ``constraint``)."""
+    param = constraint if isinstance(exc, StructuredOutputError) else field_named(str(exc))
+    return APIError(400, str(exc), param=param)
 
 
 async def _after_shared_prompt(state: ServerState, previous: Job, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -369,9 +380,10 @@ async def _after_shared_prompt(state: ServerState, previous: Job, prompt_ids: li
         await previous.started.wait()
 
 
-async def _open_in_turn(state: ServerState, jobs: list[Job], previous: Job) -> None:
+async def _open_in_turn(state: ServerState, jobs: list[Job], previous: Job, constraint: str | None) -> None:
     """Open a stream's waiting choices one by one as slots free. A job that cannot open gets its error
-    (its reader raises it into the stream), and so do the ones after it."""
+    (its reader raises it into the stream, as the 400 a choice opened before the response would have been),
+    and so do the ones after it."""
     for position, job in enumerate(jobs):
         try:
             await _after_shared_prompt(state, previous, job.prompt_ids, job.params)
@@ -380,11 +392,13 @@ async def _open_in_turn(state: ServerState, jobs: list[Job], previous: Job) -> N
             if job.cancelled:  # the stream ended while it waited
                 job.release()
                 return
+            job.restart_clock()  # its latency from its slot, as a choice opened before the response counts it
             await job.open()
         except Exception as exc:  # noqa: BLE001 - said in the stream, where its reader is
+            failure = request_error(exc, constraint) if isinstance(exc, SpecdecError) else exc
             for rest in jobs[position:]:
                 rest.release()
-                rest.fail(exc)
+                rest.fail(failure)
             return
         previous = job
 
