@@ -149,3 +149,32 @@ def test_mixed_rounds_keep_the_target_distribution(monkeypatch, config):
                                 prompt=[1, 2, 3, 1, 2, 3, 1, 2])
     assert result.passed, result.detail
     assert any(taken), "no round mixed model and table tokens"
+
+
+def test_a_less_sure_copy_is_verified_where_it_promises_more_than_the_draft_model():
+    """The table's proposal below the trust threshold replaced the draft model nowhere: on summaries (draft α ~0.55)
+    ``suffix`` alone ran 1.62x plain and draft_suffix 1.32x. Now a copy wins where its expected committed tokens per
+    second beat the draft model's k tokens at its α in this request — planned optimistically until judged — and
+    always where γ=auto gives the draft model k = 0."""
+    from types import SimpleNamespace
+
+    from specdec.adaptive import VerifyCosts
+    from specdec.drafters.base import Draft
+    from specdec.drafters.draft_suffix import SuffixAssistedDrafter
+    from specdec.drafters.suffix import SuffixDrafter
+
+    model = SimpleNamespace(step_seconds=0.2, take_over=None, accepted=lambda accepted, token: None)
+    flat = VerifyCosts({k: 1.0 for k in range(9)})
+    drafter = SuffixAssistedDrafter(model, SuffixDrafter(), verify_costs=flat)  # type: ignore[arg-type]
+    weak, fair = Draft(tokens=[7], prefix_accept=[0.3]), Draft(tokens=[7, 8], prefix_accept=[0.45, 0.3])
+    assert drafter._copy_pays(weak, 0) and drafter._copy_pays(fair, 0)  # the draft model sits out: the copy is free
+    assert not drafter._copy_pays(fair, 4)  # unjudged, the draft model is planned at α 0.9: 4.1 tokens for 1.8 steps
+    for _ in range(4):  # the draft model judged: 2 of 4 tokens accepted a round (3 trials each): α 0.5
+        drafter._last, drafter._model_proposed = drafter.draft, 4
+        drafter.accepted(2, 0)
+    assert (drafter._model_accepted, drafter._model_trials) == (8, 12)
+    assert drafter._copy_pays(fair, 4)  # 1.75 tokens for 1.2 steps against 1.94 for 1.8
+    assert not drafter._copy_pays(weak, 2)  # 1.3 tokens for 1.2 steps against 1.75 for 1.4
+    assert not drafter._copy_pays(Draft(tokens=[7, 8], prefix_accept=[0.45, 0.3], parents=[-1, 0]), 4)  # trees: as before
+    unmeasured = SuffixAssistedDrafter(model, SuffixDrafter())  # type: ignore[arg-type]
+    assert unmeasured._copy_pays(fair, 0) and not unmeasured._copy_pays(fair, 4)  # no costs: only the trust threshold

@@ -23,10 +23,13 @@ from typing import Generator
 
 import torch
 
+from specdec.adaptive import OPTIMISTIC_ALPHA, TRIALS_TO_JUDGE, VerifyCosts, expected_tokens
 from specdec.calls import ModelCall, run_now
 from specdec.drafters.base import Draft, Drafter, DrafterResources, MethodInfo, tree_nodes_for
 from specdec.drafters.draft_model import DRAFT_MODEL_OPTIONS, DraftModelDrafter, make_draft_model_drafter
 from specdec.drafters.suffix import GlobalSuffixCache, SuffixDrafter, make_suffix_drafter
+from specdec.stats import acceptance_trials
+from specdec.step_calibration import planning_curve
 
 #: Suffix proposals whose first token is estimated at least this likely are used without the draft
 #: model (with MATCH_PRIOR: matches of two tokens or more). Lower than the draft model's own α
@@ -42,10 +45,17 @@ class SuffixAssistedDrafter(Drafter):
     #: a trusted suffix proposal still does, and the draft model is not run for k = 0
     has_free_tokens = True
 
-    def __init__(self, draft: DraftModelDrafter, suffix: SuffixDrafter, suffix_trust: float = DEFAULT_SUFFIX_TRUST) -> None:
+    def __init__(self, draft: DraftModelDrafter, suffix: SuffixDrafter, suffix_trust: float = DEFAULT_SUFFIX_TRUST,
+                 verify_costs: VerifyCosts | None = None) -> None:
         self.draft = draft
         self.suffix = suffix
         self.suffix_trust = suffix_trust
+        #: the target's measured verification seconds per drafted length (None: not measured — then only a
+        #: trusted suffix proposal replaces the draft model, as before)
+        self.verify_costs = verify_costs
+        #: the draft model's acceptance in this request: (accepted, trials) over its rounds, from the prior
+        self._model_accepted, self._model_trials = 0.0, 0.0
+        self._model_proposed = 0  # tokens the draft model proposed this round (its trials when judged)
         self._last: SuffixDrafter | DraftModelDrafter | None = None  # who proposed this round
         self.suffix_rounds = 0
         self.draft_rounds = 0
@@ -85,7 +95,7 @@ class SuffixAssistedDrafter(Drafter):
 
     def propose_steps(self, context_ids: list[int], k: int) -> Generator[ModelCall, torch.Tensor, Draft]:
         copied = self.suffix.propose(context_ids, k)  # as long as it is sure of, up to its max_tokens
-        if copied.prefix_accept and copied.prefix_accept[0] >= self.suffix_trust:
+        if copied.prefix_accept and (copied.prefix_accept[0] >= self.suffix_trust or self._copy_pays(copied, k)):
             self._last = self.suffix
             self.suffix_rounds += 1
             return copied
@@ -96,7 +106,32 @@ class SuffixAssistedDrafter(Drafter):
         self.draft_rounds += 1
         self._context = context_ids
         self._taken = None
-        return (yield from self.draft.propose_steps(context_ids, k))
+        drafted = yield from self.draft.propose_steps(context_ids, k)
+        self._model_proposed = len(drafted.tokens)
+        return drafted
+
+    def _copy_pays(self, copied: Draft, k: int) -> bool:
+        """Does the table's less sure proposal promise more committed tokens per second than the draft model's
+        k tokens? Its tokens cost no draft step (the draft model catches up on what it commits later: one
+        draft step is charged for that); the draft model's cost k steps and are accepted at its measured α
+        in this request (planned optimistically until judged, as γ=auto plans). Where the draft model is
+        not worth running (k = 0) the proposal is verified as far as it is worth its cost, as ``suffix``
+        does. On summaries and RAG answers the draft model's α is ~0.55 and the table's copies win: there
+        ``suffix`` alone ran 1.62x plain where draft_suffix ran 1.32x (Zen 5, before this choice)."""
+        if k == 0:
+            return True
+        draft_step = self.draft.step_seconds
+        if self.verify_costs is None or draft_step is None or copied.parents is not None:
+            return False
+        costs = self.verify_costs
+        length = costs.best_length(copied.prefix_accept)
+        if length == 0:
+            return False
+        copy_rate = (1.0 + sum(copied.prefix_accept[:length])) / (costs.cost(length) + draft_step)
+        alpha = (self._model_accepted / self._model_trials if self._model_trials >= TRIALS_TO_JUDGE
+                 else OPTIMISTIC_ALPHA)
+        model_rate = expected_tokens(alpha, k) / (costs.cost(k) + k * draft_step)
+        return copy_rate > model_rate
 
     def _take_over(self, drafted: list[int], room: int) -> list[int]:
         """Mid-round: once the draft model's tokens lead into a trusted match, the table finishes
@@ -113,6 +148,10 @@ class SuffixAssistedDrafter(Drafter):
         # its next propose() (the draft model feeds them as one chunk, the suffix table counts them)
         if self._last is not None:
             self._last.accepted(num_accepted, next_token)
+        if self._last is self.draft and self._model_proposed:  # the draft model's own α (a take-over's tokens too)
+            self._model_accepted += min(num_accepted, self._model_proposed)
+            self._model_trials += acceptance_trials(self._model_proposed, min(num_accepted, self._model_proposed))
+            self._model_proposed = 0
         if self._last is self.draft and self._taken is not None and num_accepted >= self._taken[0]:
             offset, tokens, predicted = self._taken
             self.suffix.count_prediction(tokens, predicted, num_accepted - offset, next_token)
@@ -133,7 +172,8 @@ def make_suffix_assisted_drafter(res: DrafterResources) -> SuffixAssistedDrafter
     """Needs a draft model (``--draft-model``) like ``draft_model``; the suffix table is the shared one."""
     draft = make_draft_model_drafter(res)
     suffix = make_suffix_drafter(res)
-    return SuffixAssistedDrafter(draft, suffix, DEFAULT_SUFFIX_TRUST)
+    measured = planning_curve(res.target_backend)
+    return SuffixAssistedDrafter(draft, suffix, DEFAULT_SUFFIX_TRUST, VerifyCosts.from_measured(measured) if measured else None)
 
 
 def make_draft_model_method_drafter(res: DrafterResources) -> Drafter:
