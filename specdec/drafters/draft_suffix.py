@@ -4,8 +4,11 @@ Each round the suffix drafter (:mod:`specdec.drafters.suffix`) looks first. When
 its first token is accepted reaches ``suffix_trust`` — a long match: code re-using the prompt's
 names and signatures, a summary quoting its document — its proposal is used as it is and the draft
 model does not run; it catches up on the committed tokens in one chunk at the start of its next
-round. Otherwise the draft model drafts — and if its tokens lead into such a match mid-round, the
-table finishes the round instead of further draft steps. On HumanEval about 30 % of the target's
+round. A less sure proposal is used too where it promises more committed tokens per second than the
+draft model's k tokens at the draft model's α in this request (``_copy_pays``: the target's verify
+curve, the draft's step; on summaries the draft model's α is ~0.55), and wherever γ=auto gives the
+draft model k = 0. Otherwise the draft model drafts — and if its tokens lead into a trusted match
+mid-round, the table finishes the round instead of further draft steps. On HumanEval about 30 % of the target's
 tokens follow a six-token match that is right ~95 % of the time; each one costs the draft model a
 full step (~0.2–0.35 of an int8 target step here), and the suffix table nothing.
 
