@@ -1,7 +1,7 @@
 """Write long-context prompts (a JSONL for `--groups FILE` / `specdec bench --dataset FILE`): each joins whole
 Spec-Bench summarization tasks (CNN/DailyMail articles with their "Summarize:" request) until it holds ~``--chars``
-characters (~2.4k Qwen tokens at 10 000), then asks for each request to be answered in turn. Spec-Bench's own
-summarization and rag prompts are ~700 tokens; these are the long kind the README's long-prompt figures are measured
+characters (the defaults: 9.6k–10.8k characters, 2.2k–2.4k Qwen2.5 tokens, three or four articles each), then asks for
+each request to be answered in turn. Spec-Bench's own summarization and rag prompts are 400–900 tokens; these are the long kind the README's long-prompt figures are measured
 on. Tasks come from index ``--skip`` on, so none is one of the first six prompts the ~700-token groups measure.
 
     python benchmarks/long_context_prompts.py --out /tmp/long6.jsonl

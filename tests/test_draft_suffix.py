@@ -168,6 +168,8 @@ def test_a_less_sure_copy_is_verified_where_it_promises_more_than_the_draft_mode
     drafter = SuffixAssistedDrafter(model, SuffixDrafter(), verify_costs=flat)  # type: ignore[arg-type]
     weak, fair = Draft(tokens=[7], prefix_accept=[0.3]), Draft(tokens=[7, 8], prefix_accept=[0.45, 0.3])
     assert drafter._copy_pays(weak, 0) and drafter._copy_pays(fair, 0)  # the draft model sits out: the copy is free
+    steep = SuffixAssistedDrafter(model, SuffixDrafter(), verify_costs=VerifyCosts({0: 1.0, 1: 2.0}))  # type: ignore[arg-type]
+    assert not steep._copy_pays(weak, 0)  # ... unless verifying it costs more than it brings: a plain step then
     assert not drafter._copy_pays(fair, 4)  # unjudged, the draft model is planned at α 0.9: 4.1 tokens for 1.8 steps
     for _ in range(4):  # the draft model judged: 2 of 4 tokens accepted a round (3 trials each): α 0.5
         drafter._last, drafter._model_proposed = drafter.draft, 4

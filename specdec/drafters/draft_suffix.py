@@ -92,6 +92,7 @@ class SuffixAssistedDrafter(Drafter):
         self.suffix.start(prompt_ids)
         self.draft.start(prompt_ids)
         self.suffix_rounds = self.draft_rounds = self.taken_over = 0
+        self._model_accepted, self._model_trials, self._model_proposed = 0.0, 0.0, 0
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         return run_now(self.propose_steps(context_ids, k))
@@ -121,8 +122,8 @@ class SuffixAssistedDrafter(Drafter):
         not worth running (k = 0) the proposal is verified as far as it is worth its cost, as ``suffix``
         does. On summaries and RAG answers the draft model's α is ~0.55 and the table's copies win: there
         ``suffix`` alone ran 1.62x plain where draft_suffix ran 1.32x (Zen 5, before this choice)."""
-        if k == 0:
-            return True
+        if k == 0:  # (a copy the engine would cut to nothing is not a suffix round)
+            return self.verify_costs is None or self.verify_costs.best_length(copied.prefix_accept) > 0
         draft_step = self.draft.step_seconds
         if self.verify_costs is None or draft_step is None or copied.parents is not None:
             return False
@@ -181,7 +182,8 @@ def make_suffix_assisted_drafter(res: DrafterResources) -> SuffixAssistedDrafter
 
 def make_draft_model_method_drafter(res: DrafterResources) -> Drafter:
     """``draft_model``: the draft model alone — or, for a request with a predicted output, the draft model
-    except where the prediction is sure of the continuation: this class over a table of the prediction
+    except where the prediction is sure of the continuation (or has one, where γ=auto gives the draft model
+    nothing to draft): this class over a table of the prediction
     only (neither the request's own text nor other requests', which are draft_suffix's), so a user who
     chose the draft model still gets OpenAI's predicted outputs."""
     draft = make_draft_model_drafter(res)

@@ -259,9 +259,13 @@ def create_app(state: ServerState) -> FastAPI:
             # (specdec's, with the speculative statistics); none with include_usage false, as asked
             usage = "total" if options is not None and options.include_usage else "choice" if options is None else None
             # close_jobs also after the response: a client gone before the stream's first read never ran its
-            # generator's finally, and its jobs (and a stream's choices waiting for slots) ran for nobody
+            # generator's finally, and its jobs (and a stream's choices waiting for slots) ran for nobody. An async
+            # function, so it runs on the event loop (a plain one runs in a worker thread: slots are the loop's)
+            async def close_after() -> None:
+                close_jobs(jobs)
+
             return StreamingResponse(stream_events(jobs, chat, endpoint, req.n, usage, calls), media_type="text/event-stream",
-                                     background=BackgroundTask(close_jobs, jobs))
+                                     background=BackgroundTask(close_after))
         try:
             if not await finished_unless_gone(request, asyncio.gather(*(job.run_to_end() for job in jobs))):
                 state.metrics.requests.labels(endpoint, "499").inc()  # nginx's "client closed request"

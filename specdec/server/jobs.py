@@ -15,10 +15,11 @@ from specdec.api import prepare
 from specdec.config import SpecConfig
 from specdec.drafters.registry import needs_draft_model
 from specdec.engine import generate_steps
-from specdec.errors import SpecdecError, StructuredOutputError
+from specdec.errors import DrafterError, SpecdecError, StructuredOutputError, WeightsError
 from specdec.policy import RequestGate
 from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.server.audit import AuditCase
+from specdec.server.errors import generation_failure
 from specdec.server.executor import END
 from specdec.server.responses import (TextOffsets, completion_logprobs, joined_logprobs, logprobs_body, usage_body,
                                       vllm_prompt_logprobs)
@@ -359,16 +360,20 @@ async def open_jobs(state: ServerState, choices: list[tuple[list[int], SamplingP
             await job.open()
     except SpecdecError as exc:
         close_jobs(jobs)
-        raise request_error(exc, constraint) from None
+        # (ours — corrupt weights, a drafter's broken contract — as the logged 500 a generation's failure is)
+        raise generation_failure(request_error(exc, constraint), "new") from None
     except BaseException:
         close_jobs(jobs)
         raise
     return jobs
 
 
-def request_error(exc: SpecdecError, constraint: str | None) -> APIError:
-    """A choice that cannot open, the request's fault: a 400 naming the field (a constraint compiled on opening: its
-    field, ``constraint``)."""
+def request_error(exc: SpecdecError, constraint: str | None) -> Exception:
+    """What a choice that cannot open is answered with: the request's fault as a 400 naming the field (a constraint
+    compiled on opening: its field, ``constraint``); corrupt weights or a drafter that broke its contract are ours,
+    and stay as they are for :func:`~specdec.server.errors.generation_failure`'s logged 500."""
+    if isinstance(exc, (WeightsError, DrafterError)):
+        return exc
     param = constraint if isinstance(exc, StructuredOutputError) else field_named(str(exc))
     return APIError(400, str(exc), param=param)
 
