@@ -14,12 +14,11 @@ import argparse
 import json
 from pathlib import Path
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+from specdec.bench.datasets import load_prompts
 
 
 def long_prompts(count: int, chars: int, skip: int) -> list[str]:
-    rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines()]
-    tasks = [row["turns"][0] for row in rows if row["category"] == "summarization"][skip:]
+    tasks = [row.turns[0] for row in load_prompts("spec_bench", ["summarization"])][skip:]
     prompts, next_task = [], 0
     for _ in range(count):
         parts: list[str] = []

@@ -43,14 +43,14 @@ DEFAULT_DRAFT_METHOD = "draft_suffix"
 #: HumanEval at 4: 58.0 and 61.0 vs 57.9 and 60.5. Planned per request alone, auto had drafted 1.3-1.4x γ=4's
 #: tokens at 4 concurrent (session 49).
 DEFAULT_NUM_SPECULATIVE_TOKENS: int | str = "auto"
+#: each process-wide suffix table's default cap (drafters/suffix.py), in stored (context, next token) counts: up to
+#: 8 of them per remembered output token, ~0.33 KB each in CPython (2M: ~0.67 GB at the worst, ~250k output tokens)
+DEFAULT_SUFFIX_CACHE_ENTRIES = 2_000_000
 #: Prompt tokens a draft model reads (see drafters/draft_model.py). Measured with
 #: benchmarks/draft_window.py (AVX2, draft_suffix vs plain, decode speed): on 6 Spec-Bench
 #: summarization/rag prompts (600-800 tokens) whole prompt 0.55x, 512 0.68x, 256 0.73x, 128 0.98x;
 #: on 6 HumanEval prompts 128 1.10x (α 0.76) vs 512 1.03x (α 0.75): the draft's prompt pass costs
 #: more than the context it buys
-#: each process-wide suffix table's default cap (drafters/suffix.py), in stored (context, next token) counts: up to
-#: 8 of them per remembered output token, ~0.33 KB each in CPython (2M: ~0.67 GB at the worst, ~250k output tokens)
-DEFAULT_SUFFIX_CACHE_ENTRIES = 2_000_000
 DEFAULT_DRAFT_CONTEXT_WINDOW = 128
 #: a draft model scores only the first 65536 token ids (BPE ids come roughly in frequency order): for
 #: the 0.5B draft's 151936-id vocabulary a 13 % cheaper step (12.5 vs 14.3 ms on a Zen 4 EPYC) for

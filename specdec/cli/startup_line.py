@@ -16,7 +16,6 @@ def startup_line(state: "ServerState", args: argparse.Namespace, port: int) -> s
     """``serving NAME (mode, speculative: …, draft …, caches, keys, settings) on http://HOST:PORT``; ``port``: the one
     bound (``--port 0``: the OS's pick)."""
     host = args.host
-    keys = f"{len(state.access.api_keys)} API key(s)" if state.access.api_keys else "no API key"
     if state.policy.table is not None and state.policy.table_limits and state.spec.method is not None:
         prior = state.policy.table.for_alpha(state.policy.acceptance.alpha) or {}
         alpha = state.policy.acceptance.alpha
@@ -41,25 +40,27 @@ def startup_line(state: "ServerState", args: argparse.Namespace, port: int) -> s
     # the draft and the settings file named too: a tune.json's choice was served without saying which draft ran
     drafting = (f", draft {os.path.basename(str(args.draft_model).rstrip('/'))} ({state.draft.backend.mode})"
                 if state.draft is not None else "")
-    settings = f", settings from {args.config}" if args.config else ""
     from specdec.drafters.suffix import global_cache_entries  # (torch: not at the CLI's import, --help stays quick)
 
-    kept = global_cache_entries()  # what this process applied (--suffix-cache-entries)
-    suffixes = (f", suffix cache ≤ {kept} entries" if kept else ", no suffix cache across requests"
-                ) if state.spec.method in ("suffix", "draft_suffix") else ""
+    # the suffix cap this process applied (--suffix-cache-entries)
+    served = served_with(state.spec.method, global_cache_entries(), len(state.access.api_keys), args.config)
     return (f"serving {state.model_name} ({state.target.backend.mode}, speculative: {speculative}{drafting}, {prefixes}"
-            f"{suffixes}, {keys}{settings}) on http://{host}:{port}{hint}")
+            f"{served}) on http://{host}:{port}{hint}")
 
 
 def replica_settings(args: argparse.Namespace, method: str | None) -> str:
     """What ``--ray``'s start-up line can say of its replicas' settings from the flags (each replica loads its own
-    models): the suffix table's cap, the API keys, the settings file — ``, …`` or ""."""
+    models): the suffix table's cap, the API keys, the settings file — ``, …``."""
     from specdec.server.security import load_api_keys
 
-    keys = load_api_keys(args.api_key, args.api_key_file)
-    parts = [f"suffix cache ≤ {args.suffix_cache_entries} entries" if args.suffix_cache_entries
-             else "no suffix cache across requests"] if method in ("suffix", "draft_suffix") else []
-    parts.append(f"{len(keys)} API key(s)" if keys else "no API key")
-    if args.config:
-        parts.append(f"settings from {args.config}")
+    return served_with(method, args.suffix_cache_entries, len(load_api_keys(args.api_key, args.api_key_file)), args.config)
+
+
+def served_with(method: str | None, suffix_entries: int, api_keys: int, config: str | None) -> str:
+    """The start-up lines' common tail: ``, suffix cache …`` (suffix methods), ``, N API key(s)``, ``, settings from …``."""
+    parts = ([f"suffix cache ≤ {suffix_entries} entries" if suffix_entries else "no suffix cache across requests"]
+             if method in ("suffix", "draft_suffix") else [])
+    parts.append(f"{api_keys} API key(s)" if api_keys else "no API key")
+    if config:
+        parts.append(f"settings from {config}")
     return "".join(f", {part}" for part in parts)
