@@ -22,7 +22,7 @@ from tests.model_fixtures import TINY_QWEN2, write_tiny_model
 PACKAGE = Path(specdec.__file__).parent
 KERNELS = sorted((PACKAGE / "kernels").glob("*.py"))
 #: what the kernels may import of specdec: themselves and the package's leaves
-KERNEL_DEPENDENCIES = ("specdec.kernels", "specdec.errors", "specdec.paths")
+KERNEL_DEPENDENCIES = ("specdec.kernels", "specdec.errors", "specdec.paths", "specdec.cpu")
 
 
 def specdec_imports(path: Path) -> list[tuple[str, int, bool]]:

@@ -8,7 +8,8 @@ the rest of a decoder layer — RMSNorm, RoPE, the KV-cache write,
 attention (``layer_ops.cpp``; its inner loops on AVX-512 in ``attention_avx512.cpp``, the same bits);
 on AMX CPUs the int8 GEMM and the 4-bit linear's calls of many rows also run on AMX tiles (``int8_gemm_amx.cpp``,
 ``linear_kernels_amx.cpp``, the same bits), and a prompt twin's attention on AMX-BF16 tiles
-(``attention_amx.cpp``, other bits: prompt passes only). The build (~40 s, g++ and ninja) lands in
+(``attention_amx.cpp``, other bits: prompt passes only) — or, on AVX-512 BF16 CPUs where it measures
+faster, with vdpbf16ps (``attention_bf16.cpp``; both read ``bf16_rows.h``'s layout). The build (~40 s, g++ and ninja) lands in
 ``specdec_home()/ext/specdec_cpu_kernels-<key>``; the key hashes the sources, the compiler flags and
 the torch and Python versions, so a change to any of them builds afresh instead of reusing a stale
 library (builds of the extension under its old name, ``specdec_q4``, are never read).
@@ -47,10 +48,11 @@ _HERE = Path(__file__).parent
 SOURCES = (_HERE / "linear_kernels.cpp", _HERE / "linear_kernels_q6q8.cpp", _HERE / "linear_kernels_avx512.cpp",
            _HERE / "linear_kernels_avxvnni.cpp",
            _HERE / "layer_ops.cpp", _HERE / "attention_avx512.cpp", _HERE / "attention_amx.cpp",
+           _HERE / "attention_bf16.cpp",
            _HERE / "layer_stack.cpp", _HERE / "int8_gemm.cpp", _HERE / "int8_gemm_avx512.cpp",
            _HERE / "int8_gemm_amx.cpp", _HERE / "linear_kernels_amx.cpp")
 HEADERS = (_HERE / "simd.h", _HERE / "dot_kernels.h", _HERE / "tile_schedule.h", _HERE / "amx_tiles.h",
-           _HERE / "linear_common.h")
+           _HERE / "linear_common.h", _HERE / "bf16_rows.h")
 #: -ffp-contract=off: no fused multiply-adds the source does not write, so results do not depend on
 #: the compiler's choices (bit-identity of a row alone and in a chunk is checked with torch.equal)
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off")

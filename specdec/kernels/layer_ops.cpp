@@ -185,9 +185,10 @@ torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, t
 }
 
 // How prompt_attention multiplies (kPromptAttentionKinds): on AMX-BF16 tiles where this CPU has them, unless
-// set_prompt_attention_kind chose float32 (tests run both)
-constexpr int kFloat32 = 0, kAmxBf16 = 1;
-constexpr const char* kPromptAttentionKinds[] = {"float32", "amx-bf16"};
+// set_prompt_attention_kind chose another (tests run each); avx512-bf16 (vdpbf16ps) where kernels/layers.py
+// measured it faster than float32 on this CPU (AMD's AVX-512 cores; not Intel's, where it runs at half rate)
+constexpr int kFloat32 = 0, kAmxBf16 = 1, kAvx512Bf16 = 2;
+constexpr const char* kPromptAttentionKinds[] = {"float32", "amx-bf16", "avx512-bf16"};
 static std::atomic<int> g_prompt_attention{specdec_kernels::amx_bf16_ready() ? kAmxBf16 : kFloat32};
 
 // One attention sub-layer after the q|k|v projection, for T new tokens at cache slots start..start+T:
@@ -195,7 +196,7 @@ static std::atomic<int> g_prompt_attention{specdec_kernels::amx_bf16_ready() ? k
 // for each (token, head) softmax(q·kᵀ/√d)·v over the slots it sees: 0..start+t (causal) or, with
 // `mask` [T, ≥start+T] (tree verification), the slots marked true below start+T. Grouped-query
 // heads read their KV head in place. Returns [T, heads·head_dim].
-// `prompt`: a prompt twin's pass (prompt_attention below) — on AMX the products in bf16.
+// `prompt`: a prompt twin's pass (prompt_attention below) — on AMX or AVX-512 BF16 the products in bf16.
 static torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                             torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
                             c10::optional<torch::Tensor> mask, bool prompt) {
@@ -236,8 +237,9 @@ static torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor 
   float* op = out.data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int kind = g_prompt_attention.load();
-  if (prompt && mp == nullptr && D % 32 == 0 && kind == kAmxBf16) {
-    specdec_kernels::prompt_attention_amx(q.data(), T, heads, kv_heads, kc, vc, S, D, start, scale, op);
+  if (prompt && mp == nullptr && D % 32 == 0 && kind != kFloat32) {
+    (kind == kAmxBf16 ? specdec_kernels::prompt_attention_amx : specdec_kernels::prompt_attention_bf16)(
+        q.data(), T, heads, kv_heads, kc, vc, S, D, start, scale, op);
     return out;
   }
   // One unit = one KV head with its `group` query heads for a tile of up to kTile tokens: each block of
@@ -333,9 +335,9 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
 }
 
 // attention() for a prompt twin's passes (kernels/layers.py: CppLayers(prompt_passes=True)): where the CPU has
-// AMX-BF16 the causal rows' products run on bf16 tiles (attention_amx.cpp) — other bits than attention()'s, the
-// same bits for a row however the prompt is split into passes; elsewhere, for heads not a multiple of 32 wide
-// or under a mask, attention().
+// AMX-BF16 the causal rows' products run on bf16 tiles (attention_amx.cpp), on AVX-512 BF16 where that was
+// measured faster (attention_bf16.cpp) — other bits than attention()'s, the same bits for a row however the
+// prompt is split into passes; for float32, heads not a multiple of 32 wide or under a mask, attention().
 torch::Tensor prompt_attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                                torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
                                c10::optional<torch::Tensor> mask) {
@@ -346,11 +348,12 @@ std::string prompt_attention_kind() { return kPromptAttentionKinds[g_prompt_atte
 
 // Use `name` for later prompt passes (process-wide; tests and measurements): refused where this CPU lacks it.
 void set_prompt_attention_kind(const std::string& name) {
-  for (int kind = 0; kind < 2; ++kind) {
+  for (int kind = 0; kind < 3; ++kind) {
     if (name != kPromptAttentionKinds[kind]) continue;
     TORCH_CHECK(kind != kAmxBf16 || specdec_kernels::amx_bf16_ready(), "this CPU (or process) has no AMX-BF16 tiles");
+    TORCH_CHECK(kind != kAvx512Bf16 || specdec_kernels::avx512_bf16_ready(), "this CPU has no AVX-512 BF16");
     g_prompt_attention.store(kind);
     return;
   }
-  TORCH_CHECK(false, "unknown prompt attention ", name, " (amx-bf16 or float32)");
+  TORCH_CHECK(false, "unknown prompt attention ", name, " (amx-bf16, avx512-bf16 or float32)");
 }

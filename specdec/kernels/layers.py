@@ -21,6 +21,7 @@ from torch import nn
 from specdec.kernels.build import available, kernel
 from specdec.kernels.int8 import Int8Linear
 from specdec.kernels.linear import KernelLinear
+from specdec.kernels.prompt_attention import choose_prompt_attention
 
 #: a projection's call: contiguous float32 ``[M, K]`` in, ``[M, N]`` out
 Projection = Callable[[torch.Tensor], torch.Tensor]
@@ -113,18 +114,22 @@ def _mlp(gate_up_proj: Projection, down_proj: Projection, hidden: torch.Tensor) 
 def use_for_prompt_passes(decoder: nn.Module) -> None:
     """Mark ``decoder`` as a prompt twin (``TorchBackend.use_for_prompts``: it runs prompt passes only,
     never a decode or verification row): its attention becomes ``prompt_attention``, whose causal rows
-    multiply on AMX-BF16 tiles where the CPU has them (~3x the float32 kernel on a 2-core Xeon). Exact for
+    multiply on AMX-BF16 tiles where the CPU has them (~3x the float32 kernel on a 2-core Xeon), or with
+    AVX-512 BF16's vdpbf16ps where that measures faster here (:mod:`specdec.kernels.prompt_attention`). Exact for
     decoding as the twin's other weight format is: plain and speculative decoding read the same prompt
     cache, and a row's bits do not depend on how the prompt was split into passes. A decoder without
     the C++ layers keeps its own."""
     if isinstance(decoder.layer_runner, CppLayers) and not decoder.layer_runner.prompt_passes:
         runner = CppLayers(decoder, prompt_passes=True)
         decoder.set_layer_runner(runner, runner.ragged)
+        cfg = decoder.config
+        choose_prompt_attention(runner.ops, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
 
 def bf16_prompt_attention(decoder: nn.Module) -> str:
-    """How ``decoder``'s prompt passes multiply in attention here, for execution lines: ``"amx-bf16"`` (a
-    prompt twin's layers in C++, heads a multiple of 32 wide, a CPU with AMX-BF16), else ``""``."""
+    """How ``decoder``'s prompt passes multiply in attention here, for execution lines: ``"amx-bf16"`` or
+    ``"avx512-bf16"`` (a prompt twin's layers in C++, heads a multiple of 32 wide, a CPU where that kind
+    runs and was chosen), else ``""``."""
     runner = decoder.layer_runner
     if not (isinstance(runner, CppLayers) and runner.prompt_passes and decoder.config.head_dim % 32 == 0):
         return ""

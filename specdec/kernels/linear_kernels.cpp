@@ -334,9 +334,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "RoPE, KV-cache write and row-wise attention for one layer");
   m.def("prompt_attention", &prompt_attention,
         "attention for a prompt twin's passes: causal rows on bf16 tiles where the CPU has AMX-BF16 (other bits)");
-  m.def("prompt_attention_kind", &prompt_attention_kind, "how prompt_attention multiplies now: amx-bf16 or float32");
+  m.def("prompt_attention_kind", &prompt_attention_kind, "how prompt_attention multiplies now: amx-bf16, avx512-bf16 or float32");
   m.def("set_prompt_attention_kind", &set_prompt_attention_kind, "make prompt_attention multiply so (tests, measurements)");
   m.def("amx_bf16_ready", &specdec_kernels::amx_bf16_ready, "whether this CPU and process run AMX-BF16 tiles");
+  m.def("avx512_bf16_ready", &specdec_kernels::avx512_bf16_ready, "whether this CPU runs AVX-512 BF16 (vdpbf16ps)");
   register_layer_stack(m);
   register_int8_gemm(m);
 }
