@@ -1,7 +1,7 @@
 // Prompt passes' attention on Intel AMX bf16 tiles (Sapphire Rapids and later): q·kᵀ and p·v as bf16
 // tile products with float32 sums, the softmax between them in float32 (its exponentials to bf16's
-// precision). (AVX-512 BF16's vdpbf16ps without tiles was tried: on this Xeon no faster than the float32
-// kernels — one vdpbf16ps a cycle against two FMAs; not kept.)
+// precision). (AVX-512 BF16's vdpbf16ps without tiles, attention_bf16.cpp, is no faster than the float32
+// kernels on this Xeon — one vdpbf16ps a cycle against two FMAs —, so it runs only where timed faster: AMD's cores.)
 //
 // Why: since prompt passes run in token tiles (layer_ops.cpp) their attention is arithmetic — ~53 GMAC/s
 // a core of float32 FMAs, ~2.5 s of a 2.4k-token prompt's pass on a 2-core Xeon. One tdpbf16ps does

@@ -3,10 +3,10 @@
 // the AMX kernel, as is the bf16 layout of the keys and values).
 //
 // Why: a prompt pass's attention is arithmetic (~53 GMAC/s a core of float32 FMAs; one 1.5B layer over
-// 2 432 tokens ~94 ms on a 2-core Zen 5, ~2.6 s of a 2.4k-token prompt's pass). On AMD's cores one
+// 2 432 tokens 72-118 ms on a 2-core Zen 5, about a fifth of a 2.4k-token prompt's pass). On AMD's cores one
 // vdpbf16ps does 32 products at the rate of one 16-lane FMA, so the products take half the instructions.
 // On Intel's AVX-512 cores it issues on one port against the FMA's two (session 56 measured it level with
-// float32 on a Xeon): kernels/layers.py times both on the model's heads and keeps the faster.
+// float32 on a Xeon): kernels/prompt_attention.py times both once per machine and keeps the faster.
 //
 // Where it runs: only the passes of a prompt twin (TorchBackend.use_for_prompts), whose rows already differ
 // from decoding's (another weight format): plain and speculative decoding read the same prompt cache, and no
@@ -20,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <cmath>  // before the target pragma, as every standard header: no std inline compiled for AVX-512
 #include <cstdint>
 #include <cstring>
 #include <vector>

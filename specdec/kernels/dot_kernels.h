@@ -118,7 +118,7 @@ void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_h
                           int64_t S, int64_t D, int64_t start, float scale, float* out);
 // Whether this CPU has AMX-BF16 and AVX-512 BF16 and the OS granted the tile state (asked once)
 bool amx_bf16_ready();
-// The same with AVX-512 BF16's vdpbf16ps instead of tiles (attention_bf16.cpp); the same arguments
+// The same with AVX-512 BF16's vdpbf16ps instead of tiles (attention_bf16.cpp); the same arguments (D a multiple of 32)
 void prompt_attention_bf16(const float* q, int64_t T, int64_t heads, int64_t kv_heads, const float* kc, const float* vc,
                            int64_t S, int64_t D, int64_t start, float scale, float* out);
 // Whether this CPU has AVX-512 (F, BW, VL, DQ) with BF16: where prompt_attention_bf16 runs

@@ -185,8 +185,8 @@ torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, t
 }
 
 // How prompt_attention multiplies (kPromptAttentionKinds): on AMX-BF16 tiles where this CPU has them, unless
-// set_prompt_attention_kind chose another (tests run each); avx512-bf16 (vdpbf16ps) where kernels/layers.py
-// measured it faster than float32 on this CPU (AMD's AVX-512 cores; not Intel's, where it runs at half rate)
+// set_prompt_attention_kind chose another (tests run each); avx512-bf16 (vdpbf16ps) where
+// kernels/prompt_attention.py measured it faster than float32 on this CPU (AMD's AVX-512 cores; not Intel's)
 constexpr int kFloat32 = 0, kAmxBf16 = 1, kAvx512Bf16 = 2;
 constexpr const char* kPromptAttentionKinds[] = {"float32", "amx-bf16", "avx512-bf16"};
 static std::atomic<int> g_prompt_attention{specdec_kernels::amx_bf16_ready() ? kAmxBf16 : kFloat32};

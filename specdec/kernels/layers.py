@@ -122,8 +122,7 @@ def use_for_prompt_passes(decoder: nn.Module) -> None:
     if isinstance(decoder.layer_runner, CppLayers) and not decoder.layer_runner.prompt_passes:
         runner = CppLayers(decoder, prompt_passes=True)
         decoder.set_layer_runner(runner, runner.ragged)
-        cfg = decoder.config
-        choose_prompt_attention(runner.ops, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        choose_prompt_attention(runner.ops, decoder.config.head_dim)
 
 
 def bf16_prompt_attention(decoder: nn.Module) -> str:

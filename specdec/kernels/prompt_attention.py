@@ -3,20 +3,26 @@
 A prompt twin's causal attention (``prompt_attention`` in the C++ extension) runs its products in bf16 on
 AMX tiles where the CPU has them; on a CPU with AVX-512 BF16 but no tiles (AMD Zen 4/5, Intel Cooper Lake) it
 can run them with vdpbf16ps (attention_bf16.cpp). On AMD's cores that instruction does 32 products at the
-rate of a 16-lane FMA — one 1.5B layer over 2 432 tokens went 72-82 -> 33-36 ms on a 2-core Zen 5 —, on
+rate of a 16-lane FMA — one 1.5B layer over 2 432 tokens took 0.45-0.47x the time on a 2-core Zen 5 —, on
 Intel's it issues on one port against the FMA's two and ran level with float32 (session 56). So the choice is
-measured, not assumed: both kinds time a causal 512-token pass of the model's heads (interleaved, median of
-5, ~40 ms), and vdpbf16ps is kept where it takes under 0.95x float32's time.
+measured, not assumed: both kinds time a causal 512-token pass of one reference shape (the 1.5B's heads: 12
+query and 2 KV heads of 128; interleaved, median of 5, ~40 ms), and vdpbf16ps is kept where it takes under
+0.95x float32's time.
 
-The result is stored per CPU, kernel build, head shape and thread count (``specdec_home()/prompt_attention``),
-so every later process on the machine multiplies the same way: the two kinds give different prompt-cache bits,
-and a choice re-timed on a busy machine must not change a greedy answer from one run to the next.
+The result is stored once per CPU and kernel build (``specdec_home()/prompt_attention``; the first process to
+store it wins), and every later process on the machine reads it, whatever its models, their load order or its
+thread count: the two kinds give different prompt-cache bits, so a re-timing on a busy machine must not
+change a greedy answer from one run to the next. Where it cannot be stored (a read-only home) prompts stay
+in float32, for the same reason.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -27,48 +33,50 @@ from specdec.cpu import cpu_signature
 from specdec.kernels.build import build_key
 from specdec.paths import specdec_home
 
-#: the timed pass: tokens, timed repeats of each kind (after one warm-up each), and how much faster
-#: vdpbf16ps must be to replace float32
+log = logging.getLogger(__name__)
+
+#: the timed pass: tokens, timed repeats of each kind (after one warm-up each), how much faster vdpbf16ps
+#: must be to replace float32, and the heads it is timed on (query heads, KV heads, head width)
 CHOICE_TOKENS, CHOICE_REPEATS, CHOICE_MARGIN = 512, 5, 0.95
+REFERENCE_HEADS = (12, 2, 128)
 #: the kinds the chooser decides between (the extension's names)
 TIMED_KINDS = ("avx512-bf16", "float32")
 #: what this process chose (the extension's kind is process-wide, so it is chosen once): the kind and,
-#: where timed here or on an earlier run, the two medians in seconds
+#: where timed here or by an earlier process, the two medians in seconds
 _prompt_attention_choice: dict[str, Any] = {}
 
 
-def choice_file(heads: int, kv_heads: int, head_dim: int) -> Path:
-    """Where this machine's choice for these heads is kept: keyed by CPU, kernel build and threads."""
-    name = f"{cpu_signature()}-{build_key()}-h{heads}x{kv_heads}x{head_dim}-t{torch.get_num_threads()}.json"
-    return specdec_home() / "prompt_attention" / name
+def choice_file() -> Path:
+    """Where this machine's choice is kept: one file per CPU and kernel build."""
+    return specdec_home() / "prompt_attention" / f"{cpu_signature()}-{build_key()}.json"
 
 
-def choose_prompt_attention(ops: Any, heads: int, kv_heads: int, head_dim: int,
-                            clock: Callable[[], float] = time.perf_counter, cache: Path | None = None) -> str:
+def choose_prompt_attention(ops: Any, head_dim: int, clock: Callable[[], float] = time.perf_counter,
+                            cache: Path | None = None) -> str:
     """How prompt passes multiply in attention in this process: set on ``ops`` (the extension) and returned.
 
-    Decided once per process, by the first prompt twin with heads a multiple of 32 wide (narrower heads
-    never run the bf16 kernels): where the extension still multiplies in float32 and the CPU has AVX-512
-    BF16, the kind stored for this machine (``cache``, default :func:`choice_file`), else the faster of
-    the two by the module's timing, then stored. A kind already other than float32 (AMX tiles) or one set
-    after the choice (tests, ``set_prompt_attention_kind``) is left as it is. ``clock``: seconds (tests)."""
+    Decided once per process, by the first prompt twin with heads a multiple of 32 wide (``head_dim``;
+    narrower heads never run the bf16 kernels): on a CPU with AVX-512 BF16 and no AMX tiles whose extension
+    still multiplies in float32, the kind stored for this machine (``cache``, default :func:`choice_file`),
+    else the faster of the two by the module's timing, stored — or float32 where it cannot be stored. AMX
+    tiles, or a kind set before (tests, ``set_prompt_attention_kind``) other than float32, are left as they
+    are. ``clock``: seconds (tests)."""
     if _prompt_attention_choice or head_dim % 32 != 0:
         return str(ops.prompt_attention_kind())
     current = str(ops.prompt_attention_kind())
-    if current != "float32" or not ops.avx512_bf16_ready():
+    bf16_here = getattr(ops, "avx512_bf16_ready", lambda: False)()  # (an older build, e.g. kernel_ab's base)
+    if current != "float32" or not bf16_here or ops.amx_bf16_ready():
         _prompt_attention_choice["kind"] = current
         return current
-    cache = cache or choice_file(heads, kv_heads, head_dim)
+    cache = cache or choice_file()
     stored = _read_choice(cache)
     if stored is None:
-        seconds = _time_kinds(ops, heads, kv_heads, head_dim, clock)
-        chosen = "avx512-bf16" if seconds["avx512-bf16"] < CHOICE_MARGIN * seconds["float32"] else "float32"
-        stored = {"kind": chosen, "seconds": seconds}
         try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(stored))
-        except OSError:  # a read-only home: chosen again by the next process
-            pass
+            seconds = _time_kinds(ops, clock)
+        finally:
+            ops.set_prompt_attention_kind("float32")
+        chosen = "avx512-bf16" if seconds["avx512-bf16"] < CHOICE_MARGIN * seconds["float32"] else "float32"
+        stored = _store_choice(cache, {"kind": chosen, "seconds": seconds})
     ops.set_prompt_attention_kind(stored["kind"])
     _prompt_attention_choice.update(stored)
     return str(stored["kind"])
@@ -80,8 +88,9 @@ def prompt_attention_timings() -> dict[str, float]:
     return dict(_prompt_attention_choice.get("seconds", {}))
 
 
-def _time_kinds(ops: Any, heads: int, kv_heads: int, head_dim: int, clock: Callable[[], float]) -> dict[str, float]:
-    """Each of TIMED_KINDS over one causal CHOICE_TOKENS-token pass of these heads: median seconds."""
+def _time_kinds(ops: Any, clock: Callable[[], float]) -> dict[str, float]:
+    """Each of TIMED_KINDS over one causal CHOICE_TOKENS-token pass of REFERENCE_HEADS: median seconds."""
+    heads, kv_heads, head_dim = REFERENCE_HEADS
     gen = torch.Generator().manual_seed(0)
     qkv = torch.randn(CHOICE_TOKENS, (heads + 2 * kv_heads) * head_dim, generator=gen)
     angles = torch.rand(CHOICE_TOKENS, head_dim, generator=gen) * 6
@@ -98,6 +107,26 @@ def _time_kinds(ops: Any, heads: int, kv_heads: int, head_dim: int, clock: Calla
     return {kind: statistics.median(runs) for kind, runs in times.items()}
 
 
+def _store_choice(path: Path, choice: dict[str, Any]) -> dict[str, Any]:
+    """Store ``choice`` unless another process stored one first (then that one is used); where nothing can
+    be stored, float32 — the kind every run gets alike."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+            json.dump(choice, tmp)
+        try:
+            os.link(tmp.name, path)  # atomic, and only where no file is yet: the first process wins
+        except FileExistsError:
+            if _read_choice(path) is None:  # an unreadable file, not a choice: replaced
+                os.replace(tmp.name, path)
+        finally:
+            Path(tmp.name).unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("prompt attention stays float32: cannot store this machine's choice in %s (%s)", path, exc)
+        return {"kind": "float32"}
+    return _read_choice(path) or {"kind": "float32"}
+
+
 def _read_choice(path: Path) -> dict[str, Any] | None:
     """A stored choice, or None where there is none or it cannot be read (then it is timed again)."""
     try:
@@ -106,4 +135,7 @@ def _read_choice(path: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(stored, dict) or stored.get("kind") not in TIMED_KINDS:
         return None
+    seconds = stored.get("seconds", {})
+    if not (isinstance(seconds, dict) and all(isinstance(v, (int, float)) for v in seconds.values())):
+        stored["seconds"] = {}
     return stored
