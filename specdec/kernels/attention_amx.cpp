@@ -64,11 +64,8 @@ void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_h
                           int64_t S, int64_t D, int64_t start, float scale, float* out) {
   const int64_t group = heads / kv_heads, L = start + T, Lp = round_up(L, kBlock);
   const int64_t kblocks = D / kBlock, cblocks = D / 16;
-  std::vector<uint16_t> kp(kv_heads * Lp * D), vp(kv_heads * Lp * D);  // zero: slots past L stay so
-  at::parallel_for(0, kv_heads, 1, [&](int64_t h0, int64_t h1) {
-    for (int64_t h = h0; h < h1; ++h)
-      pack_kv(kc + h * S * D, vc + h * S * D, L, D, kp.data() + h * Lp * D, vp.data() + h * Lp * D);
-  });
+  std::vector<uint16_t> kp, vp;
+  pack_heads(kc, vc, kv_heads, S, D, L, kp, vp);
   const int64_t token_tiles = (T + kTileTokens - 1) / kTileTokens;
   at::parallel_for(0, kv_heads * token_tiles, 1, [&](int64_t u0, int64_t u1) {
     TileConfig cfg;
@@ -87,9 +84,7 @@ void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_h
       }
       // row r: token t0 + r / group, query head kvh · group + r % group — its offset in q and out
       auto head_row = [&](int64_t r) { return ((t0 + r / group) * heads + kvh * group + r % group) * D; };
-      // query rows of this KV head, bf16; padding rows zero
-      for (int64_t r = 0; r < rows; ++r) to_bf16(q + head_row(r), D, qb.data() + r * D);
-      std::fill(qb.begin() + rows * D, qb.begin() + padded * D, uint16_t{0});
+      query_rows(q, head_row, rows, padded, D, qb.data());
       const uint16_t* keys = kp.data() + kvh * Lp * D;
       const uint16_t* values = vp.data() + kvh * Lp * D;
       // the slots the last real row of a 32-row block sees (rows are token-major)
@@ -116,12 +111,7 @@ void prompt_attention_amx(const float* q, int64_t T, int64_t heads, int64_t kv_h
           block_2x2(pb.data() + r0 * Lt, Lt * 2, kBlock, values + c * 16 * kBlock, values + (c + 1) * 16 * kBlock,
                     cblocks * 16 * kBlock, steps, acc.data() + r0 * D + c * 16, D);
       }
-      for (int64_t r = 0; r < rows; ++r) {
-        float* dst = out + head_row(r);
-        const __m512 inv = _mm512_set1_ps(inv_total[r]);
-        for (int64_t d = 0; d < D; d += 16)
-          _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * D + d), inv));
-      }
+      write_rows(acc.data(), inv_total.data(), rows, D, head_row, out);
     }
     _tile_release();
   });

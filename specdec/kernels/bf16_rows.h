@@ -1,11 +1,14 @@
 // The parts both bf16 prompt-attention kernels share (attention_amx.cpp: AMX tiles; attention_bf16.cpp:
 // AVX-512 BF16's vdpbf16ps): the bf16 layout of a KV head's keys and values, and the softmax row that turns
-// float32 scores into bf16 numerators. Both kernels read the same layout, so the layout lives once.
+// float32 scores into bf16 numerators, and the steps around the products (packing, query rows, output rows).
+// Both kernels read the same layout, so the layout lives once.
 //
 // Include it inside the including file's `#pragma GCC target` region (and after <immintrin.h>): each file
 // compiles its own copies for its own target; everything here has internal linkage.
 #pragma once
+#include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -87,6 +90,36 @@ inline float softmax_row_bf16(const float* x, int64_t count, int64_t width, floa
     _mm512_storeu_si512(p + i, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
   }
   return 1.0f / _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+
+// Every KV head's slots [0, L) of the caches (float [kv_heads, S, D]) in pack_kv's layout, Lp = L rounded up to
+// kBlock slots a head, zero past L (what a row block reads beyond its slots adds exact zeros)
+inline void pack_heads(const float* kc, const float* vc, int64_t kv_heads, int64_t S, int64_t D, int64_t L,
+                       std::vector<uint16_t>& kp, std::vector<uint16_t>& vp) {
+  const int64_t Lp = round_up(L, kBlock);
+  kp.assign(kv_heads * Lp * D, 0);
+  vp.assign(kv_heads * Lp * D, 0);
+  at::parallel_for(0, kv_heads, 1, [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h)
+      pack_kv(kc + h * S * D, vc + h * S * D, L, D, kp.data() + h * Lp * D, vp.data() + h * Lp * D);
+  });
+}
+
+// A unit's query rows as bf16, D apart: row r < rows from q + head_row(r), zero rows up to `padded`
+template <typename HeadRow>
+inline void query_rows(const float* q, HeadRow head_row, int64_t rows, int64_t padded, int64_t D, uint16_t* qb) {
+  for (int64_t r = 0; r < rows; ++r) to_bf16(q + head_row(r), D, qb + r * D);
+  std::fill(qb + rows * D, qb + padded * D, uint16_t{0});
+}
+
+// A unit's outputs: row r's Σ p·v (acc, D apart) times its 1 / Σ p, stored at out + head_row(r)
+template <typename HeadRow>
+inline void write_rows(const float* acc, const float* inv_total, int64_t rows, int64_t D, HeadRow head_row, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = out + head_row(r);
+    const __m512 inv = _mm512_set1_ps(inv_total[r]);
+    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + d), inv));
+  }
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 A prompt twin's causal attention (``prompt_attention`` in the C++ extension) runs its products in bf16 on
 AMX tiles where the CPU has them; on a CPU with AVX-512 BF16 but no tiles (AMD Zen 4/5, Intel Cooper Lake) it
 can run them with vdpbf16ps (attention_bf16.cpp). On AMD's cores that instruction does 32 products at the
-rate of a 16-lane FMA — one 1.5B layer over 2 432 tokens took 0.45-0.47x the time on a 2-core Zen 5 —, on
+rate of a 16-lane FMA — one 1.5B layer over 2 432 tokens took 0.45-0.57x the time on a 2-core Zen 5 —, on
 Intel's it issues on one port against the FMA's two and ran level with float32 (session 56). So the choice is
 measured, not assumed: both kinds time a causal 512-token pass of one reference shape (the 1.5B's heads: 12
 query and 2 KV heads of 128; interleaved, median of 5, ~40 ms), and vdpbf16ps is kept where it takes under
