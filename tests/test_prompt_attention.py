@@ -117,10 +117,24 @@ class _TimedOps:
         self.calls.append(self.kind)
 
 
+def new_process(monkeypatch) -> None:  # noqa: ANN001
+    """The chooser as a new process sees it: nothing chosen yet, no module given a kind."""
+    monkeypatch.setattr(choice, "_prompt_attention_choice", {})
+    monkeypatch.setattr(choice, "_modules_given", set())
+
+
+class _OlderBuild(_TimedOps):
+    """An extension built before the avx512-bf16 kind (benchmarks/kernel_ab.py's base): no avx512_bf16_ready."""
+
+    def __getattribute__(self, name: str):  # noqa: ANN204
+        if name == "avx512_bf16_ready":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
 @pytest.fixture
 def fresh_process(monkeypatch):
-    """The chooser as a new process sees it: nothing chosen yet."""
-    monkeypatch.setattr(choice, "_prompt_attention_choice", {})
+    new_process(monkeypatch)
 
 
 @pytest.mark.parametrize("bf16_seconds,chosen", [(0.002, "avx512-bf16"), (0.0037, "avx512-bf16"), (0.0039, "float32"),
@@ -136,7 +150,11 @@ def test_the_chooser_keeps_vdpbf16ps_only_where_it_timed_clearly_faster(fresh_pr
     assert ops.calls[:4] == ["avx512-bf16", "float32", "float32", "avx512-bf16"]  # interleaved, order alternating
     assert choice.prompt_attention_timings() == pytest.approx({"float32": 0.004, "avx512-bf16": bf16_seconds})
     ops.kind, ops.calls = "float32", []
-    assert choice.choose_prompt_attention(ops, 128, clock=ops.clock) == "float32" and ops.calls == []
+    assert choice.choose_prompt_attention(ops, 128, clock=ops.clock, cache=tmp_path / "c.json") == "float32"
+    assert ops.calls == [] and ops.kind == "float32"
+    other_build = _TimedOps({"float32": 0.004, "avx512-bf16": 0.001})  # a second extension module, same process
+    assert choice.choose_prompt_attention(other_build, 64, clock=other_build.clock) == chosen == other_build.kind
+    assert other_build.calls == []
 
 
 def test_later_processes_on_the_machine_read_the_first_ones_choice(monkeypatch, tmp_path):
@@ -145,20 +163,36 @@ def test_later_processes_on_the_machine_read_the_first_ones_choice(monkeypatch, 
     an unreadable file is timed again and replaced."""
     stored = tmp_path / "prompt_attention" / "choice.json"
     first = _TimedOps({"float32": 0.004, "avx512-bf16": 0.002})
-    monkeypatch.setattr(choice, "_prompt_attention_choice", {})
+    new_process(monkeypatch)
     assert choice.choose_prompt_attention(first, 128, clock=first.clock, cache=stored) == "avx512-bf16"
     later = _TimedOps({"float32": 0.001, "avx512-bf16": 0.009})  # a busy moment would now say float32
-    monkeypatch.setattr(choice, "_prompt_attention_choice", {})
+    new_process(monkeypatch)
     assert choice.choose_prompt_attention(later, 64, clock=later.clock, cache=stored) == "avx512-bf16"
     assert later.calls == [] and later.kind == "avx512-bf16"
     assert choice.prompt_attention_timings() == pytest.approx({"float32": 0.004, "avx512-bf16": 0.002})
     stored.write_text("{not json")
-    monkeypatch.setattr(choice, "_prompt_attention_choice", {})
+    new_process(monkeypatch)
     later.kind = "float32"  # a new process's extension
     assert choice.choose_prompt_attention(later, 128, clock=later.clock, cache=stored) == "float32"
     assert len(later.calls) == 2 * (choice.CHOICE_REPEATS + 1)
     assert choice._read_choice(stored)["kind"] == "float32"
     assert list(stored.parent.iterdir()) == [stored]  # no temporary file left
+    assert stored.stat().st_mode & 0o044 == 0o044  # readable by the home's other users
+
+
+def test_a_process_that_timed_second_uses_the_first_ones_stored_choice(fresh_process, monkeypatch, tmp_path):
+    """Two processes timing at once: the one that stores first wins, the other reads its file."""
+    stored = tmp_path / "choice.json"
+
+    def timed_while_another_stored(ops, clock):  # noqa: ANN001, ANN202
+        stored.write_text('{"kind": "float32", "seconds": {"float32": 0.004, "avx512-bf16": 0.0041}}')
+        return {"float32": 0.004, "avx512-bf16": 0.001}
+
+    monkeypatch.setattr(choice, "_time_kinds", timed_while_another_stored)
+    ops = _TimedOps({"float32": 0.004, "avx512-bf16": 0.001})
+    assert choice.choose_prompt_attention(ops, 128, cache=stored) == "float32" == ops.kind
+    assert choice.prompt_attention_timings() == {"float32": 0.004, "avx512-bf16": 0.0041}
+    assert list(tmp_path.iterdir()) == [stored]
 
 
 def test_where_the_choice_cannot_be_stored_prompts_stay_float32(fresh_process, tmp_path):
@@ -170,17 +204,21 @@ def test_where_the_choice_cannot_be_stored_prompts_stay_float32(fresh_process, t
     assert ops.kind == "float32"
 
 
-def test_the_chooser_times_nothing_where_there_is_nothing_to_choose(fresh_process, tmp_path):
-    """Heads not 32 wide (never bf16), a kind already other than float32, or AMX tiles (float32 set there
-    on purpose stays): no timing."""
+def test_the_chooser_times_nothing_where_there_is_nothing_to_choose(monkeypatch, tmp_path):
+    """Heads not 32 wide (never bf16), AMX tiles (float32 set there on purpose stays), a kind already set
+    other than float32, or an older build without the kind: no timing, nothing stored."""
+    new_process(monkeypatch)
     ops = _TimedOps({"float32": 0.004, "avx512-bf16": 0.001})
     assert choice.choose_prompt_attention(ops, 40, cache=tmp_path / "c.json") == "float32" and ops.calls == []
     ops.amx = True
     assert choice.choose_prompt_attention(ops, 128, cache=tmp_path / "c.json") == "float32" and ops.calls == []
-    choice._prompt_attention_choice.clear()
-    ops.kind = "amx-bf16"
-    assert choice.choose_prompt_attention(ops, 128, cache=tmp_path / "c.json") == "amx-bf16" and ops.calls == []
-    assert choice.prompt_attention_timings() == {} and not (tmp_path / "c.json").exists()
+    new_process(monkeypatch)
+    ops.amx, ops.kind = False, "avx512-bf16"
+    assert choice.choose_prompt_attention(ops, 128, cache=tmp_path / "c.json") == "avx512-bf16" and ops.calls == []
+    new_process(monkeypatch)
+    old_build = _OlderBuild({"float32": 0.004, "avx512-bf16": 0.001})
+    assert choice.choose_prompt_attention(old_build, 128, cache=tmp_path / "c.json") == "float32"
+    assert old_build.calls == [] and choice.prompt_attention_timings() == {} and not (tmp_path / "c.json").exists()
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)

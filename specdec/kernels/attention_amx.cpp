@@ -32,7 +32,7 @@
 
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
-#include "bf16_rows.h"  // kBlock, round_up, to_bf16, pack_kv, softmax_row_bf16: this file's copies, for this target
+#include "bf16_rows.h"  // the bf16 layout, softmax row and steps around the products: this file's copies, for this target
 
 namespace {
 

@@ -27,11 +27,11 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
-#include "bf16_rows.h"  // kBlock, round_up, to_bf16, pack_kv, softmax_row_bf16: this file's copies, for this target
+#include "bf16_rows.h"  // the bf16 layout, softmax row and steps around the products: this file's copies, for this target
 
 namespace {
 
-constexpr int64_t kTileTokens = 8;  // tokens per unit of work, as the AMX kernel
+constexpr int64_t kTileTokens = 8;  // tokens per unit of work: 8 · group rows (16, the AMX kernel's, timed the same)
 constexpr int kScoreRows = 12;       // query rows per score block: 12 rows x 32 slots = 24 accumulators
 constexpr int64_t kRowPad = 12;      // a tile's rows padded to this (zero queries): every block size divides it
 constexpr int64_t kValueBlocks = 8;  // 32-slot blocks of values per pass over the rows: 128 slots, 32 KB at D = 128

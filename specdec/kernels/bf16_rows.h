@@ -3,8 +3,9 @@
 // float32 scores into bf16 numerators, and the steps around the products (packing, query rows, output rows).
 // Both kernels read the same layout, so the layout lives once.
 //
-// Include it inside the including file's `#pragma GCC target` region (and after <immintrin.h>): each file
-// compiles its own copies for its own target; everything here has internal linkage.
+// Include it inside the including file's `#pragma GCC target` region, after every header it includes below (so no
+// std or ATen inline is first compiled for that target): each file compiles its own copies for its own target;
+// everything here has internal linkage.
 #pragma once
 #include <ATen/Parallel.h>
 #include <immintrin.h>

@@ -41,9 +41,11 @@ CHOICE_TOKENS, CHOICE_REPEATS, CHOICE_MARGIN = 512, 5, 0.95
 REFERENCE_HEADS = (12, 2, 128)
 #: the kinds the chooser decides between (the extension's names)
 TIMED_KINDS = ("avx512-bf16", "float32")
-#: what this process chose (the extension's kind is process-wide, so it is chosen once): the kind and,
-#: where timed here or by an earlier process, the two medians in seconds
+#: what this process chose (once): the kind and, where timed here or by an earlier process, the two medians
 _prompt_attention_choice: dict[str, Any] = {}
+#: the extension modules (by id) the choice was given to: the kind is process-wide within one module, and a
+#: process may hold two builds (benchmarks/kernel_ab.py), each of which gets it once
+_modules_given: set[int] = set()
 
 
 def choice_file() -> Path:
@@ -56,30 +58,33 @@ def choose_prompt_attention(ops: Any, head_dim: int, clock: Callable[[], float] 
     """How prompt passes multiply in attention in this process: set on ``ops`` (the extension) and returned.
 
     Decided once per process, by the first prompt twin with heads a multiple of 32 wide (``head_dim``;
-    narrower heads never run the bf16 kernels): on a CPU with AVX-512 BF16 and no AMX tiles whose extension
-    still multiplies in float32, the kind stored for this machine (``cache``, default :func:`choice_file`),
-    else the faster of the two by the module's timing, stored — or float32 where it cannot be stored. AMX
-    tiles, or a kind set before (tests, ``set_prompt_attention_kind``) other than float32, are left as they
-    are. ``clock``: seconds (tests)."""
-    if _prompt_attention_choice or head_dim % 32 != 0:
+    narrower heads never run the bf16 kernels), and given once to each extension module: on a CPU with
+    AVX-512 BF16 and no AMX tiles whose extension still multiplies in float32, the kind stored for this
+    machine (``cache``, default :func:`choice_file`), else the faster of the two by the module's timing,
+    stored — or float32 where it cannot be stored. AMX tiles, or a kind set before (tests,
+    ``set_prompt_attention_kind``) other than float32, are left as they are; so is a kind set on a module
+    after it was given the choice. ``clock``: seconds (tests)."""
+    if id(ops) in _modules_given or head_dim % 32 != 0:
         return str(ops.prompt_attention_kind())
+    _modules_given.add(id(ops))
     current = str(ops.prompt_attention_kind())
     bf16_here = getattr(ops, "avx512_bf16_ready", lambda: False)()  # (an older build, e.g. kernel_ab's base)
     if current != "float32" or not bf16_here or ops.amx_bf16_ready():
-        _prompt_attention_choice["kind"] = current
         return current
-    cache = cache or choice_file()
-    stored = _read_choice(cache)
-    if stored is None:
-        try:
-            seconds = _time_kinds(ops, clock)
-        finally:
-            ops.set_prompt_attention_kind("float32")
-        chosen = "avx512-bf16" if seconds["avx512-bf16"] < CHOICE_MARGIN * seconds["float32"] else "float32"
-        stored = _store_choice(cache, {"kind": chosen, "seconds": seconds})
-    ops.set_prompt_attention_kind(stored["kind"])
-    _prompt_attention_choice.update(stored)
-    return str(stored["kind"])
+    if _prompt_attention_choice.get("kind") not in TIMED_KINDS:  # chosen for no module of this process yet
+        cache = cache or choice_file()
+        stored = _read_choice(cache)
+        if stored is None:
+            try:
+                seconds = _time_kinds(ops, clock)
+            finally:
+                ops.set_prompt_attention_kind("float32")
+            chosen = "avx512-bf16" if seconds["avx512-bf16"] < CHOICE_MARGIN * seconds["float32"] else "float32"
+            stored = _store_choice(cache, {"kind": chosen, "seconds": seconds})
+        _prompt_attention_choice.clear()
+        _prompt_attention_choice.update(stored)
+    ops.set_prompt_attention_kind(_prompt_attention_choice["kind"])
+    return str(_prompt_attention_choice["kind"])
 
 
 def prompt_attention_timings() -> dict[str, float]:
@@ -109,29 +114,50 @@ def _time_kinds(ops: Any, clock: Callable[[], float]) -> dict[str, float]:
 
 def _store_choice(path: Path, choice: dict[str, Any]) -> dict[str, Any]:
     """Store ``choice`` unless another process stored one first (then that one is used); where nothing can
-    be stored, float32 — the kind every run gets alike."""
+    be stored, float32 — the kind every run gets alike. The file is readable by every user of the home, so a
+    server's account and a user's read the same choice."""
+    tmp: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
-            json.dump(choice, tmp)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
+            tmp = Path(handle.name)
+            json.dump(choice, handle)
+        tmp.chmod(0o644)  # (a temporary file is its owner's only)
         try:
-            os.link(tmp.name, path)  # atomic, and only where no file is yet: the first process wins
+            os.link(tmp, path)  # atomic, and only where no file is yet: the first process wins
         except FileExistsError:
-            if _read_choice(path) is None:  # an unreadable file, not a choice: replaced
-                os.replace(tmp.name, path)
-        finally:
-            Path(tmp.name).unlink(missing_ok=True)
+            if _unreadable_choice(path):  # a file that holds no choice (not one a process could not read): replaced
+                os.replace(tmp, path)
     except OSError as exc:
         log.warning("prompt attention stays float32: cannot store this machine's choice in %s (%s)", path, exc)
         return {"kind": "float32"}
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     return _read_choice(path) or {"kind": "float32"}
 
 
 def _read_choice(path: Path) -> dict[str, Any] | None:
     """A stored choice, or None where there is none or it cannot be read (then it is timed again)."""
     try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except OSError:
+        return None
+    return _parse_choice(text)
+
+
+def _unreadable_choice(path: Path) -> bool:
+    """Whether ``path`` was read and holds no choice (corrupt or foreign), as opposed to not readable now."""
+    try:
+        return _parse_choice(path.read_text()) is None
+    except OSError:
+        return False
+
+
+def _parse_choice(text: str) -> dict[str, Any] | None:
+    try:
+        stored = json.loads(text)
+    except ValueError:
         return None
     if not isinstance(stored, dict) or stored.get("kind") not in TIMED_KINDS:
         return None
