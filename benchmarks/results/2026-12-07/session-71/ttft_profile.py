@@ -1,3 +1,7 @@
+"""Time to first token of the first long6 prompt (benchmarks/long_context_prompts.py --out /tmp/long6.jsonl), three
+times, with the prompt attention kind argv[1] (float32 | avx512-bf16); run under `perf record -g -D 14000` for
+prefill-profile.txt.
+    .venv/bin/python ttft_profile.py float32"""
 import json, sys, time, torch
 import specdec
 torch.set_num_threads(2)
