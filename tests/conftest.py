@@ -18,6 +18,19 @@ def make_tiny_model_dir(out_dir: Path, config: dict = TINY_QWEN2, seed: int = 0)
     return out_dir
 
 
+@pytest.fixture(scope="session", autouse=True)
+def prompt_attention_choice_of_the_tests(tmp_path_factory):
+    """Tests that load a prompt twin time the prompt-attention choice (specdec/kernels/prompt_attention.py) into a
+    file of their own, not this machine's: a test run beside other work must not fix the choice later runs read."""
+    from specdec.kernels import prompt_attention
+
+    path = tmp_path_factory.mktemp("prompt-attention") / "choice.json"
+    machine_file = prompt_attention.choice_file
+    prompt_attention.choice_file = lambda: path
+    yield path
+    prompt_attention.choice_file = machine_file
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     """``target`` and an unrelated ``draft`` (different random weights, same tokenizer)."""
