@@ -96,9 +96,10 @@ def test_overflow_is_refused_with_429_and_requests_are_logged(tmp_path):
     from tests.conftest import make_tiny_model_dir
     from tests.model_fixtures import TINY_QWEN2
 
-    # A deep tiny model (~2 s for 400 tokens) holds the slot while the burst arrives: on the 4-layer one a request
-    # took 0.1 s, and a CI run served 5 when one ended and a queued one moved up before the burst was all in.
-    deep = make_tiny_model_dir(tmp_path / "deep", config=dict(TINY_QWEN2, num_hidden_layers=24))
+    # A deep tiny model holds the slot while the burst arrives: on the 4-layer one a request took 0.1 s, and a CI run
+    # served 5 when one ended and a queued one moved up before the burst was all in; with 24 layers (~2 s for 400
+    # tokens) a CI run (session 71) served 7 of 14 — requests ended while the burst was still being sent. 64 layers.
+    deep = make_tiny_model_dir(tmp_path / "deep", config=dict(TINY_QWEN2, num_hidden_layers=64))
     proc, base = launch("--ray", "--replicas", "1", "--model", str(deep), "--dtype", "float32", "--quantize", "none",
                         "--served-model-name", "tiny", "--max-concurrency", "1", "--max-queue", "1",
                         "--enable-log-requests", timeout_s=300)
