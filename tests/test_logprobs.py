@@ -84,7 +84,8 @@ def test_completion_logprobs_over_http_match_plain_decoding(server):
     assert a["tokens"] == b["tokens"] and len(a["tokens"]) == 10 and joined(a["tokens"]) == spec["choices"][0]["text"]
     assert all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(a["token_logprobs"], b["token_logprobs"]))
     assert a["text_offset"][0] == 0 and a["text_offset"] == sorted(a["text_offset"])
-    assert all(len(top) <= 2 for top in a["top_logprobs"])
+    # the chosen token is always among its alternatives (OpenAI's legacy completions: up to logprobs + 1 of them)
+    assert all(len(top) <= 3 and top[token] == lp for top, token, lp in zip(a["top_logprobs"], a["tokens"], a["token_logprobs"]))
 
 
 def test_chat_logprobs_streamed_and_through_the_openai_client(server):
@@ -176,7 +177,10 @@ def test_vllm_prompt_logprobs_field_on_completions_and_chat(server, tiny_target)
 
     echoed = httpx.post(f"{server}/v1/completions", json={**body, "echo": True, "logprobs": 1, "prompt_logprobs": 3},
                         timeout=60).json()["choices"][0]
-    assert all(len(top) == 1 for top in echoed["logprobs"]["top_logprobs"][1:])  # echo's own count
+    echoed_logprobs = echoed["logprobs"]
+    assert all(1 <= len(top) <= 2 and top[token] == lp  # echo's own count, and the prompt's token itself
+               for top, token, lp in zip(echoed_logprobs["top_logprobs"][1:], echoed_logprobs["tokens"][1:],
+                                         echoed_logprobs["token_logprobs"][1:]))
     assert all(len(row) >= 3 for row in echoed["prompt_logprobs"][1:])
 
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "prompt_logprobs": 0}
@@ -213,3 +217,21 @@ def test_logprobs_bytes_rebuild_text_whose_characters_split_across_tokens(tiny_t
     stream = TextOffsets()
     halves = [logprobs_body(part, tokenizer, chat=False, offsets=stream) for part in (scores[:5], scores[5:])]
     assert halves[0]["text_offset"] + halves[1]["text_offset"] == offsets and stream.position == len(text)
+
+
+def test_completions_alternatives_always_hold_the_chosen_token(tiny_target):
+    """OpenAI's legacy completions return the sampled token's log-probability among its ``top_logprobs`` ("up to
+    logprobs+1 elements"; vLLM too): a token sampled outside the likeliest ``logprobs`` was missing there, and a
+    client looking it up got a KeyError. Chat keeps OpenAI's chat shape (its alternatives only)."""
+    from specdec.sampling import TokenLogprob
+    from specdec.server.responses import logprobs_body
+
+    tokenizer = tiny_target.tokenizer
+    chosen, likelier = tokenizer.encode("x = 3", add_special_tokens=False)[-2:]
+    scores = [TokenLogprob(chosen, -2.5, [(likelier, -0.4)]), TokenLogprob(likelier, -0.4, [(likelier, -0.4)])]
+    body = logprobs_body(scores, tokenizer, chat=False)
+    chosen_text, likelier_text = body["tokens"]
+    assert body["top_logprobs"][0] == {likelier_text: -0.4, chosen_text: -2.5}
+    assert body["top_logprobs"][1] == {likelier_text: -0.4}  # already there: listed once
+    chat = logprobs_body(scores, tokenizer, chat=True)["content"]
+    assert [entry["token"] for entry in chat[0]["top_logprobs"]] == [likelier_text]

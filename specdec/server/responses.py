@@ -56,11 +56,18 @@ def logprobs_body(scores: list[TokenLogprob], tokenizer: Any, chat: bool, offset
 def completion_logprobs(token_ids: list[int], scores: list[TokenLogprob | None], tokenizer: Any,
                         offsets: TextOffsets, top: int | None = None) -> dict[str, Any]:
     """Completions' ``{tokens, token_logprobs, top_logprobs, text_offset}`` (``top``: alternatives shown, when
-    the scores carry more); a token without a score (an echoed prompt's first) gets nulls."""
+    the scores carry more); a token without a score (an echoed prompt's first) gets nulls. Each ``top_logprobs``
+    entry holds the token itself too, where it is not among the likeliest (OpenAI's legacy completions: "up to
+    logprobs+1 elements"; vLLM's the same): a client looking the chosen token up there found no key."""
     raw = [tokenizer.token_bytes(token) for token in token_ids]
+
+    def alternatives(piece: bytes, score: TokenLogprob) -> dict[str, float]:
+        shown = {token_text(tokenizer.token_bytes(t)): lp for t, lp in score.top[:top]}
+        shown.setdefault(token_text(piece), score.logprob)
+        return shown
+
     return {"tokens": [token_text(piece) for piece in raw], "token_logprobs": [None if s is None else s.logprob for s in scores],
-            "top_logprobs": [None if s is None else {token_text(tokenizer.token_bytes(t)): lp for t, lp in s.top[:top]}
-                             for s in scores],
+            "top_logprobs": [None if s is None else alternatives(piece, s) for piece, s in zip(raw, scores)],
             "text_offset": [offsets.advance(piece) for piece in raw]}
 
 
