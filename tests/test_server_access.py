@@ -159,6 +159,50 @@ def test_metrics_can_require_the_key_and_the_environment_supplies_one(tiny_dirs)
         assert httpx.get(f"{base}/health", timeout=10).status_code == 200
 
 
+PREFLIGHT = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}
+
+
+def test_browser_pages_may_call_the_server_as_they_call_vllm(keyed):
+    """CORS with vLLM's defaults (any origin, method and header): a preflight is answered without the key (browsers
+    send none with it; it was a 405), and answers — a 401 too — carry the header a page needs to read them."""
+    _, base = keyed
+    preflight = httpx.options(f"{base}/v1/chat/completions", headers=PREFLIGHT, timeout=10)
+    assert preflight.status_code == 200, preflight.text
+    assert preflight.headers["access-control-allow-origin"] == "*"
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    refused = httpx.get(f"{base}/v1/models", headers={"Origin": "http://ui.example"}, timeout=10)
+    assert_error(refused, 401, "invalid_api_key")
+    assert refused.headers["access-control-allow-origin"] == "*"
+    answered = httpx.post(f"{base}/v1/completions", json=COMPLETION, timeout=30,
+                          headers={"Authorization": f"Bearer {KEY}", "Origin": "http://ui.example"})
+    assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == "*"
+    assert httpx.get(f"{base}/ping", timeout=10).status_code == 200  # vLLM's health route, open like /health
+
+
+def test_cors_origins_can_be_listed_or_switched_off(tiny_dirs):
+    from fastapi import FastAPI
+
+    from specdec.cli.values import string_list
+    from specdec.server.security import CorsPolicy, add_cors
+
+    with serving(start(tiny_dirs, "--allowed-origins", '["http://ui.example"]', "--allow-credentials")) as base:
+        allowed = httpx.options(f"{base}/v1/completions", headers=PREFLIGHT, timeout=10)
+        assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "http://ui.example"
+        assert allowed.headers["access-control-allow-credentials"] == "true"
+        other = httpx.options(f"{base}/v1/completions", headers={**PREFLIGHT, "Origin": "http://evil.example"}, timeout=10)
+        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+        assert post(base, "/v1/completions", COMPLETION).status_code == 200  # clients that are not browsers: as before
+    app = FastAPI()
+    add_cors(app, CorsPolicy(allowed_origins=()))
+    assert not app.user_middleware  # '--allowed-origins []': no CORS headers at all
+    assert string_list("[]") == [] and string_list("a, b,") == ["a", "b"]
+    assert string_list('["http://x:1", " "]') == ["http://x:1"]
+    with pytest.raises(Exception, match="JSON list"):
+        string_list('["a", 1]')
+
+
 def test_key_sources_and_bad_configurations(tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("# comment\n a \n\nb\n")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec.cli.common import add_debug_flag, add_model_args, execution_modes, spec_from_args
 from specdec.cli.values import (bounded_int, count_or_word, default_max_tokens, non_negative_int, positive_int,
-                                speculation_limit_value, stats_interval)
+                                speculation_limit_value, stats_interval, string_list)
 from specdec.cli.startup_line import replica_settings, startup_line
 from specdec.config import DEFAULT_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_GB, DEFAULT_SUFFIX_CACHE_ENTRIES
 from specdec.errors import SpecdecError
@@ -165,6 +165,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             "for the rest of the context window, as OpenAI and vLLM (on a CPU such an answer can take "
                             "minutes, and each request's key/value cache is set aside for all of it: ~2.7 GB at the built-in "
                             "pair's 32k context; default: 256). Completions keep OpenAI's legacy 16")
+    browser = serve.add_argument_group("browser pages (CORS; vLLM's flags and defaults)")
+    browser.add_argument("--allowed-origins", type=string_list, default=["*"], metavar="LIST",
+                         help="origins whose pages may read the answers: a JSON list ('[\"http://localhost:3000\"]') or "
+                              "comma-separated; '[]' sends no CORS headers (default: [\"*\"], any)")
+    browser.add_argument("--allowed-methods", type=string_list, default=["*"], metavar="LIST", help="methods a page may use (default: any)")
+    browser.add_argument("--allowed-headers", type=string_list, default=["*"], metavar="LIST", help="headers a page may send (default: any)")
+    browser.add_argument("--allow-credentials", action="store_true",
+                         help="let pages send cookies and HTTP auth with their requests (default: no)")
     scale = serve.add_argument_group("scale-out on Ray Serve (needs `pip install 'specdec[ray]'`)")
     scale.add_argument("--ray", action="store_true",
                        help="serve the same app as a Ray Serve deployment: --replicas processes, each with its own models "
@@ -194,7 +202,7 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
     from specdec.policy import BatchPolicy
     from specdec.server.state import ServerState
     from specdec.server.executor import ModelExecutor
-    from specdec.server.security import AccessPolicy, load_api_keys
+    from specdec.server.security import AccessPolicy, CorsPolicy, load_api_keys
 
     spec = spec_from_args(args)
     specdec.set_suffix_cache_entries(args.suffix_cache_entries)  # in every process that serves (Ray replicas too)
@@ -242,6 +250,8 @@ def build_state(args: argparse.Namespace, threads: int | None = None) -> "Server
                        max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                        policy=policy, executor=executor,
                        max_prompt_tokens=args.max_prompt_tokens, max_tokens_limit=args.max_tokens_limit, access=access,
+                       cors=CorsPolicy(tuple(args.allowed_origins), tuple(args.allowed_methods), tuple(args.allowed_headers),
+                                       args.allow_credentials),
                        chat_default_max_tokens=args.default_max_tokens,
                        audit_fraction=args.audit_fraction, log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
                        stats_interval_s=args.log_stats_interval if stats_wanted(args) else 0.0,

@@ -4,6 +4,7 @@ argparse error for a bad value (never a traceback), and each the one place its r
 from __future__ import annotations
 
 import argparse
+import json
 
 from specdec.config import SPEC_TREE_WORDS
 from specdec.errors import SpecdecError
@@ -117,3 +118,18 @@ def gamma_list(text: str) -> list[int | str]:
         return [gamma_value(g.strip()) for g in text.split(",")]
     except argparse.ArgumentTypeError as exc:
         raise SpecdecError(f"--gammas {text}: {exc}") from None
+
+
+def string_list(text: str) -> list[str]:
+    """``--allowed-origins '["https://a.example", "http://localhost:3000"]'`` (vLLM's JSON form) or a comma-separated
+    list; ``[]`` or an empty string is no entry."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            values = json.loads(stripped)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a JSON list of strings: {text!r}") from None
+        if not isinstance(values, list) or not all(isinstance(value, str) for value in values):
+            raise argparse.ArgumentTypeError(f"not a JSON list of strings: {text!r}")
+        return [value.strip() for value in values if value.strip()]
+    return [value.strip() for value in stripped.split(",") if value.strip()]

@@ -37,7 +37,7 @@ from specdec.server.schemas import (ChatCompletionRequest, CompletionRequest, De
                                     document_request_bodies, error_body, lone_surrogate_at, validation_message)
 from specdec.server.request_log import ResponseHeaders, log_content
 from specdec.server.responses import sse
-from specdec.server.security import AccessMiddleware
+from specdec.server.security import AccessMiddleware, add_cors
 
 logger = logging.getLogger("specdec.server")
 
@@ -121,6 +121,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     install_error_handlers(app, state.metrics)
 
+    @app.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's health route)
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what some load balancers probe with (was a 405)
     async def health() -> dict[str, Any]:
         return {"status": "ok", "active": state.active, "waiting": state.waiting, "instance": state.instance}
@@ -339,6 +340,7 @@ def create_app(state: ServerState) -> FastAPI:
     # outermost: refusals (401, 413) carry the instance header and are logged too
     app.add_middleware(ResponseHeaders, instance=state.instance, log_requests=state.log_requests,
                        echo_request_id=state.echo_request_id)
+    add_cors(app, state.cors)  # outermost of all: preflights never meet the key check
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -91,6 +91,31 @@ class AccessPolicy:
         return matched and bool(given)
 
 
+@dataclass(frozen=True)
+class CorsPolicy:
+    """Which browser pages may call the server (CORS), with vLLM's flags and defaults (``--allowed-origins``,
+    ``--allowed-methods``, ``--allowed-headers``: any; ``--allow-credentials``: no), so a web UI served from another
+    origin reads our answers as it reads vLLM's. No origins: no CORS headers (browsers then refuse cross-origin reads;
+    curl and SDK clients never look at them)."""
+
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+
+
+def add_cors(app: Any, policy: CorsPolicy) -> None:  # noqa: ANN401 - a FastAPI app
+    """Starlette's CORS middleware, added last so it is outermost: a preflight (OPTIONS, which browsers send without
+    the API key) is answered before the key is asked for, and every response — a 401 or 413 too — carries the
+    headers a page needs to read it."""
+    if not policy.allowed_origins:
+        return
+    from starlette.middleware.cors import CORSMiddleware
+
+    app.add_middleware(CORSMiddleware, allow_origins=list(policy.allowed_origins), allow_methods=list(policy.allowed_methods),
+                       allow_headers=list(policy.allowed_headers), allow_credentials=policy.allow_credentials)
+
+
 def error_response_body(message: str, kind: str, code: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
 

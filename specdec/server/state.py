@@ -17,7 +17,7 @@ from specdec.server.params import CHAT_DEFAULT_MAX_TOKENS, RETRY_AFTER_S, APIErr
 from specdec.server.audit import Auditor
 from specdec.server.executor import ModelExecutor
 from specdec.server.metrics import Metrics
-from specdec.server.security import AccessPolicy
+from specdec.server.security import AccessPolicy, CorsPolicy
 from specdec.server.stats_log import ThroughputWindow
 
 
@@ -46,6 +46,8 @@ class ServerState:
     chat_default_max_tokens: int | None = CHAT_DEFAULT_MAX_TOKENS
     #: API keys and the body size limit, enforced before routing (server/security.py)
     access: AccessPolicy = field(default_factory=AccessPolicy)
+    #: which browser pages may read the answers (server/security.py: vLLM's --allowed-origins …)
+    cors: CorsPolicy = field(default_factory=CorsPolicy)
     #: fraction of finished greedy requests re-decoded plainly when idle (server/audit.py)
     audit_fraction: float = 0.0
     auditor: Auditor | None = None  # made by create_app
