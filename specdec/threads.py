@@ -93,3 +93,12 @@ def adapt_threads(device: torch.device) -> int | None:
             _GOVERNOR = ThreadGovernor()
         _GOVERNOR.adjust()
     return torch.get_num_threads()
+
+
+def chosen_threads() -> int:
+    """The intra-op threads this process chose — the count the governor never exceeds, whatever it runs on now: what
+    a run that recorded fewer (``Stats.threads``) lost cores against. The most threads any run recorded is not:
+    a neighbour that held a core through every run left them all at one thread, and no report said so."""
+    if _GOVERNOR is not None and _GOVERNOR.most is not None:
+        return _GOVERNOR.most
+    return torch.get_num_threads()

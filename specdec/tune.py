@@ -35,6 +35,7 @@ from specdec.bench.runner import BenchConfig, RequestResult, parse_variant, run_
 from specdec.errors import SpecdecError
 from specdec.cost_model import ModeChoice, choose_mode
 from specdec.step_costs import ExecutionPlan
+from specdec.threads import chosen_threads
 
 #: the selected configuration must beat plain decoding by this factor, or tune picks plain decoding
 #: (a 2 % "win" on a handful of prompts is inside the noise of these machines)
@@ -65,7 +66,7 @@ def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRo
     with the same text (:func:`prompt_key`), are reused instead of measured again — unless other processes took
     cores during one of their runs (:func:`slowed`)."""
     store = MeasurementStore(out_dir, setup)
-    most = store.most_threads()
+    most = max(store.most_threads(), chosen_threads())  # a neighbour through every stored run left them all below it
     results: list[RequestResult] = []
     start = time.perf_counter()
     warmed = False

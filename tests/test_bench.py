@@ -342,6 +342,9 @@ def test_the_report_warns_when_other_processes_took_cores():
     assert busy_note([result("ar", 2, 2), RequestResult("p0", "code", "hf", 0, 0, [1], {}, 0.1)]) == ""  # peers: unknown
     note = busy_note([result("ar", 1, 2), result("ngram", 2, 2), result("suffix", 1, 1)])
     assert "during 2 of 3 runs" in note and "fewer than 2 threads" in note
+    # a neighbour through every run: all at 1 thread of the 2 the process chose (the most any run had was 1)
+    assert "during 2 of 2 runs" in busy_note([result("ar", 1, 1), result("ngram", 1, 1)], threads=2)
+    assert busy_note([result("ar", 1, 1)], threads=1) == ""  # --threads 1 asked for one
     summary = {"overall": {"ar": {"tokens_per_s": 1.0, "speedup": 1.0, "acceptance_rate": 0.0, "mean_accepted_len": 1.0,
                                   "ttft_s": 0.1, "tpot_s": 0.01, "mismatches": 0}}}
     assert note in markdown_report(summary, {"dataset": "x"}, busy=note)
@@ -371,6 +374,13 @@ def test_gamma_plot_draws_auto_and_compare_names_methods_one_run_lacks(tmp_path)
     text = compare_runs(tmp_path / "a", tmp_path / "b")
     assert "note: the runs differ in repeats: 2 vs 1" in text
     assert "note: only run 1 ran ngram: not in the table" in text and "note: only run 2 ran ngram@auto" in text
+
+    # one method spelt two ways (bench's default list says draft-suffix, a --config run draft_suffix): compared
+    for name, method in (("c", "draft-suffix"), ("d", "draft_suffix")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"meta": {}, "summary": {"overall": {method: figures(1.5)}}}))
+    text = compare_runs(tmp_path / "c", tmp_path / "d")
+    assert "only run" not in text and "| overall | draft_suffix | 15.00 | 15.00 | +0.0% |" in text
 
 
 def test_every_variant_is_warmed_before_it_is_timed(tiny_target, dataset):
@@ -472,3 +482,18 @@ def test_a_pinned_mode_says_what_plain_decoding_the_speedups_are_against(tiny_di
     assert main(["bench", "--dataset", str(dataset), "--model", str(tiny_dirs["target"]), "--methods", "ar,ngram",
                  "--quantize", "int8", "--max-tokens", "4", "--ignore-eos", "--out", str(tmp_path / "out")]) == 0
     assert "note: ar (plain decoding) runs in int8, as --quantize pins it" in capsys.readouterr().err
+
+
+def test_decode_speedup_compares_the_same_requests_totals():
+    """The decode column is decoded tokens over decode time summed over the same requests, per repeat (as the
+    end-to-end column is): a ratio of the two methods' median time per token paired different prompts — a
+    walkthrough's ngram read 1.08x decode where its decoding took longer in total."""
+    def result(method: str, prompt: str, tokens: int, decode_s: float) -> runner.RequestResult:
+        return runner.RequestResult(prompt, "chat", method, 0, 0, list(range(tokens)),
+                                    {"tpot_s": decode_s / (tokens - 1)}, wall_s=decode_s + 0.1)
+
+    # plain: a fast prompt (short answer) and a slow one; the method: faster on the short answer, slower on the long
+    results = [result("ar", "a", 11, 0.50), result("ar", "b", 41, 2.20), result("ngram", "a", 11, 0.40),
+               result("ngram", "b", 41, 2.40)]
+    decode = runner.summarize(results)["overall"]["ngram"]["decode_speedup"]
+    assert decode == pytest.approx(2.70 / 2.80, rel=1e-6)  # the medians of seconds per token said 1.05x

@@ -4,13 +4,16 @@ and the difference between two runs."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.runner import RequestResult, parse_variant, summarize
+from specdec.bench.runner import RequestResult, is_peer, parse_variant, summarize
+from specdec.drafters.registry import resolve_method
 from specdec.engine import DRAFT_MODEL_SITS_OUT
 from specdec.errors import SpecdecError
+from specdec.threads import chosen_threads
 
 
 def write_results(out_dir: Path, results: list[RequestResult], meta: dict[str, Any]) -> dict:
@@ -18,7 +21,8 @@ def write_results(out_dir: Path, results: list[RequestResult], meta: dict[str, A
     summary = summarize(results)
     payload = {"meta": meta, "summary": summary, "requests": [asdict(r) for r in results]}
     (out_dir / "results.json").write_text(json.dumps(payload, indent=1))
-    (out_dir / "report.md").write_text(markdown_report(summary, meta, drafting_notes(results), busy_note(results)))
+    (out_dir / "report.md").write_text(markdown_report(summary, meta, drafting_notes(results),
+                                                       busy_note(results, chosen_threads())))
     write_plots(out_dir, results, summary)
     return summary
 
@@ -48,11 +52,11 @@ def slowed_runs(results: list[RequestResult], most: int = 0) -> tuple[int, int, 
     return sum(low < most for low, _ in counts), len(counts), most
 
 
-def busy_note(results: list[RequestResult]) -> str:
+def busy_note(results: list[RequestResult], threads: int = 0) -> str:
     """A warning when other processes took cores during the runs (the thread governor gave up threads:
-    ``threads_min`` below the most any run had), or "" — on a shared machine such runs made noise look like
-    speedups (a method at α 0 reported 1.6x) and nothing said so."""
-    slowed, runs, most = slowed_runs(results)
+    ``threads_min`` below ``threads``, the count the process chose, or below the most any run had), or "" — on a
+    shared machine such runs made noise look like speedups (a method at α 0 reported 1.6x) and nothing said so."""
+    slowed, runs, most = slowed_runs(results, threads)
     if not slowed:
         return ""
     return (f"**Other processes took CPU cores during {slowed} of {runs} runs** (they ran on fewer than {most} "
@@ -234,7 +238,7 @@ def compare_runs(first: Path, second: Path) -> str:
         return json.loads(file.read_text())
 
     run_a, run_b = load(first), load(second)
-    a, b = run_a["summary"], run_b["summary"]
+    a, b = canonical_methods(run_a["summary"]), canonical_methods(run_b["summary"])
     meta_a, meta_b = run_a.get("meta", {}), run_b.get("meta", {})
     defaults = {"repeats": 1, "concurrency": 1}  # results written before these were recorded
     notes = [f"note: the runs differ in {key}: {meta_a.get(key, defaults.get(key))!r} vs {meta_b.get(key, defaults.get(key))!r}"
@@ -261,6 +265,21 @@ def compare_runs(first: Path, second: Path) -> str:
             lines.append(f"| {category} | {method} | {m['tokens_per_s']:.2f} | {other['tokens_per_s']:.2f} | {change:+.1%} | "
                          f"{m['speedup']:.2f}× | {other['speedup']:.2f}× |")
     return "\n".join([*notes, *([""] if notes else []), *lines])
+
+
+def canonical_methods(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A summary with each run named by its method's registered name (``draft-suffix`` and a ``--config`` run's
+    ``draft_suffix`` are one method: compared, they were two runs each missing from the other), γ and tree kept."""
+    def canonical(name: str) -> str:
+        method, rest = re.match(r"([^@:]*)(.*)", name).groups()  # type: ignore[union-attr]
+        if is_peer(method):
+            return name
+        try:
+            return (resolve_method(method) or "ar") + rest
+        except SpecdecError:  # a name this install does not know (a plugin's, an older run's "ar[int8]"): as written
+            return name
+
+    return {category: {canonical(name): metrics for name, metrics in methods.items()} for category, methods in summary.items()}
 
 
 def prompts_by_category(run: dict) -> dict[str, set[str]]:
