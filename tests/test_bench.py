@@ -209,6 +209,13 @@ def test_bad_dataset_inputs_are_clear(tmp_path):
         load_prompts(str(bad))
     with pytest.raises(SpecdecError, match="unknown categories"):
         load_prompts("spec_bench", categories=["poetry"])
+    bad.write_text('{"prompt": "hi", "chat": "false"}\n')  # a string: it was true, the raw prompt went through the template
+    with pytest.raises(SpecdecError, match=r"bad.jsonl:1: 'chat' must be true or false, got 'false'"):
+        load_prompts(str(bad))
+    (tmp_path / "one.json").write_text('{"prompt": "hi"}')  # not an array: no advice to use .txt, which bench cannot read
+    with pytest.raises(SpecdecError, match=r"one.json: a .json file must hold one array of objects") as raised:
+        load_prompts(str(tmp_path / "one.json"))
+    assert ".txt" not in str(raised.value)
     # a named dataset where the data folder is not: how to point at it (a clone elsewhere than beside ../shared)
     with pytest.raises(SpecdecError, match=r"dataset humaneval: .* not found; give the folder .* with --data-dir"):
         load_prompts("humaneval", data_dir=tmp_path)
@@ -497,3 +504,29 @@ def test_decode_speedup_compares_the_same_requests_totals():
                result("ngram", "b", 41, 2.40)]
     decode = runner.summarize(results)["overall"]["ngram"]["decode_speedup"]
     assert decode == pytest.approx(2.70 / 2.80, rel=1e-6)  # the medians of seconds per token said 1.05x
+
+
+def test_misspelt_prompt_row_fields_are_named(tmp_path, caplog):
+    """"chta" and "categroy" were ignored: the prompts were measured through the chat template, under "default"."""
+    path = tmp_path / "typo.jsonl"
+    path.write_text('{"prompt": "def f(x):", "chta": false, "categroy": "code"}\n{"prompt": "hi", "id": "b", "chat": true}\n')
+    with caplog.at_level("WARNING", logger="specdec.bench.datasets"):
+        rows = load_prompts(str(path))
+    assert [r.chat for r in rows] == [True, True] and "fields not read: " in caplog.text
+    assert "'categroy' (line 1)" in caplog.text and "'chta' (line 1)" in caplog.text
+    caplog.clear()
+    path.write_text('{"prompt": "a", "id": "x", "category": "c", "chat": false, "turns": ["t"]}\n')  # every field read
+    with caplog.at_level("WARNING", logger="specdec.bench.datasets"):
+        load_prompts(str(path))
+    assert "fields not read" not in caplog.text
+
+
+def test_bad_bench_inputs_leave_no_output_folder(tiny_dirs, dataset, tmp_path, capsys):
+    """Every input error left an empty --out folder behind (it was made before the dataset and flags were read)."""
+    for extra in (["--dataset", str(tmp_path / "missing.jsonl")], ["--dataset", str(dataset), "--gammas", "0,3"],
+                  ["--dataset", str(dataset), "--methods", "ar,nonsense"]):
+        out = tmp_path / "out"
+        assert main(["bench", "--model", str(tiny_dirs["target"]), "--dtype", "float32", "--quantize", "none",
+                     "--out", str(out), *extra]) != 0
+        assert not out.exists(), extra
+        assert "error" in capsys.readouterr().err

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.errors import SpecdecError
 from specdec.tokenizer import CHAT_ROLES, text_content
+
+log = logging.getLogger(__name__)
+
+#: what a prompt row of a JSONL/JSON file may hold (a logged request's body is read by its own rules)
+PROMPT_ROW_FIELDS = frozenset({"prompt", "turns", "id", "category", "chat"})
 
 DATASET_FILES = {
     "humaneval": "humaneval/humaneval_0_99.jsonl",
@@ -113,15 +119,17 @@ def default_data_dir() -> Path:
 ROW_FILE_SUFFIXES = (".jsonl", ".json")
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path, text_files_read: bool = False) -> list[dict]:
     """Rows of a JSONL file, each with its line number under ``_line``; errors name file and line. A
-    ``.json`` file holding one array of objects is read as its rows (``_line``: the row's number)."""
+    ``.json`` file holding one array of objects is read as its rows (``_line``: the row's number).
+    ``text_files_read``: the caller also reads ``.txt`` files as raw text (a training corpus), so a .json file that
+    is not rows is pointed there."""
     if path.is_dir():
         raise SpecdecError(f"dataset {path}: is a folder; give a JSONL file or a dataset name (humaneval, gsm8k, spec_bench)")
     if not path.is_file():
         raise SpecdecError(f"dataset file not found: {path}")
     if path.suffix == ".json":
-        return _json_array_rows(path)
+        return _json_array_rows(path, text_files_read)
     rows = []
     with path.open("rb") as handle:  # lines decoded one by one: a binary file's error names its line, no traceback
         for number, raw in enumerate(handle, start=1):
@@ -141,7 +149,7 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def _json_array_rows(path: Path) -> list[dict]:
+def _json_array_rows(path: Path, text_files_read: bool = False) -> list[dict]:
     """A .json file's array of objects (it was read as one raw-text document, brackets and keys included)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -150,8 +158,8 @@ def _json_array_rows(path: Path) -> list[dict]:
     except UnicodeDecodeError:
         raise SpecdecError(f"{path}: not UTF-8 text") from None
     if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
-        raise SpecdecError(f"{path}: a .json file must hold one array of objects (one row each, as a .jsonl file's "
-                           "lines); give other text as .txt")
+        raise SpecdecError(f"{path}: a .json file must hold one array of objects (one row each, as a .jsonl file's lines)"
+                           + ("; give other text as .txt" if text_files_read else ""))
     return [row | {"_line": number} for number, row in enumerate(data, start=1)]
 
 
@@ -211,6 +219,7 @@ def load_prompts(
                            "or $SPECDEC_DATA_DIR (default: ../shared/data beside the project, or shared/data here)")
     raw = read_jsonl(path)
     rows: list[PromptRow] = []
+    unread: dict[str, int] = {}  # a prompt row's field nobody reads → the first line it is on
     for row in raw:
         line = row.pop("_line")
         if dataset == "humaneval":
@@ -238,7 +247,16 @@ def load_prompts(
                                    "('messages' as in an OpenAI chat request, or ShareGPT's 'conversations')")
             if not all(turn.strip() for turn in turns):  # generate and the server refuse an empty prompt: so here
                 raise SpecdecError(f"{path}:{line}: an empty prompt")
-            rows.append(PromptRow(str(row.get("id", line)), str(row.get("category", "default")), turns, chat=bool(row.get("chat", True))))
+            chat = row.get("chat", True)
+            if not isinstance(chat, bool):  # "false" (a string) was true: a raw completion prompt went through the template
+                raise SpecdecError(f"{path}:{line}: 'chat' must be true or false, got {chat!r}")
+            for key in row.keys() - PROMPT_ROW_FIELDS:
+                unread.setdefault(key, line)
+            rows.append(PromptRow(str(row.get("id", line)), str(row.get("category", "default")), turns, chat=chat))
+    if unread:  # a misspelt "chta"/"categroy" measured other prompts than the user's traffic, without a word
+        log.warning("%s: fields not read: %s (a prompt row reads %s)", path,
+                    ", ".join(f"{key!r} (line {line})" for key, line in sorted(unread.items(), key=lambda item: item[1])),
+                    ", ".join(sorted(PROMPT_ROW_FIELDS)))
     if categories:
         known = {r.category for r in rows} | {r.meta.get("category") for r in rows}
         unknown = [c for c in categories if c not in known]

@@ -106,7 +106,6 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench.runner import PEER_METHODS, BenchConfig, is_peer, method_needs_draft, run_benchmark, run_concurrent
     from specdec.drafters.registry import is_plain
 
-    make_output_folder(args.out, "--out")
     rows = load_prompts(args.dataset, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
     if not rows:
@@ -157,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: ar (plain decoding) runs in {args.quantize}, as {where} pins it: speedups are against plain "
               f"decoding in that mode, which may not be the fastest plain decoding here (--quantize auto measures "
               f"against that one, as tune's chosen line does)", file=sys.stderr)
+    make_output_folder(args.out, "--out")  # after the inputs' checks (each left an empty folder), before any model loads
     target = specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True, quantize=plain_mode,
                                 prompt_quantize=args.prompt_quantize)
     copies = {mode: specdec.load_model(args.model, args.dtype, args.device, auto_pull=not args.no_pull, progress=True,

@@ -60,7 +60,7 @@ def read_corpus(files: list[str], skipped: Counter[str] | None = None) -> Iterat
             else:
                 skipped["empty"] += 1
             continue
-        for row in read_jsonl(path):
+        for row in read_jsonl(path, text_files_read=True):
             text = document_text(row)
             if text is None and any(field in row and not row[field] for field in ("text", "prompt", "question", "turns")):
                 skipped["empty"] += 1  # a document with nothing in it

@@ -79,7 +79,7 @@ def file_documents(path: Path) -> list[Document]:
         raise SpecdecError(f"training data not found: {path} (give a file, a directory, or 'stdlib')")
     if path.suffix in ROW_FILE_SUFFIXES:
         docs = []
-        for row in read_jsonl(path):  # errors name the file and line
+        for row in read_jsonl(path, text_files_read=True):  # errors name the file and line
             text = document_text(row)
             if text is None:
                 raise SpecdecError(f"{path}:{row['_line']}: no {DOCUMENT_FIELDS} field")
