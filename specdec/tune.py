@@ -115,6 +115,7 @@ class MeasurementStore:
         self.path = out_dir / "measurements.jsonl"
         self.setup = setup
         self.done: dict[str, list[RequestResult]] = {}
+        self.last_other_setup: dict[str, Any] | None = None  # the file's latest entry of another setup
         lines = self.path.read_text().splitlines() if self.path.is_file() else []
         for line in lines:
             try:
@@ -123,6 +124,20 @@ class MeasurementStore:
                 continue  # a line cut by an interruption: that prompt is measured again
             if entry.get("setup") == setup:
                 self.done[entry["prompt"]] = [RequestResult(**r) for r in entry["results"]]
+            elif isinstance(entry.get("setup"), dict):
+                self.last_other_setup = entry["setup"]
+
+    def setup_change(self) -> str | None:
+        """Why nothing stored is reused, where the file holds only other setups' prompts: the settings that differ
+        (``execution: ['int4', 'int8'] → ['int4', 'int4']``: --quantize auto timed the draft's modes the other way
+        round this time). None where something is reused or nothing was stored. (The same command with the same
+        --out measured everything again without a word.)"""
+        if self.done or self.last_other_setup is None:
+            return None
+        earlier = self.last_other_setup
+        changed = [f"{key}: {earlier.get(key)!r} → {self.setup.get(key)!r}" for key in sorted(earlier.keys() | self.setup.keys())
+                   if earlier.get(key) != self.setup.get(key)]
+        return "; ".join(changed) or None
 
     def most_threads(self) -> int:
         """The most threads any stored run had (what :func:`slowed` compares a prompt's runs with)."""

@@ -62,7 +62,9 @@ def test_tune_writes_a_config_that_generate_reads_and_resumes(tiny_dirs, prompts
     assert "tune: 2 prompt(s) reused from" in capsys.readouterr().err
     # answers stop where they end by default (tune timed text past <|im_end|>); --ignore-eos is another setup
     assert main(["tune", *base, "--gammas", "auto,2", "--ignore-eos"]) == 0
-    assert "reused" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "reused" not in err  # and it says why (the same --out measured everything again without a word)
+    assert "holds prompts measured under other settings (ignore_eos: False → True): measuring again" in err
     entries = [json.loads(line) for line in (out / "measurements.jsonl").read_text().splitlines()]
     assert {entry["setup"]["ignore_eos"] for entry in entries} == {False, True}
     assert all(len(r["tokens"]) == 12 for entry in entries if entry["setup"]["ignore_eos"] for r in entry["results"])

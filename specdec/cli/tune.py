@@ -127,6 +127,12 @@ def run(args: argparse.Namespace) -> int:
           f"{f', draft {draft.backend.mode}' if draft else ''}; CPU {cpu_description()}", file=sys.stderr)
     from tqdm import tqdm
 
+    from specdec.tune import MeasurementStore
+
+    changed = MeasurementStore(args.out, setup).setup_change()
+    if changed:
+        print(f"note: {args.out / 'measurements.jsonl'} holds prompts measured under other settings ({changed}): "
+              "measuring again", file=sys.stderr)
     start = time.perf_counter()
     with tqdm(total=len(rows), desc="tune", unit="prompt") as bar:
         first_pass_s = args.budget_minutes * 60 * (FIRST_PASS_SHARE if plan is not None and plan.choice is not None else 1.0)
