@@ -33,6 +33,7 @@ from specdec.bench.datasets import PromptRow
 from specdec.bench.report import slowed_runs
 from specdec.bench.runner import BenchConfig, RequestResult, parse_variant, run_benchmark, summarize
 from specdec.errors import SpecdecError
+from specdec.config import DEFAULT_SPEC_TREE, SpecConfig
 from specdec.cost_model import ModeChoice, choose_mode
 from specdec.step_costs import ExecutionPlan
 from specdec.threads import chosen_threads
@@ -44,6 +45,30 @@ MIN_SPEEDUP = 1.03
 #: be measured after it (the chosen configuration alone, on the same prompts: about a third of the
 #: first pass's time with one method and two trees), so the whole run stays near the budget
 FIRST_PASS_SHARE = 0.75
+
+
+def distinct_trees(trees: list[str | int], gammas: list[int | str],
+                   verify_seconds: dict[int, float] | None) -> tuple[list[str | int], list[tuple[str | int, str | int]]]:
+    """The tree settings that verify differently on this target for tune's greedy requests, and each one left out
+    with the setting it equals: those that run chains at every γ are one (``greedy`` grows trees only where the
+    target's verify curve is flat: elsewhere it *is* ``off``, and tune timed the same chains twice under two names
+    and chose between them on noise — a walkthrough: 1.52x vs 1.14x). Of equal settings the library's default is
+    kept (it adapts where the curve is flat: a later machine, or the curve re-measured). Settings that grow trees
+    stay apart (``auto`` and N nodes budget them differently)."""
+    kept: dict[object, str | int] = {}
+    left_out: list[tuple[str | int, str | int]] = []
+    for tree in trees:
+        chains = all(SpecConfig(num_speculative_tokens=gamma, spec_tree=tree).tree_nodes(True, verify_seconds) == 0
+                     for gamma in gammas)
+        nodes = "chains" if chains else tree
+        if nodes not in kept:
+            kept[nodes] = tree
+        elif tree == DEFAULT_SPEC_TREE:
+            left_out.append((kept[nodes], tree))
+            kept[nodes] = tree
+        else:
+            left_out.append((tree, kept[nodes]))
+    return [tree for tree in trees if tree in kept.values()], left_out
 
 
 def candidate_methods(has_draft: bool, has_datastore: bool) -> list[str]:

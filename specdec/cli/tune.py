@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.cpu import cpu_description
     from specdec.errors import SpecdecError
     from specdec.sampling import SamplingParams
-    from specdec.tune import FIRST_PASS_SHARE, candidate_methods, choose, config_file, run_tune, settle_against_plain
+    from specdec.tune import (FIRST_PASS_SHARE, candidate_methods, choose, config_file, distinct_trees, run_tune,
+                              settle_against_plain)
 
     rows = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit,
                         Path(args.data_dir) if args.data_dir else None)
@@ -113,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     # stop where the answer ends (a walkthrough: 3 of 6 logged chats ended at 29-35 of 48 tokens, and tune timed
     # "<|im_end|><|endoftext|>Human: …" after it — draft_suffix's τ there 3.4 against 7.5 on the real answer)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+    trees, same = distinct_trees(trees, gammas, target.backend.step_seconds)
+    for left_out, kept in same:
+        print(f"note: --spec-trees {left_out} verifies what {kept} does on this target ({target.backend.dtype_name}; greedy "
+              f"trees grow only where its verify curve is flat): measured once, as {kept}", file=sys.stderr)
     config = BenchConfig(methods=methods, params=params, gammas=gammas, repeats=1, options=method_options(args),
                          spec_trees=trees)
     setup = {"model": args.model, "draft_model": args.draft_model, "execution": [target.backend.dtype_name,
