@@ -153,6 +153,10 @@ def _probe(cfg: ModelConfig, modes: tuple[str, ...]) -> tuple[dict[str, Curve], 
 
 #: curves timed while the machine was busy, kept for the rest of this process only ((cache file, shape, mode) → curve)
 _RUN_ONLY: dict[tuple[Path, str, str], Curve] = {}
+#: the (cache file, shape, modes) whose :func:`refine_curves` probe this process timed while the machine was busy: not
+#: tried again in this run (nothing was cached, so the probe spacing did not stop it: a walkthrough's bench printed the
+#: same "probe 2 of at most 3" three times, ~17 s each)
+_BUSY_REFINES: set[tuple[Path, str, tuple[str, ...]]] = set()
 
 
 def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = None) -> dict[str, Curve]:
@@ -164,7 +168,8 @@ def curves_for(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None = N
             if mode not in entry and (path, _shape_key(cfg), mode) in _RUN_ONLY}
     missing = tuple(mode for mode in modes if mode not in entry and mode not in kept)
     if missing:
-        log.info("timing %s step costs for this model shape on this CPU (once; cached in %s)", ", ".join(missing), path)
+        log.info("timing %s step costs for this model shape on this CPU (once: cached in %s, unless other processes "
+                 "are busy meanwhile)", ", ".join(missing), path)
     fresh, busy, trusted = _probe(cfg, missing) if missing else ({}, 0.0, True)
     if not trusted:
         log.warning("step costs timed while the machine was busy (other processes used %.0f%% of the CPU): "
@@ -203,10 +208,14 @@ def refine_curves(cfg: ModelConfig, modes: tuple[str, ...], threads: int | None 
         return None
     if time.time() - max((probed_at.get(mode, 0.0) for mode in modes), default=0.0) < PROBE_SPACING_S:
         return None
+    tried = (path, _shape_key(cfg), tuple(sorted(modes)))
+    if tried in _BUSY_REFINES:  # a busy probe is not cached: a bench run timed the same modes again per method
+        return None
     log.info("--quantize auto: %s within %.0f%% of each other; timing them again (probe %d of at most %d)",
              " and ".join(modes), 100 * CLOSE_CHOICE, 1 + max(counts.get(mode, 1) for mode in modes), MAX_PROBES)
     fresh, _, trusted = _probe(cfg, modes)
     if not trusted:
+        _BUSY_REFINES.add(tried)
         return None
     for mode, curve in fresh.items():
         cached = _cached_curve(mode, entry[mode]).seconds

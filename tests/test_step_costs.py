@@ -402,6 +402,10 @@ def test_a_busy_second_probe_leaves_the_cache_alone(tmp_path, monkeypatch):
     clock[0] += 600
     plan = plan_execution(TINY)
     assert not probes  # timed again, while busy
+    clock[0] += 600
+    probes.append(_curves(0.002, 0.002))
+    plan_execution(TINY)  # not again in this run: nothing was cached, so the spacing did not stop a bench per method
+    assert len(probes) == 1
     assert plan.target_mode == "int4" and plan.choice.curves["int8"].cost(1) == pytest.approx(0.040)
     saved = json.loads(next((tmp_path / "step_costs").iterdir()).read_text())
     assert next(iter(saved.values()))["int8"]["1"] == pytest.approx(0.040)
