@@ -276,6 +276,8 @@ def config_file(method: str | None, gamma: int | str | None, default_gamma: int 
     chosen["method"] = method
     chosen["num_speculative_tokens"] = None if method is None else (gamma or default_gamma)
     chosen["spec_tree"] = tree
+    if method is None:  # plain decoding reads no tree setting: generate and serve warned about a flag nobody typed
+        chosen.pop("spec_tree")
     if method is None or method not in ("draft_model", "draft_suffix"):
         chosen["draft_model"] = None
         chosen.pop("draft_quantize", None)  # read only with a draft model: --config warned it was not read

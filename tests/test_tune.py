@@ -299,3 +299,19 @@ def test_tree_settings_that_verify_alike_are_measured_once():
     assert distinct_trees(["greedy", "off"], [4], steep) == (["greedy"], [("off", "greedy")])
     assert distinct_trees(["off", "greedy", 5], [4], flat) == (["off", "greedy", 5], [])
     assert distinct_trees(["off", 8, "auto"], [4], steep) == (["off", 8, "auto"], [])  # only greedy is gated by the curve
+
+
+def test_a_plain_decoding_choice_writes_no_tree_setting(tmp_path, capsys):
+    """tune.json of a plain-decoding choice held spec_tree "off": generate and serve then warned that plain decoding
+    does not read --spec-tree, a flag nobody typed."""
+    from specdec.tune import config_file
+
+    plain = config_file(None, None, "auto", {"model": "m", "draft_model": "d"}, {}, {}, {}, tree="off")["settings"]
+    assert "spec_tree" not in plain and plain["method"] is None and plain["draft_model"] is None
+    chosen = config_file("ngram", 3, "auto", {"model": "m"}, {}, {}, {}, tree="off")["settings"]
+    assert chosen["spec_tree"] == "off" and chosen["num_speculative_tokens"] == 3
+    (tmp_path / "tune.json").write_text(json.dumps({"settings": plain}))
+    from specdec.cli import main
+
+    main(["generate", "--config", str(tmp_path / "tune.json"), "--model", "/nonexistent-model", "x"])
+    assert "spec-tree" not in capsys.readouterr().err

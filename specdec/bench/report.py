@@ -94,7 +94,8 @@ def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None
         if one_category and category == "overall":
             continue
         for method, m in methods.items():
-            reported = m.get("speculation_reported", True)  # (older results.json files lack the key)
+            # (older results.json files lack the key); plain decoding drafts nothing: "–", not an α of 0.00
+            reported = m.get("speculation_reported", True) and method.split("[")[0] != "ar"
             alpha, tau = (f"{m['acceptance_rate']:.2f}", f"{m['mean_accepted_len']:.2f}") if reported else ("–", "–")
             lines.append(f"| {category} | {method} | {m['tokens_per_s']:.2f} | {m['speedup']:.2f}× | "
                          f"{cell(m.get('decode_speedup', 0.0), '.2f', '×')} | {alpha} | {tau} | {cell(m['ttft_s'], '.3f')} | "

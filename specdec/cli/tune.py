@@ -60,7 +60,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                            "configuration on the first N prompts to OUT/acceptance/ (0: none; default: 2)")
     tune.add_argument("--export", action="append", default=[], choices=("vllm", "sglang", "llamacpp"),
                       help="also write the chosen configuration for this engine to OUT/ENGINE.sh (repeatable)")
-    add_model_args(tune, unused=("--num-speculative-tokens", "--method", "--spec-tree"))
+    flags = add_model_args(tune, unused={"--num-speculative-tokens": "tune measures the γ values in --gammas",
+                                         "--method": "name the methods to measure in --methods",
+                                         "--spec-tree": "tune measures the trees in --spec-trees"})
+    flags["--draft-model"].help = ("draft model of the methods that run one (draft_model, draft_suffix: measured when it is "
+                                   "given; built-in name, .gguf or HF dir)")
     add_debug_flag(tune)
     tune.set_defaults(func=run)
     return tune
