@@ -68,7 +68,8 @@ def distinct_trees(trees: list[str | int], gammas: list[int | str],
             kept[nodes] = tree
         else:
             left_out.append((tree, kept[nodes]))
-    return [tree for tree in trees if tree in kept.values()], left_out
+    return list(dict.fromkeys(tree for tree in trees if tree in kept.values())), [
+        (left, same) for left, same in dict.fromkeys(left_out) if left != same]
 
 
 def candidate_methods(has_draft: bool, has_datastore: bool) -> list[str]:
@@ -140,7 +141,7 @@ class MeasurementStore:
         self.path = out_dir / "measurements.jsonl"
         self.setup = setup
         self.done: dict[str, list[RequestResult]] = {}
-        self.last_other_setup: dict[str, Any] | None = None  # the file's latest entry of another setup
+        self.other_setups: list[dict[str, Any]] = []  # the file's entries of other setups (their setups, in order)
         lines = self.path.read_text().splitlines() if self.path.is_file() else []
         for line in lines:
             try:
@@ -150,19 +151,24 @@ class MeasurementStore:
             if entry.get("setup") == setup:
                 self.done[entry["prompt"]] = [RequestResult(**r) for r in entry["results"]]
             elif isinstance(entry.get("setup"), dict):
-                self.last_other_setup = entry["setup"]
+                self.other_setups.append(entry["setup"])
 
     def setup_change(self) -> str | None:
         """Why nothing stored is reused, where the file holds only other setups' prompts: the settings that differ
         (``execution: ['int4', 'int8'] → ['int4', 'int4']``: --quantize auto timed the draft's modes the other way
         round this time). None where something is reused or nothing was stored. (The same command with the same
         --out measured everything again without a word.)"""
-        if self.done or self.last_other_setup is None:
+        if self.done or not self.other_setups:
             return None
-        earlier = self.last_other_setup
-        changed = [f"{key}: {earlier.get(key)!r} → {self.setup.get(key)!r}" for key in sorted(earlier.keys() | self.setup.keys())
-                   if earlier.get(key) != self.setup.get(key)]
-        return "; ".join(changed) or None
+
+        def changes(earlier: dict[str, Any]) -> list[str]:
+            return [f"{key}: {earlier.get(key)!r} → {self.setup.get(key)!r}" for key in sorted(earlier.keys() | self.setup.keys())
+                    if earlier.get(key) != self.setup.get(key)]
+
+        # the closest earlier setup, the latest of equals: the file also holds tune's second pass, whose setup has
+        # keys of its own (pass, mode, method …) that would bury the one real change
+        closest = min(reversed(self.other_setups), key=lambda earlier: len(changes(earlier)))
+        return "; ".join(changes(closest)) or None
 
     def most_threads(self) -> int:
         """The most threads any stored run had (what :func:`slowed` compares a prompt's runs with)."""

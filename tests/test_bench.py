@@ -209,6 +209,8 @@ def test_bad_dataset_inputs_are_clear(tmp_path):
         load_prompts(str(bad))
     with pytest.raises(SpecdecError, match="unknown categories"):
         load_prompts("spec_bench", categories=["poetry"])
+    bad.write_text('{"prompt": "hi", "chat": null}\n')  # null: unset, the default
+    assert load_prompts(str(bad))[0].chat
     bad.write_text('{"prompt": "hi", "chat": "false"}\n')  # a string: it was true, the raw prompt went through the template
     with pytest.raises(SpecdecError, match=r"bad.jsonl:1: 'chat' must be true or false, got 'false'"):
         load_prompts(str(bad))
@@ -388,6 +390,10 @@ def test_gamma_plot_draws_auto_and_compare_names_methods_one_run_lacks(tmp_path)
         (tmp_path / name / "results.json").write_text(json.dumps({"meta": {}, "summary": {"overall": {method: figures(1.5)}}}))
     text = compare_runs(tmp_path / "c", tmp_path / "d")
     assert "only run" not in text and "| overall | draft_suffix | 15.00 | 15.00 | +0.0% |" in text
+    from specdec.bench.report import canonical_methods
+
+    both = {"overall": {"ngram": figures(1.1), "prompt_lookup": figures(1.2)}}  # one method twice (an older file)
+    assert canonical_methods(both) == both  # kept as written, not one row silently dropped
 
 
 def test_every_variant_is_warmed_before_it_is_timed(tiny_target, dataset):

@@ -299,6 +299,21 @@ def test_tree_settings_that_verify_alike_are_measured_once():
     assert distinct_trees(["greedy", "off"], [4], steep) == (["greedy"], [("off", "greedy")])
     assert distinct_trees(["off", "greedy", 5], [4], flat) == (["off", "greedy", 5], [])
     assert distinct_trees(["off", 8, "auto"], [4], steep) == (["off", 8, "auto"], [])  # only greedy is gated by the curve
+    assert distinct_trees(["off", "off", "greedy"], [4], steep) == (["greedy"], [("off", "greedy")])  # each once
+
+
+def test_the_measure_again_note_names_the_first_pass_change(tmp_path):
+    """The file also holds tune's second pass (its setup has pass, mode, method … of its own): the note compared with
+    the last entry, one of those, and listed five changes around the real one."""
+    from specdec.tune import MeasurementStore
+
+    first = {"model": "m", "execution": ["int4", "int8"], "trees": ["off", "greedy"]}
+    second = {**first, "pass": "modes", "mode": "int8", "method": "draft_suffix", "gamma": 4, "tree": "off"}
+    lines = [{"setup": first, "prompt": "p", "results": []}, {"setup": second, "prompt": "p", "results": []}]
+    (tmp_path / "measurements.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    changed = MeasurementStore(tmp_path, {**first, "execution": ["int4", "int4"]}).setup_change()
+    assert changed == "execution: ['int4', 'int8'] → ['int4', 'int4']"
+    assert MeasurementStore(tmp_path, first).setup_change() is None  # reused: nothing to say
 
 
 def test_a_plain_decoding_choice_writes_no_tree_setting(tmp_path, capsys):

@@ -247,7 +247,7 @@ def load_prompts(
                                    "('messages' as in an OpenAI chat request, or ShareGPT's 'conversations')")
             if not all(turn.strip() for turn in turns):  # generate and the server refuse an empty prompt: so here
                 raise SpecdecError(f"{path}:{line}: an empty prompt")
-            chat = row.get("chat", True)
+            chat = True if row.get("chat") is None else row["chat"]  # null: unset
             if not isinstance(chat, bool):  # "false" (a string) was true: a raw completion prompt went through the template
                 raise SpecdecError(f"{path}:{line}: 'chat' must be true or false, got {chat!r}")
             for key in row.keys() - PROMPT_ROW_FIELDS:

@@ -280,7 +280,13 @@ def canonical_methods(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str,
         except SpecdecError:  # a name this install does not know (a plugin's, an older run's "ar[int8]"): as written
             return name
 
-    return {category: {canonical(name): metrics for name, metrics in methods.items()} for category, methods in summary.items()}
+    def renamed(methods: dict[str, Any]) -> dict[str, Any]:
+        names = {name: canonical(name) for name in methods}
+        if len(set(names.values())) < len(names):  # two runs of one method spelt two ways (an older file): as written
+            return methods
+        return {names[name]: metrics for name, metrics in methods.items()}
+
+    return {category: renamed(methods) for category, methods in summary.items()}
 
 
 def prompts_by_category(run: dict) -> dict[str, set[str]]:

@@ -67,7 +67,7 @@ def completion_logprobs(token_ids: list[int], scores: list[TokenLogprob | None],
         return shown
 
     return {"tokens": [token_text(piece) for piece in raw], "token_logprobs": [None if s is None else s.logprob for s in scores],
-            "top_logprobs": [None if s is None else alternatives(piece, s) for piece, s in zip(raw, scores)],
+            "top_logprobs": [None if s is None else alternatives(piece, s) for piece, s in zip(raw, scores, strict=True)],
             "text_offset": [offsets.advance(piece) for piece in raw]}
 
 
