@@ -57,19 +57,18 @@ def distinct_trees(trees: list[str | int], gammas: list[int | str],
     stay apart (``auto`` and N nodes budget them differently)."""
     kept: dict[object, str | int] = {}
     left_out: list[tuple[str | int, str | int]] = []
-    for tree in trees:
+    for tree in dict.fromkeys(trees):  # a setting given twice is one
         chains = all(SpecConfig(num_speculative_tokens=gamma, spec_tree=tree).tree_nodes(True, verify_seconds) == 0
                      for gamma in gammas)
-        nodes = "chains" if chains else tree
-        if nodes not in kept:
-            kept[nodes] = tree
+        key = "chains" if chains else tree
+        if key not in kept:
+            kept[key] = tree
         elif tree == DEFAULT_SPEC_TREE:
-            left_out.append((kept[nodes], tree))
-            kept[nodes] = tree
+            left_out.append((kept[key], tree))
+            kept[key] = tree
         else:
-            left_out.append((tree, kept[nodes]))
-    return list(dict.fromkeys(tree for tree in trees if tree in kept.values())), [
-        (left, same) for left, same in dict.fromkeys(left_out) if left != same]
+            left_out.append((tree, kept[key]))
+    return [tree for tree in dict.fromkeys(trees) if tree in kept.values()], left_out
 
 
 def candidate_methods(has_draft: bool, has_datastore: bool) -> list[str]:
@@ -92,7 +91,7 @@ def run_tune(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRo
     with the same text (:func:`prompt_key`), are reused instead of measured again — unless other processes took
     cores during one of their runs (:func:`slowed`)."""
     store = MeasurementStore(out_dir, setup)
-    most = max(store.most_threads(), chosen_threads())  # a neighbour through every stored run left them all below it
+    most = store.most_threads()
     results: list[RequestResult] = []
     start = time.perf_counter()
     warmed = False
@@ -171,8 +170,9 @@ class MeasurementStore:
         return "; ".join(changes(closest)) or None
 
     def most_threads(self) -> int:
-        """The most threads any stored run had (what :func:`slowed` compares a prompt's runs with)."""
-        return max((r.stats.get("threads_max", 0) for stored in self.done.values() for r in stored), default=0)
+        """The most threads any stored run had, or the count this process chose where more (what :func:`slowed`
+        compares a prompt's runs with): a neighbour that held a core through every stored run left them all below it."""
+        return max([chosen_threads(), *(r.stats.get("threads_max", 0) for stored in self.done.values() for r in stored)])
 
     def reusable(self, row: PromptRow, most: int) -> list[RequestResult] | None:
         """The row's stored results, unless there are none or other processes slowed one of its runs (a slowed

@@ -4,7 +4,6 @@ and the difference between two runs."""
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -94,8 +93,7 @@ def markdown_report(summary: dict, meta: dict[str, Any], notes: list[str] | None
         if one_category and category == "overall":
             continue
         for method, m in methods.items():
-            # (older results.json files lack the key); plain decoding drafts nothing: "–", not an α of 0.00
-            reported = m.get("speculation_reported", True) and method.split("[")[0] != "ar"
+            reported = m.get("speculation_reported", True)  # (older results.json files lack the key)
             alpha, tau = (f"{m['acceptance_rate']:.2f}", f"{m['mean_accepted_len']:.2f}") if reported else ("–", "–")
             lines.append(f"| {category} | {method} | {m['tokens_per_s']:.2f} | {m['speedup']:.2f}× | "
                          f"{cell(m.get('decode_speedup', 0.0), '.2f', '×')} | {alpha} | {tau} | {cell(m['ttft_s'], '.3f')} | "
@@ -272,7 +270,8 @@ def canonical_methods(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str,
     """A summary with each run named by its method's registered name (``draft-suffix`` and a ``--config`` run's
     ``draft_suffix`` are one method: compared, they were two runs each missing from the other), γ and tree kept."""
     def canonical(name: str) -> str:
-        method, rest = re.match(r"([^@:]*)(.*)", name).groups()  # type: ignore[union-attr]
+        method = parse_variant(name)[0]  # a prefix of the name: its γ and tree follow it
+        rest = name[len(method):]
         if is_peer(method):
             return name
         try:

@@ -152,6 +152,11 @@ def method_target(method: str, target: LoadedModel, method_targets: dict[str, Lo
     return model, "ar" if model is target else f"ar[{model.backend.mode}]"
 
 
+def is_plain_row(name: str) -> bool:
+    """A plain-decoding row of a benchmark: ``ar``, or ``ar[MODE]`` (:func:`method_target`)."""
+    return name == "ar" or name.startswith("ar[")
+
+
 def run_benchmark(target: LoadedModel, draft: LoadedModel | None, rows: list[PromptRow], config: BenchConfig,
                   peers: dict[str, Callable] | None = None, progress: bool = True,
                   method_runner: Callable | None = None, warm_up: bool = True,
@@ -296,7 +301,8 @@ def summarize(results: list[RequestResult]) -> dict[str, dict[str, dict[str, flo
                 "mismatches": sum(r.mismatch for r in rs),
                 # a peer's outputs are never checked, and transformers' runs report no α or τ: the report shows "–"
                 "identity_checked": not is_peer(method),
-                "speculation_reported": any("acceptance_rate" in r.stats for r in rs),
+                # plain decoding drafts nothing: the report shows "–", not an α of 0.00
+                "speculation_reported": not is_plain_row(method) and any("acceptance_rate" in r.stats for r in rs),
                 "requests": len(rs),
                 **_draft_forwards_per_token(rs),
             }
@@ -323,15 +329,20 @@ def _tpot(result: RequestResult) -> float:
     return 1.0 / rate if rate else 0.0
 
 
-def _median_decode_rate(results: list[RequestResult], method: str) -> float:
-    """Median over repeats of decoded tokens (after each request's first) / decode seconds, summed over the
-    selected requests — the decode-only counterpart of :func:`_median_tps`."""
+def _repeats(results: list[RequestResult], method: str) -> list[list[RequestResult]]:
+    """``method``'s requests among ``results``, one list per repeat."""
     by_repeat: dict[int, list[RequestResult]] = {}
     for r in results:
         if r.method == method:
             by_repeat.setdefault(r.repeat, []).append(r)
+    return list(by_repeat.values())
+
+
+def _median_decode_rate(results: list[RequestResult], method: str) -> float:
+    """Median over repeats of decoded tokens (after each request's first) / decode seconds, summed over the
+    selected requests — the decode-only counterpart of :func:`_median_tps`."""
     rates = []
-    for rs in by_repeat.values():
+    for rs in _repeats(results, method):
         tokens = sum(max(len(r.tokens) - 1, 0) for r in rs)
         seconds = sum(_tpot(r) * max(len(r.tokens) - 1, 0) for r in rs)
         if tokens and seconds:
@@ -341,9 +352,5 @@ def _median_decode_rate(results: list[RequestResult], method: str) -> float:
 
 def _median_tps(results: list[RequestResult], method: str) -> float:
     """Median over repeats of (total tokens / total wall time) across the selected requests."""
-    by_repeat: dict[int, list[RequestResult]] = {}
-    for r in results:
-        if r.method == method:
-            by_repeat.setdefault(r.repeat, []).append(r)
-    rates = [sum(len(r.tokens) for r in rs) / max(sum(r.wall_s for r in rs), 1e-9) for rs in by_repeat.values()]
+    rates = [sum(len(r.tokens) for r in rs) / max(sum(r.wall_s for r in rs), 1e-9) for rs in _repeats(results, method)]
     return statistics.median(rates) if rates else 0.0

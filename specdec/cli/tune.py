@@ -233,9 +233,7 @@ def _check_modes(args: argparse.Namespace, plan, target, draft, rows, results, m
                          options=method_options(args), spec_trees=[tree])
     second = {**setup, "pass": "modes", "method": method, "gamma": gamma, "tree": tree}
     stores = {mode: MeasurementStore(args.out, {**second, "mode": mode}) for mode in (other, measured_mode)}
-    from specdec.threads import chosen_threads
-
-    most = max(chosen_threads(), *(store.most_threads() for store in stores.values()))  # as run_tune's first pass
+    most = max(store.most_threads() for store in stores.values())
     other_target = None
 
     def load_other():  # noqa: ANN202 - a LoadedModel, loaded once and only when a prompt is measured or it is chosen
